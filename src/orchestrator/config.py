@@ -1,0 +1,51 @@
+"""The orchestrator's config (``uv run orchestrator @ orch.toml``)."""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from rl.config import BaseConfig
+from rl.shared_config import AsyncLevel, MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel
+
+
+class SamplingConfig(StrictModel):
+    temperature: Annotated[
+        float, Field(gt=0, description="Sampling temperature; the trainer's logprobs use the same.")
+    ] = 1.0
+    max_tokens: Annotated[int, Field(ge=1, description="Most tokens sampled in one turn.")] = 128
+
+
+class EnvConfig(StrictModel):
+    id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
+    args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
+
+
+class ClientConfig(StrictModel):
+    base_url: Annotated[str, Field(description="The inference server's root URL.")] = "http://127.0.0.1:8000"
+    timeout_s: Annotated[float, Field(gt=0, description="Seconds one inference request may take.")] = 300.0
+    server_timeout_s: Annotated[
+        float, Field(gt=0, description="Seconds to wait for the inference server to come up.")
+    ] = 600.0
+
+
+class OrchestratorConfig(BaseConfig):
+    model: ModelConfig = ModelConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    env: Annotated[list[EnvConfig], Field(min_length=1, description="Environments; [[env]] may repeat.")] = [
+        EnvConfig(id="reverse-text")
+    ]
+    client: ClientConfig = ClientConfig()
+    output_dir: OutputDir = Path("outputs")
+    max_steps: MaxSteps = 20
+    seq_len: SeqLen = 2048
+    async_level: AsyncLevel = 1
+    batch_size: Annotated[int, Field(ge=1, description="Prompts (examples) per step.")] = 8
+    rollouts_per_example: Annotated[
+        int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
+    ] = 8
+    max_concurrent: Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")] = 64
+    seed: Seed = 0
+    weights_timeout_s: Annotated[
+        float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
+    ] = 600.0

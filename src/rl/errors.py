@@ -1,0 +1,22 @@
+"""Errors an operator must read as one clear line, and the guard that turns them into an exit code."""
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class TridentError(Exception):
+    """A failure whose message says what went wrong and what to check; shown without a traceback."""
+
+
+@contextmanager
+def exit_on_user_error(process: str) -> Iterator[None]:
+    """Log a :class:`TridentError` or timeout as one line and exit 1; Ctrl-C exits 130 quietly."""
+    try:
+        yield
+    except (TridentError, TimeoutError) as e:
+        logging.getLogger(process).error(f"{process} failed: {e}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

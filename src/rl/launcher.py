@@ -1,0 +1,114 @@
+"""``uv run rl --trainer @ train.toml --orchestrator @ orch.toml --inference @ infer.toml``.
+
+Resolves the three configs (shared fields made to agree), writes them to ``output_dir/configs/``, starts
+inference, orchestrator and trainer with their output in ``output_dir/logs/``, prints one line per step,
+and stops every process tree when the run ends, fails, or is interrupted.
+"""
+
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import tomli_w
+
+from rl.config import ConfigError, parse_config, to_toml_dict
+from rl.metrics import read_metrics, setup_logging
+from rl.process import Child
+from rl.protocol import configs_dir, logs_dir
+from rl.rl_config import RLConfig, resolve_shared, sub_configs
+
+logger = logging.getLogger("rl")
+
+MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
+
+
+def write_configs(config: RLConfig) -> dict[str, Path]:
+    """Write each process's resolved config as TOML; returns their paths."""
+    folder = configs_dir(config.trainer.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, sub in sub_configs(config).items():
+        paths[name] = folder / f"{name}.toml"
+        paths[name].write_text(tomli_w.dumps(to_toml_dict(sub)))
+    return paths
+
+
+def child_env() -> dict[str, str]:
+    """Environment of the children: one OpenMP thread each on CPU, where three processes share the cores."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def supervise(children: dict[str, Child], output_dir: Path, max_steps: int) -> int:
+    """Wait for trainer and orchestrator to finish, printing each trainer step; return the exit code."""
+    printed = 0
+    start = time.perf_counter()
+    last = start
+    while True:
+        for record in read_metrics(output_dir, "trainer")[printed:]:
+            now = time.perf_counter()
+            print(
+                f"step {record['step'] + 1}/{max_steps} | reward {record['reward_mean']:.4f} "
+                f"| loss {record['loss']:+.4f} | tokens {record['tokens']} | {now - last:.1f}s",
+                flush=True,
+            )
+            logger.info(f"step {record['step']} {record}")
+            last = now
+            printed += 1
+        for name, child in children.items():
+            code = child.poll()
+            if code not in (None, 0):
+                logger.error(f"{name} exited with code {code}; see {child.log_path}")
+                return 1
+        if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
+            logger.info(f"run finished: {printed} steps in {time.perf_counter() - start:.1f}s")
+            return 0
+        time.sleep(0.2)
+
+
+def run(config: RLConfig) -> int:
+    paths = write_configs(config)
+    output_dir = Path(config.trainer.output_dir)
+    if config.dry_run:
+        for name, path in paths.items():
+            print(f"{name}: {path}")
+        return 0
+    log_dir = logs_dir(output_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log"))
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    children: dict[str, Child] = {}
+    try:
+        for name in ("inference", "orchestrator", "trainer"):
+            children[name] = Child(name, MODULES[name], paths[name], log_dir / f"{name}.log", child_env())
+            logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
+        return supervise(children, output_dir, config.trainer.max_steps)
+    except KeyboardInterrupt:
+        logger.warning("interrupted: stopping all processes")
+        return 130
+    finally:
+        for name, child in reversed(children.items()):
+            child.stop()
+        logger.info("all processes stopped")
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_logging("rl")
+    try:
+        config = resolve_shared(parse_config(RLConfig, sys.argv[1:] if argv is None else argv))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(config))

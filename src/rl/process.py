@@ -1,0 +1,52 @@
+"""Child processes of ``rl``: started in their own process group, logged to a file, stopped as a tree."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+class Child:
+    """One supervised process (``python -m <module> @ <config>``) whose output goes to ``log_path``."""
+
+    def __init__(self, name: str, module: str, config_path: Path, log_path: Path, env: dict[str, str]):
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", module, "@", str(config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its own process group: stop() reaches its children too
+            )
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self._group_alive():
+            time.sleep(0.1)
+            self.popen.poll()
+        self._signal_group(signal.SIGKILL)
+        self.popen.wait()
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.popen.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True

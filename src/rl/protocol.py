@@ -1,0 +1,200 @@
+"""The on-disk protocol between orchestrator and trainer, defined once.
+
+Under ``output_dir``::
+
+    rollouts/step_N/            the batch the trainer trains on at step N (renamed into place: complete or absent)
+        micro_batch_K.safetensors   packed tokens of one micro-batch (see :class:`MicroBatch`)
+        batch.json                  step metadata (see :class:`BatchInfo`)
+    weights/step_N/             HF weights after N optimizer steps; ``STABLE`` is written last
+    logs/{rl,trainer,orchestrator,inference}.log
+    configs/{trainer,orchestrator,inference}.toml   the resolved configs ``rl`` started the processes with
+    metrics/{trainer,orchestrator}.jsonl   one JSON object per step
+
+Weights ``step_0`` are the initial model: the server starts with them, nothing is written. The rollouts of
+step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STABLE = "STABLE"
+
+
+def rollouts_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "rollouts" / f"step_{step}"
+
+
+def weights_dir(output_dir: Path, step: int) -> Path:
+    return Path(output_dir) / "weights" / f"step_{step}"
+
+
+def logs_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "logs"
+
+
+def configs_dir(output_dir: Path) -> Path:
+    return Path(output_dir) / "configs"
+
+
+def metrics_path(output_dir: Path, process: str) -> Path:
+    return Path(output_dir) / "metrics" / f"{process}.jsonl"
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder to fill; on success it is renamed to ``final`` in one step.
+
+    Readers never see a partial folder: it has a hidden temporary name until complete. A failure (or a
+    kill) leaves only a ``.tmp`` folder that no reader looks at.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@dataclass
+class Sample:
+    """One training sample: a prompt and what the server sampled after it, token for token.
+
+    ``loss_mask[i]`` is True exactly where ``token_ids[i]`` was sampled by the policy; ``inference_logprobs``
+    holds the server's (temperature-processed) logprob there and 0 elsewhere.
+    """
+
+    token_ids: list[int]
+    loss_mask: list[bool]
+    inference_logprobs: list[float]
+    advantage: float
+    reward: float
+    weight_step: int  # the weights step that sampled it
+
+    def __post_init__(self):
+        if not len(self.token_ids) == len(self.loss_mask) == len(self.inference_logprobs):
+            raise ValueError(
+                f"sample fields differ in length: {len(self.token_ids)} token ids, "
+                f"{len(self.loss_mask)} mask entries, {len(self.inference_logprobs)} logprobs"
+            )
+
+
+@dataclass
+class MicroBatch:
+    """Samples packed end to end into one row, without padding (``position_ids`` restart per sample).
+
+    All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    inference_logprobs: torch.Tensor
+    sample_lengths: torch.Tensor
+
+    @classmethod
+    def pack(cls, samples: list[Sample]) -> "MicroBatch":
+        def cat(values, dtype):
+            return torch.tensor([v for s in samples for v in values(s)], dtype=dtype)
+
+        return cls(
+            input_ids=cat(lambda s: s.token_ids, torch.long),
+            position_ids=cat(lambda s: range(len(s.token_ids)), torch.long),
+            loss_mask=cat(lambda s: s.loss_mask, torch.bool),
+            advantages=cat(lambda s: [s.advantage] * len(s.token_ids), torch.float32),
+            inference_logprobs=cat(lambda s: s.inference_logprobs, torch.float32),
+            sample_lengths=torch.tensor([len(s.token_ids) for s in samples], dtype=torch.long),
+        )
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.contiguous() for k, v in self.__dict__.items()}
+
+
+def pack_samples(samples: list[Sample], seq_len: int) -> list[list[Sample]]:
+    """Group samples into micro-batches of at most ``seq_len`` tokens (first fit, longest first)."""
+    bins: list[list[Sample]] = []
+    room: list[int] = []
+    for sample in sorted(samples, key=lambda s: len(s.token_ids), reverse=True):
+        n = len(sample.token_ids)
+        if n > seq_len:
+            raise ValueError(f"a sample of {n} tokens does not fit in seq_len = {seq_len}")
+        for i, free in enumerate(room):
+            if n <= free:
+                bins[i].append(sample)
+                room[i] -= n
+                break
+        else:
+            bins.append([sample])
+            room.append(seq_len - n)
+    return bins
+
+
+@dataclass
+class BatchInfo:
+    """What the trainer needs besides tokens, and what it logs about the batch it trained on."""
+
+    step: int
+    num_samples: int
+    num_tokens: int
+    num_loss_tokens: int  # sampled tokens over the whole step: the loss is normalized by this
+    reward_mean: float
+    temperature: float  # sampling temperature: the trainer's logprobs use the same
+    weight_steps: list[int] = field(default_factory=list)  # weights steps that produced the samples
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatch]) -> Path:
+    """Write ``rollouts/step_N/`` atomically."""
+    final = rollouts_dir(output_dir, info.step)
+    with atomic_dir(final) as tmp:
+        for i, micro_batch in enumerate(micro_batches):
+            save_file(micro_batch.to_dict(), tmp / f"micro_batch_{i}.safetensors")
+        (tmp / "batch.json").write_text(json.dumps(asdict(info), indent=1))
+    return final
+
+
+def read_batch(output_dir: Path, step: int) -> tuple[BatchInfo, list[MicroBatch]]:
+    """Read the complete batch of ``step``."""
+    folder = rollouts_dir(output_dir, step)
+    info = BatchInfo(**json.loads((folder / "batch.json").read_text()))
+    files = sorted(folder.glob("micro_batch_*.safetensors"), key=lambda p: int(p.stem.split("_")[-1]))
+    return info, [MicroBatch(**load_file(f)) for f in files]
+
+
+def mark_stable(folder: Path) -> None:
+    """Write the ``STABLE`` marker last: the folder's contents are complete."""
+    (folder / STABLE).write_text(str(time.time()))
+
+
+def is_stable(folder: Path) -> bool:
+    return (folder / STABLE).exists()
+
+
+def latest_stable_weights(output_dir: Path) -> int:
+    """The newest weights step with a ``STABLE`` marker, or 0 (the initial model) when there is none."""
+    steps = [int(p.name.split("_")[1]) for p in (Path(output_dir) / "weights").glob("step_*") if is_stable(p)]
+    return max(steps, default=0)
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    """Poll ``condition`` until true; raise TimeoutError naming ``what`` after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)

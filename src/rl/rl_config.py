@@ -1,0 +1,87 @@
+"""The ``rl`` launcher's config: the three process configs plus the fields they must agree on."""
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from inference.config import InferenceConfig
+from orchestrator.config import OrchestratorConfig
+from rl.config import BaseConfig, ConfigError
+from rl.shared_config import AsyncLevel, MaxSteps, OutputDir, SeqLen, StrictModel
+from trainer.config import TrainerConfig
+
+
+class SharedModelConfig(StrictModel):
+    name: Annotated[str | None, Field(description="Model for all three processes.")] = None
+
+
+# Each shared field and where it lives in the sub-configs.
+SHARED_FIELDS = {
+    "model.name": ("trainer.model.name", "orchestrator.model.name", "inference.model.name"),
+    "output_dir": ("trainer.output_dir", "orchestrator.output_dir"),
+    "max_steps": ("trainer.max_steps", "orchestrator.max_steps"),
+    "seq_len": ("trainer.seq_len", "orchestrator.seq_len"),
+    "async_level": ("orchestrator.async_level",),
+}
+
+
+class RLConfig(BaseConfig):
+    trainer: TrainerConfig = TrainerConfig()
+    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    inference: InferenceConfig = InferenceConfig()
+
+    model: SharedModelConfig = SharedModelConfig()
+    output_dir: OutputDir | None = None
+    max_steps: MaxSteps | None = None
+    seq_len: SeqLen | None = None
+    async_level: AsyncLevel | None = None
+    dry_run: Annotated[bool, Field(description="Write the resolved configs to output_dir/configs and exit.")] = False
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _is_set(obj: Any, dotted: str) -> bool:
+    """Whether ``dotted`` was given explicitly (file, flag or env var) rather than left at its default."""
+    for part in dotted.split("."):
+        if part not in obj.model_fields_set:
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def _assign(obj: Any, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    setattr(_get(obj, ".".join(parents)) if parents else obj, leaf, value)
+
+
+def resolve_shared(config: RLConfig) -> RLConfig:
+    """Make the sub-configs agree on the shared fields, or raise a ConfigError naming the disagreement.
+
+    A value given to ``rl`` itself (``--max-steps 5``) wins everywhere. Otherwise the value set explicitly
+    in the sub-configs is copied to the others; two different explicit values are an error.
+    """
+    for shared, targets in SHARED_FIELDS.items():
+        value = _get(config, shared)
+        if value is None:
+            explicit = {t: _get(config, t) for t in targets if _is_set(config, t)}
+            if len(set(map(str, explicit.values()))) > 1:
+                found = ", ".join(f"{t} = {v!r}" for t, v in explicit.items())
+                raise ConfigError(
+                    f"sub-configs disagree on {shared}: {found}; make them equal or set --{shared} for all"
+                )
+            value = next(iter(explicit.values()), _get(config, targets[0]))
+        for target in targets:
+            _assign(config, target, value)
+    if not _is_set(config, "orchestrator.client.base_url"):
+        host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
+        config.orchestrator.client.base_url = f"http://{host}:{config.inference.port}"
+    return config
+
+
+def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:
+    """The resolved configs of the processes, by process name."""
+    return {"inference": config.inference, "orchestrator": config.orchestrator, "trainer": config.trainer}

@@ -1,0 +1,31 @@
+"""Config sections that several processes share (one definition each)."""
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl.tiny_model import TINY_MODEL_ID
+
+
+class StrictModel(BaseModel):
+    """A config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(StrictModel):
+    name: Annotated[
+        str,
+        Field(description=f"HF hub id or local folder of the model. '{TINY_MODEL_ID}' is built locally on first use."),
+    ] = TINY_MODEL_ID
+
+
+OutputDir = Annotated[Path, Field(description="Root of the run's files: rollouts, weights, checkpoints, logs.")]
+MaxSteps = Annotated[int, Field(ge=1, description="Number of trainer steps (optimizer updates) in the run.")]
+SeqLen = Annotated[int, Field(ge=16, description="Tokens per packed micro-batch; a sample never exceeds it.")]
+AsyncLevel = Annotated[
+    int,
+    Field(ge=0, description="Rollouts for step N may come from weights of step N - async_level or newer. 0 is on-policy."),
+]
+Seed = Annotated[int, Field(description="Random seed.")]

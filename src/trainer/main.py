@@ -1,0 +1,18 @@
+"""``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
+
+from rl.config import run_cli
+from rl.metrics import setup_logging
+from rl.errors import exit_on_user_error
+from trainer.config import TrainerConfig
+from trainer.train import train
+
+
+def main() -> None:
+    config = run_cli(TrainerConfig)
+    setup_logging("trainer")
+    with exit_on_user_error("trainer"):
+        train(config)
+
+
+if __name__ == "__main__":
+    main()

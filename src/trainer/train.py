@@ -1,0 +1,88 @@
+"""The training loop: wait for a batch, compute the loss, step, write weights for inference."""
+
+import logging
+import time
+
+import torch
+from transformers import AutoTokenizer
+
+from rl.errors import TridentError
+from rl.metrics import MetricsWriter
+from rl.protocol import read_batch, rollouts_dir, wait_for, weights_dir
+from rl.tiny_model import resolve_model_path
+from trainer.config import TrainerConfig
+from trainer.loss import policy_loss
+from trainer.model import load_model, packed_logprobs, save_weights
+
+logger = logging.getLogger("trainer")
+
+
+class EmptyBatchError(TridentError):
+    """A step whose batch has no sampled token to train on."""
+
+
+def train(config: TrainerConfig) -> None:
+    torch.manual_seed(config.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(config.model.name, device)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+    )
+    metrics = MetricsWriter(config.output_dir, "trainer")
+    logger.info(f"training {config.model.name} on {device} for {config.max_steps} steps")
+
+    for step in range(config.max_steps):
+        wait_start = time.perf_counter()
+        batch_dir = rollouts_dir(config.output_dir, step)
+        wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
+        info, micro_batches = read_batch(config.output_dir, step)
+        if info.num_loss_tokens == 0:
+            raise EmptyBatchError(
+                f"step {step}: the batch in {batch_dir} has no sampled token to train on "
+                f"({info.num_samples} samples, all loss masks empty)"
+            )
+        train_start = time.perf_counter()
+
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = masked = mismatch_kl = 0.0
+        for micro_batch in micro_batches:
+            logprobs = packed_logprobs(model, micro_batch, info.temperature)
+            loss, stats = policy_loss(
+                logprobs,
+                micro_batch.inference_logprobs.to(device),
+                micro_batch.advantages.to(device),
+                micro_batch.loss_mask.to(device),
+                normalizer=info.num_loss_tokens,
+                mask_low=config.loss.mask_low,
+                mask_high=config.loss.mask_high,
+            )
+            loss.backward()
+            loss_sum += loss.item()
+            masked += stats["masked_tokens"].item()
+            mismatch_kl += stats["mismatch_kl"].item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm).item()
+        optimizer.step()
+        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1))
+
+        record = {
+            "step": step,
+            "loss": loss_sum,
+            "reward_mean": info.reward_mean,
+            "tokens": info.num_tokens,
+            "loss_tokens": info.num_loss_tokens,
+            "masked_fraction": masked / info.num_loss_tokens,
+            "mismatch_kl": mismatch_kl / info.num_loss_tokens,
+            "grad_norm": grad_norm,
+            "lr": config.optim.lr,
+            "wait_s": train_start - wait_start,
+            "train_s": time.perf_counter() - train_start,
+        }
+        metrics.write(record)
+        logger.info(
+            f"step {step} | reward {info.reward_mean:.4f} | loss {loss_sum:.4f} | tokens {info.num_tokens} "
+            f"| grad_norm {grad_norm:.3f} | mismatch_kl {record['mismatch_kl']:.2e} | {record['train_s']:.2f}s"
+        )
