@@ -45,9 +45,10 @@ def policy_loss(
     kept = loss_mask & in_region
     loss = -(ratio * advantages * kept).sum() / normalizer
     with torch.no_grad():
+        log_ratio64 = log_ratio.double()  # ratio - 1 - log_ratio cancels to 0 in fp32 for tiny mismatches
         metrics = {
             "masked_tokens": (loss_mask & ~in_region).sum(),
             # k3 estimator of KL(inference || trainer), summed over loss tokens
-            "mismatch_kl": ((ratio - 1 - log_ratio) * loss_mask).sum(),
+            "mismatch_kl": ((log_ratio64.exp() - 1 - log_ratio64) * loss_mask).sum(),
         }
     return loss, metrics

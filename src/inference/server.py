@@ -1,0 +1,104 @@
+"""Start vLLM's OpenAI server in this process with Trident's routes and worker extension added."""
+
+import os
+import signal
+
+import torch
+
+from inference.config import InferenceConfig
+from inference.routes import patch_generate_route, weights_router
+from inference.worker import WORKER_EXTENSION
+from rl.tiny_model import resolve_model_path
+
+
+def vllm_argv(config: InferenceConfig) -> list[str]:
+    """The ``vllm serve`` flags for ``config``."""
+    on_gpu = torch.cuda.is_available()
+    dtype = config.model.dtype if on_gpu or config.model.dtype != "auto" else "float32"
+    argv = [
+        "--model", resolve_model_path(config.model.name),
+        "--served-model-name", config.model.name,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--seed", str(config.seed),
+        "--dtype", dtype,
+        "--max-model-len", str(config.model.max_model_len),
+        "--logprobs-mode", "processed_logprobs",  # logprobs after temperature: ratio 1 at step 0
+        "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
+        "--worker-extension-cls", WORKER_EXTENSION,
+    ]  # fmt: skip
+    if on_gpu:
+        argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.model.enforce_eager:
+        argv.append("--enforce-eager")
+    if config.model.enable_auto_tool_choice:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.model.tool_call_parser]
+    return argv
+
+
+async def _build_and_serve(engine_client, sock, args):
+    """vLLM's own build-and-serve, with Trident's routes added to the app."""
+    from vllm import envs
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.launcher import serve_http
+    from vllm.entrypoints.launchers.utils.server_utils import get_uvicorn_log_config
+
+    supported_tasks = await engine_client.get_supported_tasks()
+    app = build_app(args, supported_tasks, engine_client.model_config)
+    app.include_router(weights_router())
+    if not patch_generate_route(app):
+        raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
+    await init_app_state(engine_client, app.state, args, supported_tasks)
+    app.state.trident_weights = {"step": 0, "path": os.path.abspath(args.model)}
+    log_config = get_uvicorn_log_config(args)
+    return await serve_http(
+        app,
+        sock=sock,
+        enable_ssl_refresh=args.enable_ssl_refresh,
+        host=args.host,
+        port=args.port,
+        log_level=args.uvicorn_log_level,
+        access_log=False,
+        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+        h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
+        h11_max_header_count=args.h11_max_header_count,
+        **({"log_config": log_config} if log_config is not None else {}),
+    )
+
+
+async def _run(args) -> None:
+    from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+    from vllm.entrypoints.launchers.launcher import setup_server
+
+    def interrupt(signum, frame):  # SIGTERM during engine start-up: unwind and stop the engine too
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    _, sock = setup_server(args, reuse_port=False)
+    try:
+        async with build_async_engine_client(args) as engine_client:
+            shutdown_task = await _build_and_serve(engine_client, sock, args)
+        await shutdown_task
+    finally:
+        sock.close()
+
+
+def serve(config: InferenceConfig) -> None:
+    """Serve until SIGTERM or Ctrl-C."""
+    import uvloop
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(resolve_model_path(config.model.name)) else "0")
+    cli_env_setup()
+    args = make_arg_parser(FlexibleArgumentParser(prog="inference")).parse_args(vllm_argv(config))
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    try:
+        uvloop.run(_run(args))
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,31 @@
+"""Worker extension loaded into vLLM's engine process (``--worker-extension-cls``).
+
+Imported inside the engine core process: keep the top level free of heavy imports.
+"""
+
+import time
+from typing import Any
+
+WORKER_EXTENSION = "inference.worker.WeightReloadExtension"
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker class; adds a full-weight reload that keeps tied embeddings tied."""
+
+    def reload_weights_from(self, path: str) -> dict[str, Any]:
+        """Load HF safetensors weights from ``path`` into the running model, in place."""
+        import torch
+
+        start = time.perf_counter()
+        self.reload_weights(weights_path=path, is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        tied = bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
+        lm_head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if tied and lm_head is not None and embed is not None:
+            # A tied checkpoint has no lm_head tensor, so the reload leaves lm_head on the old weights
+            # (and, on CPU, its packed GEMM copy): tie it again and redo its post-load processing.
+            with torch.no_grad():
+                lm_head.weight = embed.weight
+                lm_head.quant_method.process_weights_after_loading(lm_head)
+        return {"path": path, "seconds": round(time.perf_counter() - start, 4)}

@@ -1,0 +1,102 @@
+"""The one adapter between Trident and verifiers (pinned to 0.4.0): load environments, run rollouts,
+and turn verifiers' traces into training samples without re-tokenizing anything."""
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+import verifiers.v1 as vf
+from pydantic import ValidationError
+from renderers import Qwen3RendererConfig
+
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.harness import HARNESS_ID
+from rl.errors import TridentError
+
+logger = logging.getLogger("orchestrator")
+
+
+@dataclass
+class Rollout:
+    """One finished rollout: its reward and, per trainable branch, tokens, sampled mask and logprobs."""
+
+    reward: float
+    branches: list[tuple[list[int], list[bool], list[float]]]
+    ok: bool
+    error: str | None = None
+
+
+def load_env(env: EnvConfig, max_turns: int = 1) -> vf.Env:
+    """Load the verifiers environment package ``env.id`` with ``env.args`` as its taskset config.
+
+    Rollouts run in-process (:mod:`orchestrator.harness`), on the local machine: never on remote sandboxes.
+    """
+    try:
+        config = vf.SingleAgentEnvConfig(
+            taskset={"id": env.id, **env.args},
+            agent=vf.AgentConfig(
+                harness={"id": HARNESS_ID, "max_turns": max_turns},
+                runtime=vf.SubprocessConfig(),
+                max_turns=max_turns,
+            ),
+        )
+        return vf.load_environment(config)
+    except ModuleNotFoundError as e:
+        raise TridentError(f"environment {env.id!r} is not installed: {e}") from None
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
+        raise TridentError(f"environment {env.id!r} rejects its args: {problems}") from None
+
+
+def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:
+    """How verifiers reaches our server: the training client, token in / token out, with our sampling."""
+    os.environ.setdefault("TRIDENT_INFERENCE_API_KEY", "none")
+    return vf.ModelContext(
+        model=config.model.name,
+        client=vf.TrainClientConfig(
+            base_url=config.client.base_url.rstrip("/") + "/v1",
+            api_key_var="TRIDENT_INFERENCE_API_KEY",
+            renderer=Qwen3RendererConfig(enable_thinking=False),
+            renderer_model_name=tokenizer_path,
+        ),
+        sampling=vf.SamplingConfig(
+            temperature=config.sampling.temperature,
+            max_tokens=config.sampling.max_tokens,
+        ),
+    )
+
+
+def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[float]]]:
+    """Each trainable branch as (token ids, loss mask, logprobs), straight from the server's tokens.
+
+    Forked branches share message nodes; a sampled node is trained once, in the first branch holding it.
+    """
+    seen: set[int] = set()
+    out = []
+    for branch in trace.branches:
+        if not branch.trainable:
+            continue
+        mask: list[bool] = []
+        for node in branch.nodes:
+            trained_before = node.sampled and id(node) in seen
+            mask += [False] * len(node.mask) if trained_before else list(node.mask)
+            seen.add(id(node))
+        out.append((branch.token_ids, mask, branch.logprobs))
+    return out
+
+
+def to_rollout(episode: vf.Episode) -> Rollout:
+    trace = episode.traces[0]
+    error = f"{trace.last_error.type}: {trace.last_error.message}" if trace.errors else None
+    return Rollout(reward=float(trace.reward or 0.0), branches=trace_branches(trace), ok=bool(episode.ok), error=error)
+
+
+async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyncio.Semaphore) -> list[Rollout]:
+    """``n`` rollouts of one task (one advantage group)."""
+
+    async def one(slot):
+        async with limit:
+            return to_rollout(await env.run_slot(slot, ctx))
+
+    return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

@@ -1,0 +1,20 @@
+"""``uv run orchestrator @ orch.toml``: run environments against the server and write training batches."""
+
+import asyncio
+
+from orchestrator.config import OrchestratorConfig
+from orchestrator.orchestrator import Orchestrator
+from rl.config import run_cli
+from rl.errors import exit_on_user_error
+from rl.metrics import setup_logging
+
+
+def main() -> None:
+    config = run_cli(OrchestratorConfig)
+    setup_logging("orchestrator")
+    with exit_on_user_error("orchestrator"):
+        asyncio.run(Orchestrator(config).run())
+
+
+if __name__ == "__main__":
+    main()

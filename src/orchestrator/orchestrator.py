@@ -1,0 +1,140 @@
+"""The rollout loop: keep the server's weights fresh enough, sample a batch, score it, write it for the trainer."""
+
+import asyncio
+import logging
+import random
+import shutil
+import time
+from contextlib import AsyncExitStack
+
+import torch
+
+from orchestrator.advantage import group_advantages
+from orchestrator.client import InferenceClient
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout, load_env, model_context, run_group
+from rl.errors import TridentError
+from rl.metrics import MetricsWriter
+from rl.protocol import (
+    BatchInfo,
+    MicroBatch,
+    Sample,
+    latest_stable_weights,
+    pack_samples,
+    wait_for,
+    weights_dir,
+    write_batch,
+)
+from rl.tiny_model import resolve_model_path
+
+logger = logging.getLogger("orchestrator")
+
+
+def build_samples(groups: list[list[Rollout]], weight_step: int) -> tuple[list[Sample], torch.Tensor]:
+    """Training samples from groups of rollouts, with group-relative advantages; also the reward tensor."""
+    rewards = torch.tensor([[r.reward for r in group] for group in groups], dtype=torch.float32)
+    advantages = group_advantages(rewards)
+    samples = []
+    for group, group_advantage in zip(groups, advantages.tolist(), strict=True):
+        for rollout, advantage in zip(group, group_advantage, strict=True):
+            for token_ids, mask, logprobs in rollout.branches:
+                samples.append(Sample(token_ids, mask, logprobs, advantage, rollout.reward, weight_step))
+    return samples, rewards
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig):
+        self.config = config
+        self.output_dir = config.output_dir
+        self.envs = [load_env(env) for env in config.env]
+        # Tasks of all environments, interleaved, in a seeded order; step N takes the next batch_size.
+        per_env = [list(env.taskset.load()) for env in self.envs]
+        self.tasks = [(env, task) for tasks in zip(*per_env) for env, task in zip(self.envs, tasks, strict=True)]
+        if not self.tasks:
+            raise TridentError(f"environments {[e.id for e in config.env]} have no tasks")
+        random.Random(config.seed).shuffle(self.tasks)
+        self.ctx = model_context(config, resolve_model_path(config.model.name))
+        self.client = InferenceClient(config.client.base_url, config.client.timeout_s)
+        self.limit = asyncio.Semaphore(config.max_concurrent)
+        self.metrics = MetricsWriter(self.output_dir, "orchestrator")
+        self.served_step = 0
+
+    def batch_tasks(self, step: int) -> list:
+        n = self.config.batch_size
+        return [self.tasks[(step * n + i) % len(self.tasks)] for i in range(n)]
+
+    async def update_weights(self, step: int) -> tuple[float, float]:
+        """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
+        needed = step - self.config.async_level
+        start = time.perf_counter()
+        if needed > self.served_step:
+            await asyncio.to_thread(
+                wait_for,
+                lambda: latest_stable_weights(self.output_dir) >= needed,
+                self.config.weights_timeout_s,
+                f"the trainer's weights {weights_dir(self.output_dir, needed)}/STABLE",
+            )
+        waited = time.perf_counter() - start
+        newest = latest_stable_weights(self.output_dir)
+        if newest <= self.served_step:
+            return waited, 0.0
+        reload_s = await self.client.reload_weights(weights_dir(self.output_dir, newest), newest)
+        logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s)")
+        # Nothing can ask for older weights any more: the server moved past them.
+        for old in range(self.served_step + 1, newest):
+            shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
+        self.served_step = newest
+        return waited, reload_s
+
+    async def step(self, step: int) -> None:
+        wait_s, reload_s = await self.update_weights(step)
+        start = time.perf_counter()
+        groups = await asyncio.gather(
+            *(run_group(env, task, self.config.rollouts_per_example, self.ctx, self.limit) for env, task in self.batch_tasks(step))
+        )
+        generate_s = time.perf_counter() - start
+        failed = [r for group in groups for r in group if not r.ok]
+        if failed:
+            logger.warning(f"step {step}: {len(failed)} rollouts failed, first: {failed[0].error}")
+        samples, rewards = build_samples(groups, self.served_step)
+        if not samples:
+            raise TridentError(f"step {step}: no rollout produced a training sample (first error: {failed[0].error})")
+        micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, self.config.seq_len)]
+        num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
+        empty = sum(not any(s.loss_mask) for s in samples)
+        info = BatchInfo(
+            step=step,
+            num_samples=len(samples),
+            num_tokens=sum(len(s.token_ids) for s in samples),
+            num_loss_tokens=num_loss_tokens,
+            reward_mean=rewards.mean().item(),
+            temperature=self.config.sampling.temperature,
+            weight_steps=[self.served_step],
+            metrics={
+                "reward_std": rewards.std().item(),
+                "failed_rollouts": len(failed),
+                "empty_samples": empty,
+                "staleness": step - self.served_step,
+            },
+        )
+        write_batch(self.output_dir, info, micro_batches)
+        self.metrics.write(
+            {**info.metrics, "step": step, "reward_mean": info.reward_mean, "samples": info.num_samples,
+             "tokens": info.num_tokens, "wait_weights_s": wait_s, "reload_s": reload_s, "generate_s": generate_s,
+             "weight_step": self.served_step}
+        )  # fmt: skip
+        logger.info(
+            f"step {step} | reward {info.reward_mean:.4f} | samples {info.num_samples} | tokens {info.num_tokens} "
+            f"| weights step {self.served_step} | generate {generate_s:.2f}s"
+        )
+
+    async def run(self) -> None:
+        logger.info(f"waiting for the inference server at {self.config.client.base_url}")
+        await self.client.wait_ready(self.config.client.server_timeout_s)
+        async with AsyncExitStack() as stack:
+            for env in self.envs:
+                await stack.enter_async_context(env.serving())
+            for step in range(self.config.max_steps):
+                await self.step(step)
+        await self.client.close()
+        logger.info(f"wrote {self.config.max_steps} batches")

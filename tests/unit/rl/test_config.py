@@ -1,0 +1,82 @@
+import pytest
+
+from orchestrator.config import OrchestratorConfig
+from rl.config import ConfigError, parse_config
+from rl.rl_config import RLConfig, resolve_shared
+from trainer.config import TrainerConfig
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_defaults_env_files_flags(tmp_path, monkeypatch):
+    a = write(tmp_path, "a.toml", "max_steps = 3\n[optim]\nlr = 0.1\nmax_norm = 2.0\n")
+    b = write(tmp_path, "b.toml", "[optim]\nlr = 0.2\n")
+    monkeypatch.setenv("TRIDENT_SEED", "7")
+    monkeypatch.setenv("TRIDENT_MAX_STEPS", "99")
+    config = parse_config(TrainerConfig, ["@", a, f"@{b}", "--optim.weight-decay", "0.5", "--max-steps", "4"])
+    assert config.seed == 7  # env beats default
+    assert config.optim.lr == 0.2  # later file beats earlier
+    assert config.optim.max_norm == 2.0  # deep merge keeps the earlier file's other keys
+    assert config.max_steps == 4  # flag beats file beats env
+    assert config.optim.weight_decay == 0.5
+
+
+def test_env_var_nests_with_double_underscore(monkeypatch):
+    monkeypatch.setenv("TRIDENT_OPTIM__LR", "0.003")
+    assert parse_config(TrainerConfig, []).optim.lr == 0.003
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    path = write(tmp_path, "train.toml", "[optim]\nlrr = 0.1\n")
+    with pytest.raises(ConfigError, match=r"train\.toml: optim\.lrr: unknown key"):
+        parse_config(TrainerConfig, ["@", path])
+
+
+def test_wrong_type_names_flag_and_value():
+    with pytest.raises(ConfigError, match=r"--max-steps: max_steps: .*integer.*'many'"):
+        parse_config(TrainerConfig, ["--max-steps", "many"])
+
+
+def test_malformed_and_missing_toml(tmp_path):
+    bad = write(tmp_path, "bad.toml", "max_steps = \n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
+        parse_config(TrainerConfig, ["@", bad])
+    with pytest.raises(ConfigError, match="config file not found"):
+        parse_config(TrainerConfig, ["@", str(tmp_path / "nope.toml")])
+
+
+def test_env_tables_repeat_and_json_flag_values(tmp_path):
+    path = write(tmp_path, "orch.toml", '[[env]]\nid = "a"\nargs = { n = 1 }\n[[env]]\nid = "b"\n')
+    config = parse_config(OrchestratorConfig, ["@", path])
+    assert [(e.id, e.args) for e in config.env] == [("a", {"n": 1}), ("b", {})]
+    config = parse_config(OrchestratorConfig, ["--env", '[{"id": "c"}]'])
+    assert config.env[0].id == "c"
+
+
+def test_sections_and_bare_boolean_flags(tmp_path):
+    train = write(tmp_path, "t.toml", "max_steps = 3\n")
+    config = parse_config(RLConfig, ["--trainer", "@", train, "--dry-run"])
+    assert config.trainer.max_steps == 3 and config.dry_run
+    assert not parse_config(RLConfig, ["--no-dry-run"]).dry_run
+
+
+def test_rl_propagates_shared_fields(tmp_path):
+    train = write(tmp_path, "t.toml", "max_steps = 3\n[model]\nname = 'm'\n")
+    config = resolve_shared(parse_config(RLConfig, ["--trainer", "@", train, "--inference.port", "8123"]))
+    assert config.orchestrator.max_steps == 3
+    assert config.orchestrator.model.name == config.inference.model.name == "m"
+    assert config.orchestrator.client.base_url == "http://127.0.0.1:8123"
+
+
+def test_rl_flag_overrides_all_and_disagreement_is_an_error(tmp_path):
+    train = write(tmp_path, "t.toml", "max_steps = 3\n")
+    orch = write(tmp_path, "o.toml", "max_steps = 5\n")
+    argv = ["--trainer", "@", train, "--orchestrator", "@", orch]
+    with pytest.raises(ConfigError, match=r"disagree on max_steps: trainer\.max_steps = 3, orchestrator\.max_steps = 5"):
+        resolve_shared(parse_config(RLConfig, argv))
+    config = resolve_shared(parse_config(RLConfig, [*argv, "--max-steps", "2"]))
+    assert config.trainer.max_steps == config.orchestrator.max_steps == 2

@@ -1,0 +1,83 @@
+import pytest
+import torch
+
+from rl.protocol import (
+    BatchInfo,
+    MicroBatch,
+    Sample,
+    atomic_dir,
+    latest_stable_weights,
+    mark_stable,
+    pack_samples,
+    read_batch,
+    rollouts_dir,
+    weights_dir,
+    write_batch,
+)
+
+
+def sample(n_prompt, n_completion, advantage=1.0):
+    return Sample(
+        token_ids=list(range(n_prompt + n_completion)),
+        loss_mask=[False] * n_prompt + [True] * n_completion,
+        inference_logprobs=[0.0] * n_prompt + [-0.5] * n_completion,
+        advantage=advantage,
+        reward=0.0,
+        weight_step=0,
+    )
+
+
+def test_sample_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="differ in length"):
+        Sample([1, 2], [True], [0.0, 0.0], 0.0, 0.0, 0)
+
+
+def test_pack_respects_seq_len_and_keeps_every_sample():
+    samples = [sample(3, 4), sample(2, 2), sample(5, 5), sample(1, 1)]
+    bins = pack_samples(samples, seq_len=12)
+    assert all(sum(len(s.token_ids) for s in b) <= 12 for b in bins)
+    assert sorted(id(s) for b in bins for s in b) == sorted(id(s) for s in samples)
+    assert len(bins) == 2
+    with pytest.raises(ValueError, match="does not fit"):
+        pack_samples([sample(10, 10)], seq_len=12)
+
+
+def test_micro_batch_positions_restart_per_sample():
+    micro_batch = MicroBatch.pack([sample(2, 1, advantage=0.5), sample(1, 2, advantage=-1.0)])
+    assert micro_batch.position_ids.tolist() == [0, 1, 2, 0, 1, 2]
+    assert micro_batch.loss_mask.tolist() == [False, False, True, False, True, True]
+    assert micro_batch.advantages.tolist() == [0.5, 0.5, 0.5, -1.0, -1.0, -1.0]
+    assert micro_batch.sample_lengths.tolist() == [3, 3]
+
+
+def test_batch_round_trip(tmp_path):
+    micro_batches = [MicroBatch.pack([sample(2, 3)]), MicroBatch.pack([sample(1, 1), sample(4, 2)])]
+    info = BatchInfo(
+        step=3, num_samples=3, num_tokens=13, num_loss_tokens=6, reward_mean=0.25, temperature=0.7, weight_steps=[2]
+    )
+    write_batch(tmp_path, info, micro_batches)
+    read_info, read_micro_batches = read_batch(tmp_path, 3)
+    assert read_info == info
+    for written, read in zip(micro_batches, read_micro_batches, strict=True):
+        for key, value in written.to_dict().items():
+            assert torch.equal(getattr(read, key), value), key
+    assert [p.name for p in rollouts_dir(tmp_path, 3).parent.iterdir()] == ["step_3"]
+
+
+def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
+    final = rollouts_dir(tmp_path, 0)
+    with pytest.raises(RuntimeError):
+        with atomic_dir(final) as tmp:
+            (tmp / "half.bin").write_bytes(b"x")
+            raise RuntimeError("killed mid-write")
+    assert not final.exists()
+    assert list(final.parent.iterdir()) == []
+
+
+def test_latest_stable_weights_ignores_unfinished(tmp_path):
+    assert latest_stable_weights(tmp_path) == 0
+    for step in (1, 2, 3):
+        weights_dir(tmp_path, step).mkdir(parents=True)
+    mark_stable(weights_dir(tmp_path, 1))
+    mark_stable(weights_dir(tmp_path, 2))
+    assert latest_stable_weights(tmp_path) == 2
