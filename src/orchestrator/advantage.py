@@ -1,6 +1,5 @@
 """Group-relative advantages."""
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 

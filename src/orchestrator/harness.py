@@ -11,6 +11,7 @@ import json
 import sys
 import typing
 
+import httpx
 import openai
 import verifiers.v1 as vf
 from openai import AsyncOpenAI
@@ -50,6 +51,8 @@ class InProcessHarnessConfig(vf.HarnessConfig):
     """Tools as `module:function` import paths."""
     max_turns: int = 1
     """Model turns per rollout; a turn without tool calls ends the rollout."""
+    request_timeout_s: float = 600.0
+    """Seconds one model call may take (connecting gets 60 s: a busy 2-core machine accepts slowly)."""
 
 
 class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
@@ -67,7 +70,12 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
         tools = {fn.__name__: fn for fn in map(_import, self.config.tools)}
         extra = {"tools": [tool_spec(fn) for fn in tools.values()]} if tools else {}
-        client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
+        client = AsyncOpenAI(
+            base_url=endpoint,
+            api_key=secret,
+            max_retries=0,
+            timeout=httpx.Timeout(self.config.request_timeout_s, connect=60.0),
+        )
         try:
             for _ in range(self.config.max_turns):
                 response = await client.chat.completions.create(model=ctx.model, messages=messages, **extra)
@@ -76,9 +84,7 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
                 if not message.tool_calls:
                     break
                 for call in message.tool_calls:
-                    messages.append(
-                        {"role": "tool", "tool_call_id": call.id, "content": await _call_tool(tools, call)}
-                    )
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": await _call_tool(tools, call)})
         except openai.APIError as e:  # e.g. the context is full: verifiers records the stop condition
             return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
         finally:

@@ -49,7 +49,9 @@ class Orchestrator:
         self.envs = [load_env(env) for env in config.env]
         # Tasks of all environments, interleaved, in a seeded order; step N takes the next batch_size.
         per_env = [list(env.taskset.load()) for env in self.envs]
-        self.tasks = [(env, task) for tasks in zip(*per_env) for env, task in zip(self.envs, tasks, strict=True)]
+        self.tasks = [
+            (env, task) for tasks in zip(*per_env, strict=False) for env, task in zip(self.envs, tasks, strict=True)
+        ]
         if not self.tasks:
             raise TridentError(f"environments {[e.id for e in config.env]} have no tasks")
         random.Random(config.seed).shuffle(self.tasks)
@@ -90,7 +92,10 @@ class Orchestrator:
         wait_s, reload_s = await self.update_weights(step)
         start = time.perf_counter()
         groups = await asyncio.gather(
-            *(run_group(env, task, self.config.rollouts_per_example, self.ctx, self.limit) for env, task in self.batch_tasks(step))
+            *(
+                run_group(env, task, self.config.rollouts_per_example, self.ctx, self.limit)
+                for env, task in self.batch_tasks(step)
+            )
         )
         generate_s = time.perf_counter() - start
         failed = [r for group in groups for r in group if not r.ok]

@@ -99,7 +99,7 @@ def run(config: RLConfig) -> int:
         logger.warning("interrupted: stopping all processes")
         return 130
     finally:
-        for name, child in reversed(children.items()):
+        for child in reversed(children.values()):
             child.stop()
         logger.info("all processes stopped")
 
@@ -112,3 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.exit(run(config))
+
+
+if __name__ == "__main__":
+    main()

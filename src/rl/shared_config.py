@@ -26,6 +26,8 @@ MaxSteps = Annotated[int, Field(ge=1, description="Number of trainer steps (opti
 SeqLen = Annotated[int, Field(ge=16, description="Tokens per packed micro-batch; a sample never exceeds it.")]
 AsyncLevel = Annotated[
     int,
-    Field(ge=0, description="Rollouts for step N may come from weights of step N - async_level or newer. 0 is on-policy."),
+    Field(
+        ge=0, description="Rollouts for step N may come from weights of step N - async_level or newer. 0 is on-policy."
+    ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]

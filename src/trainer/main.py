@@ -1,8 +1,8 @@
 """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
 
 from rl.config import run_cli
-from rl.metrics import setup_logging
 from rl.errors import exit_on_user_error
+from rl.metrics import setup_logging
 from trainer.config import TrainerConfig
 from trainer.train import train
 

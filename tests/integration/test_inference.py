@@ -1,0 +1,85 @@
+"""The server's tokens and logprobs are the trainer's: token in/token out, processed logprobs, and reloads."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from orchestrator.client import InferenceClient
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.orchestrator import build_samples
+from rl.protocol import MicroBatch
+from trainer.model import packed_logprobs, save_weights
+
+pytestmark = pytest.mark.slow
+
+TEMPERATURE = 0.7
+
+
+def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
+    """Samples of ``n`` reverse-text rollouts of one prompt, as the orchestrator builds them."""
+    config = OrchestratorConfig(client={"base_url": base_url}, sampling={"temperature": TEMPERATURE, "max_tokens": 16})
+    env = load_env(EnvConfig(id="reverse-text", args={"num_examples": 1}))
+    task = next(iter(env.taskset.load()))
+
+    async def run():
+        async with env.serving():
+            return await run_group(env, task, n, model_context(config, tiny_model_path), asyncio.Semaphore(n))
+
+    groups = [asyncio.run(run())]
+    assert all(r.ok for r in groups[0]), [r.error for r in groups[0]]
+    samples, _ = build_samples(groups, weight_step=0)
+    return task, samples
+
+
+def trainer_logprobs(model, samples) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [packed_logprobs(model, MicroBatch.pack([s]), TEMPERATURE) for s in samples]
+
+
+def max_gap(model, samples) -> float:
+    gaps = []
+    for sample, logprobs in zip(samples, trainer_logprobs(model, samples), strict=True):
+        mask = torch.tensor(sample.loss_mask)
+        gaps.append((logprobs[mask] - torch.tensor(sample.inference_logprobs)[mask]).abs().max().item())
+    return max(gaps)
+
+
+def test_samples_are_the_servers_tokens_with_matching_logprobs(inference_server, tiny_model_path):
+    task, samples = rollout_samples(inference_server, tiny_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    prompt_ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": task.data.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    for sample in samples:
+        n_prompt = sample.loss_mask.index(True)
+        # the prompt is exactly the chat template's rendering, and only the completion is trained
+        assert sample.token_ids[:n_prompt] == prompt_ids
+        assert all(sample.loss_mask[n_prompt:])
+        assert 1 <= len(sample.token_ids) - n_prompt <= 16
+        assert all(lp == 0.0 for lp in sample.inference_logprobs[:n_prompt])
+    # processed logprobs (after temperature) equal the trainer's: the importance ratio starts at 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert max_gap(model, samples) < 1e-4
+
+
+def test_reload_serves_new_weights(inference_server, tiny_model_path, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(3.0)  # tied: changes the lm_head too
+    save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_7")
+
+    async def reload():
+        client = InferenceClient(inference_server, timeout_s=60)
+        try:
+            return await client.reload_weights(tmp_path / "step_7", 7)
+        finally:
+            await client.close()
+
+    assert asyncio.run(reload()) < 10
+    _, samples = rollout_samples(inference_server, tiny_model_path)
+    assert max_gap(model, samples) < 1e-4
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    assert max_gap(original, samples) > 1e-2

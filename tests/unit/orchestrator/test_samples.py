@@ -1,0 +1,55 @@
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator.envs import Rollout, trace_branches
+from orchestrator.orchestrator import build_samples
+
+
+def node(n, sampled):
+    return SimpleNamespace(mask=[sampled] * n, sampled=sampled)
+
+
+def branch(nodes, trainable=True):
+    ids = [i for n in nodes for i in range(len(n.mask))]
+    return SimpleNamespace(
+        nodes=nodes,
+        trainable=trainable,
+        token_ids=ids,
+        logprobs=[-1.0 if m else 0.0 for n in nodes for m in n.mask],
+    )
+
+
+def test_forked_branches_train_a_shared_sampled_node_once():
+    prompt, first_reply, tool, second_reply, rewritten = (
+        node(5, False),
+        node(3, True),
+        node(2, False),
+        node(4, True),
+        node(6, False),
+    )
+    trace = SimpleNamespace(
+        branches=[
+            branch([prompt, first_reply, tool, second_reply]),
+            branch([prompt, first_reply, rewritten, node(2, True)]),  # a non-prefix turn forked here
+            branch([prompt, node(9, True)], trainable=False),
+        ]
+    )
+    (ids0, mask0, _), (ids1, mask1, _) = trace_branches(trace)
+    assert mask0 == [False] * 5 + [True] * 3 + [False] * 2 + [True] * 4
+    assert mask1 == [False] * 5 + [False] * 3 + [False] * 6 + [True] * 2  # first_reply already trained
+    assert len(ids1) == len(mask1)
+
+
+def test_build_samples_group_advantages_per_prompt():
+    def rollout(reward, n_branches=1):
+        return Rollout(
+            reward=reward, branches=[([1, 2, 3], [False, True, True], [0.0, -1.0, -2.0])] * n_branches, ok=True
+        )
+
+    groups = [[rollout(1.0), rollout(0.0, n_branches=2)], [rollout(0.5), rollout(0.5)]]
+    samples, rewards = build_samples(groups, weight_step=3)
+    assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
+    assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 0.5, 0.5]
+    assert all(s.weight_step == 3 for s in samples)
+    assert rewards.mean().item() == pytest.approx(0.5)
