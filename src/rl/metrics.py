@@ -43,3 +43,6 @@ def setup_logging(process: str, level: str = "INFO") -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
+    # Per-request lines from HTTP clients, servers and verifiers would bury the one line per step.
+    for noisy in ("httpx", "aiohttp.access", "verifiers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
