@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-logger = logging.getLogger("inference")
+# Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
+logger = logging.getLogger("vllm.trident")
 
 
 class ReloadRequest(BaseModel):

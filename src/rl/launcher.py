@@ -17,7 +17,7 @@ import tomli_w
 from rl.config import ConfigError, parse_config, to_toml_dict
 from rl.metrics import read_metrics, setup_logging
 from rl.process import Child
-from rl.protocol import configs_dir, logs_dir
+from rl.protocol import clear_run_state, configs_dir, logs_dir
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
 
 logger = logging.getLogger("rl")
@@ -84,9 +84,11 @@ def run(config: RLConfig) -> int:
         return 0
     log_dir = logs_dir(output_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log"))
+    logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+    for path in clear_run_state(output_dir):
+        logger.info(f"deleted {path} of a previous run")
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     children: dict[str, Child] = {}

@@ -15,7 +15,7 @@ class Child:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
+        with log_path.open("wb") as log:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", module, "@", str(config_path)],
                 stdout=log,

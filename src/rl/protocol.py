@@ -50,6 +50,16 @@ def metrics_path(output_dir: Path, process: str) -> Path:
     return Path(output_dir) / "metrics" / f"{process}.jsonl"
 
 
+def clear_run_state(output_dir: Path) -> list[Path]:
+    """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
+    was deleted. Logs are overwritten by the new run; checkpoints are kept."""
+    stale = [Path(output_dir) / name for name in ("rollouts", "weights", "metrics")]
+    stale = [path for path in stale if path.exists()]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
+
+
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it is renamed to ``final`` in one step.

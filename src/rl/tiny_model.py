@@ -17,7 +17,7 @@ from pathlib import Path
 
 TINY_MODEL_ID = "trident/tiny-qwen3"
 # Bump when anything below changes, so a stale cached build is never reused.
-TINY_MODEL_VERSION = 2
+TINY_MODEL_VERSION = 3
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -93,6 +93,9 @@ CHAT_TEMPLATE = """\
 {%- endfor %}
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}
+{%- endif %}
 {%- endif %}
 """
 
@@ -202,6 +205,7 @@ def build_tiny_model(path: Path) -> Path:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
+        os.chmod(tmp, 0o755)
         try:
             tmp.rename(path)
         except OSError:  # another process finished first: keep its build

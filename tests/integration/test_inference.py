@@ -51,7 +51,11 @@ def test_samples_are_the_servers_tokens_with_matching_logprobs(inference_server,
     task, samples = rollout_samples(inference_server, tiny_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     prompt_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": task.data.prompt}], add_generation_prompt=True, tokenize=True, return_dict=False
+        [{"role": "user", "content": task.data.prompt}],
+        add_generation_prompt=True,
+        enable_thinking=False,  # as the orchestrator renders: an empty think block opens the reply
+        tokenize=True,
+        return_dict=False,
     )
     for sample in samples:
         n_prompt = sample.loss_mask.index(True)

@@ -6,6 +6,7 @@ from rl.protocol import (
     MicroBatch,
     Sample,
     atomic_dir,
+    clear_run_state,
     latest_stable_weights,
     mark_stable,
     pack_samples,
@@ -81,3 +82,11 @@ def test_latest_stable_weights_ignores_unfinished(tmp_path):
     mark_stable(weights_dir(tmp_path, 1))
     mark_stable(weights_dir(tmp_path, 2))
     assert latest_stable_weights(tmp_path) == 2
+
+
+def test_clear_run_state_keeps_checkpoints(tmp_path):
+    for name in ("rollouts/step_0", "weights/step_1", "metrics", "checkpoints/step_1", "logs"):
+        (tmp_path / name).mkdir(parents=True)
+    deleted = clear_run_state(tmp_path)
+    assert sorted(p.name for p in deleted) == ["metrics", "rollouts", "weights"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "logs"]
