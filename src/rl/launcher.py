@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import tomli_w
 
 from rl.config import ConfigError, parse_config, to_toml_dict
@@ -21,6 +22,8 @@ from rl.protocol import clear_run_state, configs_dir, logs_dir
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
 
 logger = logging.getLogger("rl")
+
+WAIT_NOTICE_S = 30.0  # how often to say what the run waits for before its first step
 
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
 
@@ -48,12 +51,29 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def supervise(children: dict[str, Child], output_dir: Path, max_steps: int) -> int:
+def first_step_phase(output_dir: Path, server_url: str) -> str:
+    """What the run is doing before its first step is done, for the waiting user."""
+    if read_metrics(output_dir, "orchestrator"):
+        return "training step 1"
+    try:
+        if httpx.get(f"{server_url}/health", timeout=1).status_code == 200:
+            return "sampling the first batch"
+    except httpx.TransportError:
+        pass
+    return "starting the inference server"
+
+
+def supervise(children: dict[str, Child], config: RLConfig) -> int:
     """Wait for trainer and orchestrator to finish, printing each trainer step; return the exit code."""
+    output_dir, max_steps = Path(config.trainer.output_dir), config.trainer.max_steps
     printed = 0
     start = time.perf_counter()
-    last = start
+    last = notice = start
     while True:
+        if printed == 0 and time.perf_counter() - notice > WAIT_NOTICE_S:
+            notice = time.perf_counter()
+            phase = first_step_phase(output_dir, config.orchestrator.client.base_url)
+            print(f"waiting for step 1: {phase} ({notice - start:.0f}s)", flush=True)
         for record in read_metrics(output_dir, "trainer")[printed:]:
             now = time.perf_counter()
             print(
@@ -96,7 +116,7 @@ def run(config: RLConfig) -> int:
         for name in ("inference", "orchestrator", "trainer"):
             children[name] = Child(name, MODULES[name], paths[name], log_dir / f"{name}.log", child_env())
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
-        return supervise(children, output_dir, config.trainer.max_steps)
+        return supervise(children, config)
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping all processes")
         return 130

@@ -41,6 +41,8 @@ def test_debug_run_learns_and_cleans_up(tmp_path):
 
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert len(steps) == 20 and steps[-1].startswith("step 20/20 | reward")
+    # the server takes well over 30 s to start: the user is told what the run waits for
+    assert "waiting for step 1: starting the inference server" in result.stdout
     for name in ("rl", "inference", "orchestrator", "trainer"):
         assert (tmp_path / "logs" / f"{name}.log").stat().st_size > 0
 
