@@ -45,6 +45,12 @@ class OrchestratorConfig(BaseConfig):
         int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
     ] = 8
     max_concurrent: Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")] = 64
+    mask_truncated_completions: Annotated[
+        bool, Field(description="Rollouts cut off by max_tokens train no token (their loss mask is all False).")
+    ] = False
+    zero_truncated_completions: Annotated[
+        bool, Field(description="Rollouts cut off by max_tokens get reward 0 before advantages are computed.")
+    ] = False
     seed: Seed = 0
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")

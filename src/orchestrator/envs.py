@@ -24,6 +24,7 @@ class Rollout:
     reward: float
     branches: list[tuple[list[int], list[bool], list[float]]]
     ok: bool
+    truncated: bool = False  # a model call stopped at max_tokens
     error: str | None = None
 
 
@@ -89,7 +90,13 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
 def to_rollout(episode: vf.Episode) -> Rollout:
     trace = episode.traces[0]
     error = f"{trace.last_error.type}: {trace.last_error.message}" if trace.errors else None
-    return Rollout(reward=float(trace.reward or 0.0), branches=trace_branches(trace), ok=bool(episode.ok), error=error)
+    return Rollout(
+        reward=float(trace.reward or 0.0),
+        branches=trace_branches(trace),
+        ok=bool(episode.ok),
+        truncated=any(call.finish_reason == "length" for call in trace.calls),
+        error=error,
+    )
 
 
 async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyncio.Semaphore) -> list[Rollout]:

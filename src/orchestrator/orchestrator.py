@@ -30,15 +30,25 @@ from rl.tiny_model import resolve_model_path
 logger = logging.getLogger("orchestrator")
 
 
-def build_samples(groups: list[list[Rollout]], weight_step: int) -> tuple[list[Sample], torch.Tensor]:
-    """Training samples from groups of rollouts, with group-relative advantages; also the reward tensor."""
-    rewards = torch.tensor([[r.reward for r in group] for group in groups], dtype=torch.float32)
+def build_samples(
+    groups: list[list[Rollout]], weight_step: int, mask_truncated: bool = False, zero_truncated: bool = False
+) -> tuple[list[Sample], torch.Tensor]:
+    """Training samples from groups of rollouts, with group-relative advantages; also the reward tensor.
+
+    ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
+    """
+    rewards = torch.tensor(
+        [[0.0 if zero_truncated and r.truncated else r.reward for r in group] for group in groups],
+        dtype=torch.float32,
+    )
     advantages = group_advantages(rewards)
     samples = []
-    for group, group_advantage in zip(groups, advantages.tolist(), strict=True):
-        for rollout, advantage in zip(group, group_advantage, strict=True):
+    for group, group_rewards, group_advantage in zip(groups, rewards.tolist(), advantages.tolist(), strict=True):
+        for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
             for token_ids, mask, logprobs in rollout.branches:
-                samples.append(Sample(token_ids, mask, logprobs, advantage, rollout.reward, weight_step))
+                if mask_truncated and rollout.truncated:
+                    mask = [False] * len(mask)
+                samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step))
     return samples, rewards
 
 
@@ -101,12 +111,19 @@ class Orchestrator:
         failed = [r for group in groups for r in group if not r.ok]
         if failed:
             logger.warning(f"step {step}: {len(failed)} rollouts failed, first: {failed[0].error}")
-        samples, rewards = build_samples(groups, self.served_step)
+        samples, rewards = build_samples(
+            groups,
+            self.served_step,
+            mask_truncated=self.config.mask_truncated_completions,
+            zero_truncated=self.config.zero_truncated_completions,
+        )
         if not samples:
             raise TridentError(f"step {step}: no rollout produced a training sample (first error: {failed[0].error})")
         micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, self.config.seq_len)]
         num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
         empty = sum(not any(s.loss_mask) for s in samples)
+        if empty:
+            logger.warning(f"step {step}: {empty} of {len(samples)} samples have no trainable token")
         info = BatchInfo(
             step=step,
             num_samples=len(samples),
@@ -118,6 +135,7 @@ class Orchestrator:
             metrics={
                 "reward_std": rewards.std().item(),
                 "failed_rollouts": len(failed),
+                "truncated_rate": sum(r.truncated for group in groups for r in group) / rewards.numel(),
                 "empty_samples": empty,
                 "staleness": step - self.served_step,
             },

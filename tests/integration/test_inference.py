@@ -31,6 +31,11 @@ def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
     groups = [asyncio.run(run())]
     assert all(r.ok for r in groups[0]), [r.error for r in groups[0]]
     samples, _ = build_samples(groups, weight_step=0)
+    end_of_turn = AutoTokenizer.from_pretrained(tiny_model_path).convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    for rollout, sample in zip(groups[0], samples, strict=True):
+        # a rollout is truncated exactly when its reply used all of max_tokens without ending its turn
+        cut_off = sum(sample.loss_mask) == 16 and sample.token_ids[-1] not in end_of_turn
+        assert rollout.truncated == cut_off
     return task, samples
 
 

@@ -53,3 +53,31 @@ def test_build_samples_group_advantages_per_prompt():
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 0.5, 0.5]
     assert all(s.weight_step == 3 for s in samples)
     assert rewards.mean().item() == pytest.approx(0.5)
+
+
+def rollout(reward, truncated=False):
+    return Rollout(
+        reward=reward, branches=[([1, 2, 3], [False, True, True], [0.0, -1.0, -2.0])], ok=True, truncated=truncated
+    )
+
+
+def test_truncation_policies_are_off_by_default():
+    samples, _ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0)
+    assert [s.reward for s in samples] == [1.0, 0.0]
+    assert samples[0].loss_mask == [False, True, True]
+
+
+def test_zero_truncated_completions_scores_them_zero_before_advantages():
+    samples, rewards = build_samples(
+        [[rollout(1.0, truncated=True), rollout(0.5), rollout(0.0)]], weight_step=0, zero_truncated=True
+    )
+    assert rewards.tolist() == [[0.0, 0.5, 0.0]]
+    assert [s.advantage for s in samples] == pytest.approx([-1 / 6, 1 / 3, -1 / 6])
+    assert samples[0].loss_mask == [False, True, True]  # still trained, now as a bad example
+
+
+def test_mask_truncated_completions_trains_none_of_their_tokens():
+    samples, _ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0, mask_truncated=True)
+    assert samples[0].loss_mask == [False, False, False]
+    assert samples[1].loss_mask == [False, True, True]
+    assert [s.advantage for s in samples] == [0.5, -0.5]  # the reward still counts in the group baseline
