@@ -1,15 +1,12 @@
 """The orchestrator's calls to the inference server's admin routes: readiness and weight reloads."""
 
 import asyncio
-import logging
 import time
 from pathlib import Path
 
 import httpx
 
 from rl.errors import TridentError
-
-logger = logging.getLogger("orchestrator")
 
 
 class InferenceClient:

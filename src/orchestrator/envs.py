@@ -2,7 +2,6 @@
 and turn verifiers' traces into training samples without re-tokenizing anything."""
 
 import asyncio
-import logging
 import os
 from dataclasses import dataclass
 
@@ -13,8 +12,6 @@ from renderers import Qwen3RendererConfig
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from rl.errors import TridentError
-
-logger = logging.getLogger("orchestrator")
 
 
 @dataclass
