@@ -14,6 +14,13 @@ class SamplingConfig(StrictModel):
         float, Field(gt=0, description="Sampling temperature; the trainer's logprobs use the same.")
     ] = 1.0
     max_tokens: Annotated[int, Field(ge=1, description="Most tokens sampled in one turn.")] = 128
+    enable_thinking: Annotated[
+        bool,
+        Field(
+            description="Qwen3 thinking: replies open with <think>. Later prompts drop earlier turns' thinking once "
+            "a user speaks again, so such a rollout trains as several samples."
+        ),
+    ] = False
 
 
 class EnvConfig(StrictModel):

@@ -3,7 +3,7 @@ and turn verifiers' traces into training samples without re-tokenizing anything.
 
 import asyncio
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
 from pydantic import ValidationError
@@ -23,20 +23,24 @@ class Rollout:
     ok: bool
     truncated: bool = False  # a model call stopped at max_tokens
     error: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
+    turns: int = 0  # model calls
+    task: str = ""  # the task's id
+    env: str = ""  # the environment's id
 
 
-def load_env(env: EnvConfig, max_turns: int = 1) -> vf.Env:
+def load_env(env: EnvConfig) -> vf.Env:
     """Load the verifiers environment package ``env.id`` with ``env.args`` as its taskset config.
 
-    Rollouts run in-process (:mod:`orchestrator.harness`), on the local machine: never on remote sandboxes.
+    Rollouts run in-process (:mod:`orchestrator.harness`, which reads each task's tools and turn limit), on the
+    local machine: never on remote sandboxes.
     """
     try:
         config = vf.SingleAgentEnvConfig(
             taskset={"id": env.id, **env.args},
             agent=vf.AgentConfig(
-                harness={"id": HARNESS_ID, "max_turns": max_turns},
+                harness={"id": HARNESS_ID},
                 runtime=vf.SubprocessConfig(),
-                max_turns=max_turns,
             ),
         )
         return vf.load_environment(config)
@@ -55,7 +59,7 @@ def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelCo
         client=vf.TrainClientConfig(
             base_url=config.client.base_url.rstrip("/") + "/v1",
             api_key_var="TRIDENT_INFERENCE_API_KEY",
-            renderer=Qwen3RendererConfig(enable_thinking=False),
+            renderer=Qwen3RendererConfig(enable_thinking=config.sampling.enable_thinking),
             renderer_model_name=tokenizer_path,
         ),
         sampling=vf.SamplingConfig(
@@ -84,7 +88,7 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
     return out
 
 
-def to_rollout(episode: vf.Episode) -> Rollout:
+def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
     trace = episode.traces[0]
     error = f"{trace.last_error.type}: {trace.last_error.message}" if trace.errors else None
     return Rollout(
@@ -93,6 +97,10 @@ def to_rollout(episode: vf.Episode) -> Rollout:
         ok=bool(episode.ok),
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=error,
+        rewards={name: r.score for name, r in trace.rewards.items() if r is not None},
+        turns=len(trace.calls),
+        env=env_id,
+        task=str(trace.task.data.id if trace.task.data.id is not None else trace.task.data.idx),
     )
 
 
@@ -101,6 +109,6 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyn
 
     async def one(slot):
         async with limit:
-            return to_rollout(await env.run_slot(slot, ctx))
+            return to_rollout(await env.run_slot(slot, ctx), env.config.taskset.id)
 
     return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

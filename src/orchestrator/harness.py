@@ -3,6 +3,17 @@
 verifiers' stock harnesses start a Python subprocess per rollout (about 1 rollout/s on two cores); this one
 runs tens per second. Every model call still goes through the endpoint verifiers hands to ``launch``, so
 verifiers' training client records the exact token ids, sampled mask and logprobs of each turn.
+
+An environment describes its agent loop on each task's ``TaskData`` with these optional fields:
+
+- ``tools: list[str]``: tools as ``module:function`` import paths. A tool's name, description and JSON
+  parameters come from the function's name, docstring and type hints. Parameters named ``runtime`` (the
+  rollout's verifiers runtime; ``runtime.workdir`` is a fresh directory per rollout) and ``task`` (the
+  TaskData) are filled in by the harness and hidden from the model.
+- ``final_tools: list[str]``: names of tools whose call ends the rollout.
+- ``max_turns: int``: model turns per rollout (default 1).
+- ``user: str``: a simulated user as a ``module:function`` path, called as ``fn(messages, task)`` whenever the
+  model answers without a tool call; the string it returns is the next user message, ``None`` ends the rollout.
 """
 
 import importlib
@@ -21,6 +32,7 @@ HARNESS_ID = "trident-in-process"
 sys.modules.setdefault(HARNESS_ID.replace("-", "_"), sys.modules[__name__])
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+INJECTED = ("runtime", "task")  # tool parameters the harness fills in
 
 
 def _import(path: str) -> typing.Callable:
@@ -28,10 +40,17 @@ def _import(path: str) -> typing.Callable:
     return getattr(importlib.import_module(module), name)
 
 
+def _json_type(hint) -> dict:
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint) or (str,)
+        return {"type": "array", "items": {"type": _JSON_TYPES.get(item, "string")}}
+    return {"type": _JSON_TYPES.get(hint, "string")}
+
+
 def tool_spec(fn: typing.Callable) -> dict:
     """The OpenAI function-tool declaration of a plain Python callable (its signature and docstring)."""
     hints = typing.get_type_hints(fn)
-    params = inspect.signature(fn).parameters
+    params = {n: p for n, p in inspect.signature(fn).parameters.items() if n not in INJECTED}
     return {
         "type": "function",
         "function": {
@@ -39,18 +58,35 @@ def tool_spec(fn: typing.Callable) -> dict:
             "description": inspect.getdoc(fn) or "",
             "parameters": {
                 "type": "object",
-                "properties": {name: {"type": _JSON_TYPES.get(hints.get(name), "string")} for name in params},
+                "properties": {name: _json_type(hints.get(name)) for name in params},
                 "required": [n for n, p in params.items() if p.default is inspect.Parameter.empty],
             },
         },
     }
 
 
+async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> str:
+    """Run one tool call; errors, bad arguments included, go back to the model as the tool's answer."""
+    try:
+        kwargs = json.loads(arguments or "{}")
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"arguments must be a JSON object, got {arguments!r}")
+        wanted = inspect.signature(fn).parameters
+        kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
+        kwargs.update({k: v for k, v in injected.items() if k in wanted})
+        result = fn(**kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return str(result)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+
+
+async def _maybe_await(value):
+    return await value if inspect.isawaitable(value) else value
+
+
 class InProcessHarnessConfig(vf.HarnessConfig):
-    tools: list[str] = []
-    """Tools as `module:function` import paths."""
-    max_turns: int = 1
-    """Model turns per rollout; a turn without tool calls ends the rollout."""
     request_timeout_s: float = 600.0
     """Seconds one model call may take (connecting gets 60 s: a busy 2-core machine accepts slowly)."""
 
@@ -68,8 +104,12 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        tools = {fn.__name__: fn for fn in map(_import, self.config.tools)}
+        tools = {fn.__name__: fn for fn in map(_import, getattr(data, "tools", []))}
+        final_tools = set(getattr(data, "final_tools", []))
+        user = getattr(data, "user", None)
+        user = _import(user) if user else None
         extra = {"tools": [tool_spec(fn) for fn in tools.values()]} if tools else {}
+        injected = {"runtime": runtime, "task": data}
         client = AsyncOpenAI(
             base_url=endpoint,
             api_key=secret,
@@ -77,30 +117,31 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=60.0),
         )
         try:
-            for _ in range(self.config.max_turns):
+            for _ in range(getattr(data, "max_turns", 1)):
                 response = await client.chat.completions.create(model=ctx.model, messages=messages, **extra)
                 message = response.choices[0].message
                 messages.append(message.model_dump(exclude_none=True))
-                if not message.tool_calls:
+                if message.tool_calls:
+                    for call in message.tool_calls:
+                        fn = tools.get(call.function.name)
+                        content = (
+                            await call_tool(fn, call.function.arguments, injected)
+                            if fn
+                            else f"error: no tool named {call.function.name!r}; tools: {sorted(tools)}"
+                        )
+                        messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                    if final_tools & {call.function.name for call in message.tool_calls}:
+                        break
+                    continue
+                reply = await _maybe_await(user(messages, data)) if user else None
+                if reply is None:
                     break
-                for call in message.tool_calls:
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": await _call_tool(tools, call)})
+                messages.append({"role": "user", "content": reply})
         except openai.APIError as e:  # e.g. the context is full: verifiers records the stop condition
             return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
         finally:
             await client.close()
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
-
-
-async def _call_tool(tools: dict[str, typing.Callable], call) -> str:
-    """Run one tool call; errors go back to the model as the tool's answer."""
-    try:
-        result = tools[call.function.name](**json.loads(call.function.arguments or "{}"))
-        if inspect.isawaitable(result):
-            result = await result
-        return str(result)
-    except Exception as e:
-        return f"error: {type(e).__name__}: {e}"
 
 
 __all__ = ["InProcessHarness"]

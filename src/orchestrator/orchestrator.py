@@ -21,6 +21,7 @@ from rl.protocol import (
     Sample,
     latest_stable_weights,
     pack_samples,
+    sample_summary,
     wait_for,
     weights_dir,
     write_batch,
@@ -48,7 +49,9 @@ def build_samples(
             for token_ids, mask, logprobs in rollout.branches:
                 if mask_truncated and rollout.truncated:
                     mask = [False] * len(mask)
-                samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step))
+                meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards,
+                        "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
+                samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step, meta))
     return samples, rewards
 
 
@@ -119,7 +122,8 @@ class Orchestrator:
         )
         if not samples:
             raise TridentError(f"step {step}: no rollout produced a training sample (first error: {failed[0].error})")
-        micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, self.config.seq_len)]
+        bins = pack_samples(samples, self.config.seq_len)
+        micro_batches = [MicroBatch.pack(b) for b in bins]
         num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
         empty = sum(not any(s.loss_mask) for s in samples)
         if empty:
@@ -139,6 +143,7 @@ class Orchestrator:
                 "empty_samples": empty,
                 "staleness": step - self.served_step,
             },
+            samples=[sample_summary(s) for b in bins for s in b],
         )
         write_batch(self.output_dir, info, micro_batches)
         self.metrics.write(

@@ -94,6 +94,7 @@ class Sample:
     advantage: float
     reward: float
     weight_step: int  # the weights step that sampled it
+    meta: dict = field(default_factory=dict)  # where it came from: env, task, rewards by function, ...
 
     def __post_init__(self):
         if not len(self.token_ids) == len(self.loss_mask) == len(self.inference_logprobs):
@@ -166,6 +167,12 @@ class BatchInfo:
     temperature: float  # sampling temperature: the trainer's logprobs use the same
     weight_steps: list[int] = field(default_factory=list)  # weights steps that produced the samples
     metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)  # per sample, in packed order: see :func:`sample_summary`
+
+
+def sample_summary(sample: Sample) -> dict:
+    """What ``batch.json`` records about one sample besides its tokens (for inspection tools, not training)."""
+    return {"advantage": sample.advantage, "reward": sample.reward, "weight_step": sample.weight_step, **sample.meta}
 
 
 def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatch]) -> Path:

@@ -33,7 +33,13 @@ def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: 
 
 @pytest.fixture(scope="session")
 def inference_server(tmp_path_factory, tiny_model_path):
-    """Base URL of a running ``inference`` process serving the tiny model."""
+    """Base URL of a running ``inference`` process serving the tiny model.
+
+    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests).
+    """
+    if os.environ.get("TRIDENT_TEST_SERVER"):
+        yield os.environ["TRIDENT_TEST_SERVER"]
+        return
     folder = tmp_path_factory.mktemp("inference")
     port = free_port()
     config = folder / "infer.toml"

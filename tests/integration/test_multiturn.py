@@ -1,0 +1,181 @@
+"""Multi-turn tool rollouts against the real server: the loss mask is exactly the sampled spans, token for token.
+
+Every model call is recorded where verifiers hands it to the server (``renderers.client.generate``): the prompt
+ids sent and the completion ids and logprobs that came back. From those calls alone the test rebuilds what the
+samples must be, independently of how verifiers stores its trace, and compares.
+"""
+
+import asyncio
+import dataclasses
+import sys
+
+import pytest
+import renderers.client
+import verifiers.v1 as vf
+from transformers import AutoTokenizer
+
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.orchestrator import build_samples
+
+pytestmark = pytest.mark.slow
+
+# verifiers imports an environment by id: this module is the `trident-test-tools` environment.
+ENV_ID = "trident-test-tools"
+sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])
+
+
+def char_count(s: str) -> int:
+    """Count the characters of a string."""
+    return len(s)
+
+
+def follow_up(messages: list[dict], task) -> str | None:
+    """A user who asks once more after the first answer, then leaves."""
+    return "Once more, please." if sum(m["role"] == "user" for m in messages) == 1 else None
+
+
+class ToolData(vf.TaskData):
+    tools: list[str] = [f"{ENV_ID.replace('-', '_')}:char_count"]
+    max_turns: int = 3
+    user: str | None = None
+
+
+class ToolTaskConfig(vf.TasksetConfig):
+    max_turns: int = 3
+    follow_up: bool = False
+
+
+class ToolTask(vf.Task[ToolData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def turns(self, trace: vf.Trace) -> float:
+        return float(trace.num_turns)
+
+
+class ToolTaskset(vf.Taskset[ToolTask, ToolTaskConfig]):
+    def load(self):
+        user = f"{ENV_ID.replace('-', '_')}:follow_up" if self.config.follow_up else None
+        prompt = "How many characters are in 'trident'? Use the tool."
+        yield ToolTask(ToolData(id="count", prompt=prompt, max_turns=self.config.max_turns, user=user))
+
+
+__all__ = ["ToolTaskset"]
+
+FORCED_TOOL_CALL = '<tool_call>\n\\{"name": "char_count", "arguments": \\{"s": "[a-z]{1,6}"\\}\\}\n</tool_call>'
+
+
+@pytest.fixture
+def recorded_calls(monkeypatch):
+    """(prompt_ids, completion_ids, completion_logprobs) of every call verifiers sends to the server."""
+    calls = []
+    generate = renderers.client.generate
+
+    async def recording_generate(**kwargs):
+        result = await generate(**kwargs)
+        calls.append((list(kwargs["prompt_ids"]), result["completion_ids"], result["completion_logprobs"]))
+        return result
+
+    monkeypatch.setattr(renderers.client, "generate", recording_generate)
+    return calls
+
+
+def rollouts(base_url, tokenizer_path, calls, args: dict, n: int, enable_thinking=False, **sampling):
+    """``n`` rollouts, one after another, each with the server calls it made."""
+    config = OrchestratorConfig(client={"base_url": base_url}, sampling={"enable_thinking": enable_thinking})
+    ctx = model_context(config, tokenizer_path)
+    ctx = dataclasses.replace(ctx, sampling=vf.SamplingConfig(temperature=1.0, **sampling))
+    env = load_env(EnvConfig(id=ENV_ID, args=args))
+    task = next(iter(env.taskset.load()))
+
+    async def run():
+        out = []
+        async with env.serving():
+            for _ in range(n):
+                before = len(calls)
+                (rollout,) = await run_group(env, task, 1, ctx, asyncio.Semaphore(1))
+                assert rollout.ok, rollout.error
+                out.append((rollout, calls[before:]))
+        return out
+
+    return asyncio.run(run())
+
+
+def expected_branches(calls) -> list[tuple[list[int], list[bool], list[float]]]:
+    """What the samples must be: calls chain while each prompt extends the previous prompt + completion;
+    a prompt that does not starts a new sample, where earlier turns are prompt (never trained twice)."""
+    branches = []
+    for prompt, completion, logprobs in calls:
+        if branches and prompt[: len(branches[-1][0])] == branches[-1][0]:
+            ids, mask, lps = branches[-1]
+        else:
+            ids, mask, lps = [], [], []
+            branches.append((ids, mask, lps))
+        added = len(prompt) - len(ids)
+        ids += prompt[len(ids) :] + completion
+        mask += [False] * added + [True] * len(completion)
+        lps += [0.0] * added + list(logprobs)
+    return branches
+
+
+def assert_exact_samples(rollout, calls, tokenizer):
+    expected = expected_branches(calls)
+    assert len(rollout.branches) == len(expected)
+    for (ids, mask, logprobs), (want_ids, want_mask, want_logprobs) in zip(rollout.branches, expected, strict=True):
+        assert ids == want_ids
+        assert mask == want_mask, tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-6)
+        # nothing but sampled text is trained: no template header, tool response, user or system token
+        special = set(tokenizer.convert_tokens_to_ids(["<|im_start|>", "<tool_response>", "</tool_response>"]))
+        assert not any(m and i in special for i, m in zip(ids, mask, strict=True))
+
+
+def forced(tokenizer, regex: str, max_tokens: int) -> dict:
+    """Sampling that makes the random tiny model write ``regex``, with tags as their special ids."""
+    plain_angle = [i for i in range(len(tokenizer)) if "<" in tokenizer.decode([i])]
+    plain_angle = [i for i in plain_angle if i not in set(tokenizer.get_added_vocab().values())]
+    return {
+        "max_tokens": max_tokens,
+        "structured_outputs": {"regex": regex},
+        "logit_bias": {i: -100.0 for i in plain_angle},
+    }
+
+
+def test_tool_loop_masks_are_the_sampled_spans(inference_server, tiny_model_path, recorded_calls):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    sampling = forced(tokenizer, FORCED_TOOL_CALL, max_tokens=48)
+    results = rollouts(inference_server, tiny_model_path, recorded_calls, {"max_turns": 3}, n=3, **sampling)
+    for rollout, calls in results:
+        assert rollout.turns == len(calls) == 3  # every turn called the tool, so the loop ran to max_turns
+        assert_exact_samples(rollout, calls, tokenizer)
+        (ids, mask, _) = rollout.branches[0]
+        sampled = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+        # the answers to the first two calls are in the prompt of the next turn (the last turn ends the rollout)
+        assert tokenizer.decode(ids).count("<tool_response>") == 2 and sampled.count("<tool_call>") == 3
+
+
+def test_user_turn_after_a_dropped_think_block_splits_the_sample(inference_server, tiny_model_path, recorded_calls):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    args = {"max_turns": 2, "follow_up": True}
+    sampling = forced(tokenizer, "[a-z]{1,6}\n</think>\n\n[a-z ]{1,6}", max_tokens=24)
+    results = rollouts(inference_server, tiny_model_path, recorded_calls, args, n=3, enable_thinking=True, **sampling)
+    for rollout, calls in results:
+        assert len(calls) == 2
+        assert_exact_samples(rollout, calls, tokenizer)
+        # once the user speaks again, the template drops the first reply's thinking: the second prompt does
+        # not extend the first sample, so the rollout trains as two samples, each sampled token once
+        assert len(rollout.branches) == 2
+        first_reply = tokenizer.decode(calls[0][1])
+        assert "</think>" in first_reply and first_reply.split("</think>")[0] not in tokenizer.decode(calls[1][0])
+
+
+def test_truncated_rollouts_keep_exact_masks_and_can_be_masked_out(inference_server, tiny_model_path, recorded_calls):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    results = rollouts(inference_server, tiny_model_path, recorded_calls, {"max_turns": 1}, n=4, max_tokens=3)
+    end_of_turn = set(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    for rollout, calls in results:
+        assert_exact_samples(rollout, calls, tokenizer)
+        assert rollout.truncated == (len(calls[0][1]) == 3 and calls[0][1][-1] not in end_of_turn)
+    truncated = [rollout for rollout, _ in results if rollout.truncated]
+    assert truncated, "with max_tokens = 3 some replies must be cut off"
+    samples, _ = build_samples([truncated], weight_step=0, mask_truncated=True)
+    assert samples and not any(any(s.loss_mask) for s in samples)
