@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl.config import BaseConfig
 from rl.shared_config import AsyncLevel, MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel
@@ -62,3 +62,12 @@ class OrchestratorConfig(BaseConfig):
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
     ] = 600.0
+
+    @model_validator(mode="after")
+    def _reply_fits_in_a_sample(self):
+        if self.seq_len < self.sampling.max_tokens:
+            raise ValueError(
+                f"seq_len = {self.seq_len} is smaller than sampling.max_tokens = {self.sampling.max_tokens}: "
+                "a full reply could not fit in a training sample"
+            )
+        return self

@@ -120,8 +120,13 @@ class Orchestrator:
             mask_truncated=self.config.mask_truncated_completions,
             zero_truncated=self.config.zero_truncated_completions,
         )
+        overlong = sum(len(s.token_ids) > self.config.seq_len for s in samples)
+        if overlong:
+            logger.warning(f"step {step}: dropped {overlong} samples longer than seq_len = {self.config.seq_len}")
+            samples = [s for s in samples if len(s.token_ids) <= self.config.seq_len]
         if not samples:
-            raise TridentError(f"step {step}: no rollout produced a training sample (first error: {failed[0].error})")
+            reason = f"first error: {failed[0].error}" if failed else f"all longer than seq_len = {self.config.seq_len}"
+            raise TridentError(f"step {step}: no rollout produced a training sample ({reason})")
         bins = pack_samples(samples, self.config.seq_len)
         micro_batches = [MicroBatch.pack(b) for b in bins]
         num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
@@ -141,6 +146,7 @@ class Orchestrator:
                 "failed_rollouts": len(failed),
                 "truncated_rate": sum(r.truncated for group in groups for r in group) / rewards.numel(),
                 "empty_samples": empty,
+                "overlong_samples": overlong,
                 "staleness": step - self.served_step,
             },
             samples=[sample_summary(s) for b in bins for s in b],

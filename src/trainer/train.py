@@ -24,10 +24,10 @@ class EmptyBatchError(TridentError):
 def train(config: TrainerConfig) -> None:
     torch.manual_seed(config.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(config.model.name, device)
+    model = load_model(config.model, device)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],
         lr=config.optim.lr,
         betas=config.optim.betas,
         weight_decay=config.optim.weight_decay,

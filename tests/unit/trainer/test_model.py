@@ -1,9 +1,10 @@
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.protocol import MicroBatch, Sample
+from trainer.config import TrainerModelConfig
 from trainer.loss import shifted_logprobs
-from trainer.model import block_causal_mask, packed_logprobs
+from trainer.model import block_causal_mask, load_model, packed_logprobs, save_weights
 
 
 def test_block_causal_mask():
@@ -33,3 +34,50 @@ def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
         # position 0 of each sample is never trained (it is prompt): compare the rest
         torch.testing.assert_close(packed[start + 1 : start + len(ids)], alone[1:], atol=1e-5, rtol=1e-5)
         start += len(ids)
+
+
+def one_step(model, micro_batch):
+    """Gradients of a simple loss on a packed micro-batch (the trainer's forward)."""
+    model.zero_grad(set_to_none=True)
+    packed_logprobs(model, micro_batch, temperature=1.0).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def tiny_batch():
+    generator = torch.Generator().manual_seed(1)
+    ids = [torch.randint(0, 2000, (n,), generator=generator).tolist() for n in (6, 9)]
+    return MicroBatch.pack([Sample(s, [True] * len(s), [0.0] * len(s), 1.0, 0.0, 0) for s in ids])
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny_model_path):
+    plain = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
+    checkpointed = load_model(TrainerModelConfig(name=tiny_model_path, ac={"freq": 2}), torch.device("cpu"))
+    assert [layer.gradient_checkpointing for layer in checkpointed.model.layers] == [True, False]
+    expected, got = one_step(plain, tiny_batch()), one_step(checkpointed, tiny_batch())
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
+
+
+def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, tmp_path):
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    model = load_model(TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora}), torch.device("cpu"))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    # a few steps move the adapter away from its zero-initialized B
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    before = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    for _ in range(3):
+        one_step(model, tiny_batch())
+        optimizer.step()
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if not p.requires_grad)
+
+    save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_1")
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "step_1", dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    batch = tiny_batch()
+    with torch.no_grad():
+        adapted = packed_logprobs(model.eval(), batch, 1.0)
+        torch.testing.assert_close(packed_logprobs(merged, batch, 1.0), adapted, atol=1e-5, rtol=1e-5)
+        assert (packed_logprobs(base, batch, 1.0) - adapted).abs().max() > 1e-4
+    assert set(merged.state_dict()) == set(base.state_dict())
