@@ -71,7 +71,7 @@ class Orchestrator:
         self.ctx = model_context(config, resolve_model_path(config.model.name))
         self.client = InferenceClient(config.client.base_url, config.client.timeout_s)
         self.limit = asyncio.Semaphore(config.max_concurrent)
-        self.metrics = MetricsWriter(self.output_dir, "orchestrator")
+        self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.served_step = 0
 
     def batch_tasks(self, step: int) -> list:
@@ -171,4 +171,5 @@ class Orchestrator:
             for step in range(self.config.max_steps):
                 await self.step(step)
         await self.client.close()
+        self.metrics.close()
         logger.info(f"wrote {self.config.max_steps} batches")

@@ -16,7 +16,9 @@ import httpx
 import tomli_w
 
 from rl.config import ConfigError, parse_config, to_toml_dict
+from rl.errors import exit_on_user_error
 from rl.metrics import read_metrics, setup_logging
+from rl.preflight import check_port_free, gpu_env, lock_output_dir
 from rl.process import Child
 from rl.protocol import clear_run_state, configs_dir, logs_dir
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
@@ -39,12 +41,21 @@ def write_configs(config: RLConfig) -> dict[str, Path]:
     return paths
 
 
-def child_env() -> dict[str, str]:
-    """Environment of the children: one OpenMP thread each on CPU, where three processes share the cores."""
-    env = dict(os.environ)
+def child_env(placement: dict[str, str]) -> dict[str, str]:
+    """Environment of a child: its GPUs, and one OpenMP thread on CPU, where three processes share the cores."""
+    env = dict(os.environ) | placement
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a log file, indented, for the message that a process failed."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "  (no log)"
+    return "\n".join(f"  | {line}" for line in text)
 
 
 def _raise_interrupt(signum, frame):
@@ -87,7 +98,8 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         for name, child in children.items():
             code = child.poll()
             if code not in (None, 0):
-                logger.error(f"{name} exited with code {code}; see {child.log_path}")
+                tail = log_tail(child.log_path)
+                logger.error(f"{name} exited with code {code}; last lines of {child.log_path}:\n{tail}")
                 return 1
         if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
             logger.info(f"run finished: {printed} steps in {time.perf_counter() - start:.1f}s")
@@ -102,6 +114,8 @@ def run(config: RLConfig) -> int:
         for name, path in paths.items():
             print(f"{name}: {path}")
         return 0
+    lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits)
+    check_port_free(config.inference.host, config.inference.port)
     log_dir = logs_dir(output_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
@@ -110,11 +124,14 @@ def run(config: RLConfig) -> int:
     for path in clear_run_state(output_dir):
         logger.info(f"deleted {path} of a previous run")
 
+    placement = gpu_env(config)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     children: dict[str, Child] = {}
     try:
         for name in ("inference", "orchestrator", "trainer"):
-            children[name] = Child(name, MODULES[name], paths[name], log_dir / f"{name}.log", child_env())
+            children[name] = Child(
+                name, MODULES[name], paths[name], log_dir / f"{name}.log", child_env(placement[name])
+            )
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         return supervise(children, config)
     except KeyboardInterrupt:
@@ -133,7 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(run(config))
+    with exit_on_user_error("rl"):
+        code = run(config)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -2,22 +2,57 @@
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from rl.protocol import metrics_path
+from rl.shared_config import WandbConfig
+
+logger = logging.getLogger("rl.metrics")
 
 
 class MetricsWriter:
-    """Appends one JSON object per step; each line is flushed, so a crash loses at most the current step."""
+    """Appends one JSON object per step; each line is flushed, so a crash loses at most the current step.
 
-    def __init__(self, output_dir: Path, process: str):
+    With a ``wandb`` config, each record also goes to a W&B run whose step axis is the training step, shared by
+    the trainer's and the orchestrator's runs (grouped under one name).
+    """
+
+    def __init__(self, output_dir: Path, process: str, wandb: WandbConfig | None = None):
         self.path = metrics_path(output_dir, process)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.run = start_wandb(wandb, Path(output_dir), process) if wandb else None
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.run is not None:
+            self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+
+
+def start_wandb(config: WandbConfig, output_dir: Path, process: str):
+    """A W&B run under ``output_dir/wandb``; offline when asked to or when no API key is set."""
+    import wandb  # imported only when tracking is on: it is slow to import
+
+    offline = config.offline or not os.environ.get("WANDB_API_KEY")
+    if offline and not config.offline:
+        logger.info("WANDB_API_KEY is not set: W&B logs offline (upload later with `wandb sync`)")
+    group = config.name or output_dir.resolve().name
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return wandb.init(
+        project=config.project,
+        name=f"{group}-{process}",
+        group=group,
+        job_type=process,
+        dir=output_dir,  # W&B adds its wandb/ folder
+        mode="offline" if offline else "online",
+        settings=wandb.Settings(console="off", silent=True),
+    )
 
 
 def read_metrics(output_dir: Path, process: str) -> list[dict]:

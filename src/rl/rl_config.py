@@ -2,12 +2,12 @@
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from inference.config import InferenceConfig
 from orchestrator.config import OrchestratorConfig
 from rl.config import BaseConfig, ConfigError
-from rl.shared_config import AsyncLevel, MaxSteps, OutputDir, SeqLen, StrictModel
+from rl.shared_config import AsyncLevel, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
 from trainer.config import TrainerConfig
 
 
@@ -20,8 +20,10 @@ SHARED_FIELDS = {
     "model.name": ("trainer.model.name", "orchestrator.model.name", "inference.model.name"),
     "output_dir": ("trainer.output_dir", "orchestrator.output_dir"),
     "max_steps": ("trainer.max_steps", "orchestrator.max_steps"),
-    "seq_len": ("trainer.seq_len", "orchestrator.seq_len"),
+    # the server stops a rollout's context at seq_len, so every sample fits in a micro-batch
+    "seq_len": ("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"),
     "async_level": ("orchestrator.async_level",),
+    "wandb": ("trainer.wandb", "orchestrator.wandb"),
 }
 
 
@@ -35,7 +37,17 @@ class RLConfig(BaseConfig):
     max_steps: MaxSteps | None = None
     seq_len: SeqLen | None = None
     async_level: AsyncLevel | None = None
+    wandb: WandbSection = None
+    trainer_gpu_ids: Annotated[
+        list[int], Field(description="GPUs of the trainer (CUDA_VISIBLE_DEVICES); may overlap the inference GPUs.")
+    ] = [0]
+    inference_gpu_ids: Annotated[list[int], Field(description="GPUs of the inference server.")] = [0]
     dry_run: Annotated[bool, Field(description="Write the resolved configs to output_dir/configs and exit.")] = False
+
+    @field_validator("trainer_gpu_ids", "inference_gpu_ids", mode="before")
+    @classmethod
+    def _comma_separated(cls, value):
+        return [int(v) for v in value.split(",")] if isinstance(value, str) else value
 
 
 def _get(obj: Any, dotted: str) -> Any:

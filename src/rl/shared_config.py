@@ -31,3 +31,21 @@ AsyncLevel = Annotated[
     ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]
+
+
+class WandbConfig(StrictModel):
+    """Weights & Biases tracking; present (a [wandb] table or any --wandb.* flag) means on."""
+
+    project: Annotated[str, Field(description="W&B project.")] = "trident"
+    name: Annotated[
+        str | None, Field(description="Run name; the trainer and orchestrator runs get it with their suffix.")
+    ] = None
+    offline: Annotated[
+        bool, Field(description="Write runs to output_dir/wandb only (`wandb sync` uploads them later).")
+    ] = False
+
+
+WandbSection = Annotated[
+    WandbConfig | None,
+    Field(description="Weights & Biases tracking (absent: off). Offline when WANDB_API_KEY is unset."),
+]

@@ -6,7 +6,7 @@ from typing import Annotated
 from pydantic import Field
 
 from rl.config import BaseConfig
-from rl.shared_config import MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel
+from rl.shared_config import MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel, WandbSection
 
 
 class ActivationCheckpointConfig(StrictModel):
@@ -65,6 +65,7 @@ class TrainerConfig(BaseConfig):
     max_steps: MaxSteps = 20
     seq_len: SeqLen = 2048
     seed: Seed = 0
+    wandb: WandbSection = None
     batch_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")
     ] = 600.0

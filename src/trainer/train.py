@@ -32,7 +32,7 @@ def train(config: TrainerConfig) -> None:
         betas=config.optim.betas,
         weight_decay=config.optim.weight_decay,
     )
-    metrics = MetricsWriter(config.output_dir, "trainer")
+    metrics = MetricsWriter(config.output_dir, "trainer", config.wandb)
     logger.info(f"training {config.model.name} on {device} for {config.max_steps} steps")
 
     for step in range(config.max_steps):
@@ -86,3 +86,4 @@ def train(config: TrainerConfig) -> None:
             f"step {step} | reward {info.reward_mean:.4f} | loss {loss_sum:.4f} | tokens {info.num_tokens} "
             f"| grad_norm {grad_norm:.3f} | mismatch_kl {record['mismatch_kl']:.2e} | {record['train_s']:.2f}s"
         )
+    metrics.close()

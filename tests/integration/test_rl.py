@@ -2,9 +2,11 @@
 
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,9 +68,35 @@ def test_debug_run_learns_and_cleans_up(tmp_path):
 def test_failing_process_stops_the_run(tmp_path):
     result = run_rl(tmp_path, "--orchestrator.env", '[{"id": "no-such-env"}]', "--inference.port", "8012", timeout=300)
     assert result.returncode == 1
-    assert f"orchestrator exited with code 1; see {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr
-    assert "environment 'no-such-env' is not installed" in (tmp_path / "logs" / "orchestrator.log").read_text()
+    # the failure names the process, its exit code, its log, and shows the log's last lines
+    assert f"orchestrator exited with code 1; last lines of {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr
+    assert "environment 'no-such-env' is not installed" in result.stderr
     assert_process_groups_gone(started_pids(tmp_path))
+
+
+def test_killed_child_stops_the_run_and_a_second_rl_is_refused(tmp_path):
+    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
+            "--output-dir", str(tmp_path), "--inference.port", "8013"]  # fmt: skip
+    rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while len(pids := started_pids(tmp_path) if (tmp_path / "logs" / "rl.log").exists() else {}) < 3:
+            assert time.monotonic() < deadline and rl.poll() is None, "rl did not start its three processes"
+            time.sleep(0.5)
+        second = subprocess.run([*argv[:-1], "8014"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert second.returncode == 1
+        assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in second.stderr
+
+        os.kill(pids["trainer"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = rl.communicate(timeout=60)
+        assert rl.returncode == 1
+        assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
+        assert f"trainer exited with code {-signal.SIGKILL}" in stderr
+        assert_process_groups_gone(pids)
+    finally:
+        rl.kill()
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):

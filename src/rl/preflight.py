@@ -1,0 +1,69 @@
+"""What ``rl`` checks and claims before it starts anything: the output dir, the server's port, the GPUs."""
+
+import fcntl
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import IO
+
+import torch
+
+from rl.errors import TridentError
+from rl.rl_config import RLConfig
+
+logger = logging.getLogger("rl")
+
+
+def lock_output_dir(output_dir: Path) -> IO:
+    """Claim ``output_dir`` for this run; the lock lasts as long as the returned file stays open (or the process).
+
+    A second ``rl`` on the same output dir would delete the first one's rollouts and weights: it is refused.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    lock = (output_dir / "rl.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        owner = lock.read().strip() or "unknown"
+        lock.close()
+        raise TridentError(
+            f"another rl run (pid {owner}) is using {output_dir}; stop it or choose another --output-dir"
+        ) from None
+    lock.truncate(0)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail now, with the port named, rather than after the server's minutes-long start-up."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            raise TridentError(
+                f"port {port} on {host} is already in use (another server?); set --inference.port to a free one"
+            ) from None
+
+
+def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
+    """Environment overrides placing each process: its GPUs, or the CPU when the machine has none."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        logger.info("no GPU found: inference and trainer run on the CPU")
+        return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in ("inference", "orchestrator", "trainer")}
+    for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
+        if not ids or any(not 0 <= i < count for i in ids):
+            raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
+    if len(config.trainer_gpu_ids) > 1:
+        raise TridentError("--trainer-gpu-ids: a trainer on several GPUs (FSDP) is not supported yet; give one GPU")
+    shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids)
+    logger.info(
+        f"inference on GPU {config.inference_gpu_ids}, trainer on GPU {config.trainer_gpu_ids}"
+        + (f" (sharing GPU {sorted(shared)}: keep gpu_memory_utilization low enough)" if shared else "")
+    )
+    visible = {"inference": config.inference_gpu_ids, "trainer": config.trainer_gpu_ids, "orchestrator": []}
+    return {name: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} for name, ids in visible.items()}

@@ -1,0 +1,36 @@
+import os
+import socket
+
+import pytest
+
+from rl.config import parse_config
+from rl.errors import TridentError
+from rl.preflight import check_port_free, gpu_env, lock_output_dir
+from rl.rl_config import RLConfig
+
+
+def test_output_dir_lock_refuses_a_second_run_and_names_the_first(tmp_path):
+    first = lock_output_dir(tmp_path)
+    with pytest.raises(TridentError, match=rf"another rl run \(pid {os.getpid()}\) is using {tmp_path}"):
+        lock_output_dir(tmp_path)
+    first.close()  # the first run ended: the dir is free again
+    lock_output_dir(tmp_path).close()
+
+
+def test_port_in_use_is_reported_with_the_flag_to_change():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(TridentError, match=rf"port {port} on 127.0.0.1 is already in use.*--inference.port"):
+            check_port_free("127.0.0.1", port)
+
+
+@pytest.mark.skipif(bool(__import__("torch").cuda.device_count()), reason="checks the CPU placement")
+def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
+    config = parse_config(RLConfig, ["--trainer-gpu-ids", "0,1", "--inference-gpu-ids", "[0]"])
+    assert config.trainer_gpu_ids == [0, 1] and config.inference_gpu_ids == [0]
+    with caplog.at_level("INFO"):
+        placement = gpu_env(config)
+    assert all(env == {"CUDA_VISIBLE_DEVICES": ""} for env in placement.values())
+    assert "no GPU found: inference and trainer run on the CPU" in caplog.text
