@@ -92,7 +92,6 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
                 f"| loss {record['loss']:+.4f} | tokens {record['tokens']} | {now - last:.1f}s",
                 flush=True,
             )
-            logger.info(f"step {record['step']} {record}")
             last = now
             printed += 1
         for name, child in children.items():

@@ -1,0 +1,657 @@
+"""Read a step's rollouts back into per-sample records and check their loss masks against the chat format.
+
+The operator's tools (``scripts/check_loss_mask.py``, ``scripts/inspect_rollouts.py``, ``scripts/verify_env.py``)
+share this module. It splits the packed micro-batches of ``rollouts/step_N/`` back into samples, cuts each
+sample's tokens into Qwen3 chat turns (``<|im_start|>ROLE\\n ... <|im_end|>\\n``; a user turn holding a
+``<tool_response>`` is a tool turn) and checks that the loss mask covers sampled tokens only: assistant content
+after the header and the generation-prompt scaffold, up to and including the ``<|im_end|>`` the model sampled.
+
+Checks (``Problem.check``), errors unless marked:
+
+- ``missing_tensor``, ``length_mismatch``: a micro-batch lacks a tensor, or tensors, ``sample_lengths`` and the
+  sample's ids/mask/logprobs/advantages disagree in length.
+- ``sample_count_mismatch``, ``batch_info_mismatch``: ``batch.json`` (its ``samples``, ``num_samples``,
+  ``num_tokens``, ``num_loss_tokens``) disagrees with the tensors.
+- ``position_mismatch``, ``advantage_mismatch``: positions do not restart at 0 per sample, or a sample's advantage
+  is not constant or differs from ``batch.json``.
+- ``empty_mask``: a sample with no trainable token.
+- ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
+  a whole run of trained tokens (a lone 0.0 among real logprobs is the warning ``zero_logprob``: vLLM reports 0.0
+  for tokens sampled with probability 1, e.g. under structured outputs).
+- ``token_out_of_vocab``: an id the tokenizer does not have (usually the wrong ``--model``).
+- ``mask_in_<role>_turn`` (``system``, ``user``, ``tool``, ...): trainable tokens in a turn the model did not write.
+- ``mask_outside_turn``: trainable tokens outside any chat turn.
+- ``mask_on_template``: trainable template tokens of an assistant turn: its header, the generation-prompt
+  scaffold (an empty ``<think>\\n\\n</think>\\n\\n``), the newline after ``<|im_end|>``, an ``<|im_end|>`` the
+  server added after a sampled ``<|endoftext|>``.
+- warnings: ``zero_logprob`` (above), ``mask_gap`` (untrained tokens before or inside a trained assistant reply),
+  ``unmasked_turn_end`` (a trained reply whose closing ``<|im_end|>`` is not trained), ``no_chat_format`` (no
+  ``<|im_start|>`` in the sample: roles cannot be checked).
+"""
+
+import json
+import math
+import tomllib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from rl.errors import TridentError
+from rl.protocol import configs_dir, rollouts_dir
+
+TENSORS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs", "sample_lengths")
+ERROR, WARNING = "error", "warning"
+# Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
+# the <|im_end|> (or, in a reply, <|endoftext|>) closing the content; SEPARATOR the template after it: the newline,
+# and an <|im_end|> the server adds after a sampled <|endoftext|>.
+HEADER, SCAFFOLD, CONTENT, END, SEPARATOR, OUTSIDE = "header", "scaffold", "content", "end", "separator", "outside"
+SCAFFOLD_TEXT = "\n\n"  # what the template puts inside and after an empty <think></think>
+MAX_POSITIONS = 20  # positions listed per problem in messages and JSON
+
+
+class RolloutReadError(TridentError):
+    """A rollouts folder that is missing or cannot be read: the tools print it as one line and exit 2."""
+
+
+# ── reading ─────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Problem:
+    check: str
+    message: str
+    severity: str = ERROR
+    sample: int | None = None  # None: the whole batch
+    positions: list[int] = field(default_factory=list)  # token offsets within the sample
+
+    def to_json(self) -> dict:
+        return {
+            "check": self.check,
+            "severity": self.severity,
+            "sample": self.sample,
+            "message": self.message,
+            "positions": self.positions[:MAX_POSITIONS],
+            "num_positions": len(self.positions),
+        }
+
+
+@dataclass
+class SampleRecord:
+    """One sample cut back out of its micro-batch, with what ``batch.json`` says about it (``summary``)."""
+
+    index: int  # in packed order over the whole step
+    micro_batch: int
+    length: int  # its entry in ``sample_lengths``
+    token_ids: list[int]
+    loss_mask: list[bool]
+    inference_logprobs: list[float]
+    advantages: list[float]
+    position_ids: list[int]
+    summary: dict = field(default_factory=dict)  # reward, advantage, weight_step, env, task, rewards, ...
+
+    @property
+    def num_trainable(self) -> int:
+        return sum(self.loss_mask)
+
+    @classmethod
+    def from_tokens(
+        cls, index: int, token_ids: list[int], loss_mask: list[bool], logprobs: list[float], summary: dict | None = None
+    ) -> "SampleRecord":
+        """A record of a sample that was never packed (e.g. a rollout's branch, straight from the environment)."""
+        n = len(token_ids)
+        return cls(index, -1, n, list(token_ids), list(loss_mask), list(logprobs), [0.0] * n, list(range(n)),
+                   summary or {})  # fmt: skip
+
+
+@dataclass
+class StepRollouts:
+    path: Path
+    step: int
+    info: dict  # batch.json as written (old batches may lack keys)
+    samples: list[SampleRecord]
+    problems: list[Problem]  # found while splitting the micro-batches
+
+
+def rollout_steps(output_dir: Path) -> list[int]:
+    """Steps with a complete ``rollouts/step_N/`` folder, ascending."""
+    steps = []
+    for path in (Path(output_dir) / "rollouts").glob("step_*"):
+        suffix = path.name.removeprefix("step_")
+        if path.is_dir() and suffix.isdigit():
+            steps.append(int(suffix))
+    return sorted(steps)
+
+
+def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
+    """Read ``rollouts/step_N/`` (the newest step when ``step`` is None) into per-sample records."""
+    root = Path(output_dir) / "rollouts"
+    if not root.is_dir():
+        raise RolloutReadError(f"no rollouts folder at {root} (is --output-dir the run's output_dir?)")
+    steps = rollout_steps(output_dir)
+    if step is None:
+        if not steps:
+            raise RolloutReadError(f"no rollouts/step_N folders in {root}")
+        step = steps[-1]
+    folder = rollouts_dir(output_dir, step)
+    if not folder.is_dir():
+        have = f"steps on disk: {steps[0]}..{steps[-1]}" if steps else "no steps on disk"
+        raise RolloutReadError(f"no rollouts for step {step}: {folder} does not exist ({have})")
+    info_path = folder / "batch.json"
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RolloutReadError(f"cannot read {info_path}: {e}") from None
+    if not isinstance(info, dict):
+        raise RolloutReadError(f"{info_path} holds {type(info).__name__}, expected a JSON object")
+    numbered = {p.stem.removeprefix("micro_batch_"): p for p in folder.glob("micro_batch_*.safetensors")}
+    files = [numbered[k] for k in sorted((k for k in numbered if k.isdigit()), key=int)]
+    if not files:
+        raise RolloutReadError(f"no micro_batch_*.safetensors files in {folder}")
+    summaries = info.get("samples") if isinstance(info.get("samples"), list) else []
+    samples: list[SampleRecord] = []
+    problems: list[Problem] = []
+    for k, path in enumerate(files):
+        try:
+            tensors = load_file(path)
+        except Exception as e:  # safetensors raises several types for a damaged file
+            raise RolloutReadError(f"cannot read {path}: {e}") from None
+        samples += _split_micro_batch(k, tensors, len(samples), summaries, problems)
+    return StepRollouts(folder, step, info, samples, problems)
+
+
+def _split_micro_batch(
+    k: int, tensors: dict, first_index: int, summaries: list, problems: list[Problem]
+) -> list[SampleRecord]:
+    name = f"micro_batch_{k}"
+    values = {key: tensors[key].flatten().tolist() for key in TENSORS if key in tensors}
+    missing = [key for key in TENSORS if key not in values]
+    if missing:
+        problems.append(Problem("missing_tensor", f"{name} has no {', '.join(missing)} tensor"))
+    input_ids = values.get("input_ids", [])
+    lengths = values.get("sample_lengths")
+    if lengths is None:  # fall back to where positions restart, else one sample
+        positions = values.get("position_ids", [])
+        starts = [i for i, p in enumerate(positions) if p == 0] or [0]
+        lengths = [b - a for a, b in zip(starts, starts[1:] + [len(input_ids)], strict=True)]
+    if sum(lengths) != len(input_ids):
+        problems.append(
+            Problem(
+                "length_mismatch",
+                f"{name}: sample_lengths sum to {sum(lengths)} but input_ids has {len(input_ids)} tokens",
+            )
+        )
+    for key in ("position_ids", "loss_mask", "advantages", "inference_logprobs"):
+        if key in values and len(values[key]) != len(input_ids):
+            problems.append(
+                Problem("length_mismatch", f"{name}: {key} has {len(values[key])} entries, input_ids {len(input_ids)}")
+            )
+    records = []
+    offset = 0
+    for j, length in enumerate(lengths):
+        index = first_index + j
+        cut = slice(offset, offset + length)
+        summary = summaries[index] if index < len(summaries) and isinstance(summaries[index], dict) else {}
+        records.append(
+            SampleRecord(
+                index=index,
+                micro_batch=k,
+                length=length,
+                token_ids=[int(t) for t in input_ids[cut]],
+                loss_mask=[bool(m) for m in values.get("loss_mask", [])[cut]],
+                inference_logprobs=[float(x) for x in values.get("inference_logprobs", [])[cut]],
+                advantages=[float(x) for x in values.get("advantages", [])[cut]],
+                position_ids=[int(p) for p in values.get("position_ids", [])[cut]],
+                summary=summary,
+            )
+        )
+        offset += length
+    return records
+
+
+def run_model_name(output_dir: Path) -> str | None:
+    """The model the run's orchestrator used (``configs/orchestrator.toml`` ``[model] name``), if recorded."""
+    path = configs_dir(output_dir) / "orchestrator.toml"
+    try:
+        with path.open("rb") as f:
+            name = tomllib.load(f).get("model", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def load_tokenizer(output_dir: Path, model: str | None = None):
+    """The tokenizer of ``model``, else of the run's model; a one-line :class:`RolloutReadError` if neither loads."""
+    from transformers import AutoTokenizer
+
+    from rl.tiny_model import resolve_model_path
+
+    name = model or run_model_name(output_dir)
+    if name is None:
+        path = configs_dir(output_dir) / "orchestrator.toml"
+        raise RolloutReadError(f"no model name in {path}: pass --model NAME_OR_PATH (the run's [model] name)")
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model_path(name))
+    except Exception as e:  # transformers raises OSError, ValueError, ... for a missing or broken tokenizer
+        raise RolloutReadError(f"cannot load the tokenizer of model {name!r}: {e}") from None
+
+
+# ── segmenting tokens into chat turns ───────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class ChatFormat:
+    """The tokenizer's ids for the Qwen3 chat format, and cached per-token text."""
+
+    tokenizer: object
+    im_start: int
+    im_end: int
+    think: int | None
+    think_end: int | None
+    tool_response: int | None
+    stop_ids: frozenset[int]  # tokens that end a reply besides <|im_end|> (the server may add <|im_end|> itself)
+    vocab_size: int
+    _pieces: dict[int, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+        def token_id(token: str) -> int | None:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id else None
+
+        im_start, im_end = token_id("<|im_start|>"), token_id("<|im_end|>")
+        if im_start is None or im_end is None:
+            raise RolloutReadError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no <|im_start|>/<|im_end|> tokens: "
+                "these tools read the Qwen3 chat format"
+            )
+        endoftext = token_id("<|endoftext|>")
+        return cls(
+            tokenizer=tokenizer,
+            im_start=im_start,
+            im_end=im_end,
+            think=token_id("<think>"),
+            think_end=token_id("</think>"),
+            tool_response=token_id("<tool_response>"),
+            stop_ids=frozenset({endoftext} - {None}),
+            vocab_size=len(tokenizer),
+        )
+
+    def text(self, token_ids: list[int]) -> str:
+        """The text of consecutive tokens, decoded together (characters split over tokens come out whole)."""
+        out: list[str] = []
+        known: list[int] = []
+        for token_id in [*token_ids, -1]:
+            if 0 <= token_id < self.vocab_size:
+                known.append(token_id)
+                continue
+            if known:
+                out.append(self.tokenizer.decode(known, skip_special_tokens=False))
+                known = []
+            if token_id != -1:
+                out.append(self.piece(token_id))
+        return "".join(out)
+
+    def piece(self, token_id: int) -> str:
+        """The text of one token (special tokens included)."""
+        if token_id not in self._pieces:
+            if 0 <= token_id < self.vocab_size:
+                self._pieces[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            else:
+                self._pieces[token_id] = f"<?{token_id}?>"
+        return self._pieces[token_id]
+
+
+@dataclass
+class Turn:
+    index: int
+    role: str  # system, user, tool, assistant, or whatever the header names
+    start: int  # position of its <|im_start|>
+    content_start: int  # first token after the header (and, for the assistant, the scaffold)
+    end: int  # exclusive; includes <|im_end|> (END) and the template after it (SEPARATOR)
+    closed: bool  # False when the sample ends (or a new turn starts) before <|im_end|> (or a reply's stop token)
+
+
+@dataclass
+class Segmentation:
+    turns: list[Turn]
+    roles: list[str]  # per token: its turn's role, "outside" between turns
+    parts: list[str]  # per token: HEADER, SCAFFOLD, CONTENT, END, SEPARATOR or OUTSIDE
+
+
+def segment(token_ids: list[int], chat: ChatFormat) -> Segmentation:
+    """Cut a sample's tokens into chat turns: which role each token belongs to, and which part of its turn."""
+    n = len(token_ids)
+    roles, parts = [OUTSIDE] * n, [OUTSIDE] * n
+    turns: list[Turn] = []
+    i = 0
+    while i < n:
+        if token_ids[i] != chat.im_start:
+            i += 1
+            continue
+        start = i
+        # Header: <|im_start|>, the role's tokens, up to the token holding the newline.
+        header_text, i = "", i + 1
+        while i < n and token_ids[i] not in (chat.im_start, chat.im_end):
+            header_text += chat.piece(token_ids[i])
+            i += 1
+            if "\n" in header_text:
+                break
+        header_end = i
+        role = header_text.split("\n")[0].strip() or "unknown"
+        if role == "user" and _starts_tool_response(token_ids, header_end, chat):
+            role = "tool"
+        content_start = _skip_scaffold(token_ids, header_end, chat) if role == "assistant" else header_end
+        # Content runs to <|im_end|> or, in a reply, another stop token (the server may add <|im_end|> after it).
+        stops = {chat.im_start, chat.im_end} | (chat.stop_ids if role == "assistant" else set())
+        while i < n and token_ids[i] not in stops:
+            i += 1
+        content_end = i
+        closed = i < n and token_ids[i] != chat.im_start
+        end = i + 1 if closed else i
+        if closed and token_ids[i] != chat.im_end and end < n and token_ids[end] == chat.im_end:
+            end += 1
+        if closed and end < n and token_ids[end] != chat.im_start and chat.piece(token_ids[end]).isspace():
+            end += 1
+        turn = Turn(len(turns), role, start, content_start, end, closed)
+        turns.append(turn)
+        for j in range(start, end):
+            roles[j] = role
+            if j < content_end:
+                parts[j] = HEADER if j < header_end else SCAFFOLD if j < content_start else CONTENT
+            else:
+                parts[j] = END if j == content_end else SEPARATOR
+        i = end
+    return Segmentation(turns, roles, parts)
+
+
+def _starts_tool_response(token_ids: list[int], i: int, chat: ChatFormat) -> bool:
+    while i < len(token_ids) and chat.piece(token_ids[i]).isspace():
+        i += 1
+    if i >= len(token_ids):
+        return False
+    if chat.tool_response is not None:
+        return token_ids[i] == chat.tool_response
+    return chat.piece(token_ids[i]).startswith("<tool_response>")
+
+
+def _skip_scaffold(token_ids: list[int], i: int, chat: ChatFormat) -> int:
+    """Past an empty ``<think>\\n\\n</think>\\n\\n`` starting at ``i`` (the template's prefill), else ``i``."""
+    if chat.think is None or chat.think_end is None or i >= len(token_ids) or token_ids[i] != chat.think:
+        return i
+    j = _skip_text(token_ids, i + 1, SCAFFOLD_TEXT, chat)
+    if j is None or j >= len(token_ids) or token_ids[j] != chat.think_end:
+        return i
+    k = _skip_text(token_ids, j + 1, SCAFFOLD_TEXT, chat)
+    return i if k is None else k
+
+
+def _skip_text(token_ids: list[int], i: int, text: str, chat: ChatFormat) -> int | None:
+    """The position after the tokens from ``i`` that spell exactly ``text``, or None."""
+    seen = ""
+    while seen != text:
+        if i >= len(token_ids):
+            return None
+        seen += chat.piece(token_ids[i])
+        if not text.startswith(seen):
+            return None
+        i += 1
+    return i
+
+
+# ── checks ──────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class SampleReport:
+    record: SampleRecord
+    segmentation: Segmentation
+    problems: list[Problem]
+
+    def role_counts(self) -> dict[str, dict[str, int]]:
+        """Per role: tokens and trainable tokens (roles in the order they first appear)."""
+        counts: dict[str, dict[str, int]] = {}
+        for role, trainable in zip(self.segmentation.roles, self.record.loss_mask, strict=False):
+            entry = counts.setdefault(role, {"tokens": 0, "trainable": 0})
+            entry["tokens"] += 1
+            entry["trainable"] += trainable
+        return counts
+
+    def turn_counts(self) -> list[dict]:
+        """Per turn: role, span, tokens, content tokens and trainable tokens."""
+        mask = self.record.loss_mask
+        out = []
+        for turn in self.segmentation.turns:
+            span = range(turn.start, min(turn.end, len(mask)))
+            out.append(
+                {
+                    "turn": turn.index,
+                    "role": turn.role,
+                    "start": turn.start,
+                    "end": turn.end,
+                    "tokens": turn.end - turn.start,
+                    "content": sum(self.segmentation.parts[j] in (CONTENT, END) for j in range(turn.start, turn.end)),
+                    "trainable": sum(mask[j] for j in span),
+                    "closed": turn.closed,
+                }
+            )
+        return out
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == ERROR]
+
+
+@dataclass
+class StepReport:
+    rollouts: StepRollouts
+    samples: list[SampleReport]
+    problems: list[Problem]  # about the whole batch
+    model: str = ""  # the tokenizer the tokens were read with
+
+    def all_problems(self) -> list[Problem]:
+        return self.problems + [p for s in self.samples for p in s.problems]
+
+    @property
+    def num_errors(self) -> int:
+        return sum(p.severity == ERROR for p in self.all_problems())
+
+    @property
+    def num_warnings(self) -> int:
+        return sum(p.severity == WARNING for p in self.all_problems())
+
+    @property
+    def ok(self) -> bool:
+        return self.num_errors == 0
+
+    def totals(self) -> dict:
+        return {
+            "samples": len(self.samples),
+            "tokens": sum(len(s.record.token_ids) for s in self.samples),
+            "trainable": sum(s.record.num_trainable for s in self.samples),
+            "errors": self.num_errors,
+            "warnings": self.num_warnings,
+            "by_check": dict(Counter(p.check for p in self.all_problems())),
+        }
+
+
+def check_step(rollouts: StepRollouts, chat: ChatFormat) -> StepReport:
+    """Check every sample of a step and the batch as a whole."""
+    reports = [check_sample(record, chat) for record in rollouts.samples]
+    model = str(getattr(chat.tokenizer, "name_or_path", ""))
+    return StepReport(rollouts, reports, list(rollouts.problems) + _check_batch_info(rollouts), model)
+
+
+def _check_batch_info(rollouts: StepRollouts) -> list[Problem]:
+    info, samples = rollouts.info, rollouts.samples
+    problems = []
+    recorded = info.get("samples")
+    if isinstance(recorded, list) and recorded and len(recorded) != len(samples):
+        problems.append(
+            Problem(
+                "sample_count_mismatch",
+                f"batch.json lists {len(recorded)} samples but the micro-batches hold {len(samples)}",
+            )
+        )
+    actual = {
+        "num_samples": len(samples),
+        "num_tokens": sum(len(s.token_ids) for s in samples),
+        "num_loss_tokens": sum(s.num_trainable for s in samples),
+    }
+    for key, value in actual.items():
+        if key in info and info[key] != value:
+            check = "sample_count_mismatch" if key == "num_samples" else "batch_info_mismatch"
+            problems.append(Problem(check, f"batch.json {key} = {info[key]} but the micro-batches hold {value}"))
+    return problems
+
+
+def _span(positions: list[int]) -> str:
+    shown = ", ".join(map(str, positions[:MAX_POSITIONS]))
+    return f"{len(positions)} at [{shown}{', ...' if len(positions) > MAX_POSITIONS else ''}]"
+
+
+def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
+    """Check one sample's tensors against each other and its loss mask against its chat turns."""
+    problems: list[Problem] = []
+
+    def add(check: str, message: str, positions: list[int] | None = None, severity: str = ERROR) -> None:
+        problems.append(Problem(check, message, severity, record.index, positions or []))
+
+    ids, mask, logprobs = record.token_ids, record.loss_mask, record.inference_logprobs
+    lengths = {
+        "sample_lengths": record.length,
+        "input_ids": len(ids),
+        "loss_mask": len(mask),
+        "inference_logprobs": len(logprobs),
+        "advantages": len(record.advantages),
+        "position_ids": len(record.position_ids),
+    }
+    if len(set(lengths.values())) > 1:
+        add("length_mismatch", "lengths differ: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+    if record.position_ids and record.position_ids != list(range(len(record.position_ids))):
+        add("position_mismatch", "position_ids do not run 0, 1, 2, ... within the sample")
+    _check_advantage(record, add)
+    if not any(mask):
+        add("empty_mask", f"no trainable token in {len(ids)} tokens: the sample adds nothing to the loss")
+    _check_logprobs(mask, logprobs, add)
+    unknown = [i for i, t in enumerate(ids) if not 0 <= t < chat.vocab_size]
+    if unknown:
+        add("token_out_of_vocab", f"ids outside the tokenizer's {chat.vocab_size} tokens: {_span(unknown)}", unknown)
+
+    seg = segment(ids, chat)
+    if not seg.turns:
+        add("no_chat_format", "no <|im_start|> token: roles cannot be checked (wrong --model?)", severity=WARNING)
+    trainable = [i for i in range(min(len(ids), len(mask))) if mask[i]]
+    by_check: dict[str, list[int]] = {}
+    for i in trainable:
+        role, part = seg.roles[i], seg.parts[i]
+        if part == OUTSIDE:
+            by_check.setdefault("mask_outside_turn", []).append(i)
+        elif role != "assistant":
+            by_check.setdefault(f"mask_in_{role}_turn", []).append(i)
+        elif part in (HEADER, SCAFFOLD, SEPARATOR):
+            by_check.setdefault("mask_on_template", []).append(i)
+    for check, positions in by_check.items():
+        where = {
+            "mask_outside_turn": "outside any chat turn",
+            "mask_on_template": "on template tokens (turn header, generation-prompt scaffold, newline after "
+            "<|im_end|>)",
+        }.get(check, f"in {check.removeprefix('mask_in_').removesuffix('_turn')} turns")
+        add(check, f"trainable tokens {where}: {_span(positions)}", positions)
+    _check_assistant_turns(seg, mask, add)
+    return SampleReport(record, seg, problems)
+
+
+def _check_logprobs(mask: list[bool], logprobs: list[float], add) -> None:
+    """Trained tokens need the server's logprob. Not finite or positive is never one; exactly 0.0 is missing when a
+    whole trained run has it, but alone it can be a token sampled with probability 1 in float32 (a warning)."""
+    invalid = [i for i, (m, lp) in enumerate(zip(mask, logprobs, strict=False)) if m and not _finite_logprob(lp)]
+    missing, zero = [], []
+    for run in _trained_runs(mask[: len(logprobs)]):
+        zeros = [i for i in run if logprobs[i] == 0.0]
+        (missing if len(zeros) == len(run) else zero).extend(zeros)
+    if invalid or missing:
+        positions = sorted(invalid + missing)
+        add(
+            "missing_logprob",
+            f"trained tokens without an inference logprob (not finite, positive, or 0.0 over a whole trained "
+            f"span): {_span(positions)}",
+            positions,
+        )
+    if zero:
+        add(
+            "zero_logprob",
+            f"trained tokens with logprob exactly 0.0 among real ones (sampled with probability 1?): {_span(zero)}",
+            zero,
+            WARNING,
+        )
+
+
+def _finite_logprob(value: float) -> bool:
+    return math.isfinite(value) and value <= 0.0
+
+
+def _trained_runs(mask: list[bool]) -> list[list[int]]:
+    """Maximal runs of consecutive trained positions."""
+    runs: list[list[int]] = []
+    for i, trained in enumerate(mask):
+        if trained:
+            if runs and runs[-1][-1] == i - 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+    return runs
+
+
+def _check_advantage(record: SampleRecord, add) -> None:
+    values = record.advantages
+    if values and max(values) - min(values) > 1e-6:
+        add("advantage_mismatch", f"advantages vary within the sample ({min(values):.4g} to {max(values):.4g})")
+    recorded = record.summary.get("advantage")
+    if values and isinstance(recorded, int | float) and not math.isclose(values[0], recorded, abs_tol=1e-5):
+        add("advantage_mismatch", f"advantage {values[0]:.6g} in the tensors, {recorded:.6g} in batch.json")
+
+
+def _check_assistant_turns(seg: Segmentation, mask: list[bool], add) -> None:
+    """Warnings about replies trained only in part: holes in the mask, an untrained <|im_end|>."""
+    gaps: list[int] = []
+    unmasked_ends: list[int] = []
+    for turn in seg.turns:
+        if turn.role != "assistant":
+            continue
+        content = [j for j in range(turn.content_start, min(turn.end, len(mask))) if seg.parts[j] in (CONTENT, END)]
+        trained = [j for j in content if mask[j]]
+        if not trained:
+            continue
+        gaps += [j for j in content if j < trained[-1] and not mask[j]]  # holes, and untrained leading tokens
+        end = next((j for j in content if seg.parts[j] == END), None)
+        if end is not None and not mask[end]:
+            unmasked_ends.append(end)
+    if gaps:
+        add("mask_gap", f"untrained tokens before or inside a trained assistant reply: {_span(gaps)}", gaps, WARNING)
+    if unmasked_ends:
+        add(
+            "unmasked_turn_end",
+            f"a trained assistant reply whose <|im_end|> is not trained: {_span(unmasked_ends)}",
+            unmasked_ends,
+            WARNING,
+        )
+
+
+def open_step(output_dir: Path, step: int | None = None, model: str | None = None) -> tuple[StepRollouts, ChatFormat]:
+    """What the tools start from: a step's samples and the run's chat format (errors: :class:`RolloutReadError`)."""
+    rollouts = read_step(output_dir, step)
+    return rollouts, ChatFormat.from_tokenizer(load_tokenizer(output_dir, model))
+
+
+def choose_samples(count: int, wanted: list[int] | None, limit: int | None, default: list[int]) -> list[int]:
+    """Which samples a tool shows: ``wanted`` (checked against ``count``) or ``default``, at most ``limit``."""
+    if wanted:
+        outside = [i for i in wanted if not 0 <= i < count]
+        if outside:
+            raise RolloutReadError(f"--sample {outside[0]} is out of range: the step has samples 0..{count - 1}")
+        chosen = list(dict.fromkeys(wanted))
+    else:
+        chosen = default
+    return chosen if limit is None else chosen[:limit]

@@ -1,0 +1,450 @@
+"""The rollout checker on realistic batches: token-in/token-out samples built with the tiny model's chat template,
+masks exactly on what the model sampled; then one planted fault per check."""
+
+import importlib.util
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from rl.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
+from rl.rollout_check import ChatFormat, check_step, read_step, segment
+
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
+        },
+    }
+]
+SYSTEM = "You are a careful assistant."
+QUESTION = "What is 6 * 7?"
+CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}
+TOOL_RESULT = "42"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    return AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizer):
+    return ChatFormat.from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def check_loss_mask():
+    return load_script("check_loss_mask")
+
+
+class Builder:
+    """A sample as the server makes it: rendered prompts, then the sampled completion's ids (trained)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.mask: list[bool] = []
+        self.spans: dict[str, tuple[int, int]] = {}
+
+    def add(self, name: str, text: str, sampled: bool) -> None:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.spans[name] = (len(self.ids), len(self.ids) + len(ids))
+        self.ids += ids
+        self.mask += [sampled] * len(ids)
+
+    def sample(self, reward: float, **meta) -> Sample:
+        logprobs = [-0.25 if m else 0.0 for m in self.mask]
+        return Sample(self.ids, self.mask, logprobs, advantage=0.0, reward=reward, weight_step=2, meta=meta)
+
+
+def render(tokenizer, messages, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=TOOLS, tokenize=False, add_generation_prompt=generation_prompt, enable_thinking=False
+    )
+
+
+def tool_sample(tokenizer, truncated: bool = False) -> tuple[Sample, Builder]:
+    """system + tools, user, assistant calling a tool, tool result, assistant answer (the orchestrator's path:
+    each new prompt extends the previous prompt + completion)."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    b = Builder(tokenizer)
+    b.add("prompt", render(tokenizer, messages, True), sampled=False)
+    b.add(
+        "call",
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call><|im_end|>',
+        True,
+    )
+    history = render(tokenizer, [*messages, {"role": "assistant", "content": "", "tool_calls": [CALL]}], False)
+    messages += [
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "content": TOOL_RESULT},
+    ]
+    follow_up = render(tokenizer, messages, True)
+    assert follow_up.startswith(history) and history.endswith("<|im_end|>\n")
+    b.add("tool_turn", "\n" + follow_up[len(history) :], sampled=False)
+    b.add("answer", "Six times seven is 42." if truncated else "The answer is 42.<|im_end|>", sampled=True)
+    rewards = {"correct_answer": 0.0 if truncated else 1.0, "format": 1.0}
+    sample = b.sample(reward=sum(rewards.values()) / 2, env="gsm8k-calc", task=7, rewards=rewards,
+                      truncated=truncated, turns=2)  # fmt: skip
+    return sample, b
+
+
+def chat_sample(tokenizer) -> tuple[Sample, Builder]:
+    b = Builder(tokenizer)
+    messages = [{"role": "user", "content": "Reverse the text: one two three"}]
+    b.add("prompt", tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                   enable_thinking=False), sampled=False)  # fmt: skip
+    b.add("answer", "three two one<|im_end|>", sampled=True)
+    return b.sample(reward=0.5, env="reverse-text", task=3, rewards={"lcs": 0.5}, truncated=False, turns=1), b
+
+
+def write_step(output_dir: Path, samples: list[Sample], model: str, step: int = 0, mutate=None) -> Path:
+    """Write ``rollouts/step_N`` (the first sample alone in micro_batch_0, the rest in micro_batch_1) and the
+    run's config, as the orchestrator does."""
+    bins = [samples[:1], samples[1:]]
+    packed = [s for b in bins for s in b]
+    micro_batches = [MicroBatch.pack(b) for b in bins]
+    info = BatchInfo(
+        step=step,
+        num_samples=len(packed),
+        num_tokens=sum(len(s.token_ids) for s in packed),
+        num_loss_tokens=sum(sum(s.loss_mask) for s in packed),
+        reward_mean=sum(s.reward for s in packed) / len(packed),
+        temperature=1.0,
+        weight_steps=[2],
+        samples=[sample_summary(s) for s in packed],
+    )
+    if mutate:
+        mutate(info, micro_batches)
+    (output_dir / "configs").mkdir(parents=True, exist_ok=True)
+    (output_dir / "configs" / "orchestrator.toml").write_text(f'[model]\nname = "{model}"\n')
+    return write_batch(output_dir, info, micro_batches)
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer):
+    (tool, tool_b), (truncated, _), (short, _) = (
+        tool_sample(tokenizer),
+        tool_sample(tokenizer, truncated=True),
+        chat_sample(tokenizer),
+    )
+    return {"tool": tool, "tool_builder": tool_b, "truncated": truncated, "short": short}
+
+
+def baseline(samples) -> list[Sample]:
+    return [replace(samples["tool"]), replace(samples["truncated"]), replace(samples["short"])]
+
+
+def checks_found(output_dir: Path, chat) -> dict[str, list]:
+    report = check_step(read_step(output_dir), chat)
+    found: dict[str, list] = {}
+    for problem in report.all_problems():
+        found.setdefault(problem.check, []).append(problem)
+    return found
+
+
+# ── clean batches ───────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_segmentation_finds_roles_and_template_parts(samples, chat, tokenizer):
+    sample, b = samples["tool"], samples["tool_builder"]
+    seg = segment(sample.token_ids, chat)
+    assert [t.role for t in seg.turns] == ["system", "user", "assistant", "tool", "assistant"]
+    assert all(t.closed for t in seg.turns)
+    # The loss mask the builder set is exactly the assistant content (scaffold and header excluded).
+    trainable_parts = {(seg.roles[i], seg.parts[i]) for i, m in enumerate(sample.loss_mask) if m}
+    assert trainable_parts == {("assistant", "content"), ("assistant", "end")}
+    first_reply = seg.turns[2]
+    assert seg.parts[first_reply.start] == "header"
+    scaffold = [tokenizer.decode([sample.token_ids[i]]) for i, p in enumerate(seg.parts) if p == "scaffold"]
+    assert "".join(scaffold) == "<think>\n\n</think>\n\n" * 2
+    newline_after_call = b.spans["tool_turn"][0]
+    assert seg.parts[newline_after_call] == "separator" and seg.roles[newline_after_call] == "assistant"
+
+
+def test_clean_batch_passes(tmp_path, samples, chat, tiny_model_path, check_loss_mask, capsys):
+    write_step(tmp_path, baseline(samples), tiny_model_path, step=3)
+    rollouts = read_step(tmp_path)
+    assert rollouts.step == 3 and len(rollouts.samples) == 3
+    assert [s.micro_batch for s in rollouts.samples] == [0, 1, 1]
+    assert rollouts.samples[0].summary["env"] == "gsm8k-calc"
+    assert rollouts.samples[0].token_ids == samples["tool"].token_ids
+    report = check_step(rollouts, chat)
+    assert report.ok and report.num_warnings == 0, report.all_problems()
+
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert len(out.splitlines()) == 1 and "loss masks OK" in out and "step 3" in out
+
+
+def test_json_output_carries_counts(tmp_path, samples, tiny_model_path, check_loss_mask, capsys):
+    write_step(tmp_path, baseline(samples), tiny_model_path)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    tool = samples["tool"]
+    assert doc["ok"] and doc["samples"] == 3 and doc["errors"] == 0
+    assert doc["trainable"] == sum(sum(s.loss_mask) for s in baseline(samples))
+    first = doc["sample_reports"][0]
+    assert first["trainable"] == sum(tool.loss_mask) and first["tokens"] == len(tool.token_ids)
+    assert first["by_role"]["assistant"]["trainable"] == sum(tool.loss_mask)
+    assert first["by_role"]["tool"]["trainable"] == 0 and first["by_role"]["tool"]["tokens"] > 0
+    assert [t["role"] for t in first["turns"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert sum(t["trainable"] for t in first["turns"]) == sum(tool.loss_mask)
+    assert first["summary"]["rewards"] == {"correct_answer": 1.0, "format": 1.0}
+
+
+def test_old_batch_without_sample_records_passes(tmp_path, samples, chat, tiny_model_path):
+    write_step(tmp_path, baseline(samples), tiny_model_path, mutate=lambda info, mbs: setattr(info, "samples", []))
+    report = check_step(read_step(tmp_path), chat)
+    assert report.ok and report.samples[0].record.summary == {}
+
+
+def test_missing_rollouts_is_one_line_and_exit_2(tmp_path, check_loss_mask, capsys):
+    assert check_loss_mask.main(["--output-dir", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "nowhere" / "rollouts") in err
+    (tmp_path / "rollouts" / "step_0").mkdir(parents=True)
+    (tmp_path / "rollouts" / "step_0" / "batch.json").write_text("{}")
+    (tmp_path / "rollouts" / "step_0" / "micro_batch_0.safetensors").write_text("not safetensors")
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--step", "0"]) == 2
+    assert "micro_batch_0.safetensors" in capsys.readouterr().err
+
+
+# ── planted faults: each is reported and makes the CLI exit non-zero ─────────────────────────────────────
+
+
+def find(ids: list[int], part: list[int], start: int = 0) -> int:
+    for i in range(start, len(ids) - len(part) + 1):
+        if ids[i : i + len(part)] == part:
+            return i
+    raise ValueError("not found")
+
+
+def with_mask(sample: Sample, positions: list[int]) -> Sample:
+    mask = list(sample.loss_mask)
+    logprobs = list(sample.inference_logprobs)
+    for i in positions:
+        mask[i], logprobs[i] = True, -1.0
+    return replace(sample, loss_mask=mask, inference_logprobs=logprobs)
+
+
+def tool_response_position(sample, chat, tokenizer):
+    return find(sample.token_ids, [chat.tool_response]) + 2  # past "<tool_response>" and "\n": the result
+
+
+def user_question_position(sample, chat, tokenizer):
+    return find(sample.token_ids, tokenizer.encode(QUESTION, add_special_tokens=False))
+
+
+def newline_after_reply(sample, chat, tokenizer, builder):
+    return builder.spans["tool_turn"][0]
+
+
+def second_reply_header(sample, chat, tokenizer, builder):
+    return (
+        builder.spans["tool_turn"][0]
+        + 1
+        + find(sample.token_ids[builder.spans["tool_turn"][0] + 1 :], [chat.im_start], 1)
+    )
+
+
+def scaffold_position(sample, chat, tokenizer, builder):
+    return builder.spans["answer"][0] - 1  # the last "\n" of the empty think block before the answer
+
+
+def system_position(sample, chat, tokenizer):
+    return find(sample.token_ids, tokenizer.encode(SYSTEM, add_special_tokens=False))
+
+
+@pytest.mark.parametrize(
+    ("where", "check"),
+    [
+        (tool_response_position, "mask_in_tool_turn"),
+        (user_question_position, "mask_in_user_turn"),
+        (system_position, "mask_in_system_turn"),
+    ],
+)
+def test_trainable_token_in_a_prompt_turn(tmp_path, samples, chat, tokenizer, tiny_model_path, check_loss_mask,
+                                          where, check):  # fmt: skip
+    tool, truncated, short = baseline(samples)
+    position = where(tool, chat, tokenizer)
+    write_step(tmp_path, [with_mask(tool, [position]), truncated, short], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {check}
+    assert found[check][0].positions == [position] and found[check][0].sample == 0
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+
+
+def test_text_output_brackets_trained_tokens(tmp_path, samples, chat, tokenizer, tiny_model_path, check_loss_mask,
+                                             capsys):  # fmt: skip
+    tool, truncated, short = baseline(samples)
+    position = tool_response_position(tool, chat, tokenizer)
+    write_step(tmp_path, [with_mask(tool, [position]), truncated, short], tiny_model_path)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"⟦{tokenizer.decode([tool.token_ids[position]])}⟧" in out  # no colours when captured: brackets
+    assert "⟦The answer is 42.<|im_end|>⟧" in out
+    assert "mask_in_tool_turn" in out and "sample 0" in out and "sample 1" not in out  # only flagged samples
+    assert out.strip().splitlines()[-1].startswith("step 0: 3 samples")
+
+
+@pytest.mark.parametrize("where", [newline_after_reply, second_reply_header, scaffold_position])
+def test_trainable_template_token(tmp_path, samples, chat, tokenizer, tiny_model_path, check_loss_mask, where):
+    tool, truncated, short = baseline(samples)
+    position = where(tool, chat, tokenizer, samples["tool_builder"])
+    write_step(tmp_path, [with_mask(tool, [position]), truncated, short], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert "mask_on_template" in found and found["mask_on_template"][0].positions == [position]
+    assert not {c for c in found if c.startswith("mask_in_")}
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_mask_off_by_one_is_caught(tmp_path, samples, chat, tiny_model_path, shift):
+    """A mask one token late trains the newline after <|im_end|> and misses each reply's first token; one token
+    early trains the scaffold's last newline and misses each reply's <|im_end|>."""
+    tool, truncated, short = baseline(samples)
+    mask = [False, *tool.loss_mask[:-1]] if shift == 1 else [*tool.loss_mask[1:], False]
+    logprobs = [-0.5 if m else 0.0 for m in mask]
+    write_step(
+        tmp_path, [replace(tool, loss_mask=mask, inference_logprobs=logprobs), truncated, short], tiny_model_path
+    )
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"mask_on_template", "mask_gap" if shift == 1 else "unmasked_turn_end"}
+
+
+def test_empty_mask(tmp_path, samples, chat, tiny_model_path, check_loss_mask, capsys):
+    tool, truncated, short = baseline(samples)
+    empty = replace(short, loss_mask=[False] * len(short.loss_mask), inference_logprobs=[0.0] * len(short.loss_mask))
+    write_step(tmp_path, [tool, truncated, empty], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"empty_mask"} and found["empty_mask"][0].sample == 2
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "empty_mask" in out and "sample 2" in out
+
+
+def test_trainable_token_without_logprob(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
+    tool, truncated, short = baseline(samples)
+    reply = [i for i, m in enumerate(short.loss_mask) if m]
+    no_logprobs = replace(short, inference_logprobs=[0.0] * len(short.token_ids))  # a whole reply without any
+    logprobs = list(tool.inference_logprobs)
+    nan_at = tool.loss_mask.index(True)
+    logprobs[nan_at] = math.nan
+    write_step(tmp_path, [replace(tool, inference_logprobs=logprobs), truncated, no_logprobs], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"missing_logprob"}
+    assert [(p.sample, p.positions) for p in found["missing_logprob"]] == [(0, [nan_at]), (2, reply)]
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+
+
+def test_lone_zero_logprob_is_a_warning(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
+    """vLLM reports 0.0 for a token sampled with probability 1 (in float32): alone among real logprobs it is legal."""
+    tool, truncated, short = baseline(samples)
+    logprobs = list(short.inference_logprobs)
+    zero_at = short.loss_mask.index(True) + 1
+    logprobs[zero_at] = 0.0
+    write_step(tmp_path, [tool, truncated, replace(short, inference_logprobs=logprobs)], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"zero_logprob"} and found["zero_logprob"][0].severity == "warning"
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+
+
+def test_reply_ended_by_endoftext(tmp_path, chat, tokenizer, tiny_model_path):
+    """A reply the model ended with <|endoftext|> (the server may add <|im_end|> after it): the sampled stop token
+    is trainable, the added <|im_end|> and the newline are template."""
+    b = Builder(tokenizer)
+    b.add("prompt", render(tokenizer, [{"role": "user", "content": QUESTION}], True), sampled=False)
+    b.add("reply", "42<|endoftext|>", sampled=True)
+    b.add("closing", "<|im_end|>\n", sampled=False)
+    b.add("next", "<|im_start|>user\nSure?<|im_end|>\n<|im_start|>assistant\n", sampled=False)
+    b.add("second", "Yes.<|im_end|>", sampled=True)
+    sample = b.sample(reward=1.0)
+    seg = segment(sample.token_ids, chat)
+    assert [t.role for t in seg.turns] == ["system", "user", "assistant", "user", "assistant"]
+    closing = b.spans["closing"][0]
+    assert [seg.parts[closing - 1], seg.parts[closing], seg.parts[closing + 1]] == ["end", "separator", "separator"]
+    write_step(tmp_path, [sample, with_mask(sample, [closing])], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"mask_on_template"} and found["mask_on_template"][0].sample == 1
+
+
+def test_length_mismatch(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
+    def drop_last_logprob(info, micro_batches):
+        micro_batches[1].inference_logprobs = micro_batches[1].inference_logprobs[:-1]
+
+    write_step(tmp_path, baseline(samples), tiny_model_path, mutate=drop_last_logprob)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"length_mismatch"}
+    assert {p.sample for p in found["length_mismatch"]} == {None, 2}  # the micro-batch, and its last sample
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+
+
+def test_sample_lengths_disagree_with_tensors(tmp_path, samples, chat, tiny_model_path):
+    def longer_sample(info, micro_batches):
+        micro_batches[0].sample_lengths = micro_batches[0].sample_lengths + 1
+
+    write_step(tmp_path, baseline(samples), tiny_model_path, mutate=longer_sample)
+    assert "length_mismatch" in checks_found(tmp_path, chat)
+
+
+def test_batch_json_sample_count_disagrees(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
+    write_step(tmp_path, baseline(samples), tiny_model_path, mutate=lambda info, mbs: info.samples.pop())
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"sample_count_mismatch"}
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json"]) == 1
+
+
+def test_json_lists_problems_and_limit(tmp_path, samples, tiny_model_path, check_loss_mask, capsys):
+    tool, truncated, short = baseline(samples)
+    empty = replace(short, loss_mask=[False] * len(short.loss_mask))
+    write_step(tmp_path, [tool, truncated, empty], tiny_model_path)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json", "--limit", "1"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert not doc["ok"] and doc["by_check"] == {"empty_mask": 1} and len(doc["sample_reports"]) == 1
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json", "--sample", "2"]) == 1
+    (listed,) = json.loads(capsys.readouterr().out)["sample_reports"]
+    assert listed["index"] == 2 and listed["problems"][0]["check"] == "empty_mask"
+
+
+# ── the other tools ─────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_inspect_rollouts_shows_the_conversation(tmp_path, samples, tiny_model_path, capsys):
+    write_step(tmp_path, baseline(samples), tiny_model_path, step=1)
+    inspect_rollouts = load_script("inspect_rollouts")
+    assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--sample", "0"]) == 0
+    out = capsys.readouterr().out
+    for expected in ("step 1", "sample 0", "gsm8k-calc", "correct_answer", "tool (turn 3", "The answer is 42."):
+        assert expected in out
+    assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--sample", "9"]) == 2
+    assert "out of range" in capsys.readouterr().err
+
+
+def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch):
+    verify_env = load_script("verify_env")
+    monkeypatch.setattr(verify_env, "setup_logging", lambda process: None)  # keep this process's logging as is
+    with pytest.raises(SystemExit) as bad_args:
+        verify_env.main(["reverse-text", "--args", "[1]"])
+    assert bad_args.value.code == 1
+    with pytest.raises(SystemExit) as unknown:
+        verify_env.main(["no-such-env"])
+    assert unknown.value.code == 1
+    errors = [r.getMessage() for r in caplog.records if r.name == "verify_env"]
+    assert len(errors) == 2 and all("\n" not in e for e in errors)
+    assert "--args must be a JSON object" in errors[0] and "'no-such-env' is not installed" in errors[1]
