@@ -10,7 +10,7 @@ import json
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -155,21 +155,26 @@ def _dotted_keys(tree: Any, prefix: str) -> list[str]:
     return keys
 
 
-def _format_errors(error: ValidationError, origin: dict[str, str]) -> str:
+def format_errors(error: ValidationError, origin: dict[str, str]) -> str:
     lines = []
     for err in error.errors():
         key = ".".join(str(part) for part in err["loc"])
+        if not key:  # a check across keys: its message names them
+            lines.append(str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"])
+            continue
         source = next(
             (origin[k] for k in (key, *_parents(key)) if k in origin),
             f"env var {ENV_PREFIX}{key.upper().replace('.', '__')} or default",
         )
         message = err["msg"]
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "value_error":  # a validator's own sentence, without pydantic's prefix
+            message = str(err["ctx"]["error"])
+        elif err["type"] == "extra_forbidden":
             message = "unknown key"
         elif "input" in err and not isinstance(err["input"], dict | list):
             message += f" (got {err['input']!r})"
         lines.append(f"{source}: {key}: {message}")
-    return "; ".join(lines)
+    return "\n".join(lines)  # one line per problem
 
 
 def _parents(dotted: str) -> list[str]:
@@ -182,7 +187,7 @@ def build_config(cls: type[C], values: dict, origin: dict[str, str] | None = Non
     try:
         return cls(**values)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, origin or {})) from None
+        raise ConfigError(format_errors(e, origin or {})) from None
 
 
 def parse_config(cls: type[C], argv: list[str]) -> C:
@@ -196,9 +201,15 @@ def run_cli(cls: type[C], argv: list[str] | None = None) -> C:
     try:
         config = parse_config(cls, sys.argv[1:] if argv is None else argv)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_config_error(e)
     return config
+
+
+def exit_config_error(error: ConfigError) -> NoReturn:
+    """Print each problem as its own ``error: ...`` line and exit 2 (nothing started)."""
+    for line in str(error).splitlines():
+        print(f"error: {line}", file=sys.stderr)
+    sys.exit(2)
 
 
 def to_toml_dict(config: BaseConfig) -> dict:

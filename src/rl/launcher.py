@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import tomli_w
 
-from rl.config import ConfigError, parse_config, to_toml_dict
+from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import exit_on_user_error
 from rl.metrics import read_metrics, setup_logging
-from rl.preflight import check_port_free, gpu_env, lock_output_dir
+from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
 from rl.process import Child
 from rl.protocol import clear_run_state, configs_dir, logs_dir
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
@@ -107,6 +107,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 
 
 def run(config: RLConfig) -> int:
+    check_envs_installed(config)
     paths = write_configs(config)
     output_dir = Path(config.trainer.output_dir)
     if config.dry_run:
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = resolve_shared(parse_config(RLConfig, sys.argv[1:] if argv is None else argv))
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_config_error(e)
     with exit_on_user_error("rl"):
         code = run(config)
     sys.exit(code)

@@ -1,6 +1,7 @@
 """What ``rl`` checks and claims before it starts anything: the output dir, the server's port, the GPUs."""
 
 import fcntl
+import importlib.util
 import logging
 import os
 import socket
@@ -13,6 +14,17 @@ from rl.errors import TridentError
 from rl.rl_config import RLConfig
 
 logger = logging.getLogger("rl")
+
+
+def check_envs_installed(config: RLConfig) -> None:
+    """Every ``[[env]] id`` names an installed package (verifiers imports ``gsm8k-calc`` as ``gsm8k_calc``)."""
+    for i, env in enumerate(config.orchestrator.env):
+        module = env.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
+        if importlib.util.find_spec(module) is None:
+            raise TridentError(
+                f"orchestrator.env.{i}.id: environment {env.id!r} is not installed (no module {module!r}); "
+                "see docs/environments.md for the ones that ship and how to add one"
+            )
 
 
 def lock_output_dir(output_dir: Path) -> IO:

@@ -2,11 +2,11 @@
 
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from inference.config import InferenceConfig
 from orchestrator.config import OrchestratorConfig
-from rl.config import BaseConfig, ConfigError
+from rl.config import BaseConfig, ConfigError, format_errors
 from rl.shared_config import AsyncLevel, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
 from trainer.config import TrainerConfig
 
@@ -87,7 +87,10 @@ def resolve_shared(config: RLConfig) -> RLConfig:
                 )
             value = next(iter(explicit.values()), _get(config, targets[0]))
         for target in targets:
-            _assign(config, target, value)
+            try:
+                _assign(config, target, value)
+            except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
+                raise ConfigError(format_errors(e, {})) from None
     if not _is_set(config, "orchestrator.client.base_url"):
         host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
         config.orchestrator.client.base_url = f"http://{host}:{config.inference.port}"

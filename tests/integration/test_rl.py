@@ -95,11 +95,12 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
 
 
 def test_failing_process_stops_the_run(tmp_path):
-    result = run_rl(tmp_path, "--orchestrator.env", '[{"id": "no-such-env"}]', "--inference.port", "8012", timeout=300)
+    env = '[{"id": "reverse-text", "args": {"no_such_arg": 1}}]'  # installed, but it rejects the args at load
+    result = run_rl(tmp_path, "--orchestrator.env", env, "--inference.port", "8012", timeout=300)
     assert result.returncode == 1
     # the failure names the process, its exit code, its log, and shows the log's last lines
     assert f"orchestrator exited with code 1; last lines of {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr
-    assert "environment 'no-such-env' is not installed" in result.stderr
+    assert "environment 'reverse-text' rejects its args: no_such_arg" in result.stderr
     assert_process_groups_gone(started_pids(tmp_path))
 
 
@@ -132,4 +133,8 @@ def test_config_error_is_one_line_and_starts_nothing(tmp_path):
     result = run_rl(tmp_path, "--trainer.optim.lrr", "1", timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: --trainer.optim.lrr: trainer.optim.lrr: unknown key"
+    assert not (tmp_path / "logs").exists()
+
+    result = run_rl(tmp_path, "--orchestrator.env", '[{"id": "no-such-env"}]', timeout=120)
+    assert result.returncode == 1 and "environment 'no-such-env' is not installed" in result.stderr
     assert not (tmp_path / "logs").exists()

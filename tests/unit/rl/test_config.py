@@ -82,3 +82,18 @@ def test_rl_flag_overrides_all_and_disagreement_is_an_error(tmp_path):
         resolve_shared(parse_config(RLConfig, argv))
     config = resolve_shared(parse_config(RLConfig, [*argv, "--max-steps", "2"]))
     assert config.trainer.max_steps == config.orchestrator.max_steps == 2
+
+
+def test_each_problem_is_its_own_line_and_cross_key_checks_read_plainly(tmp_path, capsys):
+    path = write(tmp_path, "train.toml", "[optim]\nlr = -1\nlrr = 2\n")
+    with pytest.raises(ConfigError) as error:
+        parse_config(TrainerConfig, ["@", path, "--max-steps", "x"])
+    lines = str(error.value).splitlines()
+    assert len(lines) == 3
+    assert lines[0] == f"{path}: optim.lr: Input should be greater than 0 (got -1)"
+    assert lines[1] == f"{path}: optim.lrr: unknown key"
+    assert lines[2].startswith("--max-steps: max_steps: Input should be a valid integer")
+    # a check across keys, also when rl fills a shared value into a sub-config
+    message = "seq_len = 64 is smaller than sampling.max_tokens = 128: a full reply could not fit in a training sample"
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        resolve_shared(parse_config(RLConfig, ["--seq-len", "64", "--orchestrator.sampling.max-tokens", "128"]))

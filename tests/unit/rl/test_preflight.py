@@ -5,7 +5,7 @@ import pytest
 
 from rl.config import parse_config
 from rl.errors import TridentError
-from rl.preflight import check_port_free, gpu_env, lock_output_dir
+from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
 from rl.rl_config import RLConfig
 
 
@@ -34,3 +34,9 @@ def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
         placement = gpu_env(config)
     assert all(env == {"CUDA_VISIBLE_DEVICES": ""} for env in placement.values())
     assert "no GPU found: inference and trainer run on the CPU" in caplog.text
+
+
+def test_unknown_environment_is_named_before_anything_starts():
+    config = parse_config(RLConfig, ["--orchestrator.env", '[{"id": "gsm8k-calc"}, {"id": "no-such-env"}]'])
+    with pytest.raises(TridentError, match=r"orchestrator.env.1.id: environment 'no-such-env' is not installed"):
+        check_envs_installed(config)
