@@ -1,4 +1,4 @@
-"""The orchestrator's calls to the inference server's admin routes: readiness and weight reloads."""
+"""The orchestrator's calls to the inference server's admin routes: readiness, weight reloads and their check."""
 
 import asyncio
 import time
@@ -7,11 +7,13 @@ from pathlib import Path
 import httpx
 
 from rl.errors import TridentError
+from rl.protocol import read_probe
 
 
 class InferenceClient:
-    def __init__(self, base_url: str, timeout_s: float):
+    def __init__(self, base_url: str, timeout_s: float, model: str = ""):
         self.base_url = base_url.rstrip("/")
+        self.model = model  # the served model name
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
 
     async def wait_ready(self, timeout_s: float) -> None:
@@ -36,6 +38,36 @@ class InferenceClient:
         if served.get("step") != step:
             raise TridentError(f"inference server reports weights step {served.get('step')} after loading {step}")
         return response.json()["seconds"]
+
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """The server's logprob of each token given the ones before it (temperature 1; 0.0 at position 0)."""
+        request = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        body = {"model": self.model, "token_ids": token_ids, "sampling_params": request}
+        response = await self.http.post("/inference/v1/generate", json=body)
+        if response.status_code != 200:
+            raise TridentError(f"inference server refused the probe request: {response.text}")
+        per_position = response.json()["prompt_logprobs"]
+        return [0.0] + [per_position[i][str(token)]["logprob"] for i, token in enumerate(token_ids) if i > 0]
+
+    async def check_probe(self, path: Path, step: int, tolerance: float) -> float | None:
+        """Compare the server's logprobs of the probe with the trainer's for the weights in ``path``.
+
+        Returns their mean absolute difference (None when the weights carry no probe); raises when it exceeds
+        ``tolerance``: the server is not sampling from the weights the trainer wrote.
+        """
+        probe = read_probe(path)
+        if probe is None:
+            return None
+        token_ids, expected = probe
+        served = await self.prompt_logprobs(token_ids)
+        gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(token_ids) - 1, 1)
+        if gap > tolerance:
+            raise TridentError(
+                f"after reloading weights step {step}, the server's logprobs of the probe differ from the trainer's "
+                f"by {gap:.4f} on average (tolerance client.probe_tolerance = {tolerance}): the server does not "
+                f"serve the weights in {path}"
+            )
+        return gap
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -31,6 +31,14 @@ class EnvConfig(StrictModel):
 class ClientConfig(StrictModel):
     base_url: Annotated[str, Field(description="The inference server's root URL.")] = "http://127.0.0.1:8000"
     timeout_s: Annotated[float, Field(gt=0, description="Seconds one inference request may take.")] = 300.0
+    probe_tolerance: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="After each reload, the server's logprobs of a probe text may differ from the trainer's by "
+            "this much on average (nats); more stops the run. fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2.",
+        ),
+    ] = 0.05
     server_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the inference server to come up.")
     ] = 600.0

@@ -69,10 +69,11 @@ class Orchestrator:
             raise TridentError(f"environments {[e.id for e in config.env]} have no tasks")
         random.Random(config.seed).shuffle(self.tasks)
         self.ctx = model_context(config, resolve_model_path(config.model.name))
-        self.client = InferenceClient(config.client.base_url, config.client.timeout_s)
+        self.client = InferenceClient(config.client.base_url, config.client.timeout_s, config.model.name)
         self.limit = asyncio.Semaphore(config.max_concurrent)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.served_step = 0
+        self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
 
     def batch_tasks(self, step: int) -> list:
         n = self.config.batch_size
@@ -93,8 +94,11 @@ class Orchestrator:
         newest = latest_stable_weights(self.output_dir)
         if newest <= self.served_step:
             return waited, 0.0
-        reload_s = await self.client.reload_weights(weights_dir(self.output_dir, newest), newest)
-        logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s)")
+        path = weights_dir(self.output_dir, newest)
+        reload_s = await self.client.reload_weights(path, newest)
+        gap = await self.client.check_probe(path, newest, self.config.client.probe_tolerance)
+        self.probe_gap = gap
+        logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
         # Nothing can ask for older weights any more: the server moved past them.
         for old in range(self.served_step + 1, newest):
             shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
@@ -147,6 +151,7 @@ class Orchestrator:
                 "truncated_rate": sum(r.truncated for group in groups for r in group) / rewards.numel(),
                 "empty_samples": empty,
                 "overlong_samples": overlong,
+                **({"probe_gap": self.probe_gap} if self.probe_gap is not None else {}),
                 "staleness": step - self.served_step,
             },
             samples=[sample_summary(s) for b in bins for s in b],

@@ -17,7 +17,7 @@ import tomli_w
 
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import exit_on_user_error
-from rl.metrics import read_metrics, setup_logging
+from rl.metrics import read_metrics, setup_logging, write_summary
 from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
 from rl.process import Child
 from rl.protocol import clear_run_state, configs_dir, logs_dir
@@ -127,20 +127,23 @@ def run(config: RLConfig) -> int:
     placement = gpu_env(config)
     signal.signal(signal.SIGTERM, _raise_interrupt)
     children: dict[str, Child] = {}
+    start, code = time.perf_counter(), 1
     try:
         for name in ("inference", "orchestrator", "trainer"):
-            children[name] = Child(
-                name, MODULES[name], paths[name], log_dir / f"{name}.log", child_env(placement[name])
-            )
+            log_path = log_dir / f"{name}.log"
+            children[name] = Child(name, MODULES[name], paths[name], log_path, child_env(placement[name]))
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
-        return supervise(children, config)
+        code = supervise(children, config)
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping all processes")
-        return 130
+        code = 130
     finally:
         for child in reversed(children.values()):
             child.stop()
         logger.info("all processes stopped")
+        status = {0: "finished", 130: "interrupted"}.get(code, "failed")
+        logger.info(f"summary: {write_summary(output_dir, status, time.perf_counter() - start)}")
+    return code
 
 
 def main(argv: list[str] | None = None) -> None:

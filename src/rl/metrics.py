@@ -69,6 +69,26 @@ def read_metrics(output_dir: Path, process: str) -> list[dict]:
     return records
 
 
+def write_summary(output_dir: Path, status: str, wall_s: float) -> Path:
+    """Write ``output_dir/summary.json`` for scripts and CI: how the run ended, its final and best metrics."""
+    trainer, orchestrator = read_metrics(output_dir, "trainer"), read_metrics(output_dir, "orchestrator")
+    by_step = {r["step"]: r for r in orchestrator}
+    for record in trainer:  # one record per step: the trainer's numbers over the orchestrator's
+        by_step[record["step"]] = by_step.get(record["step"], {}) | record
+    trained = [by_step[r["step"]] for r in trainer]
+    best = max(trained, key=lambda r: r["reward_mean"], default=None)
+    summary = {
+        "status": status,
+        "steps": len(trainer),
+        "wall_s": round(wall_s, 1),
+        "final": trained[-1] if trained else None,
+        "best_reward": {"step": best["step"], "reward_mean": best["reward_mean"]} if best else None,
+    }
+    path = Path(output_dir) / "summary.json"
+    path.write_text(json.dumps(summary, indent=1))
+    return path
+
+
 def setup_logging(process: str, level: str = "INFO") -> None:
     """Log lines to stderr, prefixed with time and process; ``rl`` sends them to ``logs/<process>.log``."""
     logging.basicConfig(

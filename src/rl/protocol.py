@@ -193,6 +193,24 @@ def read_batch(output_dir: Path, step: int) -> tuple[BatchInfo, list[MicroBatch]
     return info, [MicroBatch(**load_file(f)) for f in files]
 
 
+PROBE_FILE = "probe.json"
+PROBE_TEXT = "Probe: the quick brown fox jumps over the lazy dog, 0123456789 times."
+
+
+def write_probe(folder: Path, token_ids: list[int], logprobs: list[float]) -> None:
+    """Record the trainer's logprobs of the probe text under these weights (position 0 has none: 0.0)."""
+    (folder / PROBE_FILE).write_text(json.dumps({"token_ids": token_ids, "logprobs": logprobs}))
+
+
+def read_probe(folder: Path) -> tuple[list[int], list[float]] | None:
+    """The probe written with these weights, or None for weights written without one (e.g. by hand)."""
+    path = folder / PROBE_FILE
+    if not path.exists():
+        return None
+    probe = json.loads(path.read_text())
+    return probe["token_ids"], probe["logprobs"]
+
+
 def mark_stable(folder: Path) -> None:
     """Write the ``STABLE`` marker last: the folder's contents are complete."""
     (folder / STABLE).write_text(str(time.time()))

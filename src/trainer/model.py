@@ -9,7 +9,7 @@ from peft import PeftModel, get_peft_model
 from torch import Tensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from rl.protocol import MicroBatch, atomic_dir, mark_stable
+from rl.protocol import PROBE_TEXT, MicroBatch, Sample, atomic_dir, mark_stable, write_probe
 from rl.tiny_model import resolve_model_path
 from trainer.config import LoraConfig, TrainerModelConfig
 from trainer.loss import shifted_logprobs
@@ -81,10 +81,22 @@ def packed_logprobs(model: PreTrainedModel, micro_batch: MicroBatch, temperature
     return shifted_logprobs(logits, micro_batch.input_ids.to(device), temperature)
 
 
+def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> list[float]:
+    """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        sample = Sample(token_ids, [True] * len(token_ids), [0.0] * len(token_ids), 0.0, 0.0, 0)
+        logprobs = packed_logprobs(model, MicroBatch.pack([sample]), temperature=1.0)
+    model.train(was_training)
+    return [0.0, *logprobs[1:].tolist()]
+
+
 def save_weights(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """Write HF-format weights (with config and tokenizer) to ``folder`` atomically, ``STABLE`` last.
 
-    A LoRA model is written merged, as full weights any server can load.
+    A LoRA model is written merged, as full weights any server can load. The probe's logprobs under these
+    weights go with them, so that whoever loads them can check it serves exactly these weights.
     """
     with atomic_dir(folder) as tmp:
         if isinstance(model, PeftModel):
@@ -92,4 +104,6 @@ def save_weights(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokeni
         else:
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        probe_ids = tokenizer.encode(PROBE_TEXT)
+        write_probe(tmp, probe_ids, probe_logprobs(model, probe_ids))
         mark_stable(tmp)

@@ -1,6 +1,7 @@
 """The server's tokens and logprobs are the trainer's: token in/token out, processed logprobs, and reloads."""
 
 import asyncio
+import shutil
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.orchestrator import build_samples
-from rl.protocol import MicroBatch
+from rl.errors import TridentError
+from rl.protocol import PROBE_FILE, MicroBatch
 from trainer.model import packed_logprobs, save_weights
 
 pytestmark = pytest.mark.slow
@@ -80,15 +82,41 @@ def test_reload_serves_new_weights(inference_server, tiny_model_path, tmp_path):
         model.model.embed_tokens.weight.mul_(3.0)  # tied: changes the lm_head too
     save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_7")
 
-    async def reload():
-        client = InferenceClient(inference_server, timeout_s=60)
+    async def reload_and_probe():
+        client = InferenceClient(inference_server, timeout_s=60, model="trident/tiny-qwen3")
         try:
-            return await client.reload_weights(tmp_path / "step_7", 7)
+            seconds = await client.reload_weights(tmp_path / "step_7", 7)
+            return seconds, await client.check_probe(tmp_path / "step_7", 7, tolerance=1e-3)
         finally:
             await client.close()
 
-    assert asyncio.run(reload()) < 10
+    seconds, probe_gap = asyncio.run(reload_and_probe())
+    assert seconds < 10
+    assert probe_gap < 1e-4  # the server's logprobs of the probe are the trainer's: it serves these weights
     _, samples = rollout_samples(inference_server, tiny_model_path)
     assert max_gap(model, samples) < 1e-4
     original = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     assert max_gap(original, samples) > 1e-2
+
+
+def test_probe_stops_a_run_whose_server_serves_other_weights(inference_server, tiny_model_path, tmp_path):
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    save_weights(original, tokenizer, tmp_path / "step_8")
+    changed = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        changed.model.embed_tokens.weight.mul_(2.0)
+    save_weights(changed, tokenizer, tmp_path / "changed")
+    # the folder's probe says "changed", the weights are the original: as if the reload had not taken effect
+    shutil.copy(tmp_path / "changed" / PROBE_FILE, tmp_path / "step_8" / PROBE_FILE)
+
+    async def reload_and_probe():
+        client = InferenceClient(inference_server, timeout_s=60, model="trident/tiny-qwen3")
+        try:
+            await client.reload_weights(tmp_path / "step_8", 8)
+            await client.check_probe(tmp_path / "step_8", 8, tolerance=0.05)
+        finally:
+            await client.close()
+
+    with pytest.raises(TridentError, match=r"after reloading weights step 8, the server's logprobs of the probe"):
+        asyncio.run(reload_and_probe())

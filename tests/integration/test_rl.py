@@ -63,6 +63,9 @@ def test_debug_run_learns_and_cleans_up(tmp_path):
     reloaded = [int(s) for s in re.findall(r"reloaded weights step (\d+)", inference_log)]
     assert reloaded == list(range(1, 19))
     assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
+    assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 19
     assert_process_groups_gone(started_pids(tmp_path))
 
 
@@ -125,6 +128,7 @@ def test_killed_child_stops_the_run_and_a_second_rl_is_refused(tmp_path):
         assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
         assert f"trainer exited with code {-signal.SIGKILL}" in stderr
         assert_process_groups_gone(pids)
+        assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
     finally:
         rl.kill()
 

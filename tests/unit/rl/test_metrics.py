@@ -1,5 +1,7 @@
+import json
+
 from rl.config import parse_config
-from rl.metrics import MetricsWriter, read_metrics
+from rl.metrics import MetricsWriter, read_metrics, write_summary
 from rl.rl_config import RLConfig, resolve_shared
 from rl.shared_config import WandbConfig
 
@@ -22,3 +24,15 @@ def test_metrics_go_to_jsonl_and_an_offline_wandb_run(tmp_path, monkeypatch):
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     data = run_file.read_bytes()
     assert b"mismatch_kl" in data and b"run-trainer" in data
+
+
+def test_summary_has_final_and_best_metrics_of_both_processes(tmp_path):
+    trainer, orchestrator = MetricsWriter(tmp_path, "trainer"), MetricsWriter(tmp_path, "orchestrator")
+    for step, reward in enumerate([0.2, 0.5, 0.4]):
+        orchestrator.write({"step": step, "reward_mean": reward, "truncated_rate": 0.1})
+        trainer.write({"step": step, "reward_mean": reward, "loss": -step})
+    orchestrator.write({"step": 3, "reward_mean": 0.9})  # sampled, never trained: not part of the summary
+    summary = json.loads(write_summary(tmp_path, "finished", 12.34).read_text())
+    assert summary["status"] == "finished" and summary["steps"] == 3 and summary["wall_s"] == 12.3
+    assert summary["final"] == {"step": 2, "reward_mean": 0.4, "truncated_rate": 0.1, "loss": -2}
+    assert summary["best_reward"] == {"step": 1, "reward_mean": 0.5}

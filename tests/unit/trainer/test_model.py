@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.protocol import MicroBatch, Sample
+from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
 from trainer.loss import shifted_logprobs
 from trainer.model import block_causal_mask, load_model, packed_logprobs, save_weights
@@ -81,3 +81,14 @@ def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, 
         torch.testing.assert_close(packed_logprobs(merged, batch, 1.0), adapted, atol=1e-5, rtol=1e-5)
         assert (packed_logprobs(base, batch, 1.0) - adapted).abs().max() > 1e-4
     assert set(merged.state_dict()) == set(base.state_dict())
+    # the probe written with the weights is what the saved weights give
+    token_ids, logprobs = read_probe(tmp_path / "step_1")
+    assert token_ids == AutoTokenizer.from_pretrained(tiny_model_path).encode(PROBE_TEXT)
+    torch.testing.assert_close(torch.tensor(logprobs), probe_reference(merged, token_ids), atol=1e-5, rtol=1e-5)
+
+
+def probe_reference(model, token_ids):
+    ids = torch.tensor(token_ids)
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0]
+    return torch.cat([torch.zeros(1), torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]])
