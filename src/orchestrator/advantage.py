@@ -1,12 +1,33 @@
-"""Group-relative advantages."""
+"""Group-relative advantages: each rollout's reward against the other rollouts of the same prompt."""
 
-from jaxtyping import Float
+import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 
+from orchestrator.config import AdvantageConfig
 
-def group_advantages(rewards: Float[Tensor, "groups rollouts"]) -> Float[Tensor, "groups rollouts"]:
-    """Each rollout's reward minus the mean reward of its group (rollouts of the same prompt).
 
-    Naive equivalent: ``[[r - mean(group) for r in group] for group in rewards]``.
+def group_advantages(
+    rewards: Float[Tensor, "groups rollouts"], config: AdvantageConfig | None = None
+) -> Float[Tensor, "groups rollouts"]:
+    """Advantages of rollouts grouped by prompt.
+
+    ``baseline = "mean"``: ``r_i - mean(group)``. ``"leave_one_out"``: ``r_i - mean(group without i)``, which is
+    ``n / (n - 1) · (r_i - mean(group))``. ``std_normalize`` then divides by the group's standard deviation
+    (unbiased, plus ``1e-6``), as GRPO does. A group of one rollout has advantage 0.
     """
-    return rewards - rewards.mean(dim=1, keepdim=True)
+    config = config or AdvantageConfig()
+    n = rewards.shape[1]
+    if n == 1:
+        return torch.zeros_like(rewards)
+    advantages = rewards - rewards.mean(dim=1, keepdim=True)
+    if config.baseline == "leave_one_out":
+        advantages = advantages * n / (n - 1)
+    if config.std_normalize:
+        advantages = advantages / (rewards.std(dim=1, keepdim=True) + 1e-6)
+    return advantages
+
+
+def uniform_groups(rewards: Float[Tensor, "groups rollouts"]) -> Bool[Tensor, " groups"]:
+    """Groups whose rollouts all got the same reward: their advantages are 0, they teach nothing."""
+    return (rewards == rewards[:, :1]).all(dim=1)

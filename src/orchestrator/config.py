@@ -1,7 +1,7 @@
 """The orchestrator's config (``uv run orchestrator @ orch.toml``)."""
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,6 +20,20 @@ class SamplingConfig(StrictModel):
             description="Qwen3 thinking: replies open with <think>. Later prompts drop earlier turns' thinking once "
             "a user speaks again, so such a rollout trains as several samples."
         ),
+    ] = False
+
+
+class AdvantageConfig(StrictModel):
+    baseline: Annotated[
+        Literal["mean", "leave_one_out"],
+        Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group."),
+    ] = "mean"
+    std_normalize: Annotated[
+        bool, Field(description="Divide advantages by the group's reward standard deviation (GRPO).")
+    ] = False
+    drop_uniform_groups: Annotated[
+        bool,
+        Field(description="Leave out of the batch the groups whose rollouts all got the same reward (zero advantage)."),
     ] = False
 
 
@@ -47,6 +61,7 @@ class ClientConfig(StrictModel):
 class OrchestratorConfig(BaseConfig):
     model: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()
+    advantage: AdvantageConfig = AdvantageConfig()
     env: Annotated[list[EnvConfig], Field(min_length=1, description="Environments; [[env]] may repeat.")] = [
         EnvConfig(id="reverse-text")
     ]

@@ -9,9 +9,9 @@ from contextlib import AsyncExitStack
 
 import torch
 
-from orchestrator.advantage import group_advantages
+from orchestrator.advantage import group_advantages, uniform_groups
 from orchestrator.client import InferenceClient
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
@@ -32,7 +32,11 @@ logger = logging.getLogger("orchestrator")
 
 
 def build_samples(
-    groups: list[list[Rollout]], weight_step: int, mask_truncated: bool = False, zero_truncated: bool = False
+    groups: list[list[Rollout]],
+    weight_step: int,
+    mask_truncated: bool = False,
+    zero_truncated: bool = False,
+    advantage: AdvantageConfig | None = None,
 ) -> tuple[list[Sample], torch.Tensor]:
     """Training samples from groups of rollouts, with group-relative advantages; also the reward tensor.
 
@@ -42,9 +46,17 @@ def build_samples(
         [[0.0 if zero_truncated and r.truncated else r.reward for r in group] for group in groups],
         dtype=torch.float32,
     )
-    advantages = group_advantages(rewards)
+    advantage = advantage or AdvantageConfig()
+    advantages = group_advantages(rewards, advantage)
+    dropped = uniform_groups(rewards).tolist() if advantage.drop_uniform_groups else [False] * len(groups)
+    if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
+        dropped = [False] * len(groups)
     samples = []
-    for group, group_rewards, group_advantage in zip(groups, rewards.tolist(), advantages.tolist(), strict=True):
+    for group, group_rewards, group_advantage, drop in zip(
+        groups, rewards.tolist(), advantages.tolist(), dropped, strict=True
+    ):
+        if drop:
+            continue
         for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
             for token_ids, mask, logprobs in rollout.branches:
                 if mask_truncated and rollout.truncated:
@@ -123,6 +135,7 @@ class Orchestrator:
             self.served_step,
             mask_truncated=self.config.mask_truncated_completions,
             zero_truncated=self.config.zero_truncated_completions,
+            advantage=self.config.advantage,
         )
         overlong = sum(len(s.token_ids) > self.config.seq_len for s in samples)
         if overlong:
@@ -147,6 +160,7 @@ class Orchestrator:
             weight_steps=[self.served_step],
             metrics={
                 "reward_std": rewards.std().item(),
+                "uniform_groups": uniform_groups(rewards).float().mean().item(),
                 "failed_rollouts": len(failed),
                 "truncated_rate": sum(r.truncated for group in groups for r in group) / rewards.numel(),
                 "empty_samples": empty,

@@ -1,7 +1,7 @@
 """The trainer's config (``uv run trainer @ train.toml``)."""
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -49,12 +49,38 @@ class OptimConfig(StrictModel):
 
 
 class LossConfig(StrictModel):
+    ratio: Annotated[
+        Literal["token", "sequence"],
+        Field(
+            description="Importance ratio per token, or per sequence as the exp of the sample's mean token log "
+            "ratio (GSPO)."
+        ),
+    ] = "token"
+    bound: Annotated[
+        Literal["mask", "clip"],
+        Field(
+            description="How the ratio is bounded: 'mask' drops tokens whose ratio leaves [mask_low, mask_high] "
+            "(IcePop); 'clip' is PPO's clipped objective with [1 - clip_low, 1 + clip_high] (DAPO's clip-higher)."
+        ),
+    ] = "mask"
     mask_low: Annotated[
-        float, Field(ge=0, description="Tokens whose importance ratio falls below this are masked out.")
+        float, Field(ge=0, description="bound = 'mask': tokens whose ratio falls below this get no gradient.")
     ] = 0.125
     mask_high: Annotated[
-        float, Field(gt=0, description="Tokens whose importance ratio rises above this are masked out.")
+        float, Field(gt=0, description="bound = 'mask': tokens whose ratio rises above this get no gradient.")
     ] = 8.0
+    clip_low: Annotated[float, Field(ge=0, lt=1, description="bound = 'clip': lower clip range (1 - clip_low).")] = 0.2
+    clip_high: Annotated[float, Field(ge=0, description="bound = 'clip': upper clip range (1 + clip_high).")] = 0.28
+    normalization: Annotated[
+        Literal["token", "sequence", "constant"],
+        Field(
+            description="'token': sum over the step's loss tokens / their number; 'sequence': each sample's token "
+            "mean, averaged over samples (GRPO); 'constant': sum / (samples × norm_length) (Dr. GRPO)."
+        ),
+    ] = "token"
+    norm_length: Annotated[
+        int, Field(ge=1, description="normalization = 'constant': the length each sample counts for.")
+    ] = 1024
 
 
 class TrainerConfig(BaseConfig):

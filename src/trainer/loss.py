@@ -4,6 +4,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from trainer.config import LossConfig
+
 
 def selective_log_softmax(logits: Float[Tensor, "seq vocab"], ids: Int[Tensor, " seq"]) -> Float[Tensor, " seq"]:
     """``log_softmax(logits)[i, ids[i]]`` for each position i, without materialising a second vocab-wide tensor
@@ -23,31 +25,57 @@ def shifted_logprobs(
     return torch.cat([logprobs.new_zeros(1), logprobs])
 
 
+def sample_sums(values: Float[Tensor, " seq"], segment: Int[Tensor, " seq"], num: int) -> Float[Tensor, " samples"]:
+    """Per-sample sums of a packed tensor: ``[values[segment == i].sum() for i in range(num)]``."""
+    return values.new_zeros(num).index_add(0, segment, values)
+
+
 def policy_loss(
     logprobs: Float[Tensor, " seq"],
     inference_logprobs: Float[Tensor, " seq"],
     advantages: Float[Tensor, " seq"],
     loss_mask: Bool[Tensor, " seq"],
-    normalizer: int,
-    mask_low: float,
-    mask_high: float,
+    sample_lengths: Int[Tensor, " samples"],
+    config: LossConfig,
+    num_loss_tokens: int,
+    num_samples: int,
 ) -> tuple[Float[Tensor, ""], dict[str, Tensor]]:
-    """Importance-weighted policy gradient with out-of-region tokens masked (IcePop-style).
+    """The importance-weighted policy-gradient loss of one packed micro-batch (formulas in docs/losses.md).
 
-    ``ratio = exp(logprobs - inference_logprobs)``; tokens with ``ratio`` outside ``[mask_low, mask_high]``
-    get no gradient. ``loss = -sum(ratio * advantages * kept) / normalizer``, where ``normalizer`` is the number
-    of loss tokens in the whole step, so summing the losses of micro-batches gives the step's token mean
-    however the batch was split. Returned metrics are sums over this micro-batch's loss tokens.
+    ``ratio = exp(logprobs - inference_logprobs)`` per token, or per sample as the exp of its mean token log
+    ratio (``config.ratio = "sequence"``, GSPO). Bounded by masking tokens whose ratio leaves
+    ``[mask_low, mask_high]`` (IcePop) or by PPO clipping to ``[1 - clip_low, 1 + clip_high]``. The normalizers
+    (``num_loss_tokens``, ``num_samples``) are the whole step's, so summing the micro-batches' losses gives the
+    step's loss however the batch was split. Returned metrics are sums over this micro-batch.
     """
-    log_ratio = (logprobs - inference_logprobs) * loss_mask
+    segment = torch.repeat_interleave(
+        torch.arange(len(sample_lengths), device=logprobs.device), sample_lengths.to(logprobs.device)
+    )
+    token_log_ratio = (logprobs - inference_logprobs) * loss_mask
+    tokens_per_sample = sample_sums(loss_mask.float(), segment, len(sample_lengths))
+    log_ratio = token_log_ratio
+    if config.ratio == "sequence":
+        sequence_log_ratio = sample_sums(token_log_ratio, segment, len(sample_lengths)) / tokens_per_sample.clamp(min=1)
+        log_ratio = sequence_log_ratio[segment] * loss_mask
     ratio = torch.exp(log_ratio)
-    in_region = (ratio >= mask_low) & (ratio <= mask_high)
-    kept = loss_mask & in_region
-    loss = -(ratio * advantages * kept).sum() / normalizer
+    if config.bound == "mask":
+        bounded = loss_mask & ((ratio < config.mask_low) | (ratio > config.mask_high))
+        per_token = -ratio * advantages * (loss_mask & ~bounded)
+    else:
+        clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
+        bounded = loss_mask & (clipped * advantages < ratio * advantages)  # the clipped term is the minimum
+        per_token = -torch.minimum(ratio * advantages, clipped * advantages) * loss_mask
+    if config.normalization == "token":
+        loss = per_token.sum() / num_loss_tokens
+    elif config.normalization == "sequence":
+        per_sample = sample_sums(per_token, segment, len(sample_lengths)) / tokens_per_sample.clamp(min=1)
+        loss = per_sample.sum() / num_samples
+    else:
+        loss = per_token.sum() / (num_samples * config.norm_length)
     with torch.no_grad():
-        log_ratio64 = log_ratio.double()  # ratio - 1 - log_ratio cancels to 0 in fp32 for tiny mismatches
+        log_ratio64 = token_log_ratio.double()  # ratio - 1 - log_ratio cancels to 0 in fp32 for tiny mismatches
         metrics = {
-            "masked_tokens": (loss_mask & ~in_region).sum(),
+            "bounded_tokens": bounded.sum(),
             # k3 estimator of KL(inference || trainer), summed over loss tokens
             "mismatch_kl": ((log_ratio64.exp() - 1 - log_ratio64) * loss_mask).sum(),
         }

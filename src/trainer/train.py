@@ -48,7 +48,7 @@ def train(config: TrainerConfig) -> None:
         train_start = time.perf_counter()
 
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = masked = mismatch_kl = 0.0
+        loss_sum = bounded = mismatch_kl = 0.0
         for micro_batch in micro_batches:
             logprobs = packed_logprobs(model, micro_batch, info.temperature)
             loss, stats = policy_loss(
@@ -56,13 +56,14 @@ def train(config: TrainerConfig) -> None:
                 micro_batch.inference_logprobs.to(device),
                 micro_batch.advantages.to(device),
                 micro_batch.loss_mask.to(device),
-                normalizer=info.num_loss_tokens,
-                mask_low=config.loss.mask_low,
-                mask_high=config.loss.mask_high,
+                micro_batch.sample_lengths,
+                config.loss,
+                num_loss_tokens=info.num_loss_tokens,
+                num_samples=info.num_samples,
             )
             loss.backward()
             loss_sum += loss.item()
-            masked += stats["masked_tokens"].item()
+            bounded += stats["bounded_tokens"].item()
             mismatch_kl += stats["mismatch_kl"].item()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm).item()
         optimizer.step()
@@ -74,7 +75,7 @@ def train(config: TrainerConfig) -> None:
             "reward_mean": info.reward_mean,
             "tokens": info.num_tokens,
             "loss_tokens": info.num_loss_tokens,
-            "masked_fraction": masked / info.num_loss_tokens,
+            "bounded_fraction": bounded / info.num_loss_tokens,  # tokens masked or clipped
             "mismatch_kl": mismatch_kl / info.num_loss_tokens,
             "grad_norm": grad_norm,
             "lr": config.optim.lr,

@@ -2,6 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.config import AdvantageConfig
 from orchestrator.envs import Rollout, trace_branches
 from orchestrator.orchestrator import build_samples
 
@@ -81,3 +82,15 @@ def test_mask_truncated_completions_trains_none_of_their_tokens():
     assert samples[0].loss_mask == [False, False, False]
     assert samples[1].loss_mask == [False, True, True]
     assert [s.advantage for s in samples] == [0.5, -0.5]  # the reward still counts in the group baseline
+
+
+def test_uniform_groups_are_dropped_only_when_asked_and_never_all():
+    def rollout(reward):
+        return Rollout(reward=reward, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True)
+
+    groups = [[rollout(1.0), rollout(0.0)], [rollout(0.5), rollout(0.5)]]
+    assert len(build_samples(groups, 0)[0]) == 4
+    kept, _ = build_samples(groups, 0, advantage=AdvantageConfig(drop_uniform_groups=True))
+    assert [s.reward for s in kept] == [1.0, 0.0]
+    tied = [[rollout(0.0), rollout(0.0)]]  # every group ties: the step keeps them (it trains nothing)
+    assert len(build_samples(tied, 0, advantage=AdvantageConfig(drop_uniform_groups=True))[0]) == 2
