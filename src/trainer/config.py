@@ -46,6 +46,14 @@ class OptimConfig(StrictModel):
     betas: Annotated[tuple[float, float], Field(description="AdamW betas.")] = (0.9, 0.999)
     weight_decay: Annotated[float, Field(ge=0, description="AdamW decoupled weight decay.")] = 0.0
     max_norm: Annotated[float, Field(gt=0, description="Gradients are clipped to this global L2 norm.")] = 1.0
+    schedule: Annotated[
+        Literal["constant", "linear", "cosine"],
+        Field(description="Learning-rate decay after warm-up, from lr to min_lr_ratio × lr at the last step."),
+    ] = "constant"
+    warmup_steps: Annotated[int, Field(ge=0, description="Steps over which the lr rises linearly from 0 to lr.")] = 0
+    min_lr_ratio: Annotated[
+        float, Field(ge=0, le=1, description="Final lr of a linear or cosine schedule, as a share of lr.")
+    ] = 0.0
 
 
 class LossConfig(StrictModel):

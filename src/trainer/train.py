@@ -1,6 +1,7 @@
 """The training loop: wait for a batch, compute the loss, step, write weights for inference."""
 
 import logging
+import math
 import time
 
 import torch
@@ -10,7 +11,7 @@ from rl.errors import TridentError
 from rl.metrics import MetricsWriter
 from rl.protocol import read_batch, rollouts_dir, wait_for, weights_dir
 from rl.tiny_model import resolve_model_path
-from trainer.config import TrainerConfig
+from trainer.config import OptimConfig, TrainerConfig
 from trainer.loss import policy_loss
 from trainer.model import load_model, packed_logprobs, save_weights
 
@@ -19,6 +20,17 @@ logger = logging.getLogger("trainer")
 
 class EmptyBatchError(TridentError):
     """A step whose batch has no sampled token to train on."""
+
+
+def lr_factor(step: int, max_steps: int, optim: OptimConfig) -> float:
+    """The share of ``optim.lr`` used at ``step`` (0-based): linear warm-up, then the schedule's decay."""
+    if step < optim.warmup_steps:
+        return (step + 1) / (optim.warmup_steps + 1)
+    if optim.schedule == "constant":
+        return 1.0
+    progress = (step - optim.warmup_steps) / max(max_steps - 1 - optim.warmup_steps, 1)
+    decay = 1 - progress if optim.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * decay
 
 
 def train(config: TrainerConfig) -> None:
@@ -31,6 +43,9 @@ def train(config: TrainerConfig) -> None:
         lr=config.optim.lr,
         betas=config.optim.betas,
         weight_decay=config.optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, config.max_steps, config.optim)
     )
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb)
     logger.info(f"training {config.model.name} on {device} for {config.max_steps} steps")
@@ -66,7 +81,9 @@ def train(config: TrainerConfig) -> None:
             bounded += stats["bounded_tokens"].item()
             mismatch_kl += stats["mismatch_kl"].item()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm).item()
+        lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
+        scheduler.step()
         save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1))
 
         record = {
@@ -78,7 +95,7 @@ def train(config: TrainerConfig) -> None:
             "bounded_fraction": bounded / info.num_loss_tokens,  # tokens masked or clipped
             "mismatch_kl": mismatch_kl / info.num_loss_tokens,
             "grad_norm": grad_norm,
-            "lr": config.optim.lr,
+            "lr": lr,
             "wait_s": train_start - wait_start,
             "train_s": time.perf_counter() - train_start,
         }
