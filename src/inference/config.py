@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rl.config import BaseConfig
-from rl.shared_config import ModelConfig, Seed
+from rl.shared_config import LogConfig, ModelConfig, Seed
 
 
 class InferenceModelConfig(ModelConfig):
@@ -32,3 +32,4 @@ class InferenceConfig(BaseConfig):
         int, Field(ge=1, description="KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE).")
     ] = 1
     seed: Seed = 0
+    log: LogConfig = LogConfig()

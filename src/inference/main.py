@@ -1,5 +1,7 @@
 """``uv run inference @ infer.toml``: serve the model with vLLM plus Trident's reload routes."""
 
+import os
+
 from inference.config import InferenceConfig
 from inference.server import serve
 from rl.config import run_cli
@@ -8,7 +10,8 @@ from rl.metrics import setup_logging
 
 def main() -> None:
     config = run_cli(InferenceConfig)
-    setup_logging("inference")
+    setup_logging("inference", config.log.level)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", config.log.level.upper())  # read when vLLM is imported
     serve(config)
 
 

@@ -6,7 +6,17 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from rl.config import BaseConfig
-from rl.shared_config import AsyncLevel, MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel, WandbSection
+from rl.shared_config import (
+    AsyncLevel,
+    LogConfig,
+    MaxSteps,
+    ModelConfig,
+    OutputDir,
+    Seed,
+    SeqLen,
+    StrictModel,
+    WandbSection,
+)
 
 
 class SamplingConfig(StrictModel):
@@ -82,6 +92,7 @@ class OrchestratorConfig(BaseConfig):
         bool, Field(description="Rollouts cut off by max_tokens get reward 0 before advantages are computed.")
     ] = False
     seed: Seed = 0
+    log: LogConfig = LogConfig()
     wandb: WandbSection = None
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")

@@ -11,7 +11,7 @@ from rl.metrics import setup_logging
 
 def main() -> None:
     config = run_cli(OrchestratorConfig)
-    setup_logging("orchestrator")
+    setup_logging("orchestrator", config.log.level)
     with exit_on_user_error("orchestrator"):
         asyncio.run(Orchestrator(config).run())
 

@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         config = resolve_shared(parse_config(RLConfig, sys.argv[1:] if argv is None else argv))
     except ConfigError as e:
         exit_config_error(e)
+    setup_logging("rl", config.trainer.log.level)
     with exit_on_user_error("rl"):
         code = run(config)
     sys.exit(code)

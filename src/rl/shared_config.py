@@ -1,7 +1,7 @@
 """Config sections that several processes share (one definition each)."""
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,12 @@ AsyncLevel = Annotated[
     ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]
+
+
+class LogConfig(StrictModel):
+    level: Annotated[
+        Literal["debug", "info", "warning", "error"], Field(description="Least severe log lines written.")
+    ] = "info"
 
 
 class WandbConfig(StrictModel):

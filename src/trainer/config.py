@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rl.config import BaseConfig
-from rl.shared_config import MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel, WandbSection
+from rl.shared_config import LogConfig, MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel, WandbSection
 
 
 class ActivationCheckpointConfig(StrictModel):
@@ -99,6 +99,7 @@ class TrainerConfig(BaseConfig):
     max_steps: MaxSteps = 20
     seq_len: SeqLen = 2048
     seed: Seed = 0
+    log: LogConfig = LogConfig()
     wandb: WandbSection = None
     batch_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")

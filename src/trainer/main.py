@@ -9,7 +9,7 @@ from trainer.train import train
 
 def main() -> None:
     config = run_cli(TrainerConfig)
-    setup_logging("trainer")
+    setup_logging("trainer", config.log.level)
     with exit_on_user_error("trainer"):
         train(config)
 

@@ -105,3 +105,10 @@ def test_gpu_memory_utilization_outside_0_1_is_refused(value):
         ConfigError, match=rf"--inference.gpu-memory-utilization: inference.gpu_memory_utilization: .*{value}"
     ):
         parse_config(RLConfig, ["--inference.gpu-memory-utilization", value])
+
+
+def test_log_level_flag_reaches_every_process():
+    config = resolve_shared(parse_config(RLConfig, ["--log.level", "debug"]))
+    assert {config.trainer.log.level, config.orchestrator.log.level, config.inference.log.level} == {"debug"}
+    with pytest.raises(ConfigError, match=r"--log.level: log.level: Input should be 'debug', 'info'"):
+        parse_config(RLConfig, ["--log.level", "loud"])
