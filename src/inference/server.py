@@ -10,6 +10,8 @@ from inference.routes import patch_generate_route, weights_router
 from inference.worker import WORKER_EXTENSION
 from rl.tiny_model import resolve_model_path
 
+KEEP_ALIVE_S = 600
+
 
 def vllm_argv(config: InferenceConfig) -> list[str]:
     """The ``vllm serve`` flags for ``config``."""
@@ -60,7 +62,10 @@ async def _build_and_serve(engine_client, sock, args):
         port=args.port,
         log_level=args.uvicorn_log_level,
         access_log=False,
-        timeout_keep_alive=envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+        # Idle keep-alive connections must be closed by the clients (httpx: after 5 s), never by the server: at
+        # vLLM's default of 5 s both sides close at once, and a request sent on a closing connection fails
+        # ("Connection error"), failing its rollout.
+        timeout_keep_alive=max(envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE, KEEP_ALIVE_S),
         h11_max_incomplete_event_size=args.h11_max_incomplete_event_size,
         h11_max_header_count=args.h11_max_header_count,
         **({"log_config": log_config} if log_config is not None else {}),
