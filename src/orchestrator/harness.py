@@ -74,10 +74,7 @@ async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typ
         wanted = inspect.signature(fn).parameters
         kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
         kwargs.update({k: v for k, v in injected.items() if k in wanted})
-        result = fn(**kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return str(result)
+        return str(await _maybe_await(fn(**kwargs)))
     except Exception as e:
         return f"error: {type(e).__name__}: {e}"
 

@@ -58,11 +58,11 @@ def build_samples(
         if drop:
             continue
         for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
+            meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards,
+                    "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
             for token_ids, mask, logprobs in rollout.branches:
                 if mask_truncated and rollout.truncated:
                     mask = [False] * len(mask)
-                meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards,
-                        "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
                 samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step, meta))
     return samples, rewards
 

@@ -175,6 +175,12 @@ def sample_summary(sample: Sample) -> dict:
     return {"advantage": sample.advantage, "reward": sample.reward, "weight_step": sample.weight_step, **sample.meta}
 
 
+def micro_batch_paths(folder: Path) -> list[Path]:
+    """The micro-batch files of a rollouts folder, in order (other files are ignored)."""
+    numbered = {p.stem.removeprefix("micro_batch_"): p for p in folder.glob("micro_batch_*.safetensors")}
+    return [numbered[k] for k in sorted((k for k in numbered if k.isdigit()), key=int)]
+
+
 def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatch]) -> Path:
     """Write ``rollouts/step_N/`` atomically."""
     final = rollouts_dir(output_dir, info.step)
@@ -189,7 +195,7 @@ def read_batch(output_dir: Path, step: int) -> tuple[BatchInfo, list[MicroBatch]
     """Read the complete batch of ``step``."""
     folder = rollouts_dir(output_dir, step)
     info = BatchInfo(**json.loads((folder / "batch.json").read_text()))
-    files = sorted(folder.glob("micro_batch_*.safetensors"), key=lambda p: int(p.stem.split("_")[-1]))
+    files = micro_batch_paths(folder)
     return info, [MicroBatch(**load_file(f)) for f in files]
 
 

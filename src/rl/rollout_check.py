@@ -39,7 +39,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from rl.errors import TridentError
-from rl.protocol import configs_dir, rollouts_dir
+from rl.protocol import configs_dir, micro_batch_paths, rollouts_dir
 
 TENSORS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs", "sample_lengths")
 ERROR, WARNING = "error", "warning"
@@ -145,8 +145,7 @@ def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
         raise RolloutReadError(f"cannot read {info_path}: {e}") from None
     if not isinstance(info, dict):
         raise RolloutReadError(f"{info_path} holds {type(info).__name__}, expected a JSON object")
-    numbered = {p.stem.removeprefix("micro_batch_"): p for p in folder.glob("micro_batch_*.safetensors")}
-    files = [numbered[k] for k in sorted((k for k in numbered if k.isdigit()), key=int)]
+    files = micro_batch_paths(folder)
     if not files:
         raise RolloutReadError(f"no micro_batch_*.safetensors files in {folder}")
     summaries = info.get("samples") if isinstance(info.get("samples"), list) else []

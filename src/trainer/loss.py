@@ -25,6 +25,11 @@ def shifted_logprobs(
     return torch.cat([logprobs.new_zeros(1), logprobs])
 
 
+def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " seq"]:
+    """The index of the sample each packed token belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""
+    return torch.repeat_interleave(torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths)
+
+
 def sample_sums(values: Float[Tensor, " seq"], segment: Int[Tensor, " seq"], num: int) -> Float[Tensor, " samples"]:
     """Per-sample sums of a packed tensor: ``[values[segment == i].sum() for i in range(num)]``."""
     return values.new_zeros(num).index_add(0, segment, values)
@@ -48,9 +53,7 @@ def policy_loss(
     (``num_loss_tokens``, ``num_samples``) are the whole step's, so summing the micro-batches' losses gives the
     step's loss however the batch was split. Returned metrics are sums over this micro-batch.
     """
-    segment = torch.repeat_interleave(
-        torch.arange(len(sample_lengths), device=logprobs.device), sample_lengths.to(logprobs.device)
-    )
+    segment = sample_segments(sample_lengths.to(logprobs.device))
     token_log_ratio = (logprobs - inference_logprobs) * loss_mask
     tokens_per_sample = sample_sums(loss_mask.float(), segment, len(sample_lengths))
     log_ratio = token_log_ratio

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, atomic_dir, mark_stable, write_probe
 from rl.tiny_model import resolve_model_path
 from trainer.config import LoraConfig, TrainerModelConfig
-from trainer.loss import shifted_logprobs
+from trainer.loss import sample_segments, shifted_logprobs
 
 
 def load_model(config: TrainerModelConfig, device: torch.device) -> PreTrainedModel | PeftModel:
@@ -63,7 +63,7 @@ def merged_state_dict(model: PeftModel) -> dict[str, Tensor]:
 
 def block_causal_mask(sample_lengths: Int[Tensor, " samples"]) -> Bool[Tensor, "1 1 seq seq"]:
     """Causal attention that stays inside each packed sample: token i sees j iff j <= i in the same sample."""
-    segment = torch.repeat_interleave(torch.arange(len(sample_lengths)), sample_lengths)
+    segment = sample_segments(sample_lengths)
     n = len(segment)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     return (causal & (segment[:, None] == segment[None, :]))[None, None]
