@@ -1,6 +1,7 @@
 """The orchestrator's calls to the inference server's admin routes: readiness, weight reloads and their check."""
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import httpx
 from rl.errors import TridentError
 from rl.protocol import read_probe
 
+logger = logging.getLogger("orchestrator")
+
+NOTICE_S = 30.0  # how often to say that the server is still not up
+
 
 class InferenceClient:
     def __init__(self, base_url: str, timeout_s: float, model: str = ""):
@@ -16,17 +21,23 @@ class InferenceClient:
         self.model = model  # the served model name
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
 
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Poll ``/health`` until the server answers 200."""
-        deadline = time.monotonic() + timeout_s
+    async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:
+        """Poll ``/health`` until the server answers 200, logging every ``notice_s`` that it is still not up."""
+        start = time.monotonic()
+        notice = start + notice_s
         while True:
             try:
                 if (await self.http.get("/health")).status_code == 200:
+                    logger.info(f"inference server ready after {time.monotonic() - start:.0f}s")
                     return
             except httpx.TransportError:
                 pass
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - start > timeout_s:
                 raise TridentError(f"inference server at {self.base_url} not ready after {timeout_s:.0f}s")
+            if now >= notice:
+                logger.info(f"still waiting for the inference server at {self.base_url} ({now - start:.0f}s)")
+                notice = now + notice_s
             await asyncio.sleep(1.0)
 
     async def reload_weights(self, path: Path, step: int) -> float:

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from rl.config import BaseConfig
 from rl.shared_config import (
     AsyncLevel,
+    CkptSection,
     LogConfig,
     MaxSteps,
     ModelConfig,
@@ -94,6 +95,16 @@ class OrchestratorConfig(BaseConfig):
     seed: Seed = 0
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
+    ckpt: CkptSection = None
+    sample_rollouts_every: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Every this many steps (from step 0), write the rollouts of one group per environment "
+            "(decoded prompt and completion, reward, advantage) to output_dir/metrics/sample_rollouts.jsonl and, "
+            "with W&B, a table. 0: never.",
+        ),
+    ] = 10
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
     ] = 600.0

@@ -8,11 +8,15 @@ import time
 from contextlib import AsyncExitStack
 
 import torch
+from transformers import AutoTokenizer
 
 from orchestrator.advantage import group_advantages, uniform_groups
+from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.client import InferenceClient
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
+from orchestrator.sample_rollouts import sample_rows
+from orchestrator.stats import advantage_metrics, rollout_metrics
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
 from rl.protocol import (
@@ -21,6 +25,7 @@ from rl.protocol import (
     Sample,
     latest_stable_weights,
     pack_samples,
+    resume_step,
     sample_summary,
     wait_for,
     weights_dir,
@@ -37,8 +42,9 @@ def build_samples(
     mask_truncated: bool = False,
     zero_truncated: bool = False,
     advantage: AdvantageConfig | None = None,
-) -> tuple[list[Sample], torch.Tensor]:
-    """Training samples from groups of rollouts, with group-relative advantages; also the reward tensor.
+) -> tuple[list[Sample], torch.Tensor, torch.Tensor]:
+    """Training samples from groups of rollouts, with group-relative advantages; also the rewards and advantages
+    (``[groups, rollouts]``) they were built from.
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
     """
@@ -64,7 +70,7 @@ def build_samples(
                 if mask_truncated and rollout.truncated:
                     mask = [False] * len(mask)
                 samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step, meta))
-    return samples, rewards
+    return samples, rewards, advantages
 
 
 class Orchestrator:
@@ -80,7 +86,10 @@ class Orchestrator:
         if not self.tasks:
             raise TridentError(f"environments {[e.id for e in config.env]} have no tasks")
         random.Random(config.seed).shuffle(self.tasks)
-        self.ctx = model_context(config, resolve_model_path(config.model.name))
+        model_path = resolve_model_path(config.model.name)
+        self.ctx = model_context(config, model_path)
+        # only to show sample rollouts as text: training never detokenizes
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
         self.client = InferenceClient(config.client.base_url, config.client.timeout_s, config.model.name)
         self.limit = asyncio.Semaphore(config.max_concurrent)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
@@ -126,11 +135,12 @@ class Orchestrator:
                 for env, task in self.batch_tasks(step)
             )
         )
-        generate_s = time.perf_counter() - start
+        generated = time.perf_counter()
+        generate_s = generated - start
         failed = [r for group in groups for r in group if not r.ok]
         if failed:
             logger.warning(f"step {step}: {len(failed)} rollouts failed, first: {failed[0].error}")
-        samples, rewards = build_samples(
+        samples, rewards, advantages = build_samples(
             groups,
             self.served_step,
             mask_truncated=self.config.mask_truncated_completions,
@@ -146,40 +156,66 @@ class Orchestrator:
             raise TridentError(f"step {step}: no rollout produced a training sample ({reason})")
         bins = pack_samples(samples, self.config.seq_len)
         micro_batches = [MicroBatch.pack(b) for b in bins]
-        num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
         empty = sum(not any(s.loss_mask) for s in samples)
         if empty:
             logger.warning(f"step {step}: {empty} of {len(samples)} samples have no trainable token")
+        metrics = {
+            **rollout_metrics(groups, rewards, generate_s),
+            **advantage_metrics(samples),
+            "empty_samples": empty,
+            "overlong_samples": overlong,
+            **({"probe_gap": self.probe_gap} if self.probe_gap is not None else {}),
+            "staleness": step - self.served_step,
+        }
         info = BatchInfo(
             step=step,
             num_samples=len(samples),
             num_tokens=sum(len(s.token_ids) for s in samples),
-            num_loss_tokens=num_loss_tokens,
-            reward_mean=rewards.mean().item(),
+            num_loss_tokens=sum(sum(s.loss_mask) for s in samples),
+            reward_mean=metrics.pop("reward_mean"),
             temperature=self.config.sampling.temperature,
             weight_steps=[self.served_step],
-            metrics={
-                "reward_std": rewards.std().item(),
-                "uniform_groups": uniform_groups(rewards).float().mean().item(),
-                "failed_rollouts": len(failed),
-                "truncated_rate": sum(r.truncated for group in groups for r in group) / rewards.numel(),
-                "empty_samples": empty,
-                "overlong_samples": overlong,
-                **({"probe_gap": self.probe_gap} if self.probe_gap is not None else {}),
-                "staleness": step - self.served_step,
-            },
+            metrics=metrics,
             samples=[sample_summary(s) for b in bins for s in b],
         )
         write_batch(self.output_dir, info, micro_batches)
+        timings = {"wait_weights_s": wait_s, "reload_s": reload_s, "generate_s": generate_s,
+                   "write_s": time.perf_counter() - generated}  # fmt: skip
         self.metrics.write(
-            {**info.metrics, "step": step, "reward_mean": info.reward_mean, "samples": info.num_samples,
-             "tokens": info.num_tokens, "wait_weights_s": wait_s, "reload_s": reload_s, "generate_s": generate_s,
-             "weight_step": self.served_step}
+            {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
+             "tokens": info.num_tokens, "weight_step": self.served_step, **timings}
         )  # fmt: skip
+        every = self.config.sample_rollouts_every
+        if every and step % every == 0:
+            rows = sample_rows(step, groups, rewards, advantages, self.decode)
+            self.metrics.write_table("sample_rollouts", step, rows)
         logger.info(
             f"step {step} | reward {info.reward_mean:.4f} | samples {info.num_samples} | tokens {info.num_tokens} "
-            f"| weights step {self.served_step} | generate {generate_s:.2f}s"
+            f"| truncated {metrics['truncated_rate']:.0%} | weights step {self.served_step} "
+            f"| generate {generate_s:.2f}s"
         )
+
+    def start_step(self) -> int:
+        """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""
+        ckpt = self.config.ckpt
+        if ckpt is None or ckpt.resume_step is None:
+            return 0
+        step = resume_step(self.output_dir, ckpt.resume_step)
+        check_resumable(self.output_dir, self.data_state(step))
+        logger.info(f"resuming at step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
+        return step
+
+    def data_state(self, step: int) -> dict:
+        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed)
+
+    def save_checkpoint(self, step: int) -> None:
+        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
+        ckpt = self.config.ckpt
+        if ckpt and step > 0 and (step % ckpt.interval == 0 or step == self.config.max_steps):
+            save_state(self.output_dir, self.data_state(step))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     async def run(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.client.base_url}")
@@ -187,8 +223,10 @@ class Orchestrator:
         async with AsyncExitStack() as stack:
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
-            for step in range(self.config.max_steps):
+            for step in range(self.start_step(), self.config.max_steps):
+                self.save_checkpoint(step)
                 await self.step(step)
+            self.save_checkpoint(self.config.max_steps)
         await self.client.close()
         self.metrics.close()
         logger.info(f"wrote {self.config.max_steps} batches")

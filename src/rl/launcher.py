@@ -14,20 +14,43 @@ from pathlib import Path
 
 import httpx
 import tomli_w
+import torch
+from rich.console import Console
 
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
-from rl.errors import exit_on_user_error
+from rl.errors import TridentError, exit_on_user_error
 from rl.metrics import read_metrics, setup_logging, write_summary
 from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
-from rl.process import Child
-from rl.protocol import clear_run_state, configs_dir, logs_dir
+from rl.process import Child, command
+from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
 
 logger = logging.getLogger("rl")
 
-WAIT_NOTICE_S = 30.0  # how often to say what the run waits for before its first step
+WAIT_NOTICE_S = 30.0  # without a terminal, how often to say what the run waits for before its first step
 
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
+
+
+def trainer_ranks(config: RLConfig) -> int:
+    """How many trainer processes ``rl`` starts: one per trainer GPU (torchrun, FSDP2), or one on CPU."""
+    return len(config.trainer_gpu_ids) if torch.cuda.is_available() else 1
+
+
+def resume_point(config: RLConfig) -> int:
+    """The step ``--ckpt.resume-step`` resumes from (-1 resolved to the newest complete checkpoint), or 0.
+
+    Both processes get the resolved step, so they resume from the same checkpoint.
+    """
+    ckpt = config.trainer.ckpt
+    if ckpt is None or ckpt.resume_step is None:
+        return 0
+    try:
+        step = resume_step(config.trainer.output_dir, ckpt.resume_step)
+    except TridentError as e:
+        raise TridentError(f"--ckpt.resume-step {ckpt.resume_step}: {e}") from None
+    config.trainer.ckpt = config.orchestrator.ckpt = ckpt.model_copy(update={"resume_step": step})
+    return step
 
 
 def write_configs(config: RLConfig) -> dict[str, Path]:
@@ -62,10 +85,10 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def first_step_phase(output_dir: Path, server_url: str) -> str:
-    """What the run is doing before its first step is done, for the waiting user."""
-    if read_metrics(output_dir, "orchestrator"):
-        return "training step 1"
+def first_step_phase(output_dir: Path, server_url: str, done: int = 0) -> str:
+    """What the run is doing before its first step (after ``done`` steps of a resumed run) is done."""
+    if len(read_metrics(output_dir, "orchestrator")) > done:
+        return f"training step {done + 1}"
     try:
         if httpx.get(f"{server_url}/health", timeout=1).status_code == 200:
             return "sampling the first batch"
@@ -74,40 +97,98 @@ def first_step_phase(output_dir: Path, server_url: str) -> str:
     return "starting the inference server"
 
 
+def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: float) -> str:
+    """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records."""
+    truncated = f" | truncated {orchestrator['truncated_rate']:.0%}" if orchestrator else ""
+    return (
+        f"step {record['step'] + 1}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
+        f"| tokens {record['tokens']}{truncated} | {seconds:.1f}s"
+    )
+
+
+class WaitNotice:
+    """What the run is waiting for: a spinner on a terminal; elsewhere (a log file, CI) a printed line every
+    ``WAIT_NOTICE_S``."""
+
+    def __init__(self):
+        console = Console()
+        self.status = console.status("waiting for step 1") if console.is_terminal else None
+        self.shown = time.perf_counter()
+
+    def __enter__(self) -> "WaitNotice":
+        if self.status is not None:
+            self.status.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+    @property
+    def live(self) -> bool:
+        return self.status is not None
+
+    def due(self) -> bool:
+        """Whether the first step's notice should be refreshed now (then it counts as shown): every second on a
+        terminal, every ``WAIT_NOTICE_S`` elsewhere."""
+        now = time.perf_counter()
+        if now - self.shown < (1.0 if self.live else WAIT_NOTICE_S):
+            return False
+        self.shown = now
+        return True
+
+    def show(self, text: str) -> None:
+        if self.status is not None:
+            self.status.update(text)
+        else:
+            print(text, flush=True)
+
+
 def supervise(children: dict[str, Child], config: RLConfig) -> int:
     """Wait for trainer and orchestrator to finish, printing each trainer step; return the exit code."""
     output_dir, max_steps = Path(config.trainer.output_dir), config.trainer.max_steps
-    printed = 0
-    start = time.perf_counter()
-    last = notice = start
-    while True:
-        if printed == 0 and time.perf_counter() - notice > WAIT_NOTICE_S:
-            notice = time.perf_counter()
-            phase = first_step_phase(output_dir, config.orchestrator.client.base_url)
-            print(f"waiting for step 1: {phase} ({notice - start:.0f}s)", flush=True)
-        for record in read_metrics(output_dir, "trainer")[printed:]:
+    printed = first = len(read_metrics(output_dir, "trainer"))  # steps before a resume are already done
+    start = last = time.perf_counter()
+
+    def print_new_steps() -> None:
+        nonlocal printed, last
+        records = read_metrics(output_dir, "trainer")[printed:]
+        if not records:
+            return
+        orchestrator = {r["step"]: r for r in read_metrics(output_dir, "orchestrator")}
+        for record in records:
             now = time.perf_counter()
-            print(
-                f"step {record['step'] + 1}/{max_steps} | reward {record['reward_mean']:.4f} "
-                f"| loss {record['loss']:+.4f} | tokens {record['tokens']} | {now - last:.1f}s",
-                flush=True,
-            )
+            print(step_line(record, orchestrator.get(record["step"]), max_steps, now - last), flush=True)
             last = now
             printed += 1
-        for name, child in children.items():
-            code = child.poll()
-            if code not in (None, 0):
-                tail = log_tail(child.log_path)
-                logger.error(f"{name} exited with code {code}; last lines of {child.log_path}:\n{tail}")
-                return 1
-        if children["trainer"].poll() == 0 and children["orchestrator"].poll() == 0:
-            logger.info(f"run finished: {printed} steps in {time.perf_counter() - start:.1f}s")
-            return 0
-        time.sleep(0.2)
+
+    failed = None
+    with WaitNotice() as notice:
+        while failed is None and not all(children[name].poll() == 0 for name in ("trainer", "orchestrator")):
+            print_new_steps()
+            now = time.perf_counter()
+            if printed == first:
+                if notice.due():
+                    phase = first_step_phase(output_dir, config.orchestrator.client.base_url, first)
+                    notice.show(f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)")
+            elif notice.live and printed < max_steps:
+                notice.show(f"step {printed + 1}/{max_steps} ({now - last:.0f}s)")
+            failed = next((name for name, child in children.items() if child.poll() not in (None, 0)), None)
+            time.sleep(0.2)
+        print_new_steps()
+    if failed is not None:
+        child = children[failed]
+        logger.error(
+            f"{failed} exited with code {child.poll()}; last lines of {child.log_path}:\n{log_tail(child.log_path)}"
+        )
+        return 1
+    logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
+    return 0
 
 
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
+    resume_from = resume_point(config)
     paths = write_configs(config)
     output_dir = Path(config.trainer.output_dir)
     if config.dry_run:
@@ -121,7 +202,9 @@ def run(config: RLConfig) -> int:
     logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
-    for path in clear_run_state(output_dir):
+    if resume_from:
+        logger.info(f"resuming from checkpoint step {resume_from}")
+    for path in clear_run_state(output_dir, resume_from):
         logger.info(f"deleted {path} of a previous run")
 
     placement = gpu_env(config)
@@ -131,7 +214,8 @@ def run(config: RLConfig) -> int:
     try:
         for name in ("inference", "orchestrator", "trainer"):
             log_path = log_dir / f"{name}.log"
-            children[name] = Child(name, MODULES[name], paths[name], log_path, child_env(placement[name]))
+            argv = command(MODULES[name], paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1)
+            children[name] = Child(name, argv, log_path, child_env(placement[name]))
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         code = supervise(children, config)
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ class MetricsWriter:
     """
 
     def __init__(self, output_dir: Path, process: str, wandb: WandbConfig | None = None):
+        self.output_dir = Path(output_dir)
         self.path = metrics_path(output_dir, process)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run = start_wandb(wandb, Path(output_dir), process) if wandb else None
@@ -29,6 +30,16 @@ class MetricsWriter:
             f.write(json.dumps(record) + "\n")
         if self.run is not None:
             self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def write_table(self, name: str, step: int, rows: list[dict]) -> None:
+        """Append ``rows`` to ``metrics/<name>.jsonl`` and, with W&B, log them as the table ``name`` at ``step``."""
+        with metrics_path(self.output_dir, name).open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        if self.run is not None and rows:
+            import wandb
+
+            table = wandb.Table(columns=list(rows[0]), data=[list(row.values()) for row in rows])
+            self.run.log({name: table}, step=step)
 
     def close(self) -> None:
         if self.run is not None:

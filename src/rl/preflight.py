@@ -70,8 +70,6 @@ def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
     for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
         if not ids or any(not 0 <= i < count for i in ids):
             raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
-    if len(config.trainer_gpu_ids) > 1:
-        raise TridentError("--trainer-gpu-ids: a trainer on several GPUs (FSDP) is not supported yet; give one GPU")
     shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids)
     logger.info(
         f"inference on GPU {config.inference_gpu_ids}, trainer on GPU {config.trainer_gpu_ids}"

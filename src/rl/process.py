@@ -8,16 +8,22 @@ import time
 from pathlib import Path
 
 
-class Child:
-    """One supervised process (``python -m <module> @ <config>``) whose output goes to ``log_path``."""
+def command(module: str, config_path: Path, nproc: int = 1) -> list[str]:
+    """``python -m <module> @ <config>``, under ``torchrun`` with ``nproc`` processes when there are several."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [sys.executable, *launcher, "-m", module, "@", str(config_path)]
 
-    def __init__(self, name: str, module: str, config_path: Path, log_path: Path, env: dict[str, str]):
+
+class Child:
+    """One supervised process (see :func:`command`) whose output goes to ``log_path``."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str]):
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", module, "@", str(config_path)],
+                argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from rl.errors import TridentError
+
 STABLE = "STABLE"
 
 
@@ -36,6 +38,52 @@ def rollouts_dir(output_dir: Path, step: int) -> Path:
 
 def weights_dir(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / "weights" / f"step_{step}"
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def is_adapter(folder: Path) -> bool:
+    """Whether a weights folder holds a LoRA adapter (peft's ``save_pretrained``) rather than full weights."""
+    return (Path(folder) / ADAPTER_CONFIG).exists()
+
+
+def adapter_name(step: int) -> str:
+    """The model name the inference server serves the adapter of weights ``step_N`` under.
+
+    A new name per step: vLLM keys loaded adapters and cached KV by name, so a reused name could serve a stale
+    adapter. Requests send it as ``model``.
+    """
+    return f"lora-step-{step}"
+
+
+def checkpoint_dir(output_dir: Path, step: int) -> Path:
+    """``checkpoints/step_N/``: the state after N trainer steps, a ``trainer/`` and an ``orchestrator/`` part."""
+    return Path(output_dir) / "checkpoints" / f"step_{step}"
+
+
+def complete_checkpoints(output_dir: Path) -> list[int]:
+    """Steps whose checkpoint is complete (both parts ``STABLE``), oldest first."""
+    steps = []
+    for folder in (Path(output_dir) / "checkpoints").glob("step_*"):
+        if all(is_stable(folder / part) for part in ("trainer", "orchestrator")):
+            steps.append(int(folder.name.removeprefix("step_")))
+    return sorted(steps)
+
+
+def resume_step(output_dir: Path, requested: int) -> int:
+    """The checkpoint step to resume from: ``requested``, or the newest complete one for -1.
+
+    Raises a TridentError naming what is missing.
+    """
+    steps = complete_checkpoints(output_dir)
+    if requested == -1 and steps:
+        return steps[-1]
+    if requested in steps:
+        return requested
+    found = f"complete checkpoints: steps {steps}" if steps else "no complete checkpoint"
+    wanted = "a checkpoint" if requested == -1 else f"checkpoint step {requested}"
+    raise TridentError(f"cannot resume from {wanted}: {Path(output_dir) / 'checkpoints'} has {found}")
 
 
 def logs_dir(output_dir: Path) -> Path:
@@ -50,13 +98,21 @@ def metrics_path(output_dir: Path, process: str) -> Path:
     return Path(output_dir) / "metrics" / f"{process}.jsonl"
 
 
-def clear_run_state(output_dir: Path) -> list[Path]:
+def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
-    was deleted. Logs are overwritten by the new run; checkpoints are kept."""
-    stale = [Path(output_dir) / name for name in ("rollouts", "weights", "metrics")]
+    was deleted. A run resuming after ``resume_from`` steps keeps the metrics of the steps before.
+    Logs are overwritten by the new run; checkpoints are kept."""
+    stale = [Path(output_dir) / name for name in ("rollouts", "weights")]
     stale = [path for path in stale if path.exists()]
     for path in stale:
         shutil.rmtree(path)
+    metrics = Path(output_dir) / "metrics"
+    if metrics.exists() and resume_from == 0:
+        shutil.rmtree(metrics)
+        stale.append(metrics)
+    for path in metrics.glob("*.jsonl") if resume_from else []:
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if json.loads(line)["step"] < resume_from))
     return stale
 
 

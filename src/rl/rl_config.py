@@ -7,7 +7,7 @@ from pydantic import Field, ValidationError, field_validator
 from inference.config import InferenceConfig
 from orchestrator.config import OrchestratorConfig
 from rl.config import BaseConfig, ConfigError, format_errors
-from rl.shared_config import AsyncLevel, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
+from rl.shared_config import AsyncLevel, CkptSection, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
 from trainer.config import TrainerConfig
 
 
@@ -24,6 +24,7 @@ SHARED_FIELDS = {
     "seq_len": ("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"),
     "async_level": ("orchestrator.async_level",),
     "wandb": ("trainer.wandb", "orchestrator.wandb"),
+    "ckpt": ("trainer.ckpt", "orchestrator.ckpt"),
     "log": ("trainer.log", "orchestrator.log", "inference.log"),
 }
 
@@ -39,6 +40,7 @@ class RLConfig(BaseConfig):
     seq_len: SeqLen | None = None
     async_level: AsyncLevel | None = None
     wandb: WandbSection = None
+    ckpt: CkptSection = None
     log: Annotated[LogConfig | None, Field(description="Log level of all processes (`--log.level debug`).")] = None
     trainer_gpu_ids: Annotated[
         list[int], Field(description="GPUs of the trainer (CUDA_VISIBLE_DEVICES); may overlap the inference GPUs.")

@@ -55,3 +55,25 @@ WandbSection = Annotated[
     WandbConfig | None,
     Field(description="Weights & Biases tracking (absent: off). Offline when WANDB_API_KEY is unset."),
 ]
+
+
+class CkptConfig(StrictModel):
+    """Checkpoints to resume a run from; present (a [ckpt] table or any --ckpt.* flag) means on."""
+
+    interval: Annotated[
+        int, Field(ge=1, description="Save a checkpoint after every `interval` trainer steps (and after the last).")
+    ] = 10
+    keep: Annotated[
+        int | None, Field(ge=1, description="Keep only the newest `keep` complete checkpoints (absent: keep all).")
+    ] = 2
+    resume_step: Annotated[
+        int | None,
+        Field(
+            ge=-1,
+            description="Resume from the checkpoint after this many steps; -1: the newest complete one; absent: "
+            "start from scratch.",
+        ),
+    ] = None
+
+
+CkptSection = Annotated[CkptConfig | None, Field(description="Checkpoints for resuming (absent: none are written).")]

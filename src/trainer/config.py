@@ -6,13 +6,26 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from rl.config import BaseConfig
-from rl.shared_config import LogConfig, MaxSteps, ModelConfig, OutputDir, Seed, SeqLen, StrictModel, WandbSection
+from rl.shared_config import (
+    CkptSection,
+    LogConfig,
+    MaxSteps,
+    ModelConfig,
+    OutputDir,
+    Seed,
+    SeqLen,
+    StrictModel,
+    WandbSection,
+)
 
 
 class ActivationCheckpointConfig(StrictModel):
     freq: Annotated[
         int, Field(ge=1, description="Recompute the activations of every `freq`-th decoder layer in the backward pass.")
     ] = 1
+
+
+LoraExport = Literal["merged", "adapter"]
 
 
 class LoraConfig(StrictModel):
@@ -25,6 +38,13 @@ class LoraConfig(StrictModel):
     modules_to_save: Annotated[
         list[str], Field(description="Modules trained in full next to the adapter, e.g. 'lm_head'.")
     ] = []
+    export: Annotated[
+        LoraExport,
+        Field(
+            description="What weights/step_N/ holds: 'merged' full weights (adapter merged in; any server loads "
+            "them) or the 'adapter' alone in peft's format (small; the server swaps it in, needs inference [lora])."
+        ),
+    ] = "merged"
 
 
 class ExperimentalConfig(StrictModel):
@@ -34,6 +54,13 @@ class ExperimentalConfig(StrictModel):
 
 
 class TrainerModelConfig(ModelConfig):
+    dtype: Annotated[
+        Literal["auto", "bfloat16", "float32"],
+        Field(
+            description="Dtype of the forward and backward passes; master weights, gradient reduction and "
+            "optimizer state stay float32. 'auto': bfloat16 on GPU, float32 on CPU."
+        ),
+    ] = "auto"
     ac: Annotated[
         ActivationCheckpointConfig | None,
         Field(description="Activation checkpointing: less memory for more compute (absent: off)."),
@@ -54,6 +81,13 @@ class OptimConfig(StrictModel):
     min_lr_ratio: Annotated[
         float, Field(ge=0, le=1, description="Final lr of a linear or cosine schedule, as a share of lr.")
     ] = 0.0
+    offload: Annotated[
+        bool,
+        Field(
+            description="Keep parameters, gradients and optimizer state in CPU memory and step on the CPU (FSDP2 "
+            "CPU offload): frees GPU memory at the cost of slower steps. No effect on CPU."
+        ),
+    ] = False
 
 
 class LossConfig(StrictModel):
@@ -89,6 +123,17 @@ class LossConfig(StrictModel):
     norm_length: Annotated[
         int, Field(ge=1, description="normalization = 'constant': the length each sample counts for.")
     ] = 1024
+    kl_coef: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="Weight of a KL penalty (k3 estimator) towards a frozen reference: the initial model, or "
+            "the base model without the adapter under LoRA. 0 turns it off and loads no reference.",
+        ),
+    ] = 0.0
+    entropy_coef: Annotated[
+        float, Field(ge=0, description="Weight of an entropy bonus on the loss tokens. 0 turns it off.")
+    ] = 0.0
 
 
 class TrainerConfig(BaseConfig):
@@ -101,6 +146,36 @@ class TrainerConfig(BaseConfig):
     seed: Seed = 0
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
+    ckpt: CkptSection = None
     batch_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")
     ] = 600.0
+
+
+class SFTDataConfig(StrictModel):
+    path: Annotated[
+        Path, Field(description='JSONL file of conversations, one `{"messages": [{"role", "content"}, ...]}` a line.')
+    ]
+    batch_size: Annotated[int, Field(ge=1, description="Samples (conversations) per optimizer step.")] = 8
+    epochs: Annotated[int, Field(ge=1, description="Passes over the data (unless max_steps is set).")] = 1
+    shuffle: Annotated[bool, Field(description="Visit the samples in a new seeded order each epoch.")] = True
+
+
+class SFTConfig(BaseConfig):
+    """``uv run sft @ sft.toml``: supervised fine-tuning on chat transcripts, loss on assistant turns only."""
+
+    model: TrainerModelConfig = TrainerModelConfig()
+    data: SFTDataConfig
+    optim: OptimConfig = OptimConfig()
+    output_dir: OutputDir = Path("outputs/sft")
+    max_steps: Annotated[
+        int | None,
+        Field(ge=1, description="Optimizer steps in the run, whatever data.epochs says (absent: data.epochs' worth)."),
+    ] = None
+    save_every: Annotated[
+        int | None, Field(ge=1, description="Also write weights every this many steps (absent: only at the end).")
+    ] = None
+    seq_len: SeqLen = 2048
+    seed: Seed = 0
+    log: LogConfig = LogConfig()
+    wandb: WandbSection = None

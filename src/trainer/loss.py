@@ -25,6 +25,16 @@ def shifted_logprobs(
     return torch.cat([logprobs.new_zeros(1), logprobs])
 
 
+def shifted_entropy(logits: Float[Tensor, "seq vocab"], temperature: float) -> Float[Tensor, " seq"]:
+    """Entropy of the next-token distribution (after temperature) that predicted each token (position 0 gets 0).
+
+    Naive equivalent: ``[-(p * log p).sum() for p = softmax(logits[i - 1] / T)]`` for i in 1..seq-1, 0 prepended.
+    """
+    logp = torch.log_softmax(logits[:-1].float() / temperature, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return torch.cat([entropy.new_zeros(1), entropy])
+
+
 def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " seq"]:
     """The index of the sample each packed token belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""
     return torch.repeat_interleave(torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths)
@@ -44,6 +54,8 @@ def policy_loss(
     config: LossConfig,
     num_loss_tokens: int,
     num_samples: int,
+    entropy: Float[Tensor, " seq"] | None = None,
+    reference_logprobs: Float[Tensor, " seq"] | None = None,
 ) -> tuple[Float[Tensor, ""], dict[str, Tensor]]:
     """The importance-weighted policy-gradient loss of one packed micro-batch (formulas in docs/losses.md).
 
@@ -52,6 +64,10 @@ def policy_loss(
     ``[mask_low, mask_high]`` (IcePop) or by PPO clipping to ``[1 - clip_low, 1 + clip_high]``. The normalizers
     (``num_loss_tokens``, ``num_samples``) are the whole step's, so summing the micro-batches' losses gives the
     step's loss however the batch was split. Returned metrics are sums over this micro-batch.
+
+    Each loss token also gets ``- entropy_coef * entropy`` (an entropy bonus) and, given the frozen reference
+    model's logprobs, ``+ kl_coef * k3`` with ``k3 = exp(ref - logprobs) - (ref - logprobs) - 1`` (a KL penalty
+    towards the reference), normalized like the policy term.
     """
     segment = sample_segments(sample_lengths.to(logprobs.device))
     token_log_ratio = (logprobs - inference_logprobs) * loss_mask
@@ -68,6 +84,12 @@ def policy_loss(
         clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
         bounded = loss_mask & (clipped * advantages < ratio * advantages)  # the clipped term is the minimum
         per_token = -torch.minimum(ratio * advantages, clipped * advantages) * loss_mask
+    if config.entropy_coef > 0:
+        per_token = per_token - config.entropy_coef * entropy * loss_mask
+    if reference_logprobs is not None:
+        reference_log_ratio = (reference_logprobs - logprobs) * loss_mask
+        reference_kl = reference_log_ratio.exp() - reference_log_ratio - 1
+        per_token = per_token + config.kl_coef * reference_kl
     if config.normalization == "token":
         loss = per_token.sum() / num_loss_tokens
     elif config.normalization == "sequence":
@@ -82,4 +104,8 @@ def policy_loss(
             # k3 estimator of KL(inference || trainer), summed over loss tokens
             "mismatch_kl": ((log_ratio64.exp() - 1 - log_ratio64) * loss_mask).sum(),
         }
+        if entropy is not None:
+            metrics["entropy"] = (entropy * loss_mask).sum()
+        if reference_logprobs is not None:
+            metrics["reference_kl"] = reference_kl.sum()
     return loss, metrics

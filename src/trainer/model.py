@@ -3,15 +3,17 @@
 from pathlib import Path
 
 import torch
-from jaxtyping import Bool, Int
+import torch.distributed as dist
+from jaxtyping import Bool, Float, Int
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
-from torch import Tensor
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, atomic_dir, mark_stable, write_probe
 from rl.tiny_model import resolve_model_path
-from trainer.config import LoraConfig, TrainerModelConfig
+from trainer.config import LoraConfig, LoraExport, TrainerModelConfig
 from trainer.loss import sample_segments, shifted_logprobs
 
 
@@ -26,10 +28,16 @@ def load_model(config: TrainerModelConfig, device: torch.device) -> PreTrainedMo
     return model.to(device).train()
 
 
+def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
+    """The transformer blocks of a decoder-only model (with or without a peft wrapper)."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    return base.model.layers
+
+
 def checkpoint_every(model: PreTrainedModel, freq: int) -> None:
     """Recompute the activations of decoder layers 0, freq, 2·freq, ... in the backward pass."""
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for i, layer in enumerate(model.model.layers):
+    for i, layer in enumerate(decoder_layers(model)):
         layer.gradient_checkpointing = i % freq == 0
 
 
@@ -45,20 +53,37 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
     return get_peft_model(model, config)
 
 
-def merged_state_dict(model: PeftModel) -> dict[str, Tensor]:
-    """The base model's weights with the adapter merged in, under the base model's own names."""
-    model.merge_adapter()
-    try:
-        state = model.get_base_model().state_dict()
-        # peft keeps a wrapped layer's weights under `base_layer` and the trained copy of a module to save under
-        # `modules_to_save.default` (next to the untouched `original_module`)
-        return {
-            name.replace(".base_layer.", ".").replace(".modules_to_save.default.", "."): tensor.detach().clone()
-            for name, tensor in state.items()
-            if "lora_" not in name and ".original_module." not in name
-        }
-    finally:
-        model.unmerge_adapter()
+def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The unsharded weights, on CPU, on rank 0 (other ranks get ``{}``); every rank must call it."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def untied(state: dict[str, Tensor], model: PreTrainedModel) -> dict[str, Tensor]:
+    """``state`` without the weights the model ties to another one (e.g. ``lm_head`` to the embeddings).
+
+    Gathered from shards, tied weights are separate tensors that ``save_pretrained`` would write twice.
+    """
+    return {name: tensor for name, tensor in state.items() if name not in model.all_tied_weights_keys}
+
+
+def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+    """The base model's weights with the adapter merged in, under the base model's own names.
+
+    ``state`` is a peft model's state dict: each adapted layer keeps its weight ``W`` under ``base_layer`` next
+    to ``lora_A`` (A) and ``lora_B`` (B), and becomes ``W + scaling · B @ A``; a module to save replaces its
+    ``original_module`` by its trained copy.
+    """
+    merged = {}
+    for name, tensor in state.items():
+        if "lora_" in name or ".original_module." in name:
+            continue
+        if ".base_layer." in name and name.endswith(".weight"):
+            layer = name.removesuffix(".base_layer.weight")
+            lora_a, lora_b = state[f"{layer}.lora_A.default.weight"], state[f"{layer}.lora_B.default.weight"]
+            tensor = tensor + scaling * (lora_b.to(tensor.dtype) @ lora_a.to(tensor.dtype))
+        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        merged[name.replace(".modules_to_save.default.", ".")] = tensor
+    return merged
 
 
 def block_causal_mask(sample_lengths: Int[Tensor, " samples"]) -> Bool[Tensor, "1 1 seq seq"]:
@@ -69,16 +94,20 @@ def block_causal_mask(sample_lengths: Int[Tensor, " samples"]) -> Bool[Tensor, "
     return (causal & (segment[:, None] == segment[None, :]))[None, None]
 
 
-def packed_logprobs(model: PreTrainedModel, micro_batch: MicroBatch, temperature: float) -> Tensor:
-    """Per-token logprobs (after temperature) of a packed micro-batch; each sample sees only itself."""
-    device = model.device
-    logits = model(
+def packed_logits(model: nn.Module, micro_batch: MicroBatch, device: torch.device) -> Float[Tensor, "seq vocab"]:
+    """The logits of a packed micro-batch in which each sample sees only itself."""
+    return model(
         input_ids=micro_batch.input_ids[None].to(device),
         position_ids=micro_batch.position_ids[None].to(device),
         attention_mask=block_causal_mask(micro_batch.sample_lengths).to(device),
     ).logits[0]
+
+
+def packed_logprobs(model: nn.Module, micro_batch: MicroBatch, temperature: float) -> Float[Tensor, " seq"]:
+    """Per-token logprobs (after temperature) of a packed micro-batch; each sample sees only itself."""
+    device = next(model.parameters()).device
     # Position 0 of each sample has no context: its logprob is never trained (it is prompt).
-    return shifted_logprobs(logits, micro_batch.input_ids.to(device), temperature)
+    return shifted_logprobs(packed_logits(model, micro_batch, device), micro_batch.input_ids.to(device), temperature)
 
 
 def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> list[float]:
@@ -92,18 +121,29 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> 
     return [0.0, *logprobs[1:].tolist()]
 
 
-def save_weights(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """Write HF-format weights (with config and tokenizer) to ``folder`` atomically, ``STABLE`` last.
+def save_weights(
+    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, folder: Path, export: LoraExport = "merged"
+) -> None:
+    """Write weights for inference to ``folder`` atomically, ``STABLE`` last; every rank calls it, rank 0 writes.
 
-    A LoRA model is written merged, as full weights any server can load. The probe's logprobs under these
-    weights go with them, so that whoever loads them can check it serves exactly these weights.
+    Full training writes HF-format weights. A LoRA model writes its adapter merged into the base weights
+    (``export = "merged"``: full weights any server can load) or the adapter alone (``"adapter"``: peft's
+    format, for a server that swaps adapters). The probe's logprobs under these weights go with them, so that
+    whoever loads them can check it serves exactly these weights.
     """
+    state = full_state_dict(model)
+    probe_ids = tokenizer.encode(PROBE_TEXT)
+    probe = probe_logprobs(model, probe_ids)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
     with atomic_dir(folder) as tmp:
-        if isinstance(model, PeftModel):
-            model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model))
+        if isinstance(model, PeftModel) and export == "adapter":
+            model.save_pretrained(tmp, state_dict=state)  # a PeftModel saves its adapter's weights only
+        elif isinstance(model, PeftModel):
+            lora, base = model.peft_config["default"], model.get_base_model()
+            base.save_pretrained(tmp, state_dict=untied(merge_lora(state, lora.lora_alpha / lora.r), base))
         else:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=untied(state, model))
         tokenizer.save_pretrained(tmp)
-        probe_ids = tokenizer.encode(PROBE_TEXT)
-        write_probe(tmp, probe_ids, probe_logprobs(model, probe_ids))
+        write_probe(tmp, probe_ids, probe)
         mark_stable(tmp)

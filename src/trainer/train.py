@@ -2,20 +2,29 @@
 
 import logging
 import math
+import resource
 import time
+from collections.abc import Callable
 
 import torch
+from peft import PeftModel
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer
 
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
-from rl.protocol import read_batch, rollouts_dir, wait_for, weights_dir
+from rl.protocol import BatchInfo, MicroBatch, read_batch, resume_step, rollouts_dir, wait_for, weights_dir
 from rl.tiny_model import resolve_model_path
-from trainer.config import OptimConfig, TrainerConfig
-from trainer.loss import policy_loss
-from trainer.model import load_model, packed_logprobs, save_weights
+from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
+from trainer.config import OptimConfig, TrainerConfig, TrainerModelConfig
+from trainer.loss import policy_loss, shifted_entropy, shifted_logprobs
+from trainer.model import decoder_layers, load_model, packed_logits, packed_logprobs, save_weights
+from trainer.parallel import World, close_world, init_world, rank_share, shard_model, sum_over_ranks
 
 logger = logging.getLogger("trainer")
+
+ReferenceLogprobs = Callable[[MicroBatch, float], Tensor]
 
 
 class EmptyBatchError(TridentError):
@@ -33,10 +42,108 @@ def lr_factor(step: int, max_steps: int, optim: OptimConfig) -> float:
     return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * decay
 
 
+def compute_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The forward/backward dtype: ``auto`` is bfloat16 on GPU and float32 on CPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -> nn.Module:
+    """The policy (fp32 master weights, LoRA and activation checkpointing as configured), sharded over the ranks."""
+    model = load_model(model_config, torch.device("cpu"))
+    offload = offload and world.device.type == "cuda"
+    shard_model(model, decoder_layers(model), compute_dtype(model_config.dtype, world.device), offload)
+    return model
+
+
+def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> ReferenceLogprobs | None:
+    """Logprobs under the model the KL penalty pulls towards (None when ``kl_coef`` is 0): the policy with its
+    adapter switched off under LoRA, else a frozen copy of the initial model."""
+    if config.loss.kl_coef == 0:
+        return None
+    if isinstance(model, PeftModel):
+        reference = model
+    else:
+        reference = build_model(config.model, world, config.optim.offload).requires_grad_(False).eval()
+
+    def logprobs(micro_batch: MicroBatch, temperature: float) -> Tensor:
+        with torch.no_grad():
+            if isinstance(reference, PeftModel):
+                with reference.disable_adapter():
+                    return packed_logprobs(reference, micro_batch, temperature)
+            return packed_logprobs(reference, micro_batch, temperature)
+
+    return logprobs
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[tuple[MicroBatch, float]],
+    info: BatchInfo,
+    config: TrainerConfig,
+    world: World,
+    reference: ReferenceLogprobs | None = None,
+) -> dict[str, float]:
+    """One optimizer step over this rank's (micro-batch, loss weight) pairs; returns the step's metrics, summed
+    over all ranks and averaged over the step's loss tokens where they are per-token."""
+    optimizer.zero_grad(set_to_none=True)
+    sums = dict.fromkeys(["loss", "bounded_tokens", "mismatch_kl", "entropy", "reference_kl"], 0.0)
+    for micro_batch, weight in micro_batches:
+        logits = packed_logits(model, micro_batch, world.device)
+        logprobs = shifted_logprobs(logits, micro_batch.input_ids.to(world.device), info.temperature)
+        with torch.set_grad_enabled(config.loss.entropy_coef > 0):
+            entropy = shifted_entropy(logits, info.temperature)
+        loss, stats = policy_loss(
+            logprobs,
+            micro_batch.inference_logprobs.to(world.device),
+            micro_batch.advantages.to(world.device),
+            micro_batch.loss_mask.to(world.device),
+            micro_batch.sample_lengths,
+            config.loss,
+            num_loss_tokens=info.num_loss_tokens,
+            num_samples=info.num_samples,
+            entropy=entropy,
+            reference_logprobs=reference(micro_batch, info.temperature) if reference else None,
+        )
+        (loss * weight).backward()
+        sums["loss"] += weight * loss.item()
+        for name, value in stats.items():
+            sums[name] += weight * value.item()
+    sums = sum_over_ranks(sums, world.device)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm)
+    if isinstance(grad_norm, DTensor):
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    metrics = {"loss": sums.pop("loss"), "grad_norm": grad_norm.item()}
+    metrics |= {name: value / info.num_loss_tokens for name, value in sums.items()}
+    metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
+    if reference is None:
+        del metrics["reference_kl"]
+    return metrics
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """This process's peak memory so far: allocated GPU memory on GPU, resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
 def train(config: TrainerConfig) -> None:
-    torch.manual_seed(config.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(config.model, device)
+    """Train for ``config.max_steps`` steps, on every rank of the process group (or alone)."""
+    world = init_world()
+    try:
+        run_training(config, world)
+    finally:
+        close_world()
+
+
+def run_training(config: TrainerConfig, world: World) -> None:
+    torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
+    model = build_model(config.model, world, config.optim.offload)
+    reference = frozen_reference(model, config, world)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -47,10 +154,17 @@ def train(config: TrainerConfig) -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, config.max_steps, config.optim)
     )
-    metrics = MetricsWriter(config.output_dir, "trainer", config.wandb)
-    logger.info(f"training {config.model.name} on {device} for {config.max_steps} steps")
+    metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
+    export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
+    start = 0
+    if config.ckpt and config.ckpt.resume_step is not None:
+        start = resume_step(config.output_dir, config.ckpt.resume_step)
+        load_checkpoint(config.output_dir, start, model, optimizer, scheduler, world)
+        # the run's weights were cleared: the server needs these before it samples step `start`
+        save_weights(model, tokenizer, weights_dir(config.output_dir, start), export)
+    logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start}..{config.max_steps - 1}")
 
-    for step in range(config.max_steps):
+    for step in range(start, config.max_steps):
         wait_start = time.perf_counter()
         batch_dir = rollouts_dir(config.output_dir, step)
         wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
@@ -61,47 +175,35 @@ def train(config: TrainerConfig) -> None:
                 f"({info.num_samples} samples, all loss masks empty)"
             )
         train_start = time.perf_counter()
-
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = bounded = mismatch_kl = 0.0
-        for micro_batch in micro_batches:
-            logprobs = packed_logprobs(model, micro_batch, info.temperature)
-            loss, stats = policy_loss(
-                logprobs,
-                micro_batch.inference_logprobs.to(device),
-                micro_batch.advantages.to(device),
-                micro_batch.loss_mask.to(device),
-                micro_batch.sample_lengths,
-                config.loss,
-                num_loss_tokens=info.num_loss_tokens,
-                num_samples=info.num_samples,
-            )
-            loss.backward()
-            loss_sum += loss.item()
-            bounded += stats["bounded_tokens"].item()
-            mismatch_kl += stats["mismatch_kl"].item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm).item()
         lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
+        record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
         scheduler.step()
-        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1))
+        save_start = time.perf_counter()
+        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export)
+        if config.ckpt and ((step + 1) % config.ckpt.interval == 0 or step + 1 == config.max_steps):
+            save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
+            if world.is_main:
+                prune_checkpoints(config.output_dir, config.ckpt.keep)
 
+        train_s = save_start - train_start
         record = {
             "step": step,
-            "loss": loss_sum,
             "reward_mean": info.reward_mean,
             "tokens": info.num_tokens,
             "loss_tokens": info.num_loss_tokens,
-            "bounded_fraction": bounded / info.num_loss_tokens,  # tokens masked or clipped
-            "mismatch_kl": mismatch_kl / info.num_loss_tokens,
-            "grad_norm": grad_norm,
+            **record,
             "lr": lr,
+            "tokens_per_s": info.num_tokens / train_s,
+            "peak_memory_gib": peak_memory_gib(world.device),
             "wait_s": train_start - wait_start,
-            "train_s": time.perf_counter() - train_start,
+            "train_s": train_s,
+            "save_s": time.perf_counter() - save_start,
         }
-        metrics.write(record)
+        if metrics:
+            metrics.write(record)
         logger.info(
-            f"step {step} | reward {info.reward_mean:.4f} | loss {loss_sum:.4f} | tokens {info.num_tokens} "
-            f"| grad_norm {grad_norm:.3f} | mismatch_kl {record['mismatch_kl']:.2e} | {record['train_s']:.2f}s"
+            f"step {step} | reward {info.reward_mean:.4f} | loss {record['loss']:.4f} | tokens {info.num_tokens} "
+            f"| grad_norm {record['grad_norm']:.3f} | mismatch_kl {record['mismatch_kl']:.2e} | {train_s:.2f}s"
         )
-    metrics.close()
+    if metrics:
+        metrics.close()

@@ -177,5 +177,5 @@ def test_truncated_rollouts_keep_exact_masks_and_can_be_masked_out(inference_ser
         assert rollout.truncated == (len(calls[0][1]) == 3 and calls[0][1][-1] not in end_of_turn)
     truncated = [rollout for rollout, _ in results if rollout.truncated]
     assert truncated, "with max_tokens = 3 some replies must be cut off"
-    samples, _ = build_samples([truncated], weight_step=0, mask_truncated=True)
+    samples, *_ = build_samples([truncated], weight_step=0, mask_truncated=True)
     assert samples and not any(any(s.loss_mask) for s in samples)

@@ -49,7 +49,8 @@ def test_build_samples_group_advantages_per_prompt():
         )
 
     groups = [[rollout(1.0), rollout(0.0, n_branches=2)], [rollout(0.5), rollout(0.5)]]
-    samples, rewards = build_samples(groups, weight_step=3)
+    samples, rewards, advantages = build_samples(groups, weight_step=3)
+    assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
     assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 0.5, 0.5]
     assert all(s.weight_step == 3 for s in samples)
@@ -63,13 +64,13 @@ def rollout(reward, truncated=False):
 
 
 def test_truncation_policies_are_off_by_default():
-    samples, _ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0)
+    samples, *_ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0)
     assert [s.reward for s in samples] == [1.0, 0.0]
     assert samples[0].loss_mask == [False, True, True]
 
 
 def test_zero_truncated_completions_scores_them_zero_before_advantages():
-    samples, rewards = build_samples(
+    samples, rewards, _ = build_samples(
         [[rollout(1.0, truncated=True), rollout(0.5), rollout(0.0)]], weight_step=0, zero_truncated=True
     )
     assert rewards.tolist() == [[0.0, 0.5, 0.0]]
@@ -78,7 +79,7 @@ def test_zero_truncated_completions_scores_them_zero_before_advantages():
 
 
 def test_mask_truncated_completions_trains_none_of_their_tokens():
-    samples, _ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0, mask_truncated=True)
+    samples, *_ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0, mask_truncated=True)
     assert samples[0].loss_mask == [False, False, False]
     assert samples[1].loss_mask == [False, True, True]
     assert [s.advantage for s in samples] == [0.5, -0.5]  # the reward still counts in the group baseline
@@ -90,7 +91,7 @@ def test_uniform_groups_are_dropped_only_when_asked_and_never_all():
 
     groups = [[rollout(1.0), rollout(0.0)], [rollout(0.5), rollout(0.5)]]
     assert len(build_samples(groups, 0)[0]) == 4
-    kept, _ = build_samples(groups, 0, advantage=AdvantageConfig(drop_uniform_groups=True))
+    kept, *_ = build_samples(groups, 0, advantage=AdvantageConfig(drop_uniform_groups=True))
     assert [s.reward for s in kept] == [1.0, 0.0]
     tied = [[rollout(0.0), rollout(0.0)]]  # every group ties: the step keeps them (it trains nothing)
     assert len(build_samples(tied, 0, advantage=AdvantageConfig(drop_uniform_groups=True))[0]) == 2

@@ -1,6 +1,7 @@
 import json
 
 from rl.config import parse_config
+from rl.launcher import step_line
 from rl.metrics import MetricsWriter, read_metrics, write_summary
 from rl.rl_config import RLConfig, resolve_shared
 from rl.shared_config import WandbConfig
@@ -24,6 +25,27 @@ def test_metrics_go_to_jsonl_and_an_offline_wandb_run(tmp_path, monkeypatch):
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     data = run_file.read_bytes()
     assert b"mismatch_kl" in data and b"run-trainer" in data
+
+
+def test_tables_go_to_jsonl_and_a_wandb_table(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    writer = MetricsWriter(tmp_path, "orchestrator", WandbConfig(offline=True))
+    rows = [{"step": 0, "prompt": "abc", "reward": 1.0}, {"step": 0, "prompt": "def", "reward": 0.0}]
+    writer.write({"step": 0, "reward_mean": 0.5})
+    writer.write_table("sample_rollouts", 0, rows)
+    writer.write_table("sample_rollouts", 1, [])  # nothing to show: nothing logged
+    writer.close()
+    assert read_metrics(tmp_path, "sample_rollouts") == rows
+    (table_file,) = tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_0_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["step", "prompt", "reward"] and table["data"] == [[0, "abc", 1.0], [0, "def", 0.0]]
+
+
+def test_step_line_is_compact_and_adds_the_orchestrators_truncation_when_known():
+    trainer = {"step": 2, "reward_mean": 0.27821, "loss": 0.0008, "tokens": 5134}
+    line = step_line(trainer, {"step": 2, "truncated_rate": 0.04}, max_steps=20, seconds=16.94)
+    assert line == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | truncated 4% | 16.9s"
+    assert step_line(trainer, None, 20, 1.0) == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | 1.0s"
 
 
 def test_summary_has_final_and_best_metrics_of_both_processes(tmp_path):

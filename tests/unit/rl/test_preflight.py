@@ -1,11 +1,13 @@
 import os
 import socket
+import sys
 
 import pytest
 
 from rl.config import parse_config
 from rl.errors import TridentError
 from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
+from rl.process import command
 from rl.rl_config import RLConfig
 
 
@@ -40,3 +42,11 @@ def test_unknown_environment_is_named_before_anything_starts():
     config = parse_config(RLConfig, ["--orchestrator.env", '[{"id": "gsm8k-calc"}, {"id": "no-such-env"}]'])
     with pytest.raises(TridentError, match=r"orchestrator.env.1.id: environment 'no-such-env' is not installed"):
         check_envs_installed(config)
+
+
+def test_a_trainer_on_several_devices_starts_under_torchrun(tmp_path):
+    config_path = tmp_path / "trainer.toml"
+    assert command("trainer.main", config_path) == [sys.executable, "-m", "trainer.main", "@", str(config_path)]
+    argv = command("trainer.main", config_path, nproc=4)
+    assert argv[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert argv[5:] == ["-m", "trainer.main", "@", str(config_path)]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trainer.config import LossConfig
-from trainer.loss import policy_loss, selective_log_softmax, shifted_logprobs
+from trainer.loss import policy_loss, selective_log_softmax, shifted_entropy, shifted_logprobs
 
 
 def test_selective_log_softmax_matches_naive():
@@ -123,3 +123,44 @@ def test_loss_and_gradients_do_not_depend_on_how_samples_are_split(ratio, bound,
     split_loss, split_grad = step_loss([lengths[:1], lengths[1:3], lengths[3:]])
     torch.testing.assert_close(split_loss, whole_loss)
     torch.testing.assert_close(split_grad, whole_grad)
+
+
+def test_shifted_entropy_matches_naive():
+    logits = torch.randn(4, 7)
+    out = shifted_entropy(logits, temperature=0.7)
+    assert out[0] == 0
+    for i in range(1, 4):
+        p = torch.softmax(logits[i - 1] / 0.7, -1)
+        assert math.isclose(out[i].item(), -(p * p.log()).sum().item(), rel_tol=1e-5)
+
+
+def test_entropy_bonus_and_kl_penalty_hand_computed():
+    # on-policy (ratio 1), so the policy term is -A per token; tokens 1 and 2 are sampled
+    logprobs = torch.tensor([0.0, -1.0, -2.0], requires_grad=True)
+    entropy = torch.tensor([9.0, 3.0, 2.0], requires_grad=True)
+    reference = torch.tensor([0.0, -1.5, -1.0])
+    advantages, mask = torch.tensor([0.0, 1.0, 1.0]), torch.tensor([False, True, True])
+    config = LossConfig(entropy_coef=0.1, kl_coef=0.5)
+    loss, metrics = policy_loss(
+        logprobs, logprobs.detach(), advantages, mask, torch.tensor([3]), config, 2, 1,
+        entropy=entropy, reference_logprobs=reference,
+    )  # fmt: skip
+    d = reference - logprobs.detach()  # log(ref / policy) per token: -0.5 and 1.0
+    k3 = d.exp() - d - 1
+    expected = (-2.0 - 0.1 * (3.0 + 2.0) + 0.5 * (k3[1] + k3[2]).item()) / 2
+    assert math.isclose(loss.item(), expected, rel_tol=1e-6)
+    loss.backward()
+    # d/dlogp: (-A·ratio) + kl_coef · (1 - e^d); d/dentropy: -entropy_coef; all over N_tok = 2
+    want_logprobs = torch.tensor([0.0, -1 + 0.5 * (1 - math.exp(-0.5)), -1 + 0.5 * (1 - math.exp(1.0))]) / 2
+    torch.testing.assert_close(logprobs.grad, want_logprobs)
+    torch.testing.assert_close(entropy.grad, torch.tensor([0.0, -0.05, -0.05]))
+    assert math.isclose(metrics["entropy"].item(), 5.0)
+    assert math.isclose(metrics["reference_kl"].item(), (k3[1] + k3[2]).item(), rel_tol=1e-6)
+
+
+def test_no_entropy_or_kl_terms_by_default():
+    logprobs = torch.tensor([0.0, -1.0], requires_grad=True)
+    args = (logprobs, logprobs.detach(), torch.ones(2), torch.tensor([False, True]), torch.tensor([2]))
+    plain, _ = policy_loss(*args, LossConfig(), 1, 1)
+    with_inputs, metrics = policy_loss(*args, LossConfig(), 1, 1, entropy=torch.tensor([0.0, 5.0]))
+    assert plain.item() == with_inputs.item() and metrics["entropy"].item() == 5.0

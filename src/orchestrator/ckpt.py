@@ -1,0 +1,39 @@
+"""The orchestrator's part of a checkpoint: where in the data the run is, so a resumed run continues the order.
+
+Step N's prompts are a pure function of N over the seeded task order (:meth:`Orchestrator.batch_tasks`) and no
+rollout outlives the batch it was written in, so the state is the step and what fixes the order.
+"""
+
+import json
+from pathlib import Path
+
+from rl.errors import TridentError
+from rl.protocol import atomic_dir, checkpoint_dir, mark_stable
+
+STATE_FILE = "state.json"
+
+
+def data_state(step: int, batch_size: int, num_tasks: int, seed: int) -> dict:
+    """What the checkpoint of ``step`` records: the step, the data position and what fixes the task order."""
+    return {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed}
+
+
+def save_state(output_dir: Path, state: dict) -> Path:
+    """Write the orchestrator's part of the checkpoint of ``state['step']`` atomically, ``STABLE`` last."""
+    folder = checkpoint_dir(output_dir, state["step"]) / "orchestrator"
+    with atomic_dir(folder) as tmp:
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+        mark_stable(tmp)
+    return folder
+
+
+def check_resumable(output_dir: Path, expected: dict) -> None:
+    """Raise unless the checkpoint of ``expected['step']`` had the same task order as this run."""
+    path = checkpoint_dir(output_dir, expected["step"]) / "orchestrator" / STATE_FILE
+    saved = json.loads(path.read_text())
+    changed = [f"{key} {saved[key]} -> {expected[key]}" for key in ("num_tasks", "seed") if saved[key] != expected[key]]
+    if changed:
+        raise TridentError(
+            f"cannot resume from {path}: the task order changed ({', '.join(changed)}); resuming would repeat or "
+            "skip prompts. Use the environments and seed of the checkpointed run, or start from scratch."
+        )

@@ -1,0 +1,71 @@
+"""Per-step statistics of rollouts and training samples, as the orchestrator logs them (see docs/metrics.md)."""
+
+import statistics
+from collections.abc import Sequence
+
+from jaxtyping import Float
+from torch import Tensor
+
+from orchestrator.advantage import uniform_groups
+from orchestrator.envs import Rollout
+from rl.protocol import Sample
+
+
+def describe(name: str, values: Sequence[float], stats: Sequence[str] = ("mean", "std", "min", "max")) -> dict:
+    """``{name}_{stat}`` for each of ``stats`` over ``values``: the std is unbiased (0 for fewer than 2 values);
+    an empty ``values`` gives no keys."""
+    if not values:
+        return {}
+    compute = {
+        "mean": statistics.fmean,
+        "std": lambda v: statistics.stdev(v) if len(v) > 1 else 0.0,
+        "min": min,
+        "max": max,
+    }
+    return {f"{name}_{stat}": compute[stat](values) for stat in stats}
+
+
+def split_lengths(mask: Sequence[bool]) -> tuple[int, int]:
+    """(prompt, completion) tokens of one sample: the prompt is everything before its first trained token."""
+    prompt = next((i for i, sampled in enumerate(mask) if sampled), len(mask))
+    return prompt, len(mask) - prompt
+
+
+def rollout_metrics(
+    groups: list[list[Rollout]], rewards: Float[Tensor, "groups rollouts"], generate_s: float
+) -> dict[str, float]:
+    """What the rollouts of one step got and produced, and how fast (``generate_s``: seconds spent generating).
+
+    ``rewards`` are the scores advantages were computed from (``rollout.reward``, or 0 for truncated rollouts
+    under ``zero_truncated_completions``); ``reward/<function>`` is each reward function's raw mean over the
+    rollouts it scored. Lengths are in tokens, one value per sample (a rollout split into several samples gives
+    several); the completion runs from the first trained token to the end, tool results included.
+    """
+    rollouts = [r for group in groups for r in group]
+    branches = [(ids, mask) for r in rollouts for ids, mask, _ in r.branches]
+    lengths = [split_lengths(mask) for _, mask in branches]
+    by_function: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for function, score in rollout.rewards.items():
+            by_function.setdefault(function, []).append(score)
+    sampled_tokens = sum(sum(mask) for _, mask in branches)
+    seconds = max(generate_s, 1e-9)
+    return {
+        **describe("reward", rewards.flatten().tolist(), ("mean", "std")),
+        **{f"reward/{function}": statistics.fmean(scores) for function, scores in sorted(by_function.items())},
+        "uniform_groups": uniform_groups(rewards).float().mean().item(),
+        "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
+        "failed_rollouts": sum(not r.ok for r in rollouts),
+        "turns_mean": statistics.fmean(r.turns for r in rollouts),
+        "sampled_tokens": sampled_tokens,
+        "rollouts_per_s": len(rollouts) / seconds,
+        "sampled_tokens_per_s": sampled_tokens / seconds,
+        **describe("sequence_len", [len(ids) for ids, _ in branches], ("mean", "max")),
+        **describe("prompt_len", [prompt for prompt, _ in lengths], ("mean", "max")),
+        **describe("completion_len", [completion for _, completion in lengths], ("mean", "max")),
+    }
+
+
+def advantage_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Mean, std, min and max of the advantages of the samples the trainer gets (one value per sample)."""
+    return describe("advantage", [s.advantage for s in samples])

@@ -1,0 +1,84 @@
+"""The trainer on one or several devices: the process group, FSDP2 sharding, and this rank's share of a batch.
+
+Under ``torchrun`` every rank joins the launcher's process group (NCCL on GPU, gloo on CPU); run alone, the
+trainer makes a one-rank group in-process. Either way the model is sharded with FSDP2 (``fully_shard``), so
+one code path gives mixed precision, CPU offload and several devices.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from rl.protocol import MicroBatch
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_world() -> World:
+    """Join torchrun's process group, or create a one-rank group when the trainer runs alone."""
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    if "WORLD_SIZE" in os.environ:  # set by torchrun
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return World(dist.get_rank(), dist.get_world_size(), device)
+
+
+def close_world() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_model(model: nn.Module, layers: nn.ModuleList, compute_dtype: torch.dtype, offload: bool) -> None:
+    """Shard each decoder layer, then the rest, across the ranks (FSDP2), in place.
+
+    Parameters stay float32 (the master weights); forward and backward run in ``compute_dtype`` and gradients
+    are reduced in float32. With ``offload``, parameters, gradients and optimizer state live in CPU memory.
+    Gradients are summed over ranks, not averaged: the loss is already normalized by the whole step's counts.
+    """
+    kwargs = {
+        "mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32),
+        "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+    }
+    for layer in layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain sum: gloo has no pre-scaled sum
+
+
+def rank_share(micro_batches: list[MicroBatch], world: World) -> list[tuple[MicroBatch, float]]:
+    """This rank's micro-batches (round-robin), each with the weight of its loss.
+
+    Every rank must run as many forward/backward passes as the others (FSDP's collectives pair them up), so a
+    rank with fewer micro-batches repeats one with weight 0: it takes part in the collectives but adds nothing.
+    """
+    count = -(-len(micro_batches) // world.size)
+    mine = micro_batches[world.rank :: world.size]
+    return [(micro_batch, 1.0) for micro_batch in mine] + [(micro_batches[0], 0.0)] * (count - len(mine))
+
+
+def sum_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Each value summed over all ranks."""
+    tensor = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return dict(zip(values, tensor.tolist(), strict=True))

@@ -1,0 +1,155 @@
+"""``uv run sft @ sft.toml``: supervised fine-tuning on chat transcripts, loss on assistant turns only.
+
+Shares the trainer's model building (FSDP2, dtype, LoRA, activation checkpointing), packed forward pass, optimizer
+schedule and weights layout, so ``output_dir/weights/step_N`` can be the ``[model] name`` an RL run starts from.
+"""
+
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Iterator
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from transformers import AutoTokenizer
+
+from rl.config import run_cli
+from rl.errors import exit_on_user_error
+from rl.metrics import MetricsWriter, setup_logging
+from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
+from rl.tiny_model import resolve_model_path
+from trainer.config import SFTConfig
+from trainer.loss import shifted_logprobs
+from trainer.model import packed_logits, save_weights
+from trainer.parallel import World, close_world, init_world, rank_share, sum_over_ranks
+from trainer.sft_data import load_samples
+from trainer.train import build_model, lr_factor
+
+logger = logging.getLogger("sft")
+
+
+def nll_loss(
+    logprobs: Float[Tensor, " seq"], loss_mask: Bool[Tensor, " seq"], num_loss_tokens: int
+) -> Float[Tensor, ""]:
+    """A micro-batch's share of the step's mean negative log-likelihood: ``-logprobs[loss_mask].sum() /
+    num_loss_tokens``, where ``num_loss_tokens`` counts the whole step's, so the shares sum to the step's mean
+    however the step is split into micro-batches."""
+    return -(logprobs * loss_mask).sum() / num_loss_tokens
+
+
+def accumulate_gradients(model: nn.Module, samples: list[Sample], seq_len: int, world: World) -> float:
+    """Forward and backward this rank's share of ``samples``, packed into micro-batches of at most ``seq_len``
+    tokens; returns the step's mean loss per loss token (over all ranks)."""
+    num_loss_tokens = sum(sum(sample.loss_mask) for sample in samples)
+    micro_batches = [MicroBatch.pack(group) for group in pack_samples(samples, seq_len)]
+    loss_sum = 0.0
+    for micro_batch, weight in rank_share(micro_batches, world):
+        input_ids = micro_batch.input_ids.to(world.device)
+        logprobs = shifted_logprobs(packed_logits(model, micro_batch, world.device), input_ids, temperature=1.0)
+        loss = nll_loss(logprobs, micro_batch.loss_mask.to(world.device), num_loss_tokens)
+        (loss * weight).backward()
+        loss_sum += weight * loss.item()
+    return sum_over_ranks({"loss": loss_sum}, world.device)["loss"]
+
+
+def step_batches(
+    samples: list[Sample], batch_size: int, num_steps: int, seed: int, shuffle: bool
+) -> Iterator[list[Sample]]:
+    """``batch_size`` samples for each of ``num_steps`` steps, taken in epochs over ``samples`` (each epoch in a
+    new seeded order when ``shuffle``); a batch may span two epochs."""
+    rng = random.Random(seed)
+    queue: list[Sample] = []
+    for _ in range(num_steps):
+        while len(queue) < batch_size:
+            epoch = list(samples)
+            if shuffle:
+                rng.shuffle(epoch)
+            queue += epoch
+        yield queue[:batch_size]
+        queue = queue[batch_size:]
+
+
+def train_sft(config: SFTConfig) -> None:
+    """Fine-tune ``config.model`` on ``config.data``, on every rank of the process group (or alone); weights go
+    to ``output_dir/weights/step_N`` (at the end, and every ``save_every`` steps), metrics to
+    ``output_dir/metrics/sft.jsonl``."""
+    world = init_world()
+    try:
+        run_sft(config, world)
+    finally:
+        close_world()
+
+
+def run_sft(config: SFTConfig, world: World) -> None:
+    torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    samples = load_samples(config.data.path, tokenizer, config.seq_len)
+    num_steps = config.max_steps or math.ceil(config.data.epochs * len(samples) / config.data.batch_size)
+    model = build_model(config.model, world, config.optim.offload)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.optim.lr,
+        betas=config.optim.betas,
+        weight_decay=config.optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, config.optim))
+    export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
+    metrics = None
+    if world.is_main:
+        metrics_path(config.output_dir, "sft").unlink(missing_ok=True)  # a previous run's records
+        metrics = MetricsWriter(config.output_dir, "sft", config.wandb)
+    logger.info(
+        f"fine-tuning {config.model.name} on {world.size} × {world.device}: {num_steps} steps "
+        f"of {config.data.batch_size} samples"
+    )
+
+    batches = step_batches(samples, config.data.batch_size, num_steps, config.seed, config.data.shuffle)
+    for step, batch in enumerate(batches):
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(model, batch, config.seq_len, world)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        train_s = time.perf_counter() - start
+        if step + 1 == num_steps or (config.save_every and (step + 1) % config.save_every == 0):
+            save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export)
+
+        tokens = sum(len(sample.token_ids) for sample in batch)
+        record = {
+            "step": step,
+            "loss": loss,
+            "tokens": tokens,
+            "loss_tokens": sum(sum(sample.loss_mask) for sample in batch),
+            "grad_norm": grad_norm.item(),
+            "lr": lr,
+            "tokens_per_s": tokens / train_s,
+        }
+        if metrics:
+            metrics.write(record)
+        logger.info(
+            f"step {step + 1}/{num_steps} | loss {loss:.4f} | tokens {tokens} | grad_norm {record['grad_norm']:.3f} "
+            f"| lr {lr:.2e} | {record['tokens_per_s']:.0f} tokens/s"
+        )
+    if metrics:
+        metrics.close()
+    logger.info(f"wrote {weights_dir(config.output_dir, num_steps)}")
+
+
+def main() -> None:
+    config = run_cli(SFTConfig)
+    rank = int(os.environ.get("RANK", 0))  # under torchrun, only rank 0 says more than warnings
+    setup_logging("sft" if rank == 0 else f"sft[{rank}]", config.log.level if rank == 0 else "WARNING")
+    with exit_on_user_error("sft"):
+        train_sft(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from orchestrator.envs import Rollout
+from orchestrator.orchestrator import build_samples
+from orchestrator.stats import advantage_metrics, describe, rollout_metrics, split_lengths
+
+
+def branch(mask: str) -> tuple[list[int], list[bool], list[float]]:
+    """A sample from a mask written as text: '.' prompt or tool token, 's' sampled token."""
+    return list(range(len(mask))), [c == "s" for c in mask], [-1.0 if c == "s" else 0.0 for c in mask]
+
+
+def step_groups() -> list[list[Rollout]]:
+    return [
+        [
+            Rollout(1.0, [branch("..sss")], ok=True, rewards={"correct": 1.0, "format": 0.5}, turns=1),
+            # two turns whose second prompt rewrote the first: two samples
+            Rollout(
+                0.0, [branch("..s."), branch("....ss")], ok=True, truncated=True, rewards={"correct": 0.0}, turns=2
+            ),
+        ],
+        [
+            Rollout(0.5, [branch(".s")], ok=False, turns=1),
+            Rollout(0.5, [branch("...")], ok=True, turns=1),  # nothing trainable: all prompt
+        ],
+    ]
+
+
+def test_rollout_metrics_on_hand_made_rollouts():
+    groups = step_groups()
+    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    metrics = rollout_metrics(groups, rewards, generate_s=2.0)
+    assert metrics == pytest.approx(
+        {
+            "reward_mean": 0.5,
+            "reward_std": (0.5 / 3) ** 0.5,  # unbiased, over the 4 rollouts
+            "reward/correct": 0.5,  # over the rollouts it scored
+            "reward/format": 0.5,
+            "uniform_groups": 0.5,
+            "truncated_rate": 0.25,
+            "failed_rollouts": 1,
+            "turns_mean": 1.25,
+            "sampled_tokens": 7,
+            "rollouts_per_s": 2.0,
+            "sampled_tokens_per_s": 3.5,
+            # per sample: lengths 5, 4, 6, 2, 3; prompts 2, 2, 4, 1, 3; completions 3, 2, 2, 1, 0
+            "sequence_len_mean": 4.0,
+            "sequence_len_max": 6,
+            "prompt_len_mean": 2.4,
+            "prompt_len_max": 4,
+            "completion_len_mean": 1.6,
+            "completion_len_max": 3,
+        }
+    )
+
+
+def test_advantage_metrics_are_over_the_samples_the_trainer_gets():
+    groups = step_groups()
+    samples, _, advantages = build_samples(groups, weight_step=0)
+    assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
+    # rollout 1 gave two samples: its advantage counts twice
+    assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
+    metrics = advantage_metrics(samples)
+    assert metrics == pytest.approx(
+        {"advantage_mean": -0.1, "advantage_std": 0.41833, "advantage_min": -0.5, "advantage_max": 0.5}, abs=1e-5
+    )
+
+
+def test_describe_and_split_lengths_edge_cases():
+    assert describe("x", []) == {}
+    assert describe("x", [3.0]) == {"x_mean": 3.0, "x_std": 0.0, "x_min": 3.0, "x_max": 3.0}
+    assert describe("x", [1, 3], ("max",)) == {"x_max": 3}
+    assert split_lengths([False, False, True, False, True]) == (2, 3)  # the tool token after a reply is completion
+    assert split_lengths([False, False]) == (2, 0)
+    assert split_lengths([]) == (0, 0)

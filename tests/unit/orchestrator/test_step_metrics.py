@@ -1,0 +1,67 @@
+"""One orchestrator step with hand-made rollouts in place of a server: what it logs, checked against the docs."""
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import orchestrator.orchestrator as orchestrator_module
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout
+from orchestrator.orchestrator import Orchestrator
+from rl.metrics import read_metrics
+from rl.shared_config import WandbConfig
+
+METRICS_DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
+
+
+def documented_keys(process: str) -> set[str]:
+    """The keys in the table of ``process``'s section of docs/metrics.md."""
+    section = METRICS_DOC.read_text().split(f"## {process}\n")[1].split("\n## ")[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, flags=re.M))
+
+
+def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = OrchestratorConfig(
+        output_dir=tmp_path, batch_size=2, rollouts_per_example=2, wandb=WandbConfig(name="run", offline=True)
+    )
+    orchestrator = Orchestrator(config)
+    prompt = orchestrator.tokenizer.encode("<|im_start|>user\nReverse: abc<|im_end|>\n<|im_start|>assistant\n")
+    reply = orchestrator.tokenizer.encode("cba<|im_end|>")
+
+    async def run_group(env, task, n, ctx, limit):
+        return [
+            Rollout(
+                reward=float(i),
+                branches=[(prompt + reply, [False] * len(prompt) + [True] * len(reply), [0.0] * len(prompt + reply))],
+                ok=True,
+                rewards={"similarity": float(i)},
+                turns=1,
+                env="reverse-text",
+            )
+            for i in range(n)
+        ]
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    asyncio.run(orchestrator.step(0))
+    orchestrator.metrics.close()
+
+    (record,) = read_metrics(tmp_path, "orchestrator")
+    expected = {k.replace("<function>", "similarity") for k in documented_keys("Orchestrator")} - {"probe_gap"}
+    assert set(record) == expected  # probe_gap comes with the first reload
+    assert record["prompt_len_max"] == len(prompt) and record["completion_len_max"] == len(reply)
+    assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5
+
+    (run_dir,) = tmp_path.glob("wandb/offline-run-*")
+    (run_file,) = run_dir.glob("run-*.wandb")
+    data = run_file.read_bytes()
+    assert all(key.encode() in data for key in expected - {"step"})
+
+    rows = read_metrics(tmp_path, "sample_rollouts")
+    assert [(r["step"], r["reward"], r["advantage"]) for r in rows] == [(0, 0.0, -0.5), (0, 1.0, 0.5)]
+    assert rows[0]["prompt"].endswith("Reverse: abc<|im_end|>\n<|im_start|>assistant\n")
+    assert rows[0]["completion"] == "cba<|im_end|>"
+    (table_file,) = run_dir.glob("files/media/table/sample_rollouts_0_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == list(rows[0]) and table["data"] == [list(r.values()) for r in rows]

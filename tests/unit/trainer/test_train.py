@@ -1,0 +1,96 @@
+"""The training loop in-process (a one-rank FSDP2 group on CPU) on hand-made batches."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rl.protocol import MicroBatch, read_probe, weights_dir
+from trainer.config import TrainerConfig
+from trainer.model import packed_logprobs
+from trainer.train import train
+
+
+def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
+    config = TrainerConfig(output_dir=output_dir, max_steps=2, model={"name": model_path, **(model or {})}, **overrides)
+    train(config)
+    return [json.loads(line) for line in (output_dir / "metrics" / "trainer.jsonl").read_text().splitlines()]
+
+
+def documented_trainer_keys() -> set[str]:
+    text = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text().split("## Trainer")[1].split("##")[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
+
+
+def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny_model_path):
+    write_batches(tmp_path)
+    records = run(tmp_path, tiny_model_path, loss={"entropy_coef": 0.01})
+    # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model)
+    assert set(records[0]) == documented_trainer_keys() - {"reference_kl"}
+    # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
+    assert 6 < records[0]["entropy"] < 8
+    assert records[0]["peak_memory_gib"] > 0
+
+
+def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path):
+    write_batches(tmp_path)
+    lora = {"rank": 4, "alpha": 8}
+    records = run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora}},
+                  loss={"kl_coef": 0.5}, optim={"lr": 1e-2})  # fmt: skip
+    # the adapter starts as a no-op (B = 0): the policy is its reference; after one step it has moved away
+    assert records[0]["reference_kl"] == 0
+    assert records[1]["reference_kl"] > 0
+
+
+def test_bf16_compute_keeps_fp32_master_weights(tmp_path, write_batches, tiny_model_path):
+    for name in ("fp32", "bf16"):
+        write_batches(tmp_path / name)
+    fp32 = run(tmp_path / "fp32", tiny_model_path, model={"dtype": "float32"})
+    bf16 = run(tmp_path / "bf16", tiny_model_path, model={"dtype": "bfloat16"})
+    assert bf16[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=2e-2)
+    assert bf16[0]["loss"] != fp32[0]["loss"]  # bf16 did run
+    weights = load_file(weights_dir(tmp_path / "bf16", 2) / "model.safetensors")
+    initial = load_file(weights_dir(tmp_path / "fp32", 2) / "model.safetensors")
+    assert all(tensor.dtype == torch.float32 for tensor in weights.values())
+    assert weights.keys() == initial.keys()
+
+
+def test_lora_adapter_export_loads_in_peft(tmp_path, write_batches, random_samples, tiny_model_path):
+    write_batches(tmp_path)
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"], "export": "adapter"}
+    run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora}},
+        optim={"lr": 1e-2})  # fmt: skip
+    folder = weights_dir(tmp_path, 2)
+    assert (folder / "adapter_config.json").exists() and not (folder / "model.safetensors").exists()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, folder).eval()
+    token_ids, probe = read_probe(folder)
+    batch = MicroBatch.pack(random_samples(2))
+    with torch.no_grad():
+        ids = torch.tensor(token_ids)
+        logprobs = torch.log_softmax(adapted(ids[None]).logits[0, :-1], -1).gather(1, ids[1:, None])[:, 0]
+        torch.testing.assert_close(logprobs, torch.tensor(probe[1:]), atol=1e-5, rtol=1e-5)
+        with adapted.disable_adapter():
+            unadapted = packed_logprobs(adapted, batch, 1.0)
+        assert (packed_logprobs(adapted, batch, 1.0) - unadapted).abs().max() > 1e-4  # the adapter trained
+
+
+@pytest.mark.gpu
+def test_gpu_default_is_bf16_compute_with_fp32_master_weights_and_offload_works(
+    tmp_path, write_batches, tiny_model_path
+):
+    for name in ("fp32", "auto", "offload"):
+        write_batches(tmp_path / name)
+    fp32 = run(tmp_path / "fp32", tiny_model_path, model={"dtype": "float32"})
+    auto = run(tmp_path / "auto", tiny_model_path)
+    offload = run(tmp_path / "offload", tiny_model_path, optim={"offload": True})
+    assert auto[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=2e-2) and auto[0]["loss"] != fp32[0]["loss"]
+    assert offload[1]["loss"] == pytest.approx(auto[1]["loss"], rel=1e-4)
+    assert auto[1]["peak_memory_gib"] > 0
+    weights = load_file(weights_dir(tmp_path / "auto", 2) / "model.safetensors")
+    assert all(tensor.dtype == torch.float32 for tensor in weights.values())
