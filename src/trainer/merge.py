@@ -1,0 +1,41 @@
+"""Turning a trained LoRA adapter into a standalone model, and publishing it (``scripts/merge_lora.py``)."""
+
+import shutil
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rl.errors import TridentError
+from rl.protocol import ADAPTER_CONFIG, atomic_dir
+from rl.tiny_model import resolve_model_path
+
+
+def merge_adapter(base_model: str, adapter_path: Path, output_dir: Path) -> Path:
+    """Write ``base_model`` with the adapter merged in (HF format, with tokenizer) to ``output_dir``, atomically.
+
+    The merged model gives the same logits as the base model with the adapter applied (peft's
+    ``merge_and_unload``), in float32.
+    """
+    if not (Path(adapter_path) / ADAPTER_CONFIG).exists():
+        raise TridentError(f"--adapter-path {adapter_path}: no {ADAPTER_CONFIG} there (not a peft adapter folder)")
+    base_path = resolve_model_path(base_model)
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
+    with atomic_dir(Path(output_dir)) as tmp:
+        merged.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base_path).save_pretrained(tmp)
+    return Path(output_dir)
+
+
+def push_to_hub(folder: Path, repo_name: str, private: bool, model_card: Path | None) -> str:
+    """Upload ``folder`` (with ``model_card`` as its README.md) to the hub repo ``repo_name``; returns its URL."""
+    from huggingface_hub import HfApi  # imported only to publish
+
+    if model_card is not None:
+        shutil.copyfile(model_card, Path(folder) / "README.md")
+    api = HfApi()
+    url = api.create_repo(repo_name, private=private, exist_ok=True)
+    api.upload_folder(folder_path=str(folder), repo_id=repo_name, commit_message="Upload model merged by Trident")
+    return str(url)
