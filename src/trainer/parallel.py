@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from rl.metrics import setup_logging
 from rl.protocol import MicroBatch
 
 
@@ -39,6 +40,12 @@ def init_world() -> World:
     if cuda:
         torch.cuda.set_device(device)
     return World(dist.get_rank(), dist.get_world_size(), device)
+
+
+def setup_rank_logging(process: str, level: str) -> None:
+    """Log as ``process`` at ``level`` on rank 0; other torchrun ranks log warnings and errors only."""
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(process if rank == 0 else f"{process}[{rank}]", level if rank == 0 else "WARNING")
 
 
 def close_world() -> None:

@@ -6,7 +6,6 @@ schedule and weights layout, so ``output_dir/weights/step_N`` can be the ``[mode
 
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -14,20 +13,20 @@ from collections.abc import Iterator
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer
 
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
-from rl.metrics import MetricsWriter, setup_logging
+from rl.metrics import MetricsWriter
 from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
 from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig
 from trainer.loss import shifted_logprobs
 from trainer.model import packed_logits, save_weights
-from trainer.parallel import World, close_world, init_world, rank_share, sum_over_ranks
+from trainer.optim import build_optimizer, clip_gradients
+from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
 from trainer.sft_data import load_samples
-from trainer.train import build_model, lr_factor
+from trainer.train import build_model
 
 logger = logging.getLogger("sft")
 
@@ -90,13 +89,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
     samples = load_samples(config.data.path, tokenizer, config.seq_len)
     num_steps = config.max_steps or math.ceil(config.data.epochs * len(samples) / config.data.batch_size)
     model = build_model(config.model, world, config.optim.offload)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.optim.lr,
-        betas=config.optim.betas,
-        weight_decay=config.optim.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, config.optim))
+    optimizer, scheduler = build_optimizer(model, config.optim, num_steps)
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
     metrics = None
     if world.is_main:
@@ -112,9 +105,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = accumulate_gradients(model, batch, config.seq_len, world)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = clip_gradients(model, config.optim.max_norm)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()
         scheduler.step()
@@ -128,7 +119,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
             "loss": loss,
             "tokens": tokens,
             "loss_tokens": sum(sum(sample.loss_mask) for sample in batch),
-            "grad_norm": grad_norm.item(),
+            "grad_norm": grad_norm,
             "lr": lr,
             "tokens_per_s": tokens / train_s,
         }
@@ -145,8 +136,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
 
 def main() -> None:
     config = run_cli(SFTConfig)
-    rank = int(os.environ.get("RANK", 0))  # under torchrun, only rank 0 says more than warnings
-    setup_logging("sft" if rank == 0 else f"sft[{rank}]", config.log.level if rank == 0 else "WARNING")
+    setup_rank_logging("sft", config.log.level)
     with exit_on_user_error("sft"):
         train_sft(config)
 

@@ -1,7 +1,6 @@
 """The training loop: wait for a batch, compute the loss, step, write weights for inference."""
 
 import logging
-import math
 import resource
 import time
 from collections.abc import Callable
@@ -9,7 +8,6 @@ from collections.abc import Callable
 import torch
 from peft import PeftModel
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 from transformers import AutoTokenizer
 
 from rl.errors import TridentError
@@ -17,9 +15,10 @@ from rl.metrics import MetricsWriter
 from rl.protocol import BatchInfo, MicroBatch, read_batch, resume_step, rollouts_dir, wait_for, weights_dir
 from rl.tiny_model import resolve_model_path
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
-from trainer.config import OptimConfig, TrainerConfig, TrainerModelConfig
+from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.loss import policy_loss, shifted_entropy, shifted_logprobs
 from trainer.model import decoder_layers, load_model, packed_logits, packed_logprobs, save_weights
+from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, shard_model, sum_over_ranks
 
 logger = logging.getLogger("trainer")
@@ -29,17 +28,6 @@ ReferenceLogprobs = Callable[[MicroBatch, float], Tensor]
 
 class EmptyBatchError(TridentError):
     """A step whose batch has no sampled token to train on."""
-
-
-def lr_factor(step: int, max_steps: int, optim: OptimConfig) -> float:
-    """The share of ``optim.lr`` used at ``step`` (0-based): linear warm-up, then the schedule's decay."""
-    if step < optim.warmup_steps:
-        return (step + 1) / (optim.warmup_steps + 1)
-    if optim.schedule == "constant":
-        return 1.0
-    progress = (step - optim.warmup_steps) / max(max_steps - 1 - optim.warmup_steps, 1)
-    decay = 1 - progress if optim.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * decay
 
 
 def compute_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -112,11 +100,9 @@ def train_step(
         for name, value in stats.items():
             sums[name] += weight * value.item()
     sums = sum_over_ranks(sums, world.device)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.max_norm)
-    if isinstance(grad_norm, DTensor):
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_gradients(model, config.optim.max_norm)
     optimizer.step()
-    metrics = {"loss": sums.pop("loss"), "grad_norm": grad_norm.item()}
+    metrics = {"loss": sums.pop("loss"), "grad_norm": grad_norm}
     metrics |= {name: value / info.num_loss_tokens for name, value in sums.items()}
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
     if reference is None:
@@ -145,15 +131,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
     model = build_model(config.model, world, config.optim.offload)
     reference = frozen_reference(model, config, world)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.optim.lr,
-        betas=config.optim.betas,
-        weight_decay=config.optim.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, config.max_steps, config.optim)
-    )
+    optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
     start = 0

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from trainer.config import OptimConfig
-from trainer.train import lr_factor
+from trainer.optim import lr_factor
 
 
 def factors(max_steps=6, **optim):

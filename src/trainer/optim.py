@@ -1,0 +1,40 @@
+"""The optimizer and learning-rate schedule, and gradient clipping, shared by RL and SFT training."""
+
+import math
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from trainer.config import OptimConfig
+
+
+def lr_factor(step: int, max_steps: int, optim: OptimConfig) -> float:
+    """The share of ``optim.lr`` used at ``step`` (0-based): linear warm-up, then the schedule's decay."""
+    if step < optim.warmup_steps:
+        return (step + 1) / (optim.warmup_steps + 1)
+    if optim.schedule == "constant":
+        return 1.0
+    progress = (step - optim.warmup_steps) / max(max_steps - 1 - optim.warmup_steps, 1)
+    decay = 1 - progress if optim.schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * decay
+
+
+def build_optimizer(
+    model: nn.Module, optim: OptimConfig, num_steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over the model's trainable parameters, with ``optim``'s lr schedule over ``num_steps`` steps."""
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=optim.lr,
+        betas=optim.betas,
+        weight_decay=optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, optim))
+    return optimizer, scheduler
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the gradients to a global L2 norm of ``max_norm`` (over all ranks); returns the norm before."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
