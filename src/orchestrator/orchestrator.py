@@ -47,13 +47,18 @@ def build_samples(
     (``[groups, rollouts]``) they were built from.
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
+    Failed rollouts (the environment raised) give no sample, and the baseline of their group is the others'.
     """
     rewards = torch.tensor(
         [[0.0 if zero_truncated and r.truncated else r.reward for r in group] for group in groups],
         dtype=torch.float32,
     )
     advantage = advantage or AdvantageConfig()
-    advantages = group_advantages(rewards, advantage)
+    advantages = torch.zeros_like(rewards)
+    for i, group in enumerate(groups):
+        ok = torch.tensor([r.ok for r in group])
+        if ok.any():
+            advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
     dropped = uniform_groups(rewards).tolist() if advantage.drop_uniform_groups else [False] * len(groups)
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
@@ -64,6 +69,8 @@ def build_samples(
         if drop:
             continue
         for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
+            if not rollout.ok:
+                continue
             meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards,
                     "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
             for token_ids, mask, logprobs in rollout.branches:

@@ -95,3 +95,11 @@ def test_uniform_groups_are_dropped_only_when_asked_and_never_all():
     assert [s.reward for s in kept] == [1.0, 0.0]
     tied = [[rollout(0.0), rollout(0.0)]]  # every group ties: the step keeps them (it trains nothing)
     assert len(build_samples(tied, 0, advantage=AdvantageConfig(drop_uniform_groups=True))[0]) == 2
+
+
+def test_failed_rollouts_give_no_sample_and_leave_the_baseline_to_the_others():
+    failed = Rollout(reward=0.0, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=False, error="ValueError: boom")
+    groups = [[rollout(1.0), failed, rollout(0.0)], [failed, failed, failed]]
+    samples, _, advantages = build_samples(groups, weight_step=0)
+    assert [s.advantage for s in samples] == [0.5, -0.5]  # mean of the two that finished is 0.5
+    assert advantages.tolist() == [[0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]
