@@ -1,11 +1,12 @@
 """The inference server's config (``uv run inference @ infer.toml``)."""
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from rl.config import BaseConfig
-from rl.shared_config import LogConfig, ModelConfig, Seed
+from rl.shared_config import LogConfig, ModelConfig, Seed, StrictModel
 
 
 class InferenceModelConfig(ModelConfig):
@@ -19,11 +20,28 @@ class InferenceModelConfig(ModelConfig):
     tool_call_parser: Annotated[str, Field(description="vLLM tool-call parser matching the chat template.")] = "hermes"
 
 
+class InferenceLoraConfig(StrictModel):
+    """Serve LoRA adapters loaded at runtime (``POST /load_adapter``), one versioned name per trainer step."""
+
+    max_rank: Annotated[
+        Literal[1, 8, 16, 32, 64, 128, 256, 320, 512],
+        Field(description="Largest adapter rank the server accepts (vLLM sizes its LoRA buffers for it): at least "
+                          "the trainer's lora.rank."),
+    ] = 16  # fmt: skip
+    max_loras: Annotated[
+        int,
+        Field(ge=2, description="Adapters resident at once. 2 lets the previous step's adapter finish the requests "
+                                "it admitted while the new one serves."),
+    ] = 2  # fmt: skip
+
+
 class InferenceConfig(BaseConfig):
     model: InferenceModelConfig = InferenceModelConfig()
-    host: Annotated[str, Field(description="Address to listen on. Keep 127.0.0.1 unless you need remote access.")] = (
-        "127.0.0.1"
-    )
+    host: Annotated[
+        str,
+        Field(description="Address to listen on. Any address but a loopback one (127.0.0.1, ::1, localhost) needs "
+                          "the TRIDENT_API_KEY env var: every route but /health and /metrics then checks it."),
+    ] = "127.0.0.1"  # fmt: skip
     port: Annotated[int, Field(ge=1, le=65535, description="Port to listen on.")] = 8000
     gpu_memory_utilization: Annotated[
         float, Field(gt=0, le=1, description="Share of GPU memory vLLM may take (weights + KV cache).")
@@ -31,5 +49,14 @@ class InferenceConfig(BaseConfig):
     kv_cache_space_gib: Annotated[
         int, Field(ge=1, description="KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE).")
     ] = 1
+    weights_root: Annotated[
+        Path | None,
+        Field(description="Load weights and adapters only from folders under this one (symlinks resolved); "
+                          "absent: from any folder."),
+    ] = None  # fmt: skip
+    lora: Annotated[
+        InferenceLoraConfig | None,
+        Field(description="Serve LoRA adapters swapped at runtime (absent: off, only full-weight reloads)."),
+    ] = None
     seed: Seed = 0
     log: LogConfig = LogConfig()

@@ -1,38 +1,47 @@
-"""Trident's routes on top of vLLM's OpenAI server: weight reload, weight info, and a logprob-format fix."""
+"""Trident's routes on top of vLLM's OpenAI server: weight reloads, adapter swaps, what is served, and a
+logprob-format fix."""
 
 import asyncio
 import json
 import logging
-import os
 import time
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from starlette.datastructures import State
+
+from inference.security import checked_weights_path
+from rl.protocol import ADAPTER_CONFIG, adapter_name, is_adapter
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
 logger = logging.getLogger("vllm.trident")
 
 
-class ReloadRequest(BaseModel):
+class WeightsRequest(BaseModel):
     path: str
-    step: int
+    step: Annotated[int, Field(ge=0)]
 
 
-def weights_router() -> APIRouter:
-    """``POST /reload_weights {path, step}`` and ``GET /weights`` (the step being served)."""
+def weights_router(weights_root: Path | None) -> APIRouter:
+    """``POST /reload_weights`` and ``POST /load_adapter`` (both ``{path, step}``), ``GET /weights``.
+
+    Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served) and ``trident_adapters``
+    (an :class:`~inference.adapters.Adapters`, None when the server runs without LoRA).
+    """
     router = APIRouter()
-    lock = asyncio.Lock()
+    lock = asyncio.Lock()  # one change of weights at a time
 
     @router.post("/reload_weights")
-    async def reload_weights(request: ReloadRequest, raw_request: Request) -> JSONResponse:
+    async def reload_weights(request: WeightsRequest, raw_request: Request) -> JSONResponse:
         state = raw_request.app.state
         engine = state.engine_client
-        path = os.path.abspath(request.path)
-        if not os.path.isdir(path):
-            return JSONResponse({"error": f"weights folder not found: {path}"}, status_code=400)
+        path = str(checked_weights_path(request.path, weights_root))
+        if is_adapter(path):
+            raise HTTPException(400, f"{path} holds a LoRA adapter: load it with /load_adapter")
         async with lock:
             start = time.perf_counter()
             # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
@@ -41,21 +50,52 @@ def weights_router() -> APIRouter:
                 await engine.collective_rpc("reload_weights_from", args=(path,))
                 await engine.reset_prefix_cache()
                 await engine.update_weight_version(str(request.step))
-                state.trident_weights = {"step": request.step, "path": path}
             except Exception as e:
                 logger.exception("reload_weights failed")
                 return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
             finally:
                 await engine.resume_generation()
-            seconds = time.perf_counter() - start
-            logger.info(f"reloaded weights step {request.step} from {path} in {seconds:.3f}s")
-            return JSONResponse({"step": request.step, "path": path, "seconds": round(seconds, 4)})
+            if state.trident_weights["adapter"] is not None:  # trained on the old base weights
+                await state.trident_adapters.retire(state.trident_weights["adapter"])
+            return serving(state, request.step, path, None, start)
+
+    @router.post("/load_adapter")
+    async def load_adapter(request: WeightsRequest, raw_request: Request) -> JSONResponse:
+        state = raw_request.app.state
+        adapters = state.trident_adapters
+        if adapters is None:
+            raise HTTPException(400, "this server was started without [lora]: it cannot load adapters")
+        path = str(checked_weights_path(request.path, weights_root))
+        if not is_adapter(path):
+            raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with /reload_weights")
+        name = adapter_name(request.step)
+        async with lock:
+            previous = state.trident_weights["adapter"]
+            if name == previous:
+                raise HTTPException(409, f"adapter {name} is already served")
+            start = time.perf_counter()
+            # The previous adapter serves until the new one is loaded, then finishes what it admitted.
+            await adapters.remove_retired()
+            await adapters.load(name, path)
+            if previous is not None:
+                await adapters.retire(previous)
+            await state.engine_client.update_weight_version(str(request.step))
+            return serving(state, request.step, path, name, start)
 
     @router.get("/weights")
     async def weights(raw_request: Request) -> JSONResponse:
         return JSONResponse(raw_request.app.state.trident_weights)
 
     return router
+
+
+def serving(state: State, step: int, path: str, adapter: str | None, start: float) -> JSONResponse:
+    """Record what the server now serves; the answer to a weights change."""
+    state.trident_weights = {"step": step, "path": path, "adapter": adapter}
+    seconds = time.perf_counter() - start
+    what = f"adapter {adapter}" if adapter else "weights"
+    logger.info(f"serving {what} of step {step} from {path} (loaded in {seconds:.3f}s)")
+    return JSONResponse({**state.trident_weights, "seconds": round(seconds, 4)})
 
 
 def token_id_logprobs(data: Any) -> Any:

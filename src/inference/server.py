@@ -5,8 +5,10 @@ import signal
 
 import torch
 
+from inference.adapters import Adapters
 from inference.config import InferenceConfig
 from inference.routes import patch_generate_route, weights_router
+from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
 from rl.tiny_model import resolve_model_path
 
@@ -35,11 +37,14 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv.append("--enforce-eager")
     if config.model.enable_auto_tool_choice:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.model.tool_call_parser]
+    if config.lora is not None:
+        lora = config.lora
+        argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]
     return argv
 
 
-async def _build_and_serve(engine_client, sock, args):
-    """vLLM's own build-and-serve, with Trident's routes added to the app."""
+async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, api_key: str | None):
+    """vLLM's own build-and-serve, with Trident's routes (and, given a key, its key check) added to the app."""
     from vllm import envs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
@@ -48,11 +53,17 @@ async def _build_and_serve(engine_client, sock, args):
 
     supported_tasks = await engine_client.get_supported_tasks()
     app = build_app(args, supported_tasks, engine_client.model_config)
-    app.include_router(weights_router())
+    app.include_router(weights_router(config.weights_root))
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
+    if api_key is not None:
+        app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request
+        app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
     await init_app_state(engine_client, app.state, args, supported_tasks)
-    app.state.trident_weights = {"step": 0, "path": os.path.abspath(args.model)}
+    app.state.trident_weights = {"step": 0, "path": os.path.abspath(args.model), "adapter": None}
+    app.state.trident_adapters = (
+        Adapters(app.state.openai_serving_models, engine_client) if config.lora is not None else None
+    )
     log_config = get_uvicorn_log_config(args)
     return await serve_http(
         app,
@@ -72,7 +83,7 @@ async def _build_and_serve(engine_client, sock, args):
     )
 
 
-async def _run(args) -> None:
+async def _run(args, config: InferenceConfig, api_key: str | None) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.launcher import setup_server
 
@@ -83,14 +94,14 @@ async def _run(args) -> None:
     _, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine_client:
-            shutdown_task = await _build_and_serve(engine_client, sock, args)
+            shutdown_task = await _build_and_serve(engine_client, sock, args, config, api_key)
         await shutdown_task
     finally:
         sock.close()
 
 
-def serve(config: InferenceConfig) -> None:
-    """Serve until SIGTERM or Ctrl-C."""
+def serve(config: InferenceConfig, api_key: str | None) -> None:
+    """Serve until SIGTERM or Ctrl-C; every request but /health and /metrics must carry ``api_key`` if given."""
     import uvloop
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
@@ -104,6 +115,6 @@ def serve(config: InferenceConfig) -> None:
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     try:
-        uvloop.run(_run(args))
+        uvloop.run(_run(args, config, api_key))
     except KeyboardInterrupt:
         pass

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from rl.errors import TridentError
-from rl.protocol import read_probe
+from rl.protocol import adapter_name, auth_headers, is_adapter, read_probe
 
 logger = logging.getLogger("orchestrator")
 
@@ -18,8 +18,9 @@ NOTICE_S = 30.0  # how often to say that the server is still not up
 class InferenceClient:
     def __init__(self, base_url: str, timeout_s: float, model: str = ""):
         self.base_url = base_url.rstrip("/")
-        self.model = model  # the served model name
-        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s)
+        self.base_model = model
+        self.model = model  # the name the policy is served under: the base model's, or the current adapter's
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=auth_headers())
 
     async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:
         """Poll ``/health`` until the server answers 200, logging every ``notice_s`` that it is still not up."""
@@ -41,13 +42,20 @@ class InferenceClient:
             await asyncio.sleep(1.0)
 
     async def reload_weights(self, path: Path, step: int) -> float:
-        """Make the server serve the weights in ``path`` (trainer step ``step``); returns seconds taken."""
-        response = await self.http.post("/reload_weights", json={"path": str(path.resolve()), "step": step})
+        """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
+        swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken."""
+        adapter = adapter_name(step) if is_adapter(path) else None
+        route = "/load_adapter" if adapter else "/reload_weights"
+        response = await self.http.post(route, json={"path": str(path.resolve()), "step": step})
         if response.status_code != 200:
-            raise TridentError(f"inference server failed to reload {path}: {response.text}")
+            raise TridentError(f"inference server failed to load {path} ({route}): {response.text}")
         served = (await self.http.get("/weights")).json()
-        if served.get("step") != step:
-            raise TridentError(f"inference server reports weights step {served.get('step')} after loading {step}")
+        if (served.get("step"), served.get("adapter")) != (step, adapter):
+            raise TridentError(
+                f"inference server reports step {served.get('step')} (adapter {served.get('adapter')}) after "
+                f"loading step {step} (adapter {adapter})"
+            )
+        self.model = adapter or self.base_model
         return response.json()["seconds"]
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -12,6 +12,7 @@ from renderers import Qwen3RendererConfig
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from rl.errors import TridentError
+from rl.protocol import API_KEY_ENV
 
 
 @dataclass
@@ -52,13 +53,16 @@ def load_env(env: EnvConfig) -> vf.Env:
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:
-    """How verifiers reaches our server: the training client, token in / token out, with our sampling."""
-    os.environ.setdefault("TRIDENT_INFERENCE_API_KEY", "none")
+    """How verifiers reaches our server: the training client, token in / token out, with our sampling.
+
+    Requests name the base model; :func:`dataclasses.replace` the ``model`` to sample from a served adapter.
+    """
+    os.environ.setdefault(API_KEY_ENV, "none")  # the client needs one; a server without a key ignores it
     return vf.ModelContext(
         model=config.model.name,
         client=vf.TrainClientConfig(
             base_url=config.client.base_url.rstrip("/") + "/v1",
-            api_key_var="TRIDENT_INFERENCE_API_KEY",
+            api_key_var=API_KEY_ENV,
             renderer=Qwen3RendererConfig(enable_thinking=config.sampling.enable_thinking),
             renderer_model_name=tokenizer_path,
         ),

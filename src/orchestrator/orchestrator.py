@@ -1,6 +1,7 @@
 """The rollout loop: keep the server's weights fresh enough, sample a batch, score it, write it for the trainer."""
 
 import asyncio
+import dataclasses
 import logging
 import random
 import shutil
@@ -124,6 +125,7 @@ class Orchestrator:
             return waited, 0.0
         path = weights_dir(self.output_dir, newest)
         reload_s = await self.client.reload_weights(path, newest)
+        self.ctx = dataclasses.replace(self.ctx, model=self.client.model)  # the base model, or the new adapter
         gap = await self.client.check_probe(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
         logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")

@@ -10,7 +10,7 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from inference.config import InferenceConfig
 from orchestrator.config import OrchestratorConfig
-from trainer.config import TrainerConfig
+from trainer.config import SFTConfig, TrainerConfig
 
 INTRO = """\
 # Config reference
@@ -26,6 +26,12 @@ def _type_name(annotation) -> str:
     return name or re.sub(r"\b[\w]+\.", "", str(annotation))  # drop module prefixes
 
 
+def _section(annotation) -> type[BaseModel] | None:
+    """The config section a field holds, also when optional (``Section | None``)."""
+    candidates = [annotation, *typing.get_args(annotation)] if typing.get_origin(annotation) else [annotation]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
 def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     rows, sections = [], []
     for name, field in model.model_fields.items():
@@ -37,6 +43,8 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
         inner = typing.get_args(annotation)
         if typing.get_origin(annotation) is list and inner and issubclass(inner[0], BaseModel):
             sections.append((f"{key}[]", inner[0]))
+        elif (optional := _section(annotation)) is not None:  # an optional section: its row, then its keys
+            sections.append((key, optional))
         default = field.get_default(call_default_factory=True)
         default = "required" if default is PydanticUndefined else f"`{json.dumps(to_jsonable_python(default))}`"
         rows.append(f"| `{key}` | `{_type_name(annotation)}` | {default} | {field.description or ''} |")
@@ -51,6 +59,7 @@ def render() -> str:
         ("Trainer", TrainerConfig, "trainer @ train.toml"),
         ("Orchestrator", OrchestratorConfig, "orchestrator @ orch.toml"),
         ("Inference", InferenceConfig, "inference @ infer.toml"),
+        ("SFT", SFTConfig, "sft @ sft.toml"),
     ]:
         parts.append(f"## {title} (`{command}`)\n")
         parts.append("| key | type | default | meaning |\n|---|---|---|---|")

@@ -40,6 +40,15 @@ def weights_dir(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / "weights" / f"step_{step}"
 
 
+API_KEY_ENV = "TRIDENT_API_KEY"  # the server's key; clients send it as 'Authorization: Bearer <key>'
+
+
+def auth_headers() -> dict[str, str]:
+    """The header a client of the inference server sends: the key from ``$TRIDENT_API_KEY``, if set."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 ADAPTER_CONFIG = "adapter_config.json"
 
 

@@ -1,10 +1,11 @@
 """The ``rl`` launcher's config: the three process configs plus the fields they must agree on."""
 
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, get_args
 
 from pydantic import Field, ValidationError, field_validator
 
-from inference.config import InferenceConfig
+from inference.config import InferenceConfig, InferenceLoraConfig
 from orchestrator.config import OrchestratorConfig
 from rl.config import BaseConfig, ConfigError, format_errors
 from rl.shared_config import AsyncLevel, CkptSection, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
@@ -95,10 +96,34 @@ def resolve_shared(config: RLConfig) -> RLConfig:
                 _assign(config, target, value)
             except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
                 raise ConfigError(format_errors(e, {})) from None
+    serve_adapters(config)
+    if not _is_set(config, "inference.weights_root"):
+        config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
     if not _is_set(config, "orchestrator.client.base_url"):
         host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
         config.orchestrator.client.base_url = f"http://{host}:{config.inference.port}"
     return config
+
+
+def serve_adapters(config: RLConfig) -> None:
+    """When the trainer exports LoRA adapters, have the server swap them in: ``[lora]`` on, with a rank that fits
+    (the smallest vLLM accepts above the adapter's, unless set); raise a ConfigError when they cannot fit."""
+    lora = config.trainer.model.experimental.lora
+    if lora is None or lora.export != "adapter":
+        return
+    key = "trainer.model.experimental.lora"
+    if lora.modules_to_save:
+        raise ConfigError(f"{key}.modules_to_save: vLLM cannot swap in fully trained modules; use export = 'merged'")
+    ranks = get_args(InferenceLoraConfig.model_fields["max_rank"].annotation)  # the ranks vLLM accepts
+    if config.inference.lora is None:
+        fitting = [rank for rank in ranks if rank >= lora.rank]
+        if not fitting:
+            raise ConfigError(f"{key}.rank = {lora.rank}: vLLM serves adapters of rank {max(ranks)} at most")
+        config.inference.lora = InferenceLoraConfig(max_rank=fitting[0])
+    elif config.inference.lora.max_rank < lora.rank:
+        raise ConfigError(
+            f"inference.lora.max_rank = {config.inference.lora.max_rank} is smaller than {key}.rank = {lora.rank}"
+        )
 
 
 def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:

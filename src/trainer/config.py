@@ -41,10 +41,11 @@ class LoraConfig(StrictModel):
     export: Annotated[
         LoraExport,
         Field(
-            description="What weights/step_N/ holds: 'merged' full weights (adapter merged in; any server loads "
-            "them) or the 'adapter' alone in peft's format (small; the server swaps it in, needs inference [lora])."
+            description="What weights/step_N/ holds: the 'adapter' alone in peft's format (small; the server swaps "
+            "it in under a new name per step; `rl` turns on inference [lora]) or 'merged' full weights (the adapter "
+            "merged in; any server loads them, no [lora] needed)."
         ),
-    ] = "merged"
+    ] = "adapter"
 
 
 class ExperimentalConfig(StrictModel):

@@ -90,7 +90,6 @@ def run_sft(config: SFTConfig, world: World) -> None:
     num_steps = config.max_steps or math.ceil(config.data.epochs * len(samples) / config.data.batch_size)
     model = build_model(config.model, world, config.optim.offload)
     optimizer, scheduler = build_optimizer(model, config.optim, num_steps)
-    export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
     metrics = None
     if world.is_main:
         metrics_path(config.output_dir, "sft").unlink(missing_ok=True)  # a previous run's records
@@ -111,7 +110,8 @@ def run_sft(config: SFTConfig, world: World) -> None:
         scheduler.step()
         train_s = time.perf_counter() - start
         if step + 1 == num_steps or (config.save_every and (step + 1) % config.save_every == 0):
-            save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export)
+            # always a full model: what an RL run (or any server) starts from
+            save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export="merged")
 
         tokens = sum(len(sample.token_ids) for sample in batch)
         record = {

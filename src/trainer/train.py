@@ -133,7 +133,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
-    export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"
+    export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"  # full weights
     start = 0
     if config.ckpt and config.ckpt.resume_step is not None:
         start = resume_step(config.output_dir, config.ckpt.resume_step)

@@ -3,8 +3,10 @@
 import asyncio
 import shutil
 
+import httpx
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.client import InferenceClient
@@ -12,8 +14,8 @@ from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.orchestrator import build_samples
 from rl.errors import TridentError
-from rl.protocol import PROBE_FILE, MicroBatch
-from trainer.model import packed_logprobs, save_weights
+from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, adapter_name, mark_stable
+from trainer.model import packed_logprobs, probe_logprobs, save_weights
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +34,7 @@ def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
 
     groups = [asyncio.run(run())]
     assert all(r.ok for r in groups[0]), [r.error for r in groups[0]]
-    samples, _ = build_samples(groups, weight_step=0)
+    samples, *_ = build_samples(groups, weight_step=0)
     end_of_turn = AutoTokenizer.from_pretrained(tiny_model_path).convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     for rollout, sample in zip(groups[0], samples, strict=True):
         # a rollout is truncated exactly when its reply used all of max_tokens without ending its turn
@@ -120,3 +122,58 @@ def test_probe_stops_a_run_whose_server_serves_other_weights(inference_server, t
 
     with pytest.raises(TridentError, match=r"after reloading weights step 8, the server's logprobs of the probe"):
         asyncio.run(reload_and_probe())
+
+
+def write_adapter(tiny_model_path: str, folder, seed: int):
+    """A rank-8 peft adapter on the tiny model with random non-zero B (peft starts B at 0: a no-op)."""
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    target = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=target))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_path).save_pretrained(folder)  # as the trainer writes it
+    mark_stable(folder)
+    return model
+
+
+def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_path, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    save_weights(original, tokenizer, tmp_path / "original")
+    body = {"path": str(tmp_path / "original"), "step": 0}
+    response = httpx.post(f"{inference_server}/reload_weights", json=body, timeout=60)
+    assert response.status_code == 200, response.text  # the base the adapters apply to (other tests change it)
+    token_ids = tokenizer.encode(PROBE_TEXT)
+    base = probe_logprobs(original, token_ids)
+    adapters = {step: write_adapter(tiny_model_path, tmp_path / f"step_{step}", seed=step) for step in (1, 2)}
+
+    async def served_logprobs(model: str) -> list[float]:
+        client = InferenceClient(inference_server, timeout_s=60, model=model)
+        try:
+            return await client.prompt_logprobs(token_ids)
+        finally:
+            await client.close()
+
+    def gap(a: list[float], b: list[float]) -> float:
+        return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    for step, model in adapters.items():
+        path = str((tmp_path / f"step_{step}").resolve())
+        response = httpx.post(f"{inference_server}/load_adapter", json={"path": path, "step": step}, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.json()["seconds"] < 10
+        served = {"step": step, "path": path, "adapter": adapter_name(step)}
+        assert httpx.get(f"{inference_server}/weights").json() == served
+        logprobs = asyncio.run(served_logprobs(adapter_name(step)))
+        assert gap(logprobs, probe_logprobs(model, token_ids)) < 1e-4  # the server applies exactly this adapter
+        assert gap(logprobs, base) > 1e-2
+    # step 1's name is gone: a request naming it cannot get a stale adapter
+    names = [m["id"] for m in httpx.get(f"{inference_server}/v1/models").json()["data"]]
+    assert adapter_name(2) in names and adapter_name(1) not in names
+    body = {"model": adapter_name(1), "token_ids": token_ids, "sampling_params": {"max_tokens": 1}}
+    assert httpx.post(f"{inference_server}/inference/v1/generate", json=body, timeout=60).status_code == 404
+    assert gap(asyncio.run(served_logprobs("trident/tiny-qwen3")), base) < 1e-4  # the base model is untouched

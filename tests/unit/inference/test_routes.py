@@ -1,4 +1,9 @@
-from inference.routes import token_id_logprobs
+import pytest
+from fastapi import FastAPI, HTTPException
+from fastapi.testclient import TestClient
+
+from inference.routes import token_id_logprobs, weights_router
+from rl.protocol import ADAPTER_CONFIG, adapter_name, mark_stable
 
 
 def test_token_id_logprobs_adds_token_field_everywhere():
@@ -20,3 +25,115 @@ def test_token_id_logprobs_adds_token_field_everywhere():
     assert [e["token"] for e in content] == ["token_id:7", "token_id:9"]
     assert content[0]["top_logprobs"][0]["token"] == "token_id:7"
     assert content[0]["logprob"] == -0.5
+
+
+class FakeEngine:
+    """Records the engine calls the weight routes make."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        async def call(*args, **kwargs):
+            self.calls.append((name, *args))
+
+        return call
+
+
+class FakeAdapters:
+    """Records the adapter operations in order; ``load`` of a folder named ``broken`` fails like vLLM."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def load(self, name, path):
+        if path.endswith("broken"):
+            raise HTTPException(400, f"loading adapter {name}: not a peft adapter")
+        self.calls.append(("load", name))
+
+    async def retire(self, name):
+        self.calls.append(("retire", name))
+
+    async def remove_retired(self):
+        self.calls.append(("remove_retired",))
+
+
+def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeAdapters | None]:
+    app = FastAPI()
+    app.include_router(weights_router(root))
+    app.state.engine_client = FakeEngine()
+    app.state.trident_adapters = FakeAdapters() if lora else None
+    app.state.trident_weights = {"step": 0, "path": "/models/base", "adapter": None}
+    return TestClient(app), app.state.engine_client, app.state.trident_adapters
+
+
+@pytest.fixture
+def root(tmp_path):
+    """Complete adapter folders step_1..3 and broken, full weights in full_1 and full_2, an incomplete one."""
+    for name in ["step_1", "step_2", "step_3", "broken", "full_1", "full_2", "unstable"]:
+        (tmp_path / name).mkdir()
+        if not name.startswith("full"):
+            (tmp_path / name / ADAPTER_CONFIG).write_text("{}")
+        if name != "unstable":
+            mark_stable(tmp_path / name)
+    return tmp_path
+
+
+def test_load_adapter_serves_the_new_name_then_retires_the_old(root):
+    client, engine, adapters = weights_app(root)
+    response = client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
+    assert response.status_code == 200
+    assert response.json()["adapter"] == adapter_name(1)
+    assert adapters.calls == [("remove_retired",), ("load", adapter_name(1))]
+    assert ("update_weight_version", "1") in engine.calls
+    assert client.get("/weights").json() == {"step": 1, "path": str(root / "step_1"), "adapter": adapter_name(1)}
+
+    adapters.calls.clear()
+    assert client.post("/load_adapter", json={"path": str(root / "step_2"), "step": 2}).status_code == 200
+    # the old adapter serves until the new one is loaded
+    assert adapters.calls == [("remove_retired",), ("load", adapter_name(2)), ("retire", adapter_name(1))]
+    assert client.get("/weights").json()["adapter"] == adapter_name(2)
+    assert "pause_generation" not in [c[0] for c in engine.calls]  # generation never stops for an adapter
+
+
+def test_load_adapter_refusals_keep_the_served_adapter(root):
+    client, _, adapters = weights_app(root)
+    client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
+    served = client.get("/weights").json()
+    adapters.calls.clear()
+    for body, status in [
+        ({"path": str(root / "step_1"), "step": 1}, 409),  # the served name again
+        ({"path": str(root / "broken"), "step": 3}, 400),  # vLLM refuses the folder
+        ({"path": str(root / "unstable"), "step": 3}, 400),
+        ({"path": str(root / "full_1"), "step": 3}, 400),  # full weights, no adapter
+        ({"path": str(root / ".." / "elsewhere"), "step": 3}, 403),
+        ({"path": str(root / "step_3"), "step": -1}, 422),
+    ]:
+        assert client.post("/load_adapter", json=body).status_code == status, body
+    assert client.get("/weights").json() == served
+    assert ("retire", adapter_name(1)) not in adapters.calls
+
+
+def test_load_adapter_without_lora_is_refused(root):
+    client, _, _ = weights_app(root, lora=False)
+    response = client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
+    assert response.status_code == 400
+    assert "[lora]" in response.text
+
+
+def test_reload_weights_swaps_paused_and_retires_the_adapter(root):
+    client, engine, adapters = weights_app(root)
+    client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
+    engine.calls.clear()
+    response = client.post("/reload_weights", json={"path": str(root / "full_2"), "step": 2})
+    assert response.status_code == 200
+    assert [c[0] for c in engine.calls] == [
+        "pause_generation", "collective_rpc", "reset_prefix_cache", "update_weight_version", "resume_generation"
+    ]  # fmt: skip
+    assert engine.calls[1] == ("collective_rpc", "reload_weights_from")
+    assert adapters.calls[-1] == ("retire", adapter_name(1))  # trained on the old base weights
+    assert client.get("/weights").json() == {"step": 2, "path": str(root / "full_2"), "adapter": None}
+    assert client.post("/reload_weights", json={"path": str(root / "step_3"), "step": 3}).status_code == 400
+    assert client.post("/reload_weights", json={"path": str(root / "unstable"), "step": 3}).status_code == 400
+    assert client.post("/reload_weights", json={"path": "/", "step": 3}).status_code == 403
+    assert client.get("/weights").json()["step"] == 2

@@ -59,11 +59,11 @@ def test_advantage_metrics_are_over_the_samples_the_trainer_gets():
     groups = step_groups()
     samples, _, advantages = build_samples(groups, weight_step=0)
     assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
-    # rollout 1 gave two samples: its advantage counts twice
-    assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
+    # rollout 1 gave two samples: its advantage counts twice; the failed rollout gave none
+    assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0]
     metrics = advantage_metrics(samples)
     assert metrics == pytest.approx(
-        {"advantage_mean": -0.1, "advantage_std": 0.41833, "advantage_min": -0.5, "advantage_max": 0.5}, abs=1e-5
+        {"advantage_mean": -0.125, "advantage_std": 0.47871, "advantage_min": -0.5, "advantage_max": 0.5}, abs=1e-5
     )
 
 

@@ -112,3 +112,18 @@ def test_log_level_flag_reaches_every_process():
     assert {config.trainer.log.level, config.orchestrator.log.level, config.inference.log.level} == {"debug"}
     with pytest.raises(ConfigError, match=r"--log.level: log.level: Input should be 'debug', 'info'"):
         parse_config(RLConfig, ["--log.level", "loud"])
+
+
+def test_adapter_export_turns_on_lora_serving_with_a_fitting_rank(tmp_path):
+    lora = ["--trainer.model.experimental.lora.rank", "12", "--trainer.model.experimental.lora.export", "adapter"]
+    config = resolve_shared(parse_config(RLConfig, ["--output-dir", str(tmp_path), *lora]))
+    assert config.inference.lora.max_rank == 16  # the smallest rank vLLM accepts above 12
+    assert config.inference.weights_root == tmp_path / "weights"
+    too_small = parse_config(RLConfig, [*lora, "--inference.lora.max-rank", "8"])
+    with pytest.raises(ConfigError, match=r"inference.lora.max_rank = 8 is smaller than .*lora.rank = 12"):
+        resolve_shared(too_small)
+    with_modules = parse_config(RLConfig, [*lora, "--trainer.model.experimental.lora.modules-to-save", '["lm_head"]'])
+    with pytest.raises(ConfigError, match=r"modules_to_save: vLLM cannot swap in fully trained modules"):
+        resolve_shared(with_modules)
+    merged = ["--trainer.model.experimental.lora.rank", "12", "--trainer.model.experimental.lora.export", "merged"]
+    assert resolve_shared(parse_config(RLConfig, merged)).inference.lora is None  # full weights need no LoRA serving

@@ -1,0 +1,75 @@
+"""Who may use the server, and which folders it loads weights from."""
+
+import hmac
+import ipaddress
+import os
+from pathlib import Path
+
+from fastapi import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocketClose
+
+from rl.errors import TridentError
+from rl.protocol import API_KEY_ENV, STABLE
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes that need no key
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def api_key_for(host: str) -> str | None:
+    """The key requests must carry (``$TRIDENT_API_KEY``; None: no check), or an error for a host that others
+    can reach without one."""
+    key = os.environ.get(API_KEY_ENV) or None
+    if key is None and not is_loopback(host):
+        raise TridentError(
+            f"host = {host!r} lets other machines reach the server, which can then load any weights: "
+            f"set {API_KEY_ENV} to a secret (requests must send 'Authorization: Bearer <key>'), or use 127.0.0.1"
+        )
+    return key
+
+
+class ApiKeyMiddleware:
+    """Refuse every request but :data:`OPEN_PATHS` unless it carries ``Authorization: Bearer <key>``.
+
+    Deny by default: it also covers vLLM's own routes, whichever a vLLM version or its env vars add.
+    """
+
+    def __init__(self, app: ASGIApp, key: str):
+        self.app = app
+        self.key = key.encode()
+
+    def authorized(self, scope: Scope) -> bool:
+        scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.authorized(scope):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await WebSocketClose(code=1008)(scope, receive, send)
+        else:
+            message = f"missing or wrong API key: send 'Authorization: Bearer ${API_KEY_ENV}'"
+            await JSONResponse({"error": message}, status_code=401)(scope, receive, send)
+
+
+def checked_weights_path(path: str, root: Path | None) -> Path:
+    """``path`` resolved (``..`` and symlinks), if it is a complete weights folder the server may load.
+
+    403 outside ``root`` (when set); 400 unless it is a folder with the ``STABLE`` marker.
+    """
+    resolved = Path(path).resolve()
+    if root is not None and not resolved.is_relative_to(root.resolve()):
+        raise HTTPException(403, f"{path} is outside weights_root {root}")
+    if not resolved.is_dir() or not (resolved / STABLE).is_file():
+        raise HTTPException(400, f"{path} is not a weights folder with a {STABLE} marker")
+    return resolved

@@ -1,0 +1,101 @@
+import logging
+import sys
+
+import pytest
+from fastapi import FastAPI, HTTPException
+from fastapi.testclient import TestClient
+
+import inference.main
+from inference.security import API_KEY_ENV, ApiKeyMiddleware, api_key_for, checked_weights_path, is_loopback
+from rl.errors import TridentError
+from rl.protocol import mark_stable
+
+
+@pytest.mark.parametrize(
+    "host, loopback",
+    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+     ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("example.org", False), ("", False)],
+)  # fmt: skip
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) == loopback
+
+
+def test_a_reachable_host_needs_a_key(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert api_key_for("127.0.0.1") is None  # loopback without a key: no check
+    with pytest.raises(TridentError, match=r"host = '0.0.0.0' .* set TRIDENT_API_KEY"):
+        api_key_for("0.0.0.0")
+    monkeypatch.setenv(API_KEY_ENV, "")
+    with pytest.raises(TridentError):
+        api_key_for("0.0.0.0")
+    monkeypatch.setenv(API_KEY_ENV, "s3cret")
+    assert api_key_for("0.0.0.0") == "s3cret"
+    assert api_key_for("127.0.0.1") == "s3cret"  # a key set is checked on loopback too
+
+
+def test_server_refuses_to_start_reachable_without_a_key(monkeypatch, caplog):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", ["inference", "--host", "0.0.0.0"])
+    monkeypatch.setattr(inference.main, "setup_logging", lambda *args: None)
+    monkeypatch.setattr(inference.main, "serve", lambda *args: pytest.fail("the server started"))
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as e:
+        inference.main.main()
+    assert e.value.code == 1
+    assert [r.message for r in caplog.records] == [
+        "inference failed: host = '0.0.0.0' lets other machines reach the server, which can then load any weights: "
+        "set TRIDENT_API_KEY to a secret (requests must send 'Authorization: Bearer <key>'), or use 127.0.0.1"
+    ]
+
+
+def test_api_key_middleware_refuses_all_but_health_without_the_key():
+    app = FastAPI()
+    for path in ["/health", "/metrics", "/reload_weights", "/v1/models", "/invocations"]:
+        app.add_api_route(path, lambda: {"ok": True}, methods=["GET"])
+    app.add_middleware(ApiKeyMiddleware, key="s3cret")
+    client = TestClient(app)
+    assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 200
+    for path in ["/reload_weights", "/v1/models", "/invocations", "/no-such-route"]:
+        assert client.get(path).status_code == 401
+        assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get(path, headers={"Authorization": "Basic s3cret"}).status_code == 401
+    response = client.get("/reload_weights", headers={"Authorization": "Bearer s3cret"})
+    assert response.status_code == 200
+    assert "TRIDENT_API_KEY" in client.get("/v1/models").json()["error"]
+
+
+@pytest.fixture
+def weights(tmp_path):
+    """A root with a complete weights folder, an incomplete one, and a complete one outside the root."""
+    root = tmp_path / "weights"
+    for folder in [root / "step_1", root / "step_2", tmp_path / "elsewhere"]:
+        folder.mkdir(parents=True)
+    mark_stable(root / "step_1")
+    mark_stable(tmp_path / "elsewhere")
+    return root
+
+
+def refusal(path, root) -> int:
+    with pytest.raises(HTTPException) as e:
+        checked_weights_path(str(path), root)
+    return e.value.status_code
+
+
+def test_weights_path_must_be_a_stable_folder(weights):
+    assert checked_weights_path(str(weights / "step_1"), None) == weights / "step_1"
+    assert checked_weights_path(str(weights / "step_1"), weights) == weights / "step_1"
+    assert refusal(weights / "step_2", weights) == 400  # no STABLE: still being written
+    assert refusal(weights / "step_9", weights) == 400
+    assert refusal(weights / "step_1" / "STABLE", weights) == 400  # a file
+    assert checked_weights_path(str(weights.parent / "elsewhere"), None) == weights.parent / "elsewhere"
+
+
+def test_weights_path_cannot_escape_the_root(weights):
+    assert refusal(weights.parent / "elsewhere", weights) == 403
+    assert refusal(weights / ".." / "elsewhere", weights) == 403
+    assert refusal(weights / "step_1" / ".." / ".." / "elsewhere", weights) == 403
+    (weights / "link").symlink_to(weights.parent / "elsewhere")
+    assert refusal(weights / "link", weights) == 403
+    assert refusal(weights.parent / "weights-sibling", weights) == 403  # a prefix of the path is not inside
+    (weights.parent / "root-link").symlink_to(weights)
+    assert checked_weights_path(str(weights / "step_1"), weights.parent / "root-link") == weights / "step_1"
