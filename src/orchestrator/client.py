@@ -23,9 +23,11 @@ class InferenceClient:
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=auth_headers())
 
     async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:
-        """Poll ``/health`` until the server answers 200, logging every ``notice_s`` that it is still not up."""
+        """Poll ``/health`` until the server answers 200, backing off from 1 s to 10 s between tries and logging
+        every ``notice_s`` that it is still not up."""
         start = time.monotonic()
         notice = start + notice_s
+        delay = 1.0
         while True:
             try:
                 if (await self.http.get("/health")).status_code == 200:
@@ -39,7 +41,19 @@ class InferenceClient:
             if now >= notice:
                 logger.info(f"still waiting for the inference server at {self.base_url} ({now - start:.0f}s)")
                 notice = now + notice_s
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def served(self) -> dict | None:
+        """What the server says it serves (``GET /weights``: step, path, adapter), or None when unreachable."""
+        try:
+            return (await self.http.get("/weights")).raise_for_status().json()
+        except httpx.HTTPError:
+            return None
+
+    def use(self, served: dict) -> None:
+        """Name what ``served`` reports in requests from now on: its adapter, or the base model."""
+        self.model = served.get("adapter") or self.base_model
 
     async def reload_weights(self, path: Path, step: int) -> float:
         """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
@@ -55,7 +69,7 @@ class InferenceClient:
                 f"inference server reports step {served.get('step')} (adapter {served.get('adapter')}) after "
                 f"loading step {step} (adapter {adapter})"
             )
-        self.model = adapter or self.base_model
+        self.use(served)
         return response.json()["seconds"]
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

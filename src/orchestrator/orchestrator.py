@@ -8,6 +8,7 @@ import shutil
 import time
 from contextlib import AsyncExitStack
 
+import httpx
 import torch
 from transformers import AutoTokenizer
 
@@ -135,7 +136,35 @@ class Orchestrator:
         self.served_step = newest
         return waited, reload_s
 
+    async def step_surviving_outage(self, step: int) -> None:
+        """Run a step; if the server could not be reached, wait for it (``client.server_timeout_s``, backing off),
+        make it serve this run's weights again and run the step once more."""
+        try:
+            await self.step(step)
+        except (TridentError, httpx.TransportError) as e:
+            if await self.client.served() is not None:
+                raise  # the server is up: a real failure
+            timeout = self.config.client.server_timeout_s
+            logger.warning(f"step {step}: inference server unreachable ({e}); waiting up to {timeout:.0f}s for it")
+            await self.client.wait_ready(timeout)
+            await self.step(step)
+
+    async def sync_served_weights(self) -> None:
+        """Notice a restarted server (it serves an older step than this run gave it, the base model after a
+        restart): sample from what it serves, and let the next :meth:`update_weights` load this run's newest."""
+        served = await self.client.served()
+        if served is None:
+            raise TridentError(f"inference server at {self.client.base_url} is unreachable")
+        if served["step"] < self.served_step:
+            logger.warning(
+                f"the server serves weights step {served['step']}, not {self.served_step} (restarted?): reloading"
+            )
+            self.served_step = served["step"]
+            self.client.use(served)
+            self.ctx = dataclasses.replace(self.ctx, model=self.client.model)
+
     async def step(self, step: int) -> None:
+        await self.sync_served_weights()
         wait_s, reload_s = await self.update_weights(step)
         start = time.perf_counter()
         groups = await asyncio.gather(
@@ -234,7 +263,7 @@ class Orchestrator:
                 await stack.enter_async_context(env.serving())
             for step in range(self.start_step(), self.config.max_steps):
                 self.save_checkpoint(step)
-                await self.step(step)
+                await self.step_surviving_outage(step)
             self.save_checkpoint(self.config.max_steps)
         await self.client.close()
         self.metrics.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rl.metrics import read_metrics
+from rl.protocol import complete_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +61,7 @@ def test_debug_run_learns_and_cleans_up(tmp_path):
     # rollouts of step N come from weights N-1 (async_level 1), and the server loaded each of them
     assert [r["weight_step"] for r in orchestrator] == [0] + list(range(19))
     inference_log = (tmp_path / "logs" / "inference.log").read_text()
-    reloaded = [int(s) for s in re.findall(r"reloaded weights step (\d+)", inference_log)]
+    reloaded = [int(s) for s in re.findall(r"serving (?:weights|adapter \S+) of step (\d+)", inference_log)]
     assert reloaded == list(range(1, 19))
     assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
@@ -101,6 +102,11 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     )  # fmt: skip
     assert check.returncode == 0, check.stdout + check.stderr
     assert "loss masks OK" in check.stdout
+    # LoRA hot-swap: each step's adapter alone, swapped in under its own name, checked through the probe
+    assert (tmp_path / "weights" / "step_5" / "adapter_config.json").exists()
+    inference_log = (tmp_path / "logs" / "inference.log").read_text()
+    assert [int(s) for s in re.findall(r"serving adapter lora-step-(\d+) of step", inference_log)] == [1, 2, 3, 4]
+    assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])
 
 
 def test_failing_process_stops_the_run(tmp_path):
@@ -113,10 +119,11 @@ def test_failing_process_stops_the_run(tmp_path):
     assert_process_groups_gone(started_pids(tmp_path))
 
 
-def test_killed_child_stops_the_run_and_a_second_rl_is_refused(tmp_path):
+def test_killed_trainer_stops_the_run_and_the_run_resumes_from_its_checkpoint(tmp_path):
+    flags = ["--max-steps", "4", "--ckpt.interval", "2", "--orchestrator.batch-size", "4"]
     argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
-            "--output-dir", str(tmp_path), "--inference.port", "8013"]  # fmt: skip
+            "--output-dir", str(tmp_path), *flags, "--inference.port", "8013"]  # fmt: skip
     rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         deadline = time.monotonic() + 120
@@ -127,6 +134,10 @@ def test_killed_child_stops_the_run_and_a_second_rl_is_refused(tmp_path):
         assert second.returncode == 1
         assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in second.stderr
 
+        deadline = time.monotonic() + 900
+        while complete_checkpoints(tmp_path) != [2]:  # kill the trainer once step 2's checkpoint is complete
+            assert time.monotonic() < deadline and rl.poll() is None, "no checkpoint at step 2"
+            time.sleep(0.2)
         os.kill(pids["trainer"], signal.SIGKILL)
         killed_at = time.monotonic()
         _, stderr = rl.communicate(timeout=60)
@@ -137,6 +148,21 @@ def test_killed_child_stops_the_run_and_a_second_rl_is_refused(tmp_path):
         assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
     finally:
         rl.kill()
+
+    resumed = subprocess.run(
+        [*argv, "--ckpt.resume-step", "-1"], capture_output=True, text=True, timeout=1200, cwd=ROOT
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")] == [
+        "step 3/4", "step 4/4"
+    ]  # fmt: skip
+    # each step trained exactly once across both runs, on the prompts an uninterrupted run would have used
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [0, 1, 2, 3]
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == [0, 1, 2, 3]
+    orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
+    assert "resuming at step 2: prompts from task 8 on" in orchestrator_log
+    assert complete_checkpoints(tmp_path) == [2, 4]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):

@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+import httpx
+
 import orchestrator.orchestrator as orchestrator_module
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
@@ -27,6 +29,9 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
         output_dir=tmp_path, batch_size=2, rollouts_per_example=2, wandb=WandbConfig(name="run", offline=True)
     )
     orchestrator = Orchestrator(config)
+    served = {"step": 0, "path": "/base", "adapter": None}  # what the server's GET /weights says
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=served))
+    orchestrator.client.http = httpx.AsyncClient(base_url="http://server", transport=transport)
     prompt = orchestrator.tokenizer.encode("<|im_start|>user\nReverse: abc<|im_end|>\n<|im_start|>assistant\n")
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 
