@@ -20,7 +20,7 @@ from rich.console import Console
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
 from rl.metrics import read_metrics, setup_logging, write_summary
-from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
+from rl.preflight import check_envs_installed, check_model, check_port_free, gpu_env, lock_output_dir
 from rl.process import Child, command
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
@@ -188,6 +188,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
+    check_model(config.trainer.model.name)
     resume_from = resume_point(config)
     paths = write_configs(config)
     output_dir = Path(config.trainer.output_dir)

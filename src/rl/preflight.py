@@ -2,6 +2,7 @@
 
 import fcntl
 import importlib.util
+import json
 import logging
 import os
 import socket
@@ -12,6 +13,7 @@ import torch
 
 from rl.errors import TridentError
 from rl.rl_config import RLConfig
+from rl.tiny_model import resolve_model_path
 
 logger = logging.getLogger("rl")
 
@@ -25,6 +27,26 @@ def check_envs_installed(config: RLConfig) -> None:
                 f"orchestrator.env.{i}.id: environment {env.id!r} is not installed (no module {module!r}); "
                 "see docs/environments.md for the ones that ship and how to add one"
             )
+
+
+def check_model(name: str) -> None:
+    """A local model folder exists and its tokenizer has a chat template (rollouts are chats); a hub id is left
+    to the processes to download."""
+    looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+    if not looks_local:
+        return
+    folder = Path(resolve_model_path(name)).expanduser()
+    if not (folder / "config.json").is_file():
+        raise TridentError(f"model.name = {name!r}: no model there (expected a folder with config.json)")
+    tokenizer_config = folder / "tokenizer_config.json"
+    has_template = (folder / "chat_template.jinja").is_file() or (
+        tokenizer_config.is_file() and "chat_template" in json.loads(tokenizer_config.read_text())
+    )
+    if not has_template:
+        raise TridentError(
+            f"model.name = {name!r}: its tokenizer has no chat template; RL rollouts are chats, so use a chat "
+            "(instruct) model or add a chat_template to its tokenizer_config.json"
+        )
 
 
 def lock_output_dir(output_dir: Path) -> IO:

@@ -1,4 +1,6 @@
+import json
 import os
+import shutil
 import socket
 import sys
 
@@ -6,7 +8,7 @@ import pytest
 
 from rl.config import parse_config
 from rl.errors import TridentError
-from rl.preflight import check_envs_installed, check_port_free, gpu_env, lock_output_dir
+from rl.preflight import check_envs_installed, check_model, check_port_free, gpu_env, lock_output_dir
 from rl.process import command
 from rl.rl_config import RLConfig
 
@@ -50,3 +52,18 @@ def test_a_trainer_on_several_devices_starts_under_torchrun(tmp_path):
     argv = command("trainer.main", config_path, nproc=4)
     assert argv[:5] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
     assert argv[5:] == ["-m", "trainer.main", "@", str(config_path)]
+
+
+def test_model_folder_must_exist_and_have_a_chat_template(tmp_path, tiny_model_path):
+    check_model(tiny_model_path)
+    check_model("Qwen/Qwen3-8B")  # a hub id: the processes download it
+    with pytest.raises(TridentError, match=r"model.name = '/no/such/model': no model there"):
+        check_model("/no/such/model")
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny_model_path, plain)
+    (plain / "chat_template.jinja").unlink()
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TridentError, match=r"its tokenizer has no chat template"):
+        check_model(str(plain))

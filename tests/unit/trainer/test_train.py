@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,10 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rl.protocol import MicroBatch, read_probe, weights_dir
+from rl.protocol import BatchInfo, MicroBatch, read_probe, weights_dir, write_batch
 from trainer.config import TrainerConfig
 from trainer.model import packed_logprobs
-from trainer.train import train
+from trainer.train import EmptyBatchError, train
 
 
 def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
@@ -94,3 +95,11 @@ def test_gpu_default_is_bf16_compute_with_fp32_master_weights_and_offload_works(
     assert auto[1]["peak_memory_gib"] > 0
     weights = load_file(weights_dir(tmp_path / "auto", 2) / "model.safetensors")
     assert all(tensor.dtype == torch.float32 for tensor in weights.values())
+
+
+def test_a_batch_without_trainable_tokens_stops_the_trainer_naming_it(tmp_path, random_samples, tiny_model_path):
+    samples = [replace(s, loss_mask=[False] * len(s.loss_mask)) for s in random_samples(3)]
+    info = BatchInfo(0, 3, sum(len(s.token_ids) for s in samples), 0, 0.0, 1.0)
+    write_batch(tmp_path, info, [MicroBatch.pack(samples)])
+    with pytest.raises(EmptyBatchError, match=r"step 0: the batch in .*rollouts/step_0 has no sampled token"):
+        run(tmp_path, tiny_model_path)
