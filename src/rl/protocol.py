@@ -5,10 +5,11 @@ Under ``output_dir``::
     rollouts/step_N/            the batch the trainer trains on at step N (renamed into place: complete or absent)
         micro_batch_K.safetensors   packed tokens of one micro-batch (see :class:`MicroBatch`)
         batch.json                  step metadata (see :class:`BatchInfo`)
-    weights/step_N/             HF weights after N optimizer steps; ``STABLE`` is written last
+    weights/step_N/             HF weights (or a LoRA adapter) after N optimizer steps; ``STABLE`` is written last
+    checkpoints/step_N/{trainer,orchestrator}/   state to resume from after N steps (each part ``STABLE``)
     logs/{rl,trainer,orchestrator,inference}.log
     configs/{trainer,orchestrator,inference}.toml   the resolved configs ``rl`` started the processes with
-    metrics/{trainer,orchestrator}.jsonl   one JSON object per step
+    metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl)
 
 Weights ``step_0`` are the initial model: the server starts with them, nothing is written. The rollouts of
 step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
