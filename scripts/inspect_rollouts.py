@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     console.print(step_overview(rollouts), soft_wrap=True)
     for i in shown:
         record = rollouts.samples[i]
-        console.print(conversation_view(record, segment(record.token_ids, chat), chat, console.color_system is None))
+        console.print(
+            conversation_view(
+                record, segment(record.token_ids, chat, record.loss_mask), chat, console.color_system is None
+            )
+        )
     return 0
 
 

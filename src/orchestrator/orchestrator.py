@@ -130,9 +130,11 @@ class Orchestrator:
         gap = await self.client.check_probe(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
         logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
-        # Nothing can ask for older weights any more: the server moved past them.
-        for old in range(self.served_step + 1, newest):
-            shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
+        # Nothing can ask for older weights any more: the server moved past them. The folder served until now
+        # goes at the next swap (requests admitted under a retired adapter may still read it).
+        for old in range(1, newest):
+            if old != self.served_step:
+                shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
         self.served_step = newest
         return waited, reload_s
 

@@ -319,8 +319,16 @@ class Segmentation:
     parts: list[str]  # per token: HEADER, SCAFFOLD, CONTENT, END, SEPARATOR or OUTSIDE
 
 
-def segment(token_ids: list[int], chat: ChatFormat) -> Segmentation:
-    """Cut a sample's tokens into chat turns: which role each token belongs to, and which part of its turn."""
+def _sampled_start(i: int, token_ids: list[int], sampled: list[bool] | None, chat: ChatFormat) -> bool:
+    return sampled is not None and i < len(sampled) and sampled[i] and token_ids[i] == chat.im_start
+
+
+def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None = None) -> Segmentation:
+    """Cut a sample's tokens into chat turns: which role each token belongs to, and which part of its turn.
+
+    A ``<|im_start|>`` the model itself sampled inside its open reply (``sampled``, e.g. the loss mask) is
+    content of that reply, not the header of a new turn: random or early models emit it.
+    """
     n = len(token_ids)
     roles, parts = [OUTSIDE] * n, [OUTSIDE] * n
     turns: list[Turn] = []
@@ -344,7 +352,9 @@ def segment(token_ids: list[int], chat: ChatFormat) -> Segmentation:
         content_start = _skip_scaffold(token_ids, header_end, chat) if role == "assistant" else header_end
         # Content runs to <|im_end|> or, in a reply, another stop token (the server may add <|im_end|> after it).
         stops = {chat.im_start, chat.im_end} | (chat.stop_ids if role == "assistant" else set())
-        while i < n and token_ids[i] not in stops:
+        while i < n and (
+            token_ids[i] not in stops or (role == "assistant" and _sampled_start(i, token_ids, sampled, chat))
+        ):
             i += 1
         content_end = i
         closed = i < n and token_ids[i] != chat.im_start
@@ -538,7 +548,7 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
     if unknown:
         add("token_out_of_vocab", f"ids outside the tokenizer's {chat.vocab_size} tokens: {_span(unknown)}", unknown)
 
-    seg = segment(ids, chat)
+    seg = segment(ids, chat, record.loss_mask)
     if not seg.turns:
         add("no_chat_format", "no <|im_start|> token: roles cannot be checked (wrong --model?)", severity=WARNING)
     trainable = [i for i in range(min(len(ids), len(mask))) if mask[i]]

@@ -105,7 +105,8 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     # LoRA hot-swap: each step's adapter alone, swapped in under its own name, checked through the probe
     assert (tmp_path / "weights" / "step_5" / "adapter_config.json").exists()
     inference_log = (tmp_path / "logs" / "inference.log").read_text()
-    assert [int(s) for s in re.findall(r"serving adapter lora-step-(\d+) of step", inference_log)] == [1, 2, 3, 4]
+    swapped = [int(s) for s in re.findall(r"serving adapter lora-step-(\d+) of step", inference_log)]
+    assert swapped == sorted({r["weight_step"] for r in orchestrator} - {0})
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])
 
 

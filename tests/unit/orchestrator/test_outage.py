@@ -46,8 +46,9 @@ def rollouts(n: int, ok: bool) -> list[Rollout]:
 def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tmp_path, monkeypatch, caplog):
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0)
     orchestrator = Orchestrator(config)
-    (weights := weights_dir(tmp_path, 2)).mkdir(parents=True)
-    mark_stable(weights)
+    for step in (1, 2):
+        (weights := weights_dir(tmp_path, step)).mkdir(parents=True)
+        mark_stable(weights)
     orchestrator.served_step = 2  # the server served the run's step-2 weights, then went away
     server = FakeServer(served_step=2)
     orchestrator.client.http = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(server.handle))
@@ -75,6 +76,7 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
     assert sleeps == [1.0, 2.0, 4.0]  # backing off while the server is down
     assert "POST /reload_weights" in server.requests  # the restarted server got the run's weights back
     assert orchestrator.served_step == 2 and len(attempts) == 2
+    assert not weights_dir(tmp_path, 1).exists() and weights_dir(tmp_path, 2).exists()  # older weights go
     assert (rollouts_dir(tmp_path, 3) / "batch.json").exists()
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "step 3: inference server unreachable" in messages

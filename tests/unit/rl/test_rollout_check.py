@@ -448,3 +448,15 @@ def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch):
     errors = [r.getMessage() for r in caplog.records if r.name == "verify_env"]
     assert len(errors) == 2 and all("\n" not in e for e in errors)
     assert "--args must be a JSON object" in errors[0] and "'no-such-env' is not installed" in errors[1]
+
+
+def test_an_im_start_the_model_sampled_inside_its_reply_is_content(tmp_path, tokenizer, chat, tiny_model_path):
+    b = Builder(tokenizer)
+    b.add("prompt", render(tokenizer, [{"role": "user", "content": QUESTION}], True), sampled=False)
+    b.add("reply", "It is<|im_start|>user\n 42.<|im_end|>", sampled=True)  # garbage a random model may sample
+    sample = b.sample(reward=1.0, env="gsm8k-calc")
+    seg = segment(sample.token_ids, chat, sample.loss_mask)
+    assert [t.role for t in seg.turns] == ["system", "user", "assistant"]
+    assert [t.role for t in segment(sample.token_ids, chat).turns][-1] == "user"  # without the mask: a new turn
+    write_step(tmp_path, [sample], tiny_model_path, step=0)
+    assert [p for p in check_step(read_step(tmp_path), chat).all_problems() if p.severity == "error"] == []

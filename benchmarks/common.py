@@ -1,0 +1,136 @@
+"""What the benchmarks that talk to an inference server share: the machine they ran on, a server to run
+against, and writing their results."""
+
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from rl.launcher import child_env
+from rl.process import Child
+from rl.protocol import auth_headers
+from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
+
+RESULTS_DIR = Path(__file__).parent / "results"
+SERVER_TIMEOUT_S = 900.0  # vLLM starts in about a minute on a quiet 2-core machine, several on a loaded one
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux), else what ``platform`` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    """What the numbers were measured on, including how loaded the machine was when the run ended."""
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def utc_now() -> str:
+    """The date and time of a run, ISO 8601 in UTC."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def write_results(path: Path, result: dict) -> None:
+    """Write a benchmark's results as indented JSON, creating the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
+    """Save a random Qwen3 with the tiny model's config and tokenizer, reshaped by ``shape``: a model the
+    inference server can serve and the trainer can train, larger than the tiny one."""
+    tiny = resolve_model_path(TINY_MODEL_ID)
+    config = AutoConfig.from_pretrained(tiny)
+    for name, value in shape.items():
+        setattr(config, name, value)
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base_url: str, server: Child, timeout_s: float = SERVER_TIMEOUT_S) -> None:
+    """Poll ``/health`` until the server answers 200; raise if it exits or takes longer than ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the inference server exited with code {server.poll()}; log: {server.log_path}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the inference server was not healthy after {timeout_s:.0f}s; log: {server.log_path}")
+
+
+@contextmanager
+def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
+    """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank``; yield its
+    base URL once healthy, and stop it (its whole process group) on exit."""
+    port = free_port()
+    config = log_dir / "infer.toml"
+    config.write_text(
+        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = {max_model_len}\n'
+        f"[lora]\nmax_rank = {lora_rank}\n"
+    )
+    argv = [sys.executable, "-m", "inference.main", "@", str(config)]
+    server = Child("inference", argv, log_dir / "inference.log", child_env({}))
+    try:
+        base_url = f"http://127.0.0.1:{port}"
+        wait_healthy(base_url, server)
+        yield base_url
+    finally:
+        server.stop()
+
+
+@contextmanager
+def server_for(url: str | None, model: str, lora_rank: int) -> Iterator[str]:
+    """The server at ``url`` when given (it must serve ``model`` with LoRA up to at least ``lora_rank``), else
+    one started for the duration of the block, with its log in a temporary folder."""
+    if url is not None:
+        yield url.rstrip("/")
+        return
+    with tempfile.TemporaryDirectory(prefix="trident-bench-server-") as tmp:
+        with inference_server(model, lora_rank, Path(tmp)) as base_url:
+            yield base_url
+
+
+def served_model_folder(base_url: str) -> Path:
+    """The folder of the base model a server serves (vLLM's ``root`` of the first model in ``/v1/models``)."""
+    response = httpx.get(f"{base_url}/v1/models", headers=auth_headers(), timeout=30)
+    response.raise_for_status()
+    return Path(response.json()["data"][0]["root"])
