@@ -189,14 +189,14 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
     check_model(config.trainer.model.name)
+    output_dir = Path(config.trainer.output_dir)
+    lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
     paths = write_configs(config)
-    output_dir = Path(config.trainer.output_dir)
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
         return 0
-    lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits)
     check_port_free(config.inference.host, config.inference.port)
     log_dir = logs_dir(output_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

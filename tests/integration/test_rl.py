@@ -134,6 +134,8 @@ def test_killed_trainer_stops_the_run_and_the_run_resumes_from_its_checkpoint(tm
         second = subprocess.run([*argv[:-1], "8014"], capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert second.returncode == 1
         assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in second.stderr
+        # the refused run wrote nothing: the first run's processes still read their own configs
+        assert "127.0.0.1:8013" in (tmp_path / "configs" / "orchestrator.toml").read_text()
 
         deadline = time.monotonic() + 900
         while complete_checkpoints(tmp_path) != [2]:  # kill the trainer once step 2's checkpoint is complete
