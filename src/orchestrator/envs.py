@@ -25,6 +25,7 @@ class Rollout:
     truncated: bool = False  # a model call stopped at max_tokens
     error: str | None = None
     rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics (not rewards)
     turns: int = 0  # model calls
     task: str = ""  # the task's id
     env: str = ""  # the environment's id
@@ -102,6 +103,7 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=error,
         rewards={name: r.score for name, r in trace.rewards.items() if r is not None},
+        metrics={name: value for name, value in trace.metrics.items() if value is not None},
         turns=len(trace.calls),
         env=env_id,
         task=str(trace.task.data.id if trace.task.data.id is not None else trace.task.data.idx),

@@ -73,7 +73,7 @@ def build_samples(
         for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
             if not rollout.ok:
                 continue
-            meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards,
+            meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
                     "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
             for token_ids, mask, logprobs in rollout.branches:
                 if mask_truncated and rollout.truncated:

@@ -38,21 +38,26 @@ def rollout_metrics(
 
     ``rewards`` are the scores advantages were computed from (``rollout.reward``, or 0 for truncated rollouts
     under ``zero_truncated_completions``); ``reward/<function>`` is each reward function's raw mean over the
-    rollouts it scored. Lengths are in tokens, one value per sample (a rollout split into several samples gives
+    rollouts it scored, ``metric/<name>`` each environment metric's mean over the rollouts that report it.
+    Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """
     rollouts = [r for group in groups for r in group]
     branches = [(ids, mask) for r in rollouts for ids, mask, _ in r.branches]
     lengths = [split_lengths(mask) for _, mask in branches]
     by_function: dict[str, list[float]] = {}
+    by_metric: dict[str, list[float]] = {}
     for rollout in rollouts:
         for function, score in rollout.rewards.items():
             by_function.setdefault(function, []).append(score)
+        for name, value in rollout.metrics.items():
+            by_metric.setdefault(name, []).append(value)
     sampled_tokens = sum(sum(mask) for _, mask in branches)
     seconds = max(generate_s, 1e-9)
     return {
         **describe("reward", rewards.flatten().tolist(), ("mean", "std")),
         **{f"reward/{function}": statistics.fmean(scores) for function, scores in sorted(by_function.items())},
+        **{f"metric/{name}": statistics.fmean(values) for name, values in sorted(by_metric.items())},
         "uniform_groups": uniform_groups(rewards).float().mean().item(),
         "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
         "failed_rollouts": sum(not r.ok for r in rollouts),

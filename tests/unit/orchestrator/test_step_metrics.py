@@ -42,6 +42,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
                 branches=[(prompt + reply, [False] * len(prompt) + [True] * len(reply), [0.0] * len(prompt + reply))],
                 ok=True,
                 rewards={"similarity": float(i)},
+                metrics={"edits": 2.0 * i},
                 turns=1,
                 env="reverse-text",
             )
@@ -53,10 +54,11 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     orchestrator.metrics.close()
 
     (record,) = read_metrics(tmp_path, "orchestrator")
-    expected = {k.replace("<function>", "similarity") for k in documented_keys("Orchestrator")} - {"probe_gap"}
+    documented = documented_keys("Orchestrator")
+    expected = {k.replace("<function>", "similarity").replace("<name>", "edits") for k in documented} - {"probe_gap"}
     assert set(record) == expected  # probe_gap comes with the first reload
     assert record["prompt_len_max"] == len(prompt) and record["completion_len_max"] == len(reply)
-    assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5
+    assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5 and record["metric/edits"] == 1.0
 
     (run_dir,) = tmp_path.glob("wandb/offline-run-*")
     (run_file,) = run_dir.glob("run-*.wandb")
