@@ -26,38 +26,59 @@ class WeightsRequest(BaseModel):
     step: Annotated[int, Field(ge=0)]
 
 
-def weights_router(weights_root: Path | None) -> APIRouter:
-    """``POST /reload_weights`` and ``POST /load_adapter`` (both ``{path, step}``), ``GET /weights``.
+def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
+    """``POST /reload_weights`` and ``POST /load_adapter`` (both ``{path, step}``), ``POST /reset_weights``
+    (serve ``base_path``, the model the server started with, again), ``GET /weights``.
 
     Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served) and ``trident_adapters``
     (an :class:`~inference.adapters.Adapters`, None when the server runs without LoRA).
     """
     router = APIRouter()
     lock = asyncio.Lock()  # one change of weights at a time
+    full_weights = {"path": base_path}  # what the model's own weights hold now (adapters come on top)
+
+    async def load_full_weights(state: State, path: str, step: int) -> JSONResponse:
+        """Serve the full weights in ``path`` as ``step``, no adapter; call holding ``lock``."""
+        engine = state.engine_client
+        start = time.perf_counter()
+        # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
+        await engine.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await engine.collective_rpc("reload_weights_from", args=(path,))
+            await engine.reset_prefix_cache()
+            await engine.update_weight_version(str(step))
+        except Exception as e:
+            logger.exception("reload_weights failed")
+            return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
+        finally:
+            await engine.resume_generation()
+        full_weights["path"] = path
+        if state.trident_weights["adapter"] is not None:  # trained on the old base weights
+            await state.trident_adapters.retire(state.trident_weights["adapter"])
+        return serving(state, step, path, None, start)
 
     @router.post("/reload_weights")
     async def reload_weights(request: WeightsRequest, raw_request: Request) -> JSONResponse:
-        state = raw_request.app.state
-        engine = state.engine_client
         path = str(checked_weights_path(request.path, weights_root))
         if is_adapter(path):
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with /load_adapter")
         async with lock:
-            start = time.perf_counter()
-            # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
-            await engine.pause_generation(mode="wait", clear_cache=True)
-            try:
-                await engine.collective_rpc("reload_weights_from", args=(path,))
-                await engine.reset_prefix_cache()
-                await engine.update_weight_version(str(request.step))
-            except Exception as e:
-                logger.exception("reload_weights failed")
-                return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
-            finally:
-                await engine.resume_generation()
-            if state.trident_weights["adapter"] is not None:  # trained on the old base weights
-                await state.trident_adapters.retire(state.trident_weights["adapter"])
-            return serving(state, request.step, path, None, start)
+            return await load_full_weights(raw_request.app.state, path, request.step)
+
+    @router.post("/reset_weights")
+    async def reset_weights(raw_request: Request) -> JSONResponse:
+        """Serve the model the server started with, as step 0 and no adapter: a new run on a server that an
+        earlier run used starts where a fresh server would."""
+        state = raw_request.app.state
+        async with lock:
+            served = state.trident_weights
+            if full_weights["path"] != base_path:  # full weights of a run: read the base model's own again
+                return await load_full_weights(state, base_path, 0)
+            if served["adapter"] is not None:
+                await state.trident_adapters.retire(served["adapter"])
+            if served != {"step": 0, "path": base_path, "adapter": None}:
+                await state.engine_client.update_weight_version("0")
+            return serving(state, 0, base_path, None, time.perf_counter())
 
     @router.post("/load_adapter")
     async def load_adapter(request: WeightsRequest, raw_request: Request) -> JSONResponse:

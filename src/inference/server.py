@@ -53,14 +53,15 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
 
     supported_tasks = await engine_client.get_supported_tasks()
     app = build_app(args, supported_tasks, engine_client.model_config)
-    app.include_router(weights_router(config.weights_root))
+    base_path = os.path.abspath(args.model)
+    app.include_router(weights_router(config.weights_root, base_path))
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
     if api_key is not None:
         app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request
         app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
     await init_app_state(engine_client, app.state, args, supported_tasks)
-    app.state.trident_weights = {"step": 0, "path": os.path.abspath(args.model), "adapter": None}
+    app.state.trident_weights = {"step": 0, "path": base_path, "adapter": None}
     app.state.trident_adapters = (
         Adapters(app.state.openai_serving_models, engine_client) if config.lora is not None else None
     )

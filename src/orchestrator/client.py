@@ -51,6 +51,14 @@ class InferenceClient:
         except httpx.HTTPError:
             return None
 
+    async def reset_weights(self) -> None:
+        """Make the server serve the model it started with, no adapter, as step 0: a server that an earlier run
+        left on its own weights or adapter serves what a fresh one would."""
+        response = await self.http.post("/reset_weights")
+        if response.status_code != 200:
+            raise TridentError(f"inference server failed to serve its base model again: {response.text}")
+        self.use(response.json())
+
     def use(self, served: dict) -> None:
         """Name what ``served`` reports in requests from now on: its adapter, or the base model."""
         self.model = served.get("adapter") or self.base_model

@@ -260,6 +260,7 @@ class Orchestrator:
     async def run(self) -> None:
         logger.info(f"waiting for the inference server at {self.config.client.base_url}")
         await self.client.wait_ready(self.config.client.server_timeout_s)
+        await self.client.reset_weights()  # this run's weights come next; none of an earlier run's
         async with AsyncExitStack() as stack:
             for env in self.envs:
                 await stack.enter_async_context(env.serving())

@@ -58,12 +58,15 @@ class FakeAdapters:
         self.calls.append(("remove_retired",))
 
 
+BASE = "/models/base"  # the model the fake server started with
+
+
 def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeAdapters | None]:
     app = FastAPI()
-    app.include_router(weights_router(root))
+    app.include_router(weights_router(root, BASE))
     app.state.engine_client = FakeEngine()
     app.state.trident_adapters = FakeAdapters() if lora else None
-    app.state.trident_weights = {"step": 0, "path": "/models/base", "adapter": None}
+    app.state.trident_weights = {"step": 0, "path": BASE, "adapter": None}
     return TestClient(app), app.state.engine_client, app.state.trident_adapters
 
 
@@ -137,3 +140,26 @@ def test_reload_weights_swaps_paused_and_retires_the_adapter(root):
     assert client.post("/reload_weights", json={"path": str(root / "unstable"), "step": 3}).status_code == 400
     assert client.post("/reload_weights", json={"path": "/", "step": 3}).status_code == 403
     assert client.get("/weights").json()["step"] == 2
+
+
+def test_reset_weights_serves_the_base_model_again_so_a_new_run_can_reuse_the_server(root):
+    client, engine, adapters = weights_app(root)
+    base = {"step": 0, "path": BASE, "adapter": None}
+    assert client.post("/reset_weights").json() | {"seconds": 0} == base | {"seconds": 0}
+    assert engine.calls == [] and adapters.calls == []  # a fresh server: nothing to do
+
+    client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})  # an earlier run's adapter
+    engine.calls.clear()
+    assert client.post("/reset_weights").status_code == 200
+    assert adapters.calls[-1] == ("retire", adapter_name(1))
+    assert "collective_rpc" not in [c[0] for c in engine.calls]  # the base weights never changed
+    assert client.get("/weights").json() == base
+    # the next run's first adapter has the earlier run's first name: no conflict any more
+    assert client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1}).status_code == 200
+
+    client.post("/reload_weights", json={"path": str(root / "full_2"), "step": 2})  # an earlier run's weights
+    engine.calls.clear()
+    assert client.post("/reset_weights").status_code == 200
+    assert engine.calls[0][0] == "pause_generation" and ("collective_rpc", "reload_weights_from") in engine.calls
+    assert ("update_weight_version", "0") in engine.calls
+    assert client.get("/weights").json() == base
