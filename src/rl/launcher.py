@@ -61,6 +61,8 @@ def write_configs(config: RLConfig) -> dict[str, Path]:
     for name, sub in sub_configs(config).items():
         paths[name] = folder / f"{name}.toml"
         paths[name].write_text(tomli_w.dumps(to_toml_dict(sub)))
+    for stale in set(folder.glob("*.toml")) - set(paths.values()):  # e.g. an earlier run's inference.toml
+        stale.unlink()
     return paths
 
 
@@ -85,8 +87,9 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def first_step_phase(output_dir: Path, server_url: str, done: int = 0) -> str:
-    """What the run is doing before its first step (after ``done`` steps of a resumed run) is done."""
+def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_server: bool = True) -> str:
+    """What the run is doing before its first step (after ``done`` steps of a resumed run) is done;
+    ``started_server``: whether rl started the inference server (else it waits for a running one)."""
     if len(read_metrics(output_dir, "orchestrator")) > done:
         return f"training step {done + 1}"
     try:
@@ -94,7 +97,7 @@ def first_step_phase(output_dir: Path, server_url: str, done: int = 0) -> str:
             return "sampling the first batch"
     except httpx.TransportError:
         pass
-    return "starting the inference server"
+    return "starting the inference server" if started_server else f"waiting for the inference server at {server_url}"
 
 
 def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: float) -> str:
@@ -169,7 +172,8 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             now = time.perf_counter()
             if printed == first:
                 if notice.due():
-                    phase = first_step_phase(output_dir, config.orchestrator.client.base_url, first)
+                    url, started = config.orchestrator.client.base_url, config.inference is not None
+                    phase = first_step_phase(output_dir, url, first, started)
                     notice.show(f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)")
             elif notice.live and printed < max_steps:
                 notice.show(f"step {printed + 1}/{max_steps} ({now - last:.0f}s)")
@@ -197,12 +201,15 @@ def run(config: RLConfig) -> int:
         for name, path in paths.items():
             print(f"{name}: {path}")
         return 0
-    check_port_free(config.inference.host, config.inference.port)
+    if config.inference is not None:
+        check_port_free(config.inference.host, config.inference.port)
     log_dir = logs_dir(output_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+    if config.inference is None:
+        logger.info(f"no --inference given: using the inference server at {config.orchestrator.client.base_url}")
     if resume_from:
         logger.info(f"resuming from checkpoint step {resume_from}")
     for path in clear_run_state(output_dir, resume_from):
@@ -213,7 +220,7 @@ def run(config: RLConfig) -> int:
     children: dict[str, Child] = {}
     start, code = time.perf_counter(), 1
     try:
-        for name in ("inference", "orchestrator", "trainer"):
+        for name in paths:
             log_path = log_dir / f"{name}.log"
             argv = command(MODULES[name], paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1)
             children[name] = Child(name, argv, log_path, child_env(placement[name]))

@@ -33,7 +33,13 @@ SHARED_FIELDS = {
 class RLConfig(BaseConfig):
     trainer: TrainerConfig = TrainerConfig()
     orchestrator: OrchestratorConfig = OrchestratorConfig()
-    inference: InferenceConfig = InferenceConfig()
+    inference: Annotated[
+        InferenceConfig | None,
+        Field(
+            description="The inference server rl starts (`--inference @ infer.toml`). Without it, rl starts none "
+            "and the run uses the server already running at orchestrator.client.base_url."
+        ),
+    ] = None
 
     model: SharedModelConfig = SharedModelConfig()
     output_dir: OutputDir | None = None
@@ -92,11 +98,15 @@ def resolve_shared(config: RLConfig) -> RLConfig:
                 )
             value = next(iter(explicit.values()), _get(config, targets[0]))
         for target in targets:
+            if target.startswith("inference.") and config.inference is None:
+                continue  # a running server: its settings are its own
             try:
                 _assign(config, target, value)
             except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
                 raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
+    if config.inference is None:
+        return config
     if not _is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
     if not _is_set(config, "orchestrator.client.base_url"):
@@ -114,6 +124,8 @@ def serve_adapters(config: RLConfig) -> None:
     key = "trainer.model.experimental.lora"
     if lora.modules_to_save:
         raise ConfigError(f"{key}.modules_to_save: vLLM cannot swap in fully trained modules; use export = 'merged'")
+    if config.inference is None:
+        return  # a running server: it must have been started with [lora] (/load_adapter says so otherwise)
     ranks = get_args(InferenceLoraConfig.model_fields["max_rank"].annotation)  # the ranks vLLM accepts
     if config.inference.lora is None:
         fitting = [rank for rank in ranks if rank >= lora.rank]
@@ -127,5 +139,6 @@ def serve_adapters(config: RLConfig) -> None:
 
 
 def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:
-    """The resolved configs of the processes, by process name."""
-    return {"inference": config.inference, "orchestrator": config.orchestrator, "trainer": config.trainer}
+    """The resolved configs of the processes rl starts, by process name."""
+    processes = {"inference": config.inference, "orchestrator": config.orchestrator, "trainer": config.trainer}
+    return {name: sub for name, sub in processes.items() if sub is not None}

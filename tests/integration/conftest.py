@@ -44,7 +44,7 @@ def inference_server(tmp_path_factory, tiny_model_path):
     port = free_port()
     config = folder / "infer.toml"
     config.write_text(
-        f'port = {port}\n[model]\nname = "trident/tiny-qwen3"\nenforce_eager = true\nmax_model_len = 1024\n'
+        f'port = {port}\n[model]\nname = "trident/tiny-qwen3"\nenforce_eager = true\nmax_model_len = 4096\n'
         "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
     )
     log_path = folder / "inference.log"

@@ -31,11 +31,11 @@ def short_reply_env() -> list[dict]:
     return env
 
 
-def test_customer_service_configs_run_on_cpu_with_the_tiny_model(tmp_path):
+def test_customer_service_configs_run_on_cpu_with_the_tiny_model(tmp_path, inference_server):
+    # trainer and orchestrator as configured, against the session's server (rl starts none without --inference)
     argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(CONFIGS / "train.toml"),
-            "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--inference", "@", str(CONFIGS / "infer.toml"),
+            "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--orchestrator.client.base-url", inference_server,
             "--model.name", "trident/tiny-qwen3", "--max-steps", "2", "--output-dir", str(tmp_path),
-            "--inference.port", "8016",
             # the tiny model never stops by itself: every turn runs to max_tokens, 64 keeps a step near a minute
             "--orchestrator.sampling.max-tokens", "64",
             "--orchestrator.env", json.dumps(short_reply_env())]  # fmt: skip

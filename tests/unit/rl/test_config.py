@@ -2,7 +2,7 @@ import pytest
 
 from orchestrator.config import OrchestratorConfig
 from rl.config import ConfigError, parse_config
-from rl.rl_config import RLConfig, resolve_shared
+from rl.rl_config import RLConfig, resolve_shared, sub_configs
 from trainer.config import TrainerConfig
 
 
@@ -108,14 +108,15 @@ def test_gpu_memory_utilization_outside_0_1_is_refused(value):
 
 
 def test_log_level_flag_reaches_every_process():
-    config = resolve_shared(parse_config(RLConfig, ["--log.level", "debug"]))
+    config = resolve_shared(parse_config(RLConfig, ["--log.level", "debug", "--inference.port", "8000"]))
     assert {config.trainer.log.level, config.orchestrator.log.level, config.inference.log.level} == {"debug"}
     with pytest.raises(ConfigError, match=r"--log.level: log.level: Input should be 'debug', 'info'"):
         parse_config(RLConfig, ["--log.level", "loud"])
 
 
 def test_adapter_export_turns_on_lora_serving_with_a_fitting_rank(tmp_path):
-    lora = ["--trainer.model.experimental.lora.rank", "12", "--trainer.model.experimental.lora.export", "adapter"]
+    lora = ["--trainer.model.experimental.lora.rank", "12", "--trainer.model.experimental.lora.export", "adapter",
+            "--inference.port", "8000"]  # fmt: skip
     config = resolve_shared(parse_config(RLConfig, ["--output-dir", str(tmp_path), *lora]))
     assert config.inference.lora.max_rank == 16  # the smallest rank vLLM accepts above 12
     assert config.inference.weights_root == tmp_path / "weights"
@@ -125,5 +126,21 @@ def test_adapter_export_turns_on_lora_serving_with_a_fitting_rank(tmp_path):
     with_modules = parse_config(RLConfig, [*lora, "--trainer.model.experimental.lora.modules-to-save", '["lm_head"]'])
     with pytest.raises(ConfigError, match=r"modules_to_save: vLLM cannot swap in fully trained modules"):
         resolve_shared(with_modules)
-    merged = ["--trainer.model.experimental.lora.rank", "12", "--trainer.model.experimental.lora.export", "merged"]
+    merged = [*lora[:3], "merged", *lora[4:]]
     assert resolve_shared(parse_config(RLConfig, merged)).inference.lora is None  # full weights need no LoRA serving
+
+
+def test_without_inference_rl_starts_no_server_and_uses_the_running_one():
+    config = resolve_shared(
+        parse_config(RLConfig, ["--seq-len", "512", "--orchestrator.client.base-url", "http://10.0.0.2:8000"])
+    )
+    assert config.inference is None and set(sub_configs(config)) == {"orchestrator", "trainer"}
+    assert config.orchestrator.seq_len == config.trainer.seq_len == 512
+    assert config.orchestrator.client.base_url == "http://10.0.0.2:8000"
+    with_adapters = [
+        "--trainer.model.experimental.lora.rank",
+        "8",
+        "--trainer.model.experimental.lora.export",
+        "adapter",
+    ]
+    assert resolve_shared(parse_config(RLConfig, with_adapters)).inference is None  # the server's [lora] is its own
