@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -21,15 +22,21 @@ ROOT = Path(__file__).parents[2]
 DEBUG = ROOT / "configs" / "debug" / "rl"
 
 
-def run_rl(output_dir: Path, *flags: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
-            "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
+def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
+    """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags)."""
+    server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
+    return [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), *server,
             "--output-dir", str(output_dir), *flags]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def run_rl(output_dir: Path, *flags: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run(rl_argv(output_dir, *flags), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def started_pids(output_dir: Path) -> dict[str, int]:
-    log = (output_dir / "logs" / "rl.log").read_text()
+    path = output_dir / "logs" / "rl.log"
+    log = path.read_text() if path.exists() else ""
     return {name: int(pid) for name, pid in re.findall(r"started (\w+) \(pid (\d+)\)", log)}
 
 
@@ -135,51 +142,75 @@ def test_failing_process_stops_the_run(tmp_path):
     assert_process_groups_gone(started_pids(tmp_path))
 
 
-def test_killed_trainer_stops_the_run_and_the_run_resumes_from_its_checkpoint(tmp_path):
-    flags = ["--max-steps", "4", "--ckpt.interval", "2", "--orchestrator.batch-size", "4"]
-    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
-            "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
-            "--output-dir", str(tmp_path), *flags, "--inference.port", "8013"]  # fmt: skip
-    rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 120
-        while len(pids := started_pids(tmp_path) if (tmp_path / "logs" / "rl.log").exists() else {}) < 3:
-            assert time.monotonic() < deadline and rl.poll() is None, "rl did not start its three processes"
-            time.sleep(0.5)
-        second = subprocess.run([*argv[:-1], "8014"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert second.returncode == 1
-        assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in second.stderr
-        # the refused run wrote nothing: the first run's processes still read their own configs
-        assert "127.0.0.1:8013" in (tmp_path / "configs" / "orchestrator.toml").read_text()
+def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline and rl.poll() is None, f"rl: {what} did not happen"
+        time.sleep(0.2)
 
-        deadline = time.monotonic() + 900
-        while complete_checkpoints(tmp_path) != [2]:  # kill the trainer once step 2's checkpoint is complete
-            assert time.monotonic() < deadline and rl.poll() is None, "no checkpoint at step 2"
-            time.sleep(0.2)
-        os.kill(pids["trainer"], signal.SIGKILL)
-        killed_at = time.monotonic()
-        _, stderr = rl.communicate(timeout=60)
-        assert rl.returncode == 1
-        assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
-        assert f"trainer exited with code {-signal.SIGKILL}" in stderr
-        assert_process_groups_gone(pids)
-        assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
-    finally:
-        rl.kill()
+
+def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_path, inference_server):
+    """SIGKILL the trainer, then the orchestrator, then inference, each at a random step: each time rl stops the
+    whole run, and ``--ckpt.resume-step -1`` continues it from the newest complete checkpoint. In the end every
+    step was trained once, on the prompts an uninterrupted run would have used.
+
+    The first two runs use the session's server (no ``--inference``: rl starts none and the run resets the
+    server to its base model); the third starts its own, to kill it."""
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    steps, batch_size = 8, 4
+    flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size)]
+    running_server = ["--orchestrator.client.base-url", inference_server]
+    own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8013"]
+    resumed_from = []
+    for victim in ("trainer", "orchestrator", "inference"):
+        resume = ["--ckpt.resume-step", "-1"] if resumed_from else []
+        server = own_server if victim == "inference" else running_server
+        argv = rl_argv(tmp_path, *flags, *server, *resume, inference=False)
+        (tmp_path / "logs" / "rl.log").unlink(missing_ok=True)  # the pids of the run before
+        rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            names = 3 if victim == "inference" else 2
+            wait_for(lambda n=names: len(started_pids(tmp_path)) == n, 120, rl, "start its processes")
+            pids = started_pids(tmp_path)
+            if victim == "trainer":
+                other = rl_argv(tmp_path, *flags, "--orchestrator.client.base-url", "http://x:1", inference=False)
+                refused = subprocess.run(other, capture_output=True, text=True, timeout=120, cwd=ROOT)
+                assert refused.returncode == 1
+                assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in refused.stderr
+                # the refused run wrote nothing: the first run's processes still read their own configs
+                assert inference_server in (tmp_path / "configs" / "orchestrator.toml").read_text()
+            done = len(read_metrics(tmp_path, "trainer"))
+            kill_after = max(done + rng.randint(1, 3), 3)  # a checkpoint (step 2) exists before the first kill
+            trained = lambda n=kill_after: len(read_metrics(tmp_path, "trainer")) >= n  # noqa: E731
+            wait_for(trained, 900, rl, f"{kill_after} trained steps")
+            os.kill(pids[victim], signal.SIGKILL)
+            killed_at = time.monotonic()
+            _, stderr = rl.communicate(timeout=60)
+            assert rl.returncode == 1, f"seed {seed}: {stderr}"
+            assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
+            assert f"{victim} exited with code {-signal.SIGKILL}" in stderr
+            assert_process_groups_gone(pids)
+            assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+        finally:
+            rl.kill()
+        resumed_from.append(complete_checkpoints(tmp_path)[-1])
 
     resumed = subprocess.run(
-        [*argv, "--ckpt.resume-step", "-1"], capture_output=True, text=True, timeout=1200, cwd=ROOT
-    )
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        rl_argv(tmp_path, *flags, *running_server, "--ckpt.resume-step", "-1", inference=False),
+        capture_output=True, text=True, timeout=1200, cwd=ROOT,
+    )  # fmt: skip
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stdout + resumed.stderr}"
+    last = resumed_from[-1]
     assert [line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")] == [
-        "step 3/4", "step 4/4"
-    ]  # fmt: skip
-    # each step trained exactly once across both runs, on the prompts an uninterrupted run would have used
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [0, 1, 2, 3]
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == [0, 1, 2, 3]
+        f"step {i}/{steps}" for i in range(last + 1, steps + 1)
+    ], f"seed {seed}"
+    # each step trained exactly once across the four runs, on the prompts an uninterrupted run would have used
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
-    assert "resuming at step 2: prompts from task 8 on" in orchestrator_log
-    assert complete_checkpoints(tmp_path) == [2, 4]
+    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    assert complete_checkpoints(tmp_path)[-1] == steps
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
 
 
