@@ -1,4 +1,5 @@
 import json
+import time
 
 from rl.config import parse_config
 from rl.launcher import step_line
@@ -23,7 +24,10 @@ def test_metrics_go_to_jsonl_and_an_offline_wandb_run(tmp_path, monkeypatch):
     writer.close()
     assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [0, 1]
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    data = run_file.read_bytes()
+    # W&B's service process writes the file; on a loaded machine it may still be at it after finish() returns
+    deadline = time.monotonic() + 30
+    while b"mismatch_kl" not in (data := run_file.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert b"mismatch_kl" in data and b"run-trainer" in data
 
 
