@@ -1,9 +1,13 @@
-"""What the benchmarks that talk to an inference server share: the machine they ran on, a server to run
-against, and writing their results."""
+"""What the benchmarks share: the machine they ran on, random models larger than the tiny one, an inference
+server to run against, and writing their results."""
 
+import argparse
 import json
+import math
 import os
 import platform
+import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -16,11 +20,12 @@ from pathlib import Path
 import httpx
 import torch
 import transformers
+from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rl.launcher import child_env
 from rl.process import Child
-from rl.protocol import auth_headers
+from rl.protocol import auth_headers, mark_stable
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -55,10 +60,25 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def write_results(path: Path, result: dict) -> None:
-    """Write a benchmark's results as indented JSON, creating the folder."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+def benchmark_parser(doc: str, name: str, smoke_help: str, server: bool = False) -> argparse.ArgumentParser:
+    """The flags every benchmark takes: ``--smoke``, ``--output`` (default ``results/<name>.json``) and, for one
+    that runs against an inference server, ``--server``. ``doc``: the script's docstring."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help=smoke_help)
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{name}.json", help="where the JSON results go")
+    if server:
+        parser.add_argument("--server", help="URL of a running inference server to use instead of starting one")
+    return parser
+
+
+def report(output: Path, result: dict, table: str) -> dict:
+    """Write a benchmark's results as indented JSON to ``output`` (creating the folder), print its summary table;
+    returns the results."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=1) + "\n")
+    print(table)
+    print(f"results: {output}")
+    return result
 
 
 def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
@@ -73,6 +93,42 @@ def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Pa
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
     return folder
+
+
+def benchmark_model(shape: dict[str, int], folder: Path) -> str:
+    """The model a benchmark runs: the tiny model for an empty ``shape``, else one built into ``folder``."""
+    return str(build_random_model(folder, shape)) if shape else TINY_MODEL_ID
+
+
+def model_summary(model_folder: Path) -> dict:
+    """A model's shape, parameter count and the size of its weight files."""
+    config = AutoConfig.from_pretrained(model_folder)
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim")  # fmt: skip
+    files = list(Path(model_folder).glob("*.safetensors"))
+    parameters = 0
+    for file in files:
+        with safe_open(file, "pt") as tensors:
+            parameters += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return {key: getattr(config, key) for key in keys} | {
+        "parameters": parameters,
+        "weights_bytes": sum(f.stat().st_size for f in files),
+    }
+
+
+@contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM exits through ``SystemExit`` (so ``finally`` blocks stop the processes a
+    benchmark started) instead of killing the interpreter on the spot."""
+
+    def exit_now(signum, frame):
+        sys.exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:
@@ -118,9 +174,9 @@ def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: i
 
 
 @contextmanager
-def server_for(url: str | None, model: str, lora_rank: int) -> Iterator[str]:
-    """The server at ``url`` when given (it must serve ``model`` with LoRA up to at least ``lora_rank``), else
-    one started for the duration of the block, with its log in a temporary folder."""
+def server_for(url: str | None, model: str | None, lora_rank: int) -> Iterator[str]:
+    """The server at ``url`` when given (it must serve LoRA adapters of ``lora_rank``), else one started for
+    the duration of the block to serve ``model``, with its log in a temporary folder."""
     if url is not None:
         yield url.rstrip("/")
         return
@@ -129,8 +185,23 @@ def server_for(url: str | None, model: str, lora_rank: int) -> Iterator[str]:
             yield base_url
 
 
-def served_model_folder(base_url: str) -> Path:
-    """The folder of the base model a server serves (vLLM's ``root`` of the first model in ``/v1/models``)."""
+def served_model(base_url: str) -> tuple[str, Path]:
+    """The name and the folder of the base model a server serves (the first model in ``/v1/models``)."""
     response = httpx.get(f"{base_url}/v1/models", headers=auth_headers(), timeout=30)
     response.raise_for_status()
-    return Path(response.json()["data"][0]["root"])
+    model = response.json()["data"][0]
+    return model["id"], Path(model["root"])
+
+
+def copy_weights(model_folder: Path, folder: Path) -> Path:
+    """A full-weights folder for ``POST /reload_weights``: a copy of ``model_folder``, marked ``STABLE``."""
+    shutil.copytree(model_folder, folder)
+    mark_stable(folder)
+    return folder
+
+
+def serve_base_model(base_url: str) -> None:
+    """Make the server serve its base model's own weights again, and no adapter (as when it started)."""
+    response = httpx.post(f"{base_url}/reset_weights", headers=auth_headers(), timeout=300)
+    if response.status_code != 200:
+        raise RuntimeError(f"resetting the server to its base model: {response.status_code} {response.text}")

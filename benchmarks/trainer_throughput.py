@@ -24,7 +24,6 @@ The warm-up step is also the check that both sides do the same work: from the sa
 they must agree on the loss and the gradient norm.
 """
 
-import argparse
 import math
 import statistics
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import RESULTS_DIR, build_random_model, machine_info, utc_now, write_results
+from common import benchmark_parser, build_random_model, machine_info, report, utc_now
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -45,7 +44,6 @@ from trainer.config import TrainerConfig
 from trainer.parallel import World, close_world, init_world, rank_share
 from trainer.train import build_model, train_step
 
-DEFAULT_OUTPUT = RESULTS_DIR / "trainer_throughput.json"
 TEMPERATURE = 1.0
 SIDES = ("trident", "plain")
 # Wall-clock time, and this process's CPU time: on a shared machine the second barely counts the time the
@@ -369,9 +367,7 @@ def summary_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny run (the tiny model, 8 short samples)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where the JSON results go")
+    parser = benchmark_parser(__doc__, "trainer_throughput", "a tiny run (the tiny model, 8 short samples)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads for both sides (1, as `rl` runs each process on CPU)"
     )
@@ -382,10 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-") as tmp:
         model_dir = build_random_model(Path(tmp), bench.model_shape, bench.seed)
         result = run_benchmark(bench, model_dir)
-    write_results(args.output, result)
-    print(summary_table(result))
-    print(f"results: {args.output}")
-    return result
+    return report(args.output, result, summary_table(result))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""Benchmark: seconds per RL step with generation and training in turn (``async_level = 0``) and overlapped
+(``async_level = 1``), side by side against one inference server.
+
+``uv run --no-sync python benchmarks/async_overlap.py`` (``--smoke`` for a short run on the tiny model;
+``--server URL`` to use a running server, serving any model with ``[lora] max_rank`` of at least 8, instead of
+starting one).
+
+Trainer and orchestrator run as separate processes (as ``rl`` starts them) with the CPU debug configs
+(``configs/debug/rl/``), the model and the size of a step set below, for ``steps`` steps per run; runs alternate
+between the two async levels (0, 1, 1, 0) against the same server. The trainer exports LoRA adapters, so the
+server's base weights never change, and every run starts from them (the orchestrator resets the server to its
+base model when it starts).
+
+A step's wall time is the trainer's cycle (``wait_s + train_s + save_s``: waiting for and reading the batch,
+training, writing the weights), over the steps after the first ``warmup_steps``. With ``async_level = 0`` it is
+the sum of the orchestrator's work (reload, generate, write the batch) and the trainer's (train, save); with
+``async_level = 1`` the orchestrator generates step N while the trainer trains step N - 1, so at best a step
+costs the larger of the two. Reported: level 1's step over level 0's (across runs), and each run's step over the
+sum of its own phases (within a run, where changes in the machine's load cancel out).
+"""
+
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common import (
+    benchmark_model,
+    benchmark_parser,
+    exit_on_sigterm,
+    machine_info,
+    model_summary,
+    report,
+    serve_base_model,
+    served_model,
+    server_for,
+    utc_now,
+)
+
+from rl.launcher import child_env, log_tail
+from rl.metrics import read_metrics
+from rl.process import Child
+
+ROOT = Path(__file__).parents[1]
+DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
+LORA_RANK = 8  # the trainer's default adapter rank; the server must accept it
+RUN_TIMEOUT_S = 1800.0
+ORCHESTRATOR_PHASES = ("wait_weights_s", "reload_s", "generate_s", "write_s")
+TRAINER_PHASES = ("wait_s", "train_s", "save_s")
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """The size of a step and the runs of one benchmark."""
+
+    batch_size: int  # prompts per step
+    rollouts_per_example: int
+    max_tokens: int  # sampled tokens per rollout, at most
+    steps: int  # trainer steps per run
+    warmup_steps: int  # first steps of each run left out (process start-up, the first batch)
+    async_levels: tuple[int, ...]  # one run per entry, in this order
+    model_shape: dict[str, int]  # overrides of the tiny model's config; empty: the tiny model itself
+
+
+# A random Qwen3 with the tiny model's vocabulary, 11 M parameters. On these CPUs the tiny model trains a token
+# about 8 times faster than it generates one, so its steps are nearly all generation, whatever the batch; at this
+# size, with 16 rollouts of 64 tokens, training takes about half as long as generating.
+FULL_MODEL = {
+    "hidden_size": 384,
+    "intermediate_size": 1152,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+FULL = BenchmarkConfig(
+    batch_size=2, rollouts_per_example=8, max_tokens=64, steps=7, warmup_steps=2, async_levels=(0, 1, 1, 0),
+    model_shape=FULL_MODEL,
+)  # fmt: skip
+SMOKE = BenchmarkConfig(
+    batch_size=2, rollouts_per_example=2, max_tokens=8, steps=3, warmup_steps=1, async_levels=(0, 1), model_shape={}
+)
+
+
+def process_argv(module: str, config_file: str, shared: list[str], extra: list[str]) -> list[str]:
+    """``python -m <module> @ configs/debug/rl/<config_file>`` with flags."""
+    return [sys.executable, "-m", module, "@", str(DEBUG_CONFIGS / config_file), *shared, *extra]
+
+
+def start_processes(
+    bench: BenchmarkConfig, async_level: int, server_url: str, model: str, output_dir: Path
+) -> list[Child]:
+    """Start trainer and orchestrator for one run on ``model`` (the name the server serves it under), their logs
+    in ``output_dir/logs/``."""
+    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--model.name", model]
+    trainer = process_argv("trainer.main", "train.toml", shared, ["--model.experimental.lora.rank", str(LORA_RANK)])
+    orchestrator = process_argv(
+        "orchestrator.main",
+        "orch.toml",
+        shared,
+        ["--async-level", str(async_level), "--client.base-url", server_url,
+         "--batch-size", str(bench.batch_size), "--rollouts-per-example", str(bench.rollouts_per_example),
+         "--sampling.max-tokens", str(bench.max_tokens), "--sample-rollouts-every", "0"],
+    )  # fmt: skip
+    logs = output_dir / "logs"
+    return [Child(name, argv, logs / f"{name}.log", child_env({}))
+            for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
+
+
+def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Wait until every child has exited with 0; raise naming the first that fails, after stopping them all."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not all(child.poll() == 0 for child in children):
+            failed = next((child for child in children if child.poll() not in (None, 0)), None)
+            if failed is not None:
+                raise RuntimeError(f"{failed.name} exited with code {failed.poll()}:\n{log_tail(failed.log_path)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the run did not finish within {timeout_s:.0f}s; logs: {children[0].log_path.parent}"
+                )
+            time.sleep(0.5)
+    finally:
+        for child in children:
+            child.stop()
+
+
+def medians(records: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """The median of each of ``keys`` over ``records``."""
+    return {key: statistics.median(r[key] for r in records) for key in keys}
+
+
+def summarize_run(output_dir: Path, bench: BenchmarkConfig, async_level: int) -> dict:
+    """One run's step times and phase medians, from the metrics both processes wrote."""
+    trainer = read_metrics(output_dir, "trainer")
+    orchestrator = read_metrics(output_dir, "orchestrator")
+    steady_trainer, steady_orchestrator = trainer[bench.warmup_steps :], orchestrator[bench.warmup_steps :]
+    step_seconds = [sum(r[key] for key in TRAINER_PHASES) for r in steady_trainer]
+    orchestrator_phases = medians(steady_orchestrator, ORCHESTRATOR_PHASES)
+    trainer_phases = medians(steady_trainer, TRAINER_PHASES)
+    # the work each process does per step, its waiting left out
+    orchestrator_busy = sum(orchestrator_phases[key] for key in ("reload_s", "generate_s", "write_s"))
+    trainer_busy = trainer_phases["train_s"] + trainer_phases["save_s"]
+    seconds_per_step = statistics.median(step_seconds)
+    return {
+        "async_level": async_level,
+        "step_seconds": step_seconds,
+        "seconds_per_step": seconds_per_step,
+        "orchestrator": orchestrator_phases,
+        "trainer": trainer_phases,
+        "orchestrator_busy_s": orchestrator_busy,
+        "trainer_busy_s": trainer_busy,
+        # within one run, so changes in the machine's load between runs cancel out: about 1 when the processes
+        # take turns, max / sum of the two when they overlap perfectly
+        "step_over_busy_sum": seconds_per_step / (orchestrator_busy + trainer_busy),
+        "busy_max_over_sum": max(orchestrator_busy, trainer_busy) / (orchestrator_busy + trainer_busy),
+        "tokens": statistics.median(r["tokens"] for r in steady_trainer),
+        "weight_steps": [r["weight_step"] for r in orchestrator],
+    }
+
+
+def run_once(bench: BenchmarkConfig, async_level: int, server_url: str, model: str, output_dir: Path) -> dict:
+    """Train ``bench.steps`` steps at ``async_level`` against the server; the run's summary. The server serves its
+    base model again afterwards (no adapter), as a fresh server would: the next run starts from the same state."""
+    try:
+        wait_all(start_processes(bench, async_level, server_url, model, output_dir))
+    finally:
+        serve_base_model(server_url)
+    return summarize_run(output_dir, bench, async_level)
+
+
+def level_summary(runs: list[dict]) -> dict:
+    """The runs at one async level: the median step over all their steady steps, and the median over runs of
+    their phases."""
+
+    def median(key: str, part: str | None = None) -> float:
+        return statistics.median(run[part][key] if part else run[key] for run in runs)
+
+    return {
+        "seconds_per_step": statistics.median(s for run in runs for s in run["step_seconds"]),
+        "generate_s": median("generate_s", "orchestrator"),
+        "train_s": median("train_s", "trainer"),
+        "orchestrator_busy_s": median("orchestrator_busy_s"),
+        "trainer_busy_s": median("trainer_busy_s"),
+        "step_over_busy_sum": median("step_over_busy_sum"),
+        "busy_max_over_sum": median("busy_max_over_sum"),
+    }
+
+
+def pair_ratios(runs: list[dict]) -> list[float]:
+    """Level 1 / level 0 step time of each pair of consecutive runs (the first and second, the third and
+    fourth, ...): the two runs of a pair ran at about the same machine load."""
+    ratios = []
+    for first, second in zip(runs[::2], runs[1::2], strict=False):
+        seconds = {run["async_level"]: run["seconds_per_step"] for run in (first, second)}
+        if seconds.keys() == {0, 1}:
+            ratios.append(seconds[1] / seconds[0])
+    return ratios
+
+
+def compare(runs: list[dict]) -> dict:
+    """Step time at async level 1 against level 0, and against the bounds set by level 0's phases: their sum
+    (no overlap) and their maximum (perfect overlap)."""
+    levels = {level: level_summary([r for r in runs if r["async_level"] == level]) for level in (0, 1)}
+    serial, overlapped = levels[0]["seconds_per_step"], levels[1]["seconds_per_step"]
+    phases = (levels[0]["orchestrator_busy_s"], levels[0]["trainer_busy_s"])
+    best = max(phases)
+    return {
+        "async_level_0": levels[0],
+        "async_level_1": levels[1],
+        "step_ratio_1_over_0": overlapped / serial,
+        "pair_ratios_1_over_0": pair_ratios(runs),
+        "phase_sum_s": sum(phases),
+        "phase_max_s": best,
+        "best_ratio": best / sum(phases),  # what perfect overlap of level 0's phases would give
+        "level_1_over_phase_max": overlapped / best,
+        "level_1_over_phase_sum": overlapped / sum(phases),
+        # share of the possible saving (level 0's step down to the larger phase) that level 1 achieves
+        "overlap_efficiency": (serial - overlapped) / (serial - best) if serial > best else None,
+    }
+
+
+def run_benchmark(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:
+    """Every run of ``bench`` in turn against the server; the results as a JSON-able dict."""
+    model, model_folder = served_model(server_url)
+    runs = []
+    for index, async_level in enumerate(bench.async_levels):
+        summary = run_once(bench, async_level, server_url, model, work_dir / f"run_{index}_async_{async_level}")
+        print(f"run {index}: async_level {async_level}: {summary['seconds_per_step']:.3f} s/step", flush=True)
+        runs.append(summary)
+    return {
+        "benchmark": "async_overlap",
+        "date": utc_now(),
+        "machine": machine_info(),
+        "config": asdict(bench) | {"lora_rank": LORA_RANK, "env": "char-target"},
+        "model": model_summary(model_folder),
+        "runs": runs,
+        **compare(runs),
+    }
+
+
+def summary_table(result: dict) -> str:
+    """A few lines for the terminal."""
+    columns = {"s/step": "seconds_per_step", "generate_s": "generate_s", "train_s": "train_s",
+               "orch busy": "orchestrator_busy_s", "train busy": "trainer_busy_s",
+               "step/busy sum": "step_over_busy_sum", "max/sum": "busy_max_over_sum"}  # fmt: skip
+    rows = [f"{'':14}" + "".join(f"{title:>15}" for title in columns)]
+    for level in (0, 1):
+        summary = result[f"async_level_{level}"]
+        rows.append(f"async_level {level} " + "".join(f"{summary[key]:>15.3f}" for key in columns.values()))
+    pairs = ", ".join(f"{ratio:.2f}" for ratio in result["pair_ratios_1_over_0"])
+    efficiency = result["overlap_efficiency"]
+    rows += [
+        f"step time level 1 / level 0: {result['step_ratio_1_over_0']:.2f} (pairs of runs: {pairs}); "
+        f"perfect overlap of level 0's phases: {result['best_ratio']:.2f}",
+        f"level 1 step / max(phases): {result['level_1_over_phase_max']:.2f}, "
+        f"/ sum(phases): {result['level_1_over_phase_sum']:.2f}; "
+        f"overlap efficiency {'n/a' if efficiency is None else f'{efficiency:.0%}'}",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
+    parser = benchmark_parser(__doc__, "async_overlap", "a short run: 3 tiny steps at each level", server=True)
+    args = parser.parse_args(argv)
+    bench = SMOKE if args.smoke else FULL
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-") as tmp:
+        model = None if args.server else benchmark_model(bench.model_shape, Path(tmp) / "model")
+        with server_for(args.server, model, LORA_RANK) as server_url:
+            result = run_benchmark(bench, server_url, Path(tmp))
+    return report(args.output, result, summary_table(result))
+
+
+if __name__ == "__main__":
+    main()

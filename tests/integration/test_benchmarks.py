@@ -1,0 +1,110 @@
+"""The benchmarks that need an inference server or subprocesses, at their smoke size (against the session's server
+where they need one): they run and write sane results (no timing asserted). Those that use the server leave it
+serving its base weights and no adapter."""
+
+import importlib
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rl.protocol import auth_headers
+
+pytestmark = pytest.mark.slow
+
+BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """Import a benchmark script by name (they import their shared helpers as ``common``)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module
+
+
+def test_async_overlap_smoke_run(benchmarks, inference_server, tmp_path):
+    output = tmp_path / "async_overlap.json"
+    benchmarks("async_overlap").main(["--smoke", "--server", inference_server, "--output", str(output)])
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "model", "runs", "async_level_0", "async_level_1"} <= result.keys()
+    config = result["config"]
+    assert [run["async_level"] for run in result["runs"]] == list(config["async_levels"])
+    for run in result["runs"]:
+        assert len(run["step_seconds"]) == config["steps"] - config["warmup_steps"]
+        assert all(seconds > 0 for seconds in run["step_seconds"])
+        assert run["orchestrator"]["generate_s"] > 0 and run["trainer"]["train_s"] > 0
+        # the weights behind each batch obey the run's async level: the processes really ran at that level
+        for step, weight_step in enumerate(run["weight_steps"]):
+            assert step - run["async_level"] <= weight_step <= step
+    assert result["step_ratio_1_over_0"] > 0
+    assert 0.5 <= result["best_ratio"] < 1  # max / sum of two positive phases
+    assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the base model serves again
+
+
+def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
+    output = tmp_path / "reload_latency.json"
+    benchmarks("reload_latency").main(["--smoke", "--server", inference_server, "--output", str(output)])
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "models"} <= result.keys()
+    model = result["models"]["served"]
+    assert model["model"]["weights_bytes"] > model["model"]["adapter_bytes"] > 0
+    for kind in ("full", "lora"):
+        assert len(model[kind]["server_s"]) == len(model[kind]["round_trip_s"]) == result["config"]["reloads"]
+        assert 0 < model[kind]["server_median_s"] <= model[kind]["server_max_s"]
+        assert model[kind]["server_median_s"] <= model[kind]["round_trip_median_s"]
+    assert model["full_over_lora_server"] > 0 and model["full_over_lora_round_trip"] > 0
+    assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the base model serves again
+
+
+def test_orchestrator_rollouts_smoke_run(benchmarks, tiny_model_path, tmp_path):
+    benchmark = benchmarks("orchestrator_rollouts")
+    output = tmp_path / "results.json"
+    benchmark.main(["--smoke", "--output", str(output)])
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "trident", "stock", "trident_over_stock_rollouts_per_s"} <= result.keys()
+    assert result["machine"]["cores"] >= 1 and result["machine"]["torch"]
+    config = result["config"]
+    turns = config["tool_calls"] + 1
+    for side in ("trident", "stock"):
+        stats = result[side]
+        assert stats["first_error"] is None and stats["ok_share"] == 1
+        assert stats["rollouts"] == config["repetitions"] * config["rollouts_per_batch"]
+        assert stats["turns_mean"] == turns
+        assert stats["rewards_mean"]["tool_use"] == 1  # every rollout called the calculator with a valid expression
+        assert stats["tokens_mean"] > 0
+        assert stats["rollouts_per_s"] > 0 and len(stats["batch_seconds"]) == config["repetitions"]
+    assert result["same_outcome"]
+    batches = 2 * (1 + config["repetitions"])  # per side: a warm-up batch, then the timed ones
+    assert result["server_requests"] == batches * config["rollouts_per_batch"] * turns
+    assert result["trident_over_stock_rollouts_per_s"]["of_medians"] > 0
+
+
+def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):
+    benchmark = benchmarks("trl_grpo")
+    output = tmp_path / "results.json"
+    benchmark.main(["--smoke", "--output", str(output), "--server", inference_server, "--trl-threads", "1"])
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "trident", "trl", "trident_speedup_per_step"} <= result.keys()
+    assert result["machine"]["cores"] >= 1 and result["config"]["trl"]
+    steps = result["config"]["steps"]
+    for side in ("trident", "trl"):
+        stats = result[side]
+        assert len(stats["step_seconds"]) == len(stats["rewards"]) == steps
+        assert all(0 <= reward <= 1 for reward in stats["rewards"])
+        assert stats["seconds_per_step"] > 0 and stats["startup_s"] > 0
+        assert stats["wall_s"] > sum(stats["step_seconds"][result["config"]["warmup_steps"] :])
+    assert (
+        result["trident"]["phases"]["orchestrator_generate_s"] > 0
+        and result["trident"]["phases"]["trainer_train_s"] > 0
+    )
+    assert result["trident"]["server_start_s"] is None  # the server was given
+    assert result["trl"]["threads"] == 1
+    assert result["trident_speedup_per_step"] > 0 and result["trident_speedup_startup"] > 0
+
+    served = httpx.get(f"{inference_server}/weights", headers=auth_headers(), timeout=30).json()
+    assert (served["step"], served["adapter"]) == (0, None)
