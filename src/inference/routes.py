@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import State
 
 from inference.security import checked_weights_path
+from rl.broadcast import read_manifest
 from rl.protocol import ADAPTER_CONFIG, adapter_name, is_adapter
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
@@ -44,7 +45,11 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
         # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
         await engine.pause_generation(mode="wait", clear_cache=True)
         try:
-            await engine.collective_rpc("reload_weights_from", args=(path,))
+            manifest = read_manifest(path)  # sent by the trainer over the broadcast, or files
+            if manifest is not None:
+                await engine.collective_rpc("receive_weights", args=(manifest,))
+            else:
+                await engine.collective_rpc("reload_weights_from", args=(path,))
             await engine.reset_prefix_cache()
             await engine.update_weight_version(str(step))
         except Exception as e:

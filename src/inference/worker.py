@@ -10,14 +10,37 @@ WORKER_EXTENSION = "inference.worker.WeightReloadExtension"
 
 
 class WeightReloadExtension:
-    """Mixed into vLLM's worker class; adds a full-weight reload that keeps tied embeddings tied."""
+    """Mixed into vLLM's worker class; adds full-weight reloads, from files or the trainer's broadcast, that keep
+    tied embeddings tied."""
 
     def reload_weights_from(self, path: str) -> dict[str, Any]:
         """Load HF safetensors weights from ``path`` into the running model, in place."""
-        import torch
-
         start = time.perf_counter()
         self.reload_weights(weights_path=path, is_checkpoint_format=True)
+        self._tie_lm_head()
+        return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
+
+    def receive_weights(self, manifest: dict) -> dict[str, Any]:
+        """Receive the trainer's weights over the broadcast that ``manifest`` describes (``rl.broadcast``) and load
+        them in place; joins the trainer's group on the first call of each trainer session."""
+        import torch
+
+        from rl.broadcast import open_group, receive
+
+        start = time.perf_counter()
+        if getattr(self, "_trident_session", None) != manifest["session"]:
+            self._trident_group = open_group(manifest, rank=1)
+            self._trident_session = manifest["session"]
+        nccl = manifest["backend"] == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        tensors = receive(self._trident_group, manifest, device)
+        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
+        self._tie_lm_head()
+        return {"tensors": len(tensors), "seconds": round(time.perf_counter() - start, 4)}
+
+    def _tie_lm_head(self) -> None:
+        import torch
+
         model = self.model_runner.get_model()
         tied = bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
         lm_head = getattr(model, "lm_head", None)
@@ -28,4 +51,3 @@ class WeightReloadExtension:
             with torch.no_grad():
                 lm_head.weight = embed.weight
                 lm_head.quant_method.process_weights_after_loading(lm_head)
-        return {"path": path, "seconds": round(time.perf_counter() - start, 4)}

@@ -77,3 +77,30 @@ class CkptConfig(StrictModel):
 
 
 CkptSection = Annotated[CkptConfig | None, Field(description="Checkpoints for resuming (absent: none are written).")]
+
+
+class WeightBroadcastConfig(StrictModel):
+    """Send each step's weights to the inference server in memory instead of through files: NCCL when trainer
+    and server are on different GPUs, gloo otherwise. Present (a [weight_broadcast] table or any
+    --weight-broadcast.* flag) means on."""
+
+    host: Annotated[str, Field(description="Address the server reaches the trainer at (the trainer listens).")] = (
+        "127.0.0.1"
+    )
+    port: Annotated[int, Field(ge=1, le=65535, description="Port of the trainer's rendezvous store.")] = 29510
+    timeout_s: Annotated[
+        float, Field(gt=0, description="Seconds a broadcast may wait for the server to receive the weights.")
+    ] = 600.0
+    backend: Annotated[
+        Literal["auto", "nccl", "gloo"],
+        Field(
+            description="'auto': NCCL when the trainer runs on GPU, else gloo. NCCL needs the server on other GPUs "
+            "than the trainer; gloo sends through CPU memory and works anywhere."
+        ),
+    ] = "auto"
+
+
+WeightBroadcastSection = Annotated[
+    WeightBroadcastConfig | None,
+    Field(description="In-memory weight broadcast to the server (absent: weights go through output_dir/weights)."),
+]

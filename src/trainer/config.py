@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl.config import BaseConfig
 from rl.shared_config import (
@@ -16,6 +16,7 @@ from rl.shared_config import (
     SeqLen,
     StrictModel,
     WandbSection,
+    WeightBroadcastSection,
 )
 
 
@@ -151,6 +152,17 @@ class TrainerConfig(BaseConfig):
     batch_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")
     ] = 600.0
+    weight_broadcast: WeightBroadcastSection = None
+
+    @model_validator(mode="after")
+    def _broadcast_sends_full_weights(self):
+        lora = self.model.experimental.lora
+        if self.weight_broadcast is not None and lora is not None and lora.export == "adapter":
+            raise ValueError(
+                "weight_broadcast sends full weights: set model.experimental.lora.export = 'merged' (or drop "
+                "[weight_broadcast]: adapters are small and swap in from disk)"
+            )
+        return self
 
 
 class SFTDataConfig(StrictModel):

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from rl.broadcast import Sender, write_manifest
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, atomic_dir, mark_stable, write_probe
 from rl.tiny_model import resolve_model_path
 from trainer.config import LoraConfig, LoraExport, TrainerModelConfig
@@ -122,28 +123,46 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> 
 
 
 def save_weights(
-    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, folder: Path, export: LoraExport = "merged"
+    model: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    folder: Path,
+    export: LoraExport = "merged",
+    sender: Sender | None = None,
 ) -> None:
     """Write weights for inference to ``folder`` atomically, ``STABLE`` last; every rank calls it, rank 0 writes.
 
     Full training writes HF-format weights. A LoRA model writes its adapter merged into the base weights
     (``export = "merged"``: full weights any server can load) or the adapter alone (``"adapter"``: peft's
-    format, for a server that swaps adapters). The probe's logprobs under these weights go with them, so that
-    whoever loads them can check it serves exactly these weights.
+    format, for a server that swaps adapters). With a ``sender`` (rank 0's end of the weight broadcast) the
+    folder holds the broadcast's manifest instead of full weights, and the weights are sent in the background
+    once it is complete (after the previous weights were received). The probe's logprobs under these weights go with
+    them, so that whoever loads them can check it serves exactly these weights.
     """
     state = full_state_dict(model)
     probe_ids = tokenizer.encode(PROBE_TEXT)
     probe = probe_logprobs(model, probe_ids)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
+    adapter = isinstance(model, PeftModel) and export == "adapter"
+    owner, weights = (model, state) if adapter else full_weights(model, state)
+    if sender is not None:
+        sender.wait()  # the server took the previous weights: these become the newest
     with atomic_dir(folder) as tmp:
-        if isinstance(model, PeftModel) and export == "adapter":
-            model.save_pretrained(tmp, state_dict=state)  # a PeftModel saves its adapter's weights only
-        elif isinstance(model, PeftModel):
-            lora, base = model.peft_config["default"], model.get_base_model()
-            base.save_pretrained(tmp, state_dict=untied(merge_lora(state, lora.lora_alpha / lora.r), base))
+        if sender is not None:
+            write_manifest(tmp, sender.manifest(weights))
         else:
-            model.save_pretrained(tmp, state_dict=untied(state, model))
+            owner.save_pretrained(tmp, state_dict=weights)  # a PeftModel saves its adapter's weights only
         tokenizer.save_pretrained(tmp)
         write_probe(tmp, probe_ids, probe)
         mark_stable(tmp)
+    if sender is not None:
+        sender.send(weights)
+
+
+def full_weights(model: PreTrainedModel | PeftModel, state: dict[str, Tensor]) -> tuple[PreTrainedModel, dict]:
+    """The model's full weights for inference under the base model's names, from its gathered ``state`` (a LoRA
+    adapter merged in, tied copies left out), and the model that saves them."""
+    if isinstance(model, PeftModel):
+        lora, base = model.peft_config["default"], model.get_base_model()
+        return base, untied(merge_lora(state, lora.lora_alpha / lora.r), base)
+    return model, untied(state, model)

@@ -10,6 +10,7 @@ from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
+from rl.broadcast import Sender
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
 from rl.protocol import BatchInfo, MicroBatch, read_batch, resume_step, rollouts_dir, wait_for, weights_dir
@@ -126,6 +127,14 @@ def train(config: TrainerConfig) -> None:
         close_world()
 
 
+def weight_sender(config: TrainerConfig, world: World) -> Sender | None:
+    """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on."""
+    broadcast = config.weight_broadcast
+    if broadcast is None or not world.is_main:
+        return None
+    return Sender(broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device)
+
+
 def run_training(config: TrainerConfig, world: World) -> None:
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     model = build_model(config.model, world, config.optim.offload)
@@ -134,12 +143,13 @@ def run_training(config: TrainerConfig, world: World) -> None:
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"  # full weights
+    sender = weight_sender(config, world)
     start = 0
     if config.ckpt and config.ckpt.resume_step is not None:
         start = resume_step(config.output_dir, config.ckpt.resume_step)
         load_checkpoint(config.output_dir, start, model, optimizer, scheduler, world)
         # the run's weights were cleared: the server needs these before it samples step `start`
-        save_weights(model, tokenizer, weights_dir(config.output_dir, start), export)
+        save_weights(model, tokenizer, weights_dir(config.output_dir, start), export, sender)
     logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start}..{config.max_steps - 1}")
 
     for step in range(start, config.max_steps):
@@ -157,7 +167,8 @@ def run_training(config: TrainerConfig, world: World) -> None:
         record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
         scheduler.step()
         save_start = time.perf_counter()
-        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export)
+        last = step + 1 == config.max_steps  # no one samples from the last weights: files, the run's model
+        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender)
         if config.ckpt and ((step + 1) % config.ckpt.interval == 0 or step + 1 == config.max_steps):
             save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
             if world.is_main:

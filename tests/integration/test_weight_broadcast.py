@@ -1,0 +1,57 @@
+"""In-memory weight broadcast (``[weight_broadcast]``, gloo on CPU): trainer and orchestrator against the session's
+server; the server receives every step's full weights over the trainer's process group, never from files, and
+serves exactly them (the probe)."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl.broadcast import MANIFEST
+from rl.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parents[2]
+DEBUG = ROOT / "configs" / "debug" / "rl"
+STEPS = 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_server):
+    shared = ["--output-dir", str(tmp_path), "--max-steps", str(STEPS)]
+    trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG / "train.toml"), *shared,
+               "--weight-broadcast.port", str(free_port())]  # fmt: skip
+    orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(DEBUG / "orch.toml"), *shared,
+                    "--client.base-url", inference_server, "--async-level", "0",
+                    "--batch-size", "2", "--rollouts-per-example", "4"]  # fmt: skip
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    processes = [subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) for argv in (trainer, orchestrator)]  # fmt: skip
+    outputs = []
+    for process in processes:
+        output, _ = process.communicate(timeout=900)
+        outputs.append(output)
+        assert process.returncode == 0, output[-3000:]
+
+    # on-policy: batches 1 and 2 were sampled from weights 1 and 2, each received over the broadcast
+    orchestrator_records = read_metrics(tmp_path, "orchestrator")
+    assert [r["weight_step"] for r in orchestrator_records] == [0, 1, 2]
+    assert all(r["probe_gap"] < 1e-3 for r in orchestrator_records[1:])  # the server serves the trainer's weights
+    served = [int(step) for step in re.findall(r"server now serves weights step (\d+)", outputs[1])]
+    assert served == [1, 2]
+    # what the server received had no weight files: a manifest; the last weights, which no one samples from,
+    # are the run's model on disk
+    for step in served:
+        folder = tmp_path / "weights" / f"step_{step}"
+        assert (folder / MANIFEST).exists() and not list(folder.glob("*.safetensors"))
+    assert list((tmp_path / "weights" / f"step_{STEPS}").glob("*.safetensors"))
