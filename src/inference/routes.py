@@ -79,10 +79,11 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             served = state.trident_weights
             if full_weights["path"] != base_path:  # full weights of a run: read the base model's own again
                 return await load_full_weights(state, base_path, 0)
+            if served == {"step": 0, "path": base_path, "adapter": None}:
+                return JSONResponse({**served, "seconds": 0.0})  # as a fresh server: nothing to change
             if served["adapter"] is not None:
                 await state.trident_adapters.retire(served["adapter"])
-            if served != {"step": 0, "path": base_path, "adapter": None}:
-                await state.engine_client.update_weight_version("0")
+            await state.engine_client.update_weight_version("0")
             return serving(state, 0, base_path, None, time.perf_counter())
 
     @router.post("/load_adapter")
