@@ -58,12 +58,17 @@ def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelCo
 
     Requests name the base model; :func:`dataclasses.replace` the ``model`` to sample from a served adapter.
     """
-    os.environ.setdefault(API_KEY_ENV, "none")  # the client needs one; a server without a key ignores it
+    key_var = API_KEY_ENV
+    if not os.environ.get(API_KEY_ENV):
+        # verifiers' client needs some key, which a server without one ignores. Not under TRIDENT_API_KEY: a server
+        # started later from this process (tests, benchmarks) would take it as its key.
+        key_var = "TRIDENT_NO_API_KEY"
+        os.environ[key_var] = "none"
     return vf.ModelContext(
         model=config.model.name,
         client=vf.TrainClientConfig(
             base_url=config.client.base_url.rstrip("/") + "/v1",
-            api_key_var=API_KEY_ENV,
+            api_key_var=key_var,
             renderer=Qwen3RendererConfig(enable_thinking=config.sampling.enable_thinking),
             renderer_model_name=tokenizer_path,
         ),
