@@ -1,4 +1,7 @@
+import asyncio
+
 import pytest
+import renderers.client
 
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
@@ -7,6 +10,15 @@ from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 def tiny_model_path() -> str:
     """The tiny test model's folder (built on first use, then cached)."""
     return resolve_model_path(TINY_MODEL_ID)
+
+
+@pytest.fixture(autouse=True)
+def fresh_renderers_lock():
+    """A new ``renderers.client._max_prompt_len_lock`` for each test. renderers keeps one module-level
+    ``asyncio.Lock``, which binds to the first event loop that waits on it: a process runs one loop (the
+    orchestrator) but a test session runs many (``asyncio.run`` per test), and the next test whose rollouts wait
+    on the lock would fail with "bound to a different event loop"."""
+    renderers.client._max_prompt_len_lock = asyncio.Lock()
 
 
 def pytest_collection_modifyitems(config, items):
