@@ -80,7 +80,9 @@ async def run_confined(root: Path, command: str, limits: BashLimits) -> str:
         timed_out = True
     finally:
         _kill_group(process.pid)
-        await process.wait()
+        # Drain what the killed command left in the pipe: asyncio's wait() returns only once stdout reached its
+        # end, and after a cut the full buffer had paused reading, so a bare wait() could block forever.
+        await process.communicate()
     return format_output(bytes(output), process.returncode, limits, cut=cut, timed_out=timed_out)
 
 
