@@ -1,4 +1,6 @@
 import asyncio
+import socket
+from collections.abc import Callable
 
 import pytest
 import renderers.client
@@ -10,6 +12,18 @@ from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 def tiny_model_path() -> str:
     """The tiny test model's folder (built on first use, then cached)."""
     return resolve_model_path(TINY_MODEL_ID)
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """Call it for a TCP port nobody listens on right now."""
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick
 
 
 @pytest.fixture(autouse=True)

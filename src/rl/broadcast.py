@@ -5,7 +5,7 @@ trainer hosts.
 The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the group's address and
 the tensors' names, shapes and dtypes in sending order) instead of weight files, then broadcasts the tensors; the
 server, asked to load that folder, joins the group (once per trainer session) and receives them in the same
-order. Imported by vLLM's worker process: torch only.
+order. Imported by vLLM's worker process: keep its imports to torch and the standard library (and rl.errors).
 """
 
 import json

@@ -2,19 +2,12 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: float = 900) -> None:
@@ -32,8 +25,8 @@ def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: 
 
 
 @pytest.fixture(scope="session")
-def inference_server(tmp_path_factory, tiny_model_path):
-    """Base URL of a running ``inference`` process serving the tiny model.
+def session_server(tmp_path_factory, tiny_model_path, free_port):
+    """Base URL of a running ``inference`` process serving the tiny model, started once per session.
 
     ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests).
     """
@@ -66,3 +59,11 @@ def inference_server(tmp_path_factory, tiny_model_path):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture
+def inference_server(session_server):
+    """The session's server, serving its base model and no adapter again after each test that used it (as a run's
+    orchestrator resets it when it starts), so tests that load weights leave nothing for the next one."""
+    yield session_server
+    httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()

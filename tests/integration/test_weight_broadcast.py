@@ -4,7 +4,6 @@ serves exactly them (the probe)."""
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,13 +20,7 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 STEPS = 3
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_server):
+def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_server, free_port):
     shared = ["--output-dir", str(tmp_path), "--max-steps", str(STEPS)]
     trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG / "train.toml"), *shared,
                "--weight-broadcast.port", str(free_port())]  # fmt: skip

@@ -1,5 +1,4 @@
 import multiprocessing
-import socket
 
 import pytest
 import torch
@@ -10,19 +9,13 @@ from rl.errors import TridentError
 from trainer.config import TrainerConfig
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def receiver(manifest: dict, out) -> None:
     group = open_group(manifest, rank=1)
     for _ in range(2):  # two steps over one group, as the server receives every step of a trainer session
         out.put([(name, tensor.clone()) for name, tensor in receive(group, manifest, torch.device("cpu"))])
 
 
-def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tmp_path):
+def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tmp_path, free_port):
     tensors = {
         "model.embed_tokens.weight": torch.randn(5, 3),
         "model.layers.0.mlp.up_proj.weight": torch.randn(4, 3, dtype=torch.bfloat16),
@@ -48,7 +41,7 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
     assert process.exitcode == 0
 
 
-def test_a_broadcast_nobody_receives_fails_naming_the_timeout():
+def test_a_broadcast_nobody_receives_fails_naming_the_timeout(free_port):
     sender = Sender("127.0.0.1", free_port(), timeout_s=1, backend="auto", device=torch.device("cpu"))
     assert sender.address["backend"] == "gloo"  # no GPU: gloo
     sender.send({"w": torch.zeros(2)})  # in the background: training goes on
