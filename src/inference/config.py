@@ -17,7 +17,13 @@ class InferenceModelConfig(ModelConfig):
     max_model_len: Annotated[int, Field(ge=16, description="Longest prompt + completion the server accepts.")] = 2048
     enforce_eager: Annotated[bool, Field(description="Skip CUDA graph capture (faster start, slower decode).")] = False
     enable_auto_tool_choice: Annotated[bool, Field(description="Let the model decide when to call tools.")] = True
-    tool_call_parser: Annotated[str, Field(description="vLLM tool-call parser matching the chat template.")] = "hermes"
+    tool_call_parser: Annotated[
+        str,
+        Field(
+            description="vLLM tool-call parser matching the chat template. 'auto': from the model's chat family "
+            "('hermes' for Qwen3 and Qwen2.5, 'llama3_json' for Llama 3.x), 'hermes' for others."
+        ),
+    ] = "auto"
 
 
 class InferenceLoraConfig(StrictModel):

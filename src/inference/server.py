@@ -10,17 +10,27 @@ from inference.config import InferenceConfig
 from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
+from rl.chat_family import model_family
 from rl.tiny_model import resolve_model_path
 
 KEEP_ALIVE_S = 600
 
 
+def tool_call_parser(name: str, model_path: str) -> str:
+    """``name``, or for "auto" the parser of the model's chat family (``hermes`` when the family is unknown)."""
+    if name != "auto":
+        return name
+    family = model_family(model_path)
+    return family.vllm_tool_call_parser if family else "hermes"
+
+
 def vllm_argv(config: InferenceConfig) -> list[str]:
     """The ``vllm serve`` flags for ``config``."""
     on_gpu = torch.cuda.is_available()
+    model_path = resolve_model_path(config.model.name)
     dtype = config.model.dtype if on_gpu or config.model.dtype != "auto" else "float32"
     argv = [
-        "--model", resolve_model_path(config.model.name),
+        "--model", model_path,
         "--served-model-name", config.model.name,
         "--host", config.host,
         "--port", str(config.port),
@@ -36,7 +46,11 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
     if config.model.enforce_eager:
         argv.append("--enforce-eager")
     if config.model.enable_auto_tool_choice:
-        argv += ["--enable-auto-tool-choice", "--tool-call-parser", config.model.tool_call_parser]
+        argv += [
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            tool_call_parser(config.model.tool_call_parser, model_path),
+        ]
     if config.lora is not None:
         lora = config.lora
         argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]

@@ -13,9 +13,10 @@ from rl.protocol import atomic_dir, checkpoint_dir, mark_stable
 STATE_FILE = "state.json"
 
 
-def data_state(step: int, batch_size: int, num_tasks: int, seed: int) -> dict:
+def data_state(step: int, batch_size: int, num_tasks: int, seed: int, prompts_per_env: list[int]) -> dict:
     """What the checkpoint of ``step`` records: the step, the data position and what fixes the task order."""
-    return {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed}
+    return {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed,
+            "prompts_per_env": prompts_per_env}  # fmt: skip
 
 
 def save_state(output_dir: Path, state: dict) -> Path:
@@ -31,7 +32,11 @@ def check_resumable(output_dir: Path, expected: dict) -> None:
     """Raise unless the checkpoint of ``expected['step']`` had the same task order as this run."""
     path = checkpoint_dir(output_dir, expected["step"]) / "orchestrator" / STATE_FILE
     saved = json.loads(path.read_text())
-    changed = [f"{key} {saved[key]} -> {expected[key]}" for key in ("num_tasks", "seed") if saved[key] != expected[key]]
+    changed = [
+        f"{key} {saved[key]} -> {expected[key]}"
+        for key in ("num_tasks", "seed", "prompts_per_env")
+        if saved.get(key, expected[key]) != expected[key]  # checkpoints before environment shares lack the last
+    ]
     if changed:
         raise TridentError(
             f"cannot resume from {path}: the task order changed ({', '.join(changed)}); resuming would repeat or "

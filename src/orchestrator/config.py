@@ -3,8 +3,10 @@
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from orchestrator.renderer import known_renderer
+from orchestrator.tasks import prompts_per_env
 from rl.config import BaseConfig
 from rl.shared_config import (
     AsyncLevel,
@@ -20,6 +22,19 @@ from rl.shared_config import (
 )
 
 
+class OrchestratorModelConfig(ModelConfig):
+    renderer: Annotated[
+        str,
+        AfterValidator(known_renderer),
+        Field(
+            description="How conversations become token ids (a renderers name, e.g. 'qwen3', 'llama-3', or 'default': "
+            "the model's own chat template). 'auto': renderers' choice for a known hub id, else the model's chat "
+            "family (Qwen3, Qwen2.5, Llama 3.x) read from its files, else 'default'. Checked against the model's chat "
+            "template at start."
+        ),
+    ] = "auto"
+
+
 class SamplingConfig(StrictModel):
     temperature: Annotated[
         float, Field(gt=0, description="Sampling temperature; the trainer's logprobs use the same.")
@@ -28,8 +43,8 @@ class SamplingConfig(StrictModel):
     enable_thinking: Annotated[
         bool,
         Field(
-            description="Qwen3 thinking: replies open with <think>. Later prompts drop earlier turns' thinking once "
-            "a user speaks again, so such a rollout trains as several samples."
+            description="Thinking (Qwen3 renderers): replies open with <think>. Later prompts drop earlier turns' "
+            "thinking once a user speaks again, so such a rollout trains as several samples."
         ),
     ] = False
 
@@ -51,6 +66,14 @@ class AdvantageConfig(StrictModel):
 class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
+    share: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="This environment's part of each batch's prompts, relative to the other [[env]] tables' "
+            "shares (equal by default).",
+        ),
+    ] = 1.0
 
 
 class ClientConfig(StrictModel):
@@ -70,7 +93,7 @@ class ClientConfig(StrictModel):
 
 
 class OrchestratorConfig(BaseConfig):
-    model: ModelConfig = ModelConfig()
+    model: OrchestratorModelConfig = OrchestratorModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     advantage: AdvantageConfig = AdvantageConfig()
     env: Annotated[list[EnvConfig], Field(min_length=1, description="Environments; [[env]] may repeat.")] = [
@@ -108,6 +131,17 @@ class OrchestratorConfig(BaseConfig):
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
     ] = 600.0
+
+    @model_validator(mode="after")
+    def _every_env_gets_prompts(self):
+        counts = prompts_per_env([env.share for env in self.env], self.batch_size)
+        for i, (env, count) in enumerate(zip(self.env, counts, strict=True)):
+            if count == 0:
+                raise ValueError(
+                    f"env.{i}.share = {env.share} gives {env.id!r} no prompt of a batch of batch_size = "
+                    f"{self.batch_size}: raise its share or the batch size"
+                )
+        return self
 
     @model_validator(mode="after")
     def _reply_fits_in_a_sample(self):

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
 from pydantic import ValidationError
-from renderers import Qwen3RendererConfig
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
+from orchestrator.renderer import renderer_config
 from rl.errors import TridentError
 from rl.protocol import API_KEY_ENV
 
@@ -54,7 +54,8 @@ def load_env(env: EnvConfig) -> vf.Env:
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:
-    """How verifiers reaches our server: the training client, token in / token out, with our sampling.
+    """How verifiers reaches our server: the training client, token in / token out through the model's renderer
+    (:func:`~orchestrator.renderer.renderer_config`), with our sampling.
 
     Requests name the base model; :func:`dataclasses.replace` the ``model`` to sample from a served adapter.
     """
@@ -69,7 +70,7 @@ def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelCo
         client=vf.TrainClientConfig(
             base_url=config.client.base_url.rstrip("/") + "/v1",
             api_key_var=key_var,
-            renderer=Qwen3RendererConfig(enable_thinking=config.sampling.enable_thinking),
+            renderer=renderer_config(config.model.renderer, tokenizer_path, config.sampling.enable_thinking),
             renderer_model_name=tokenizer_path,
         ),
         sampling=vf.SamplingConfig(

@@ -3,7 +3,6 @@
 import asyncio
 import dataclasses
 import logging
-import random
 import shutil
 import time
 from contextlib import AsyncExitStack
@@ -17,8 +16,10 @@ from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.client import InferenceClient
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
+from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
-from orchestrator.stats import advantage_metrics, rollout_metrics
+from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
+from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
 from rl.protocol import (
@@ -87,16 +88,18 @@ class Orchestrator:
         self.config = config
         self.output_dir = config.output_dir
         self.envs = [load_env(env) for env in config.env]
-        # Tasks of all environments, interleaved, in a seeded order; step N takes the next batch_size.
         per_env = [list(env.taskset.load()) for env in self.envs]
-        self.tasks = [
-            (env, task) for tasks in zip(*per_env, strict=False) for env, task in zip(self.envs, tasks, strict=True)
-        ]
-        if not self.tasks:
-            raise TridentError(f"environments {[e.id for e in config.env]} have no tasks")
-        random.Random(config.seed).shuffle(self.tasks)
+        for i, tasks in enumerate(per_env):
+            if not tasks:
+                raise TridentError(
+                    f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
+                )
+        self.prompts_per_env = prompts_per_env([env.share for env in config.env], config.batch_size)
+        self.tasks = TaskOrder(per_env, self.prompts_per_env, config.seed)
         model_path = resolve_model_path(config.model.name)
         self.ctx = model_context(config, model_path)
+        check_renderer(self.ctx.client.renderer, model_path)
+        logger.info(f"rendering chats with renderer {self.ctx.client.renderer.name!r}, checked against the template")
         # only to show sample rollouts as text: training never detokenizes
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
         self.client = InferenceClient(config.client.base_url, config.client.timeout_s, config.model.name)
@@ -106,8 +109,8 @@ class Orchestrator:
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
 
     def batch_tasks(self, step: int) -> list:
-        n = self.config.batch_size
-        return [self.tasks[(step * n + i) % len(self.tasks)] for i in range(n)]
+        """(environment, task) of each prompt of step ``step``."""
+        return [(self.envs[e], task) for e, task in self.tasks.batch(step)]
 
     async def update_weights(self, step: int) -> tuple[float, float]:
         """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
@@ -201,6 +204,7 @@ class Orchestrator:
             logger.warning(f"step {step}: {empty} of {len(samples)} samples have no trainable token")
         metrics = {
             **rollout_metrics(groups, rewards, generate_s),
+            **(env_metrics(groups, rewards, generate_s) if len(self.envs) > 1 else {}),
             **advantage_metrics(samples),
             "empty_samples": empty,
             "overlong_samples": overlong,
@@ -246,7 +250,7 @@ class Orchestrator:
         return step
 
     def data_state(self, step: int) -> dict:
-        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed)
+        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed, self.prompts_per_env)
 
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""

@@ -71,6 +71,22 @@ def rollout_metrics(
     }
 
 
+def env_metrics(
+    groups: list[list[Rollout]], rewards: Float[Tensor, "groups rollouts"], generate_s: float
+) -> dict[str, float]:
+    """:func:`rollout_metrics` of each environment's groups, as ``env/<id>/<metric>`` (throughput left out: the
+    environments generate at the same time)."""
+    by_env: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        by_env.setdefault(group[0].env, []).append(i)
+    return {
+        f"env/{env}/{name}": value
+        for env, rows in sorted(by_env.items())
+        for name, value in rollout_metrics([groups[i] for i in rows], rewards[rows], generate_s).items()
+        if not name.endswith("_per_s")
+    }
+
+
 def advantage_metrics(samples: list[Sample]) -> dict[str, float]:
     """Mean, std, min and max of the advantages of the samples the trainer gets (one value per sample)."""
     return describe("advantage", [s.advantage for s in samples])

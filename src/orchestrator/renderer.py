@@ -1,0 +1,120 @@
+"""The renderer that turns conversations into the token ids the server samples from: chosen from the model, and
+checked against the model's own chat template before any rollout."""
+
+import copy
+import json
+
+from renderers import DefaultRendererConfig, create_renderer
+from renderers.base import MODEL_RENDERER_MAP, load_tokenizer
+from renderers.configs import BaseRendererConfig, config_from_name
+
+from rl.chat_family import FAMILIES, model_family
+from rl.errors import TridentError
+
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+# A tool turn and its result, a reply, and a user speaking again: every kind of turn a rollout renders.
+PROBE_MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant."},
+    {"role": "user", "content": "What is 12 * 7? Use the calculator."},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "12 * 7"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_0", "content": "84"},
+    {"role": "assistant", "content": "12 * 7 = 84."},
+    {"role": "user", "content": "Thanks! And 84 + 16?"},
+]
+
+
+def renderer_config(renderer: str, model_path: str, enable_thinking: bool) -> BaseRendererConfig:
+    """The renderers config for ``renderer`` (a renderers name, or "auto": renderers' own map of hub ids, then the
+    model's chat family read from its files, then "default", the model's own template) with ``enable_thinking``
+    applied."""
+    name = renderer
+    if renderer == "auto":
+        name = MODEL_RENDERER_MAP.get(model_path)
+        if name is None:
+            family = model_family(model_path)
+            name = family.renderer if family else "default"
+    if name == "default":  # the model's own template; Hermes tool calls (<tool_call>{json}</tool_call>) parsed
+        hermes = "<tool_call>" in load_tokenizer(model_path).get_vocab()
+        config = DefaultRendererConfig(tool_parser="qwen3" if hermes else None)
+    else:
+        config = config_from_name(name)
+    if "enable_thinking" in type(config).model_fields:
+        return config.model_copy(update={"enable_thinking": enable_thinking})
+    if enable_thinking:
+        raise TridentError(f"sampling.enable_thinking = true: renderer {name!r} has no thinking mode")
+    return config
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def check_renderer(config: BaseRendererConfig, model_path: str) -> None:
+    """Raise unless the renderer renders the probe conversation to the same ids as the model's chat template.
+
+    The opening prompt (no system message: templates differ in their default one) is compared under ``config``; the
+    whole conversation under the template-faithful variant
+    (renderers keep an empty thinking block in history when thinking is off, on purpose: tokens stay stable).
+    """
+    tokenizer = load_tokenizer(model_path)
+    faithful = config
+    if getattr(config, "enable_thinking", True) is False:
+        faithful = config.model_copy(update={"enable_thinking": True})
+    for cfg, messages in ((config, PROBE_MESSAGES[1:2]), (faithful, PROBE_MESSAGES)):
+        try:
+            rendered = create_renderer(tokenizer, cfg).render_ids(
+                messages, tools=PROBE_TOOLS, add_generation_prompt=True
+            )
+        except Exception as e:  # e.g. the renderer's special tokens are not in this tokenizer
+            raise TridentError(
+                f"renderer {cfg.name!r} cannot render for {model_path}: {type(e).__name__}: {e}"
+            ) from None
+        template_messages = copy.deepcopy(messages)
+        for message in template_messages:  # templates get arguments as objects, as vLLM passes them
+            for call in message.get("tool_calls", []):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        kwargs = {field: getattr(cfg, field) for field in type(cfg).template_field_names()}
+        expected = tokenizer.apply_chat_template(
+            template_messages, tools=PROBE_TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+        )
+        if rendered != expected:
+            i = _first_difference(rendered, expected)
+            raise TridentError(
+                f"renderer {cfg.name!r} and the chat template of {model_path} render a probe conversation "
+                f"differently from token {i}: renderer {tokenizer.decode(rendered[i : i + 24])!r}, template "
+                f"{tokenizer.decode(expected[i : i + 24])!r}; set [model] renderer in orch.toml to one that matches "
+                '("default" renders with the model\'s own template)'
+            )
+
+
+def known_renderer(name: str) -> str:
+    """Validate a ``[model] renderer`` value: "auto" or a renderers name."""
+    try:
+        config_from_name(name)
+    except ValueError:
+        examples = ", ".join(sorted({"auto", "default", *(f.renderer for f in FAMILIES.values())}))
+        raise ValueError(f"unknown renderer {name!r}; e.g. {examples}, or another name renderers knows") from None
+    return name
