@@ -2,6 +2,7 @@
 and turn verifiers' traces into training samples without re-tokenizing anything."""
 
 import asyncio
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -13,6 +14,8 @@ from orchestrator.harness import HARNESS_ID
 from orchestrator.renderer import renderer_config
 from rl.errors import TridentError
 from rl.protocol import API_KEY_ENV
+
+logger = logging.getLogger("orchestrator")
 
 
 @dataclass
@@ -99,28 +102,44 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
     return out
 
 
+def _error_text(error: vf.Error | None) -> str | None:
+    return f"{error.type}: {error.message}" if error is not None else None
+
+
 def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
+    """The rollout of an episode: its first trace's tokens and scores, or a failed rollout carrying the episode's
+    error when the environment produced no trace (it raised in setup, say)."""
+    data = episode.task.data
+    task = str(data.id if data.id is not None else data.idx)
+    if not episode.traces:
+        error = _error_text(episode.last_error) or "the environment returned no trace"
+        return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task)
     trace = episode.traces[0]
-    error = f"{trace.last_error.type}: {trace.last_error.message}" if trace.errors else None
     return Rollout(
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace),
         ok=bool(episode.ok),
         truncated=any(call.finish_reason == "length" for call in trace.calls),
-        error=error,
+        error=_error_text(trace.last_error or episode.last_error),
         rewards={name: r.score for name, r in trace.rewards.items() if r is not None},
         metrics={name: value for name, value in trace.metrics.items() if value is not None},
         turns=len(trace.calls),
         env=env_id,
-        task=str(trace.task.data.id if trace.task.data.id is not None else trace.task.data.idx),
+        task=task,
     )
 
 
 async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyncio.Semaphore) -> list[Rollout]:
     """``n`` rollouts of one task (one advantage group)."""
 
+    env_id = env.config.taskset.id
+
     async def one(slot):
         async with limit:
-            return to_rollout(await env.run_slot(slot, ctx), env.config.taskset.id)
+            try:
+                return to_rollout(await env.run_slot(slot, ctx), env_id)
+            except Exception as e:  # verifiers records the environment's own faults; anything else lands here
+                logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
+                return Rollout(reward=0.0, branches=[], ok=False, error=f"{type(e).__name__}: {e}", env=env_id)
 
     return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

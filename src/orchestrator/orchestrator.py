@@ -5,6 +5,7 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections import Counter
 from contextlib import AsyncExitStack
 
 import httpx
@@ -180,9 +181,15 @@ class Orchestrator:
         )
         generated = time.perf_counter()
         generate_s = generated - start
-        failed = [r for group in groups for r in group if not r.ok]
-        if failed:
-            logger.warning(f"step {step}: {len(failed)} rollouts failed, first: {failed[0].error}")
+        rollouts = [r for group in groups for r in group]
+        failed = [r for r in rollouts if not r.ok]
+        if failed and len(failed) == len(rollouts):
+            raise TridentError(
+                f"step {step}: all {len(rollouts)} rollouts failed; first, in environment {failed[0].env!r} "
+                f"(task {failed[0].task}): {failed[0].error}"
+            )
+        for error, count in Counter(f"environment {r.env!r}: {r.error}" for r in failed).items():
+            logger.warning(f"step {step}: {count} rollouts failed in {error}")
         samples, rewards, advantages = build_samples(
             groups,
             self.served_step,

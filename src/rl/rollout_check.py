@@ -2,9 +2,9 @@
 
 The operator's tools (``scripts/check_loss_mask.py``, ``scripts/inspect_rollouts.py``, ``scripts/verify_env.py``)
 share this module. It splits the packed micro-batches of ``rollouts/step_N/`` back into samples, cuts each
-sample's tokens into Qwen3 chat turns (``<|im_start|>ROLE\\n ... <|im_end|>\\n``; a user turn holding a
-``<tool_response>`` is a tool turn) and checks that the loss mask covers sampled tokens only: assistant content
-after the header and the generation-prompt scaffold, up to and including the ``<|im_end|>`` the model sampled.
+sample's tokens into chat turns (:class:`ChatFormat`: ChatML as Qwen3 and Qwen2.5 write it, or Llama 3's header
+turns) and checks that the loss mask covers sampled tokens only: assistant content after the header and the
+generation-prompt scaffold, up to and including the turn end (``<|im_end|>``, ``<|eot_id|>``) the model sampled.
 
 Checks (``Problem.check``), errors unless marked:
 
@@ -241,15 +241,22 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
 
 @dataclass
 class ChatFormat:
-    """The tokenizer's ids for the Qwen3 chat format, and cached per-token text."""
+    """How turns are delimited in the tokenizer's chat family, and cached per-token text.
+
+    ChatML (Qwen3, Qwen2.5): ``<|im_start|>ROLE\\n ... <|im_end|>\\n``, tool results in a user turn opening with
+    ``<tool_response>``. Llama 3: ``<|start_header_id|>ROLE<|end_header_id|>\\n\\n ... <|eot_id|>``, tool results
+    in an ``ipython`` turn.
+    """
 
     tokenizer: object
-    im_start: int
-    im_end: int
+    turn_start: int  # <|im_start|>, <|start_header_id|>
+    turn_end: int  # <|im_end|>, <|eot_id|>
+    header_end: int | None  # <|end_header_id|>; None: the header ends with its newline
     think: int | None
     think_end: int | None
     tool_response: int | None
-    stop_ids: frozenset[int]  # tokens that end a reply besides <|im_end|> (the server may add <|im_end|> itself)
+    tool_roles: frozenset[str]  # roles of turns holding tool results
+    stop_ids: frozenset[int]  # tokens that end a reply besides turn_end (the server may add turn_end itself)
     vocab_size: int
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
 
@@ -259,23 +266,26 @@ class ChatFormat:
             tid = tokenizer.convert_tokens_to_ids(token)
             return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id else None
 
+        common = {"tokenizer": tokenizer, "think": token_id("<think>"), "think_end": token_id("</think>"),
+                  "tool_response": token_id("<tool_response>"), "vocab_size": len(tokenizer)}  # fmt: skip
+        start_header, end_header, eot = (
+            token_id("<|start_header_id|>"),
+            token_id("<|end_header_id|>"),
+            token_id("<|eot_id|>"),
+        )
+        if None not in (start_header, end_header, eot):
+            stops = frozenset({token_id("<|eom_id|>"), token_id("<|end_of_text|>")} - {None})
+            return cls(turn_start=start_header, turn_end=eot, header_end=end_header,
+                       tool_roles=frozenset({"ipython", "tool"}), stop_ids=stops, **common)  # fmt: skip
         im_start, im_end = token_id("<|im_start|>"), token_id("<|im_end|>")
         if im_start is None or im_end is None:
             raise RolloutReadError(
-                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no <|im_start|>/<|im_end|> tokens: "
-                "these tools read the Qwen3 chat format"
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has neither <|im_start|>/<|im_end|> (ChatML) "
+                "nor <|start_header_id|>/<|end_header_id|>/<|eot_id|> (Llama 3) tokens: these tools read those formats"
             )
-        endoftext = token_id("<|endoftext|>")
-        return cls(
-            tokenizer=tokenizer,
-            im_start=im_start,
-            im_end=im_end,
-            think=token_id("<think>"),
-            think_end=token_id("</think>"),
-            tool_response=token_id("<tool_response>"),
-            stop_ids=frozenset({endoftext} - {None}),
-            vocab_size=len(tokenizer),
-        )
+        stops = frozenset({token_id("<|endoftext|>")} - {None})
+        return cls(turn_start=im_start, turn_end=im_end, header_end=None, tool_roles=frozenset({"tool"}),
+                   stop_ids=stops, **common)  # fmt: skip
 
     def text(self, token_ids: list[int]) -> str:
         """The text of consecutive tokens, decoded together (characters split over tokens come out whole)."""
@@ -320,7 +330,7 @@ class Segmentation:
 
 
 def _sampled_start(i: int, token_ids: list[int], sampled: list[bool] | None, chat: ChatFormat) -> bool:
-    return sampled is not None and i < len(sampled) and sampled[i] and token_ids[i] == chat.im_start
+    return sampled is not None and i < len(sampled) and sampled[i] and token_ids[i] == chat.turn_start
 
 
 def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None = None) -> Segmentation:
@@ -334,34 +344,27 @@ def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None =
     turns: list[Turn] = []
     i = 0
     while i < n:
-        if token_ids[i] != chat.im_start:
+        if token_ids[i] != chat.turn_start:
             i += 1
             continue
         start = i
-        # Header: <|im_start|>, the role's tokens, up to the token holding the newline.
-        header_text, i = "", i + 1
-        while i < n and token_ids[i] not in (chat.im_start, chat.im_end):
-            header_text += chat.piece(token_ids[i])
-            i += 1
-            if "\n" in header_text:
-                break
-        header_end = i
-        role = header_text.split("\n")[0].strip() or "unknown"
-        if role == "user" and _starts_tool_response(token_ids, header_end, chat):
+        header_end, role = _read_header(token_ids, i, chat)
+        i = header_end
+        if (role == "user" and _starts_tool_response(token_ids, header_end, chat)) or role in chat.tool_roles:
             role = "tool"
         content_start = _skip_scaffold(token_ids, header_end, chat) if role == "assistant" else header_end
         # Content runs to <|im_end|> or, in a reply, another stop token (the server may add <|im_end|> after it).
-        stops = {chat.im_start, chat.im_end} | (chat.stop_ids if role == "assistant" else set())
+        stops = {chat.turn_start, chat.turn_end} | (chat.stop_ids if role == "assistant" else set())
         while i < n and (
             token_ids[i] not in stops or (role == "assistant" and _sampled_start(i, token_ids, sampled, chat))
         ):
             i += 1
         content_end = i
-        closed = i < n and token_ids[i] != chat.im_start
+        closed = i < n and token_ids[i] != chat.turn_start
         end = i + 1 if closed else i
-        if closed and token_ids[i] != chat.im_end and end < n and token_ids[end] == chat.im_end:
+        if closed and token_ids[i] != chat.turn_end and end < n and token_ids[end] == chat.turn_end:
             end += 1
-        if closed and end < n and token_ids[end] != chat.im_start and chat.piece(token_ids[end]).isspace():
+        if closed and end < n and token_ids[end] != chat.turn_start and chat.piece(token_ids[end]).isspace():
             end += 1
         turn = Turn(len(turns), role, start, content_start, end, closed)
         turns.append(turn)
@@ -373,6 +376,22 @@ def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None =
                 parts[j] = END if j == content_end else SEPARATOR
         i = end
     return Segmentation(turns, roles, parts)
+
+
+def _read_header(token_ids: list[int], start: int, chat: ChatFormat) -> tuple[int, str]:
+    """Where the header of the turn opening at ``start`` ends, and the role it names. ChatML: the role's tokens up
+    to the token holding the newline; Llama 3: up to ``<|end_header_id|>`` and the blank line after it."""
+    n = len(token_ids)
+    header_text, i = "", start + 1
+    while i < n and token_ids[i] not in (chat.turn_start, chat.turn_end):
+        if chat.header_end is not None and token_ids[i] == chat.header_end:
+            i = _skip_text(token_ids, i + 1, "\n\n", chat) or i + 1
+            return i, header_text.strip() or "unknown"
+        header_text += chat.piece(token_ids[i])
+        i += 1
+        if chat.header_end is None and "\n" in header_text:
+            break
+    return i, header_text.split("\n")[0].strip() or "unknown"
 
 
 def _starts_tool_response(token_ids: list[int], i: int, chat: ChatFormat) -> bool:
@@ -550,7 +569,7 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
 
     seg = segment(ids, chat, record.loss_mask)
     if not seg.turns:
-        add("no_chat_format", "no <|im_start|> token: roles cannot be checked (wrong --model?)", severity=WARNING)
+        add("no_chat_format", "no turn-start token: roles cannot be checked (wrong --model?)", severity=WARNING)
     trainable = [i for i in range(min(len(ids), len(mask))) if mask[i]]
     by_check: dict[str, list[int]] = {}
     for i in trainable:

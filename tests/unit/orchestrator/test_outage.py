@@ -93,5 +93,5 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
         return rollouts(n, ok=False)  # the environment fails, the server is fine
 
     monkeypatch.setattr(orchestrator_module, "run_group", run_group)
-    with pytest.raises(TridentError, match="step 0: no rollout produced a training sample"):
+    with pytest.raises(TridentError, match="step 0: all 2 rollouts failed; first, in environment"):
         asyncio.run(orchestrator.step_surviving_outage(0))

@@ -259,7 +259,7 @@ def second_reply_header(sample, chat, tokenizer, builder):
     return (
         builder.spans["tool_turn"][0]
         + 1
-        + find(sample.token_ids[builder.spans["tool_turn"][0] + 1 :], [chat.im_start], 1)
+        + find(sample.token_ids[builder.spans["tool_turn"][0] + 1 :], [chat.turn_start], 1)
     )
 
 
@@ -460,3 +460,54 @@ def test_an_im_start_the_model_sampled_inside_its_reply_is_content(tmp_path, tok
     assert [t.role for t in segment(sample.token_ids, chat).turns][-1] == "user"  # without the mask: a new turn
     write_step(tmp_path, [sample], tiny_model_path, step=0)
     assert [p for p in check_step(read_step(tmp_path), chat).all_problems() if p.severity == "error"] == []
+
+
+def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
+    """The tool sample in Llama 3's format: header turns, the call as the whole reply, the result in an ipython turn."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    b = Builder(tokenizer)
+    b.add("prompt", render(tokenizer, messages, True), sampled=False)
+    b.add("call", '{"name": "calculator", "parameters": {"expression": "6 * 7"}}<|eot_id|>', sampled=True)
+    history = render(tokenizer, [*messages, {"role": "assistant", "content": "", "tool_calls": [CALL]}], False)
+    messages += [{"role": "assistant", "content": "", "tool_calls": [CALL]}, {"role": "tool", "content": TOOL_RESULT}]
+    follow_up = render(tokenizer, messages, True)
+    assert follow_up.startswith(history) and history.endswith("<|eot_id|>")
+    b.add("tool_turn", follow_up[len(history) :], sampled=False)
+    b.add("answer", "The answer is 42.<|eot_id|>", sampled=True)
+    return b.sample(reward=1.0, env="gsm8k-calc", task=7, rewards={}, truncated=False, turns=2), b
+
+
+def test_llama3_turns_are_read_and_checked(tmp_path):
+    from rl.tiny_model import resolve_model_path
+
+    path = resolve_model_path("trident/tiny-llama3")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    chat = ChatFormat.from_tokenizer(tokenizer)
+    sample, b = llama_tool_sample(tokenizer)
+    seg = segment(sample.token_ids, chat)
+    assert [t.role for t in seg.turns] == ["system", "user", "assistant", "tool", "assistant"]
+    assert seg.roles[0] == "outside"  # <|begin_of_text|>
+    trainable_parts = {(seg.roles[i], seg.parts[i]) for i, m in enumerate(sample.loss_mask) if m}
+    assert trainable_parts == {("assistant", "content"), ("assistant", "end")}
+    header = [sample.token_ids[i] for i in range(*b.spans["tool_turn"]) if seg.parts[i] == "header"]
+    assert tokenizer.decode(header) == (
+        "<|start_header_id|>ipython<|end_header_id|>\n\n<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    write_step(tmp_path, [sample, replace(sample)], path)
+    assert check_step(read_step(tmp_path), chat).ok
+
+    tool_result = seg.turns[3].content_start  # the ipython turn's first content token
+    assistant_header = seg.turns[4].content_start - 1  # the blank line closing the answer's header
+
+    def plant(*positions):
+        def mutate(info, micro_batches):
+            for position in positions:
+                micro_batches[0].loss_mask[position] = True
+            info.num_loss_tokens += len(positions)
+
+        return mutate
+
+    write_step(tmp_path, [sample, replace(sample)], path, mutate=plant(tool_result))
+    assert set(checks_found(tmp_path, chat)) >= {"mask_in_tool_turn"}
+    write_step(tmp_path, [sample, replace(sample)], path, mutate=plant(assistant_header))
+    assert "mask_on_template" in checks_found(tmp_path, chat)

@@ -35,7 +35,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path, write_batches, tiny_
     with pytest.raises(TimeoutError, match="rollouts/step_2"):
         train(config(resumed, tiny_model_path))
     assert complete_checkpoints(resumed) == []  # the orchestrator's part is missing: not resumable yet
-    save_state(resumed, data_state(2, 8, 64, 0))
+    save_state(resumed, data_state(2, 8, 64, 0, [8]))
     assert complete_checkpoints(resumed) == [2]
     write_batches(resumed, steps=4)
     train(config(resumed, tiny_model_path, resume_step=-1))
