@@ -1,0 +1,136 @@
+"""Faults of an environment stay faults of its rollouts: a task whose setup raises, an episode with no trace, a
+rollout that raises; a step where every rollout failed stops the run with one line naming the environment."""
+
+import asyncio
+import json
+import logging
+import re
+import sys
+
+import httpx
+import pytest
+import verifiers.v1 as vf
+
+import orchestrator.orchestrator as orch_module
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
+from orchestrator.orchestrator import Orchestrator
+from rl.errors import TridentError
+from rl.protocol import rollouts_dir
+from rl.tiny_model import resolve_model_path
+
+# verifiers imports an environment by id: this module is the `trident-test-faults` environment.
+ENV_ID = "trident-test-faults"
+sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])
+UNREACHABLE = "http://127.0.0.1:9"  # no model call is made: every fault here comes before one
+
+
+class FaultConfig(vf.TasksetConfig):
+    broken_tasks: list[str] = ["t0", "t1"]
+
+
+class FaultData(vf.TaskData):
+    broken: bool
+
+
+class FaultTask(vf.Task[FaultData, vf.State, vf.TaskConfig]):
+    async def setup(self, trace: vf.Trace, runtime) -> None:
+        if self.data.broken:
+            raise RuntimeError("the task's data volume is not mounted")
+
+    @vf.reward
+    async def one(self, trace: vf.Trace) -> float:
+        return 1.0
+
+
+class FaultTaskset(vf.Taskset[FaultTask, FaultConfig]):
+    def load(self):
+        for i in range(2):
+            data = FaultData(id=f"t{i}", prompt="Say hi.", broken=f"t{i}" in self.config.broken_tasks)
+            yield FaultTask(data, self.config.task)
+
+
+__all__ = ["FaultTaskset"]
+
+
+def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():
+    env = load_env(EnvConfig(id=ENV_ID))
+    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), resolve_model_path("trident/tiny-qwen3"))
+    task = next(iter(env.taskset.load()))
+
+    async def run():
+        async with env.serving():
+            return await run_group(env, task, 3, ctx, asyncio.Semaphore(3))
+
+    rollouts = asyncio.run(run())
+    assert [r.ok for r in rollouts] == [False] * 3
+    assert all(
+        r.error == "TaskError: task setup: RuntimeError: the task's data volume is not mounted" for r in rollouts
+    )
+    assert all(r.env == ENV_ID and r.task == "t0" and r.branches == [] for r in rollouts)
+
+
+def test_an_episode_without_a_trace_is_a_failed_rollout():
+    data = FaultData(id="t7", prompt="Say hi.", broken=False)
+    empty = vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[])
+    assert (rollout := to_rollout(empty, ENV_ID)).ok is False
+    assert rollout.error == "the environment returned no trace" and rollout.task == "t7"
+    errors = [vf.Error(type="EnvError", message="FaultEnv.setup(): no sandbox left")]
+    failed = to_rollout(vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[], errors=errors), ENV_ID)
+    assert failed.error == "EnvError: FaultEnv.setup(): no sandbox left"
+
+
+def test_a_rollout_that_raises_is_a_failed_rollout(monkeypatch):
+    env = load_env(EnvConfig(id=ENV_ID))
+
+    async def raising_run_slot(slot, ctx):
+        raise KeyError("trace")
+
+    monkeypatch.setattr(env, "run_slot", raising_run_slot)
+    task = next(iter(env.taskset.load()))
+    (rollout,) = asyncio.run(run_group(env, task, 1, None, asyncio.Semaphore(1)))
+    assert not rollout.ok and rollout.error == "KeyError: 'trace'" and rollout.env == ENV_ID
+
+
+def orchestrator(tmp_path, broken_tasks: list[str], batch_size: int = 1) -> Orchestrator:
+    config = OrchestratorConfig(
+        output_dir=tmp_path,
+        env=[{"id": ENV_ID, "args": {"broken_tasks": broken_tasks}}],
+        batch_size=batch_size,
+        rollouts_per_example=2,
+        sample_rollouts_every=0,
+        client={"base_url": UNREACHABLE},
+    )
+    orch = Orchestrator(config)
+    served = {"step": 0, "path": "/base", "adapter": None}
+    orch.client.http = httpx.AsyncClient(
+        base_url="http://server", transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
+    )
+    return orch
+
+
+def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment(tmp_path):
+    with pytest.raises(TridentError) as error:
+        asyncio.run(orchestrator(tmp_path, broken_tasks=["t0", "t1"]).step(0))
+    assert re.fullmatch(
+        rf"step 0: all 2 rollouts failed; first, in environment '{ENV_ID}' \(task t[01]\): "
+        r"TaskError: task setup: RuntimeError: the task's data volume is not mounted",
+        str(error.value),
+    )
+
+
+def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_error(tmp_path, caplog, monkeypatch):
+    orch = orchestrator(tmp_path, broken_tasks=["t1"], batch_size=2)  # both tasks: t0 works, t1 fails in setup
+
+    async def sample_without_server(env, task, n, ctx, limit):  # t0's rollouts, as if the model answered
+        if task.data.broken:
+            return await run_group(env, task, n, ctx, limit)
+        branch = ([1, 2, 3], [False, True, True], [0.0, -0.5, -0.5])
+        return [Rollout(reward=float(i), branches=[branch], ok=True, env=ENV_ID, task="t0") for i in range(n)]
+
+    monkeypatch.setattr(orch_module, "run_group", sample_without_server)
+    with caplog.at_level(logging.WARNING, logger="orchestrator"):
+        asyncio.run(orch.step(0))
+    info = json.loads((rollouts_dir(tmp_path, 0) / "batch.json").read_text())
+    assert info["num_samples"] == 2 and info["metrics"]["failed_rollouts"] == 2
+    assert f"step 0: 2 rollouts failed in environment '{ENV_ID}': TaskError: task setup" in caplog.text
