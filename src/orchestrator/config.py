@@ -66,6 +66,29 @@ class AdvantageConfig(StrictModel):
 class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
+    verifiers_env: Annotated[
+        str,
+        Field(
+            description="A reusable verifiers environment to run the taskset in, e.g. 'user-sim' (a model-played "
+            "user talks to the policy); empty: the taskset package's own, else a single agent."
+        ),
+    ] = ""
+    harness: Annotated[
+        str,
+        Field(
+            description="Harness of the environment's agents: 'auto' (the one the taskset's package declares, else "
+            "'trident'), 'trident' (Trident's in-process chat loop: function tools and MCP toolsets), or a "
+            "verifiers harness id (its program runs per rollout). Tokens come from the server's replies either way."
+        ),
+    ] = "auto"
+    max_turns: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Most model turns of each agent per rollout (verifiers' agent max_turns); a task's own "
+            "max_turns field is used first. Absent: no limit but the context length.",
+        ),
+    ] = None
     share: Annotated[
         float,
         Field(

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
 from pydantic import ValidationError
+from verifiers.v1.utils.generic import concrete_type
+from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
@@ -34,21 +36,35 @@ class Rollout:
     env: str = ""  # the environment's id
 
 
-def load_env(env: EnvConfig) -> vf.Env:
-    """Load the verifiers environment package ``env.id`` with ``env.args`` as its taskset config.
+def harness_for(env: EnvConfig) -> str:
+    """The harness id each agent of ``env`` runs: ``env.harness``, or for "auto" the harness the taskset's package
+    declares, else Trident's in-process one."""
+    if env.harness != "auto":
+        return HARNESS_ID if env.harness == "trident" else env.harness
+    declared = default_harness_id(env.id)
+    return declared if declared != "bash" else HARNESS_ID  # "bash" is verifiers' answer for "none declared"
 
-    Rollouts run in-process (:mod:`orchestrator.harness`, which reads each task's tools and turn limit), on the
-    local machine: never on remote sandboxes.
-    """
+
+def load_env(env: EnvConfig) -> vf.Env:
+    """Load the verifiers environment for the taskset package ``env.id`` (``env.args`` its config): the taskset's
+    own ``Env`` or the one ``env.verifiers_env`` names (e.g. "user-sim"), each of its agents on :func:`harness_for`'s
+    harness and on the local machine, never on remote sandboxes. Every model call still reaches the server through
+    verifiers' training client, so tokens are the server's whatever harness runs."""
     try:
-        config = vf.SingleAgentEnvConfig(
-            taskset={"id": env.id, **env.args},
-            agent=vf.AgentConfig(
-                harness={"id": HARNESS_ID},
-                runtime=vf.SubprocessConfig(),
-            ),
-        )
-        return vf.load_environment(config)
+        env_cls = environment_class(env.id, env.verifiers_env)
+        config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
+        harness = {"id": harness_for(env)}
+        agents = {
+            name: {
+                "harness": harness,
+                "runtime": vf.SubprocessConfig(),
+                **({"max_turns": env.max_turns} if env.max_turns else {}),
+            }
+            for name, field in config_cls.model_fields.items()
+            if isinstance(field.default, vf.AgentConfig)
+        }
+        config = config_cls.model_validate({"id": env.verifiers_env, "taskset": {"id": env.id, **env.args}, **agents})
+        return env_cls(config)
     except ModuleNotFoundError as e:
         raise TridentError(f"environment {env.id!r} is not installed: {e}") from None
     except ValidationError as e:
@@ -111,10 +127,11 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
     error when the environment produced no trace (it raised in setup, say)."""
     data = episode.task.data
     task = str(data.id if data.id is not None else data.idx)
-    if not episode.traces:
-        error = _error_text(episode.last_error) or "the environment returned no trace"
+    trainable = [trace for trace in episode.traces if trace.agent.trainable]  # a simulated user's is not
+    if not trainable:
+        error = _error_text(episode.last_error) or "the environment returned no trace of a trainable agent"
         return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task)
-    trace = episode.traces[0]
+    trace = trainable[0]
     return Rollout(
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace),

@@ -1,17 +1,26 @@
-"""An in-process verifiers harness: the chat loop runs in the orchestrator, tools are Python callables.
+"""An in-process verifiers harness: the chat loop runs in the orchestrator; tools are Python callables and the
+task's MCP tool servers.
 
 verifiers' stock harnesses start a Python subprocess per rollout (about 1 rollout/s on two cores); this one
 runs tens per second. Every model call still goes through the endpoint verifiers hands to ``launch``, so
 verifiers' training client records the exact token ids, sampled mask and logprobs of each turn.
 
-An environment describes its agent loop on each task's ``TaskData`` with these optional fields:
+Tools come from two places, offered to the model together:
+
+- the ``vf.Toolset`` servers verifiers starts for the rollout (``Task.toolsets``, one per rollout;
+  ``Taskset.toolsets``, shared) or reaches by URL: their tools, listed and called over MCP, named
+  ``<server>_<tool>`` as verifiers' own chat program names them;
+- Python callables named on the task (below).
+
+An environment may describe its agent loop on each task's ``TaskData`` with these optional fields:
 
 - ``tools: list[str]``: tools as ``module:function`` import paths. A tool's name, description and JSON
   parameters come from the function's name, docstring and type hints. Parameters named ``runtime`` (the
   rollout's verifiers runtime; ``runtime.workdir`` is a fresh directory per rollout) and ``task`` (the
   TaskData) are filled in by the harness and hidden from the model.
 - ``final_tools: list[str]``: names of tools whose call ends the rollout.
-- ``max_turns: int``: model turns per rollout (default 1).
+- ``max_turns: int``: model turns per rollout (default: no limit but the agent's ``max_turns`` in verifiers;
+  a reply without a tool call ends the rollout).
 - ``user: str``: a simulated user as a ``module:function`` path, called as ``fn(messages, task)`` whenever the
   model answers without a tool call; the string it returns is the next user message, ``None`` ends the rollout.
 """
@@ -19,15 +28,18 @@ An environment describes its agent loop on each task's ``TaskData`` with these o
 import functools
 import importlib
 import inspect
+import itertools
 import json
 import ssl
 import sys
 import typing
+from contextlib import AsyncExitStack
 
 import httpx
 import openai
 import verifiers.v1 as vf
 from openai import AsyncOpenAI
+from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
 # verifiers finds a harness by id, importing the module named like the id: register this one under it.
 HARNESS_ID = "trident-in-process"
@@ -88,6 +100,18 @@ async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typ
         return f"error: {type(e).__name__}: {e}"
 
 
+async def call_mcp_tool(servers, dispatch, name: str, arguments: str) -> str:
+    """Run one call of an MCP tool; errors, bad arguments included, go back to the model as the tool's answer."""
+    try:
+        kwargs = json.loads(arguments or "{}")
+        if not isinstance(kwargs, dict):
+            raise TypeError(f"arguments must be a JSON object, got {arguments!r}")
+        content = await call_mcp(servers, dispatch, name, kwargs)
+        return content if isinstance(content, str) else json.dumps(content)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+
+
 async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
@@ -95,10 +119,13 @@ async def _maybe_await(value):
 class InProcessHarnessConfig(vf.HarnessConfig):
     request_timeout_s: float = 600.0
     """Seconds one model call may take (connecting gets 60 s: a busy 2-core machine accepts slowly)."""
+    mcp_connect_timeout_s: float = 60.0
+    """Seconds to connect to the rollout's MCP tool servers and list their tools."""
 
 
 class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
     APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_MCP = True
     SUPPORTS_RESUME = True
     EXECUTES_CODE = False
     NEEDS_CONTAINER = False
@@ -110,11 +137,11 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         else:
             messages += [m.model_dump(exclude_none=True) for m in prompt or []]
-        tools = {fn.__name__: fn for fn in map(_import, getattr(data, "tools", []))}
-        final_tools = set(getattr(data, "final_tools", []))
+        tools = {fn.__name__: fn for fn in map(_import, getattr(data, "tools", None) or [])}
+        final_tools = set(getattr(data, "final_tools", None) or [])
         user = getattr(data, "user", None)
         user = _import(user) if user else None
-        extra = {"tools": [tool_spec(fn) for fn in tools.values()]} if tools else {}
+        max_turns = getattr(data, "max_turns", None)
         injected = {"runtime": runtime, "task": data}
         client = AsyncOpenAI(
             base_url=endpoint,
@@ -123,31 +150,40 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             timeout=httpx.Timeout(self.config.request_timeout_s, connect=60.0),
             http_client=httpx.AsyncClient(verify=_ssl_context()),
         )
-        try:
-            for _ in range(getattr(data, "max_turns", 1)):
-                response = await client.chat.completions.create(model=ctx.model, messages=messages, **extra)
-                message = response.choices[0].message
-                messages.append(message.model_dump(exclude_none=True))
-                if message.tool_calls:
-                    for call in message.tool_calls:
-                        fn = tools.get(call.function.name)
-                        content = (
-                            await call_tool(fn, call.function.arguments, injected)
-                            if fn
-                            else f"error: no tool named {call.function.name!r}; tools: {sorted(tools)}"
-                        )
-                        messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-                    if final_tools & {call.function.name for call in message.tool_calls}:
+        async with AsyncExitStack() as stack:
+            stack.push_async_callback(client.close)
+            mcp_specs, dispatch, servers = [], {}, {}
+            if mcp_urls:
+                spec = {"mcpServers": {name: {"url": url, "connect_timeout": self.config.mcp_connect_timeout_s}
+                                       for name, url in mcp_urls.items()}}  # fmt: skip
+                mcp_specs, dispatch, servers = await connect_mcp(spec, stack, reserved=set(tools))
+            specs = [tool_spec(fn) for fn in tools.values()] + mcp_specs
+            extra = {"tools": specs} if specs else {}
+            try:
+                for _ in range(max_turns) if max_turns is not None else itertools.count():
+                    response = await client.chat.completions.create(model=ctx.model, messages=messages, **extra)
+                    message = response.choices[0].message
+                    messages.append(message.model_dump(exclude_none=True))
+                    if message.tool_calls and specs:  # with no tool offered, a parsed call is just a reply
+                        for call in message.tool_calls:
+                            name, arguments = call.function.name, call.function.arguments
+                            if name in tools:
+                                content = await call_tool(tools[name], arguments, injected)
+                            elif name in dispatch:
+                                content = await call_mcp_tool(servers, dispatch, name, arguments)
+                            else:
+                                known = sorted([*tools, *dispatch])
+                                content = f"error: no tool named {name!r}; tools: {known}"
+                            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+                        if final_tools & {call.function.name for call in message.tool_calls}:
+                            break
+                        continue
+                    reply = await _maybe_await(user(messages, data)) if user else None
+                    if reply is None:
                         break
-                    continue
-                reply = await _maybe_await(user(messages, data)) if user else None
-                if reply is None:
-                    break
-                messages.append({"role": "user", "content": reply})
-        except openai.APIError as e:  # e.g. the context is full: verifiers records the stop condition
-            return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
-        finally:
-            await client.close()
+                    messages.append({"role": "user", "content": reply})
+            except openai.APIError as e:  # e.g. the context is full: verifiers records the stop condition
+                return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
 

@@ -74,7 +74,7 @@ def test_an_episode_without_a_trace_is_a_failed_rollout():
     data = FaultData(id="t7", prompt="Say hi.", broken=False)
     empty = vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[])
     assert (rollout := to_rollout(empty, ENV_ID)).ok is False
-    assert rollout.error == "the environment returned no trace" and rollout.task == "t7"
+    assert rollout.error == "the environment returned no trace of a trainable agent" and rollout.task == "t7"
     errors = [vf.Error(type="EnvError", message="FaultEnv.setup(): no sandbox left")]
     failed = to_rollout(vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[], errors=errors), ENV_ID)
     assert failed.error == "EnvError: FaultEnv.setup(): no sandbox left"
