@@ -112,6 +112,13 @@ async def call_mcp_tool(servers, dispatch, name: str, arguments: str) -> str:
         return f"error: {type(e).__name__}: {e}"
 
 
+def _root_cause(error: BaseException) -> str:
+    """The first leaf of an exception group (anyio wraps the MCP client's errors), as ``Type: message``."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"
+
+
 async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
@@ -156,7 +163,10 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             if mcp_urls:
                 spec = {"mcpServers": {name: {"url": url, "connect_timeout": self.config.mcp_connect_timeout_s}
                                        for name, url in mcp_urls.items()}}  # fmt: skip
-                mcp_specs, dispatch, servers = await connect_mcp(spec, stack, reserved=set(tools))
+                try:
+                    mcp_specs, dispatch, servers = await connect_mcp(spec, stack, reserved=set(tools))
+                except Exception as e:
+                    raise ConnectionError(f"cannot list the tools of MCP servers {mcp_urls}: {_root_cause(e)}") from e
             specs = [tool_spec(fn) for fn in tools.values()] + mcp_specs
             extra = {"tools": specs} if specs else {}
             try:

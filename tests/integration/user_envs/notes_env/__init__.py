@@ -1,7 +1,8 @@
 """notes-env: answer a question about a note, looking it up with tools served over MCP.
 
 Written in the style of verifiers' v1 documentation: the task's tools are `vf.Toolset` classes, one server
-started per rollout (`Task.toolsets`) and one shared by the taskset's rollouts (`Taskset.toolsets`).
+started per rollout (`Task.toolsets`) and one shared by the taskset's rollouts (`Taskset.toolsets`), or reached
+at `dictionary_url` when it runs elsewhere.
 """
 
 import verifiers.v1 as vf
@@ -12,6 +13,8 @@ from notes_env.notebook import NotebookToolset
 
 class NotesConfig(vf.TasksetConfig):
     num_examples: int = 8
+    dictionary_url: str | None = None
+    """A dictionary MCP server already running somewhere; unset, verifiers starts one for the taskset."""
 
 
 class NotesTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
@@ -27,7 +30,7 @@ class NotesTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
 class NotesTaskset(vf.Taskset[NotesTask, NotesConfig]):
     @classmethod
     def toolsets(cls, config: NotesConfig) -> list[vf.Toolset]:
-        return [DictionaryToolset(vf.SharedToolsetConfig())]
+        return [DictionaryToolset(vf.SharedToolsetConfig(url=config.dictionary_url))]
 
     def load(self):
         for i in range(self.config.num_examples):

@@ -1,13 +1,17 @@
-"""A taskset an outside user wrote from verifiers' documentation (``user_envs/notes_env``), whose tools are
-``vf.Toolset`` classes that verifiers serves over MCP: one server per rollout and one shared by the taskset. Its
-tools reach the model through Trident's harness, their results come back as prompt, and ``rl`` trains on it."""
+"""Environments as outside users bring them. A taskset written from verifiers' documentation
+(``user_envs/notes_env``) whose tools are ``vf.Toolset`` classes verifiers serves over MCP (one server per rollout,
+one shared by the taskset, or one already running, by URL): its tools reach the model through Trident's harness,
+their results come back as prompt, and ``rl`` trains on it. And verifiers' own ``user-sim`` environment, where a
+model-played user talks to the policy."""
 
 import asyncio
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,24 +41,33 @@ def user_env_installed(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(USER_ENVS), os.environ.get("PYTHONPATH")])))
 
 
-def test_both_scopes_of_mcp_tools_reach_the_model_and_answer_as_prompt(user_env_installed, inference_server,
-                                                                        tiny_model_path):  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+def forced_tool_calls(tokenizer, base_url: str, model_path: str) -> vf.ModelContext:
+    """The tiny model, made to call one of notes-env's tools each turn (tags as their special ids)."""
     plain_angle = [i for i in range(len(tokenizer)) if "<" in tokenizer.decode([i])]
     plain_angle = [i for i in plain_angle if i not in set(tokenizer.get_added_vocab().values())]
     sampling = vf.SamplingConfig(temperature=1.0, max_tokens=64, structured_outputs={"regex": FORCED_TOOL_CALL},
                                  logit_bias={i: -100.0 for i in plain_angle})  # fmt: skip
-    ctx = model_context(OrchestratorConfig(client={"base_url": inference_server}), tiny_model_path)
-    ctx = dataclasses.replace(ctx, sampling=sampling)
-    env = load_env(EnvConfig(id="notes-env", max_turns=4))
+    ctx = model_context(OrchestratorConfig(client={"base_url": base_url}), model_path)
+    return dataclasses.replace(ctx, sampling=sampling)
+
+
+def rollouts(env_config: EnvConfig, ctx: vf.ModelContext, n: int):
+    env = load_env(env_config)
     task = next(iter(env.taskset.load()))
 
     async def run():
-        async with env.serving():  # starts the taskset's shared server
-            return await run_group(env, task, 3, ctx, asyncio.Semaphore(3))
+        async with env.serving():  # starts the taskset's shared servers
+            return await run_group(env, task, n, ctx, asyncio.Semaphore(n))
 
+    return asyncio.run(run())
+
+
+def test_both_scopes_of_mcp_tools_reach_the_model_and_answer_as_prompt(user_env_installed, inference_server,
+                                                                        tiny_model_path):  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path)
     chat = ChatFormat.from_tokenizer(tokenizer)
-    for rollout in asyncio.run(run()):
+    for rollout in rollouts(EnvConfig(id="notes-env", max_turns=4), ctx, n=3):
         assert rollout.ok, rollout.error
         (ids, mask, logprobs), *_ = rollout.branches
         assert rollout.turns >= 2 and rollout.rewards == {"looked_it_up": 1.0}
@@ -75,6 +88,62 @@ def test_both_scopes_of_mcp_tools_reach_the_model_and_answer_as_prompt(user_env_
         assert "<tool_response>" not in sampled and sampled.count("<tool_call>") == len(calls)
         report = check_sample(SampleRecord.from_tokens(0, ids, mask, logprobs), chat)
         assert report.errors == [], report.errors
+
+
+@pytest.fixture
+def running_dictionary(free_port):
+    """notes-env's dictionary MCP server, started as its author would run it elsewhere; its URL."""
+    port = free_port()
+    env = {**os.environ, "MCP_PORT": str(port), "PYTHONPATH": str(USER_ENVS)}
+    server = subprocess.Popen([sys.executable, "-m", "notes_env.dictionary"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and server.poll() is None, "the dictionary server did not start"
+            time.sleep(0.5)
+    yield url, server
+    server.kill()
+    server.wait()
+
+
+def test_a_remote_mcp_server_by_url_serves_its_tools_and_its_absence_fails_the_rollouts(
+    user_env_installed, inference_server, tiny_model_path, running_dictionary
+):
+    url, server = running_dictionary
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path)
+    env = EnvConfig(id="notes-env", args={"dictionary_url": url}, max_turns=6)
+    defined = []
+    for rollout in rollouts(env, ctx, n=2):
+        assert rollout.ok, rollout.error
+        (ids, mask, _), *_ = rollout.branches
+        prompt = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if not m])
+        defined += [line for line in prompt.splitlines() if line.endswith(": a word from the notebook")]
+    assert defined, "no define call was answered by the running server"  # 2 rollouts x 5 answered calls
+    server.kill()
+    server.wait()
+    for rollout in rollouts(env, ctx, n=1):
+        assert not rollout.ok and "cannot list the tools of MCP servers" in rollout.error and url in rollout.error
+
+
+def test_a_model_played_user_talks_to_the_policy_and_only_the_policy_trains(inference_server, tiny_model_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    ctx = model_context(OrchestratorConfig(client={"base_url": inference_server}, sampling={"max_tokens": 16}),
+                        tiny_model_path)  # fmt: skip
+    (rollout,) = rollouts(EnvConfig(id="reverse-text", verifiers_env="user-sim", max_turns=3), ctx, n=1)
+    assert rollout.ok, rollout.error
+    assert rollout.turns == 3 and rollout.metrics["user_turns"] >= 3 and "similarity" in rollout.rewards
+    (ids, mask, logprobs), *_ = rollout.branches
+    # the policy's sample: the user's persona (its own system prompt) is not in it; the user's words are prompt
+    text = tokenizer.decode(ids)
+    assert "role-playing a USER" not in text and text.count("<|im_start|>user") == 3
+    report = check_sample(SampleRecord.from_tokens(0, ids, mask, logprobs), ChatFormat.from_tokenizer(tokenizer))
+    assert report.errors == [] and report.role_counts()["user"]["trainable"] == 0
 
 
 def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
