@@ -19,7 +19,7 @@ import verifiers.v1 as vf
 from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.envs import harness_for, load_env, model_context, run_group
 from rl.metrics import read_metrics
 from rl.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
@@ -144,6 +144,22 @@ def test_a_model_played_user_talks_to_the_policy_and_only_the_policy_trains(infe
     assert "role-playing a USER" not in text and text.count("<|im_start|>user") == 3
     report = check_sample(SampleRecord.from_tokens(0, ids, mask, logprobs), ChatFormat.from_tokenizer(tokenizer))
     assert report.errors == [] and report.role_counts()["user"]["trainable"] == 0
+
+
+def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_tokens(
+    user_env_installed, inference_server, tiny_model_path
+):
+    assert harness_for(EnvConfig(id="echo-twice")) == "echo-twice"  # declared by the package: kept
+    assert harness_for(EnvConfig(id="echo-twice", harness="trident")) == harness_for(EnvConfig(id="notes-env"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    ctx = model_context(OrchestratorConfig(client={"base_url": inference_server}, sampling={"max_tokens": 8}),
+                        tiny_model_path)  # fmt: skip
+    for rollout in rollouts(EnvConfig(id="echo-twice"), ctx, n=2):
+        assert rollout.ok and rollout.turns == 2 and rollout.rewards == {"replied_twice": 1.0}, rollout.error
+        (ids, mask, logprobs), *_ = rollout.branches
+        assert tokenizer.decode(ids).count("Once more, please.") == 1  # the harness's own follow-up, as prompt
+        report = check_sample(SampleRecord.from_tokens(0, ids, mask, logprobs), ChatFormat.from_tokenizer(tokenizer))
+        assert report.errors == [] and report.role_counts()["assistant"]["trainable"] == sum(mask) > 0
 
 
 def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
