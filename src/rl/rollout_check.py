@@ -262,9 +262,10 @@ class ChatFormat:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "ChatFormat":
-        def token_id(token: str) -> int | None:
+        def token_id(token: str) -> int | None:  # None when the vocabulary lacks it (it maps to the unknown token)
             tid = tokenizer.convert_tokens_to_ids(token)
-            return tid if isinstance(tid, int) and tid != tokenizer.unk_token_id else None
+            known = tid != tokenizer.unk_token_id or token == tokenizer.unk_token  # Qwen2's unknown is <|endoftext|>
+            return tid if isinstance(tid, int) and known else None
 
         common = {"tokenizer": tokenizer, "think": token_id("<think>"), "think_end": token_id("</think>"),
                   "tool_response": token_id("<tool_response>"), "vocab_size": len(tokenizer)}  # fmt: skip

