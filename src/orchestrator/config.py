@@ -89,6 +89,14 @@ class EnvConfig(StrictModel):
             "max_turns field is used first. Absent: no limit but the context length.",
         ),
     ] = None
+    timeout_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="Seconds a rollout's setup, and then its agent's run, may each take (verifiers' agent "
+            "timeouts); past it the rollout fails. Absent: no limit.",
+        ),
+    ] = None
     share: Annotated[
         float,
         Field(

@@ -59,6 +59,7 @@ def load_env(env: EnvConfig) -> vf.Env:
                 "harness": harness,
                 "runtime": vf.SubprocessConfig(),
                 **({"max_turns": env.max_turns} if env.max_turns else {}),
+                **({"timeout": {"setup": env.timeout_s, "rollout": env.timeout_s}} if env.timeout_s else {}),
             }
             for name, field in config_cls.model_fields.items()
             if isinstance(field.default, vf.AgentConfig)
@@ -135,9 +136,10 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
     return Rollout(
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace),
-        ok=bool(episode.ok),
+        ok=bool(episode.ok) and not trace.is_timeout,  # a timed-out rollout was cut short: not trained on
         truncated=any(call.finish_reason == "length" for call in trace.calls),
-        error=_error_text(trace.last_error or episode.last_error),
+        error=_error_text(trace.last_error or episode.last_error)
+        or ("TimeoutError: the rollout timed out ([[env]] timeout_s)" if trace.is_timeout else None),
         rewards={name: r.score for name, r in trace.rewards.items() if r is not None},
         metrics={name: value for name, value in trace.metrics.items() if value is not None},
         turns=len(trace.calls),

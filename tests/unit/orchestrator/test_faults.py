@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import sys
+import time
 
 import httpx
 import pytest
@@ -27,14 +28,17 @@ UNREACHABLE = "http://127.0.0.1:9"  # no model call is made: every fault here co
 
 class FaultConfig(vf.TasksetConfig):
     broken_tasks: list[str] = ["t0", "t1"]
+    setup_s: float = 0.0
 
 
 class FaultData(vf.TaskData):
     broken: bool
+    setup_s: float = 0.0
 
 
 class FaultTask(vf.Task[FaultData, vf.State, vf.TaskConfig]):
     async def setup(self, trace: vf.Trace, runtime) -> None:
+        await asyncio.sleep(self.data.setup_s)
         if self.data.broken:
             raise RuntimeError("the task's data volume is not mounted")
 
@@ -46,7 +50,8 @@ class FaultTask(vf.Task[FaultData, vf.State, vf.TaskConfig]):
 class FaultTaskset(vf.Taskset[FaultTask, FaultConfig]):
     def load(self):
         for i in range(2):
-            data = FaultData(id=f"t{i}", prompt="Say hi.", broken=f"t{i}" in self.config.broken_tasks)
+            broken = f"t{i}" in self.config.broken_tasks
+            data = FaultData(id=f"t{i}", prompt="Say hi.", broken=broken, setup_s=self.config.setup_s)
             yield FaultTask(data, self.config.task)
 
 
@@ -68,6 +73,21 @@ def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():
         r.error == "TaskError: task setup: RuntimeError: the task's data volume is not mounted" for r in rollouts
     )
     assert all(r.env == ENV_ID and r.task == "t0" and r.branches == [] for r in rollouts)
+
+
+def test_a_rollout_past_its_timeout_is_a_failed_rollout():
+    env = load_env(EnvConfig(id=ENV_ID, args={"setup_s": 30.0}, timeout_s=0.5))
+    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), resolve_model_path("trident/tiny-qwen3"))
+    task = next(iter(env.taskset.load()))
+
+    async def run():
+        async with env.serving():
+            return await run_group(env, task, 2, ctx, asyncio.Semaphore(2))
+
+    start = time.monotonic()
+    rollouts = asyncio.run(run())
+    assert time.monotonic() - start < 20  # the 30 s setup was cut off
+    assert all(not r.ok and "timed out" in r.error.lower() for r in rollouts), [r.error for r in rollouts]
 
 
 def test_an_episode_without_a_trace_is_a_failed_rollout():
