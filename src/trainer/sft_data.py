@@ -1,5 +1,6 @@
-"""SFT data: chat transcripts (JSONL rows ``{"messages": [...]}``) tokenized with the model's chat template
-into samples whose loss mask covers exactly the tokens the model generates in assistant turns."""
+"""SFT data: chat transcripts (JSONL rows ``{"messages": [...], "tools": [...]}``, tools optional) tokenized with
+the model's chat template into samples whose loss mask covers exactly the tokens the model generates in assistant
+turns."""
 
 import json
 import logging
@@ -20,8 +21,9 @@ class SFTDataError(TridentError):
     """A data file or row that cannot be trained on; the message names the file and line."""
 
 
-def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
-    """The conversations of a JSONL file, each with its line number; a bad row raises naming ``path:line``."""
+def read_conversations(path: Path) -> list[tuple[int, list[dict], list[dict] | None]]:
+    """The conversations of a JSONL file, each with its line number and the tools it declares; a bad row raises
+    naming ``path:line``."""
     if not path.is_file():
         raise SFTDataError(f"data file not found: {path}")
     conversations = []
@@ -29,7 +31,8 @@ def read_conversations(path: Path) -> list[tuple[int, list[dict]]]:
         if not line.strip():
             continue
         try:
-            conversations.append((line_number, check_messages(json.loads(line))))
+            row = json.loads(line)
+            conversations.append((line_number, check_messages(row), check_tools(row)))
         except json.JSONDecodeError as e:
             raise SFTDataError(f"{path}:{line_number}: invalid JSON ({e})") from None
         except SFTDataError as e:
@@ -59,11 +62,24 @@ def check_messages(row: object) -> list[dict]:
     return messages
 
 
-def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = False) -> list[int]:
-    """Token ids of ``messages`` rendered with the tokenizer's chat template."""
+def check_tools(row: dict) -> list[dict] | None:
+    """The row's ``tools`` (OpenAI function declarations, as an RL environment offers them), if any."""
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise SFTDataError('tools: expected a list of {"type": "function", "function": {...}} objects')
+    return tools
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict],
+    add_generation_prompt: bool = False,
+    tools: list[dict] | None = None,
+) -> list[int]:
+    """Token ids of ``messages`` (offered ``tools``) rendered with the tokenizer's chat template."""
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=True, return_dict=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=True, return_dict=False, add_generation_prompt=add_generation_prompt
         )
     except (TemplateError, TypeError, ValueError) as e:
         raise SFTDataError(f"the chat template cannot render this conversation: {e}") from None
@@ -78,7 +94,9 @@ def generated_length(tokenizer: PreTrainedTokenizerBase, turn_ids: list[int]) ->
     return n
 
 
-def conversation_samples(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[Sample]:
+def conversation_samples(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], tools: list[dict] | None = None
+) -> list[Sample]:
     """Tokenize a conversation into samples whose loss mask covers only what the model generates: each
     assistant turn's content and end-of-turn token, never system, user or tool tokens, nor the generation
     prompt (``<|im_start|>assistant\\n``).
@@ -94,8 +112,8 @@ def conversation_samples(tokenizer: PreTrainedTokenizerBase, messages: list[dict
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        prompt = render(tokenizer, messages[:i], add_generation_prompt=True)
-        turn = render(tokenizer, messages[: i + 1])
+        prompt = render(tokenizer, messages[:i], add_generation_prompt=True, tools=tools)
+        turn = render(tokenizer, messages[: i + 1], tools=tools)
         if turn[: len(prompt)] != prompt:
             raise SFTDataError(
                 f"messages[{i}]: the chat template renders this assistant turn without the generation prompt "
@@ -124,9 +142,9 @@ def load_samples(path: Path, tokenizer: PreTrainedTokenizerBase, seq_len: int) -
         raise SFTDataError(f"the tokenizer of {tokenizer.name_or_path} has no chat template to render conversations")
     samples = []
     conversations = read_conversations(path)
-    for line_number, messages in conversations:
+    for line_number, messages, tools in conversations:
         try:
-            samples += conversation_samples(tokenizer, messages)
+            samples += conversation_samples(tokenizer, messages, tools)
         except SFTDataError as e:
             raise SFTDataError(f"{path}:{line_number}: {e}") from None
     kept = [sample for sample in samples if len(sample.token_ids) <= seq_len]

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rl.config import parse_config
 from rl.metrics import read_metrics
 from rl.protocol import is_stable, weights_dir
+from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, train_sft
@@ -60,6 +61,29 @@ def test_a_template_that_rewrites_earlier_turns_splits_the_conversation(tokenize
     assert "<think>" not in tokenizer.decode(second.token_ids)
 
 
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}  # fmt: skip
+CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}
+
+
+@pytest.mark.parametrize("model", ["trident/tiny-qwen3", "trident/tiny-llama3"])
+def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+    messages = [{"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                {"role": "tool", "content": "5"}, {"role": "assistant", "content": "#### 5"}]  # fmt: skip
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": messages, "tools": [CALCULATOR]}])
+    [sample] = load_samples(tmp_path / "data.jsonl", tokenizer, seq_len=1024)
+    assert sample.token_ids == tokenizer.apply_chat_template(messages, tools=[CALCULATOR], return_dict=False)
+    prompt = tokenizer.decode([t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if not m])
+    assert '"name": "calculator"' in prompt and "Evaluate arithmetic." in prompt  # the declaration, untrained
+    end = tokenizer.eos_token
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+    if model == "trident/tiny-llama3":
+        call = '{"name": "calculator", "parameters": {"expression": "2 + 3"}}'
+    assert masked_texts(tokenizer, sample) == [call + end, "#### 5" + end]
+
+
 def write_jsonl(path, rows: list) -> str:
     path.write_text("\n".join(row if isinstance(row, str) else json.dumps(row) for row in rows) + "\n")
     return str(path)
@@ -72,6 +96,7 @@ def write_jsonl(path, rows: list) -> str:
         ('{"messages": [', "invalid JSON"),
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "hi"}]}, "messages\\[1\\]"),
         ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
+        ({"messages": CONVERSATION, "tools": "calculator"}, "tools: expected a list"),
     ],
 )
 def test_a_bad_row_is_an_error_naming_file_and_line(tokenizer, tmp_path, bad_row, message):
