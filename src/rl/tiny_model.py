@@ -25,7 +25,7 @@ from pathlib import Path
 from rl import tiny_templates
 
 # Bump when anything below changes, so a stale cached build is never reused.
-TINY_MODEL_VERSION = 3
+TINY_MODEL_VERSION = 4
 VOCAB_SIZE = 2048
 
 

@@ -5,14 +5,9 @@ system block, tool declarations, tool-call syntax, tool results), so that a rend
 real family works on the tiny model, and a mismatch shows up in tests as it would with the real one.
 """
 
-# Qwen3: ChatML turns, tools declared in the system turn as JSON lines in <tools>, calls as JSON in <tool_call>,
-# results as <tool_response> in a user turn; earlier turns' <think> blocks are dropped once a user speaks again.
-QWEN3 = """\
-{%- if tools %}
-{{- '<|im_start|>system\\n' }}
-{%- if messages[0].role == 'system' %}
-{{- messages[0].content + '\\n\\n' }}
-{%- endif %}
+# The tool declarations of a ChatML system turn (Qwen3 and Qwen2.5 write the same text): the JSON of each tool in
+# <tools>, then how to call one.
+HERMES_TOOLS = """\
 {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
 {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
 {%- for tool in tools %}
@@ -20,7 +15,22 @@ QWEN3 = """\
 {%- endfor %}
 {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
     + '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
-    + '\\n</tool_call><|im_end|>\\n' }}
+    + '\\n</tool_call>' }}
+"""
+
+# Qwen3: ChatML turns, tools declared in the system turn as JSON lines in <tools>, calls as JSON in <tool_call>,
+# results as <tool_response> in a user turn; earlier turns' <think> blocks are dropped once a user speaks again.
+QWEN3 = (
+    """\
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- messages[0].content + '\\n\\n' }}
+{%- endif %}
+"""
+    + HERMES_TOOLS
+    + """\
+{{- '<|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
@@ -80,21 +90,19 @@ QWEN3 = """\
 {%- endif %}
 {%- endif %}
 """
+)
 
 # Qwen2.5: ChatML like Qwen3, with a default system prompt when none is given, the same tool syntax, and no thinking.
-QWEN2_5 = """\
+QWEN2_5 = (
+    """\
 {%- set default_system = 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' %}
 {%- set system = messages[0].content if messages[0].role == 'system' else default_system %}
 {{- '<|im_start|>system\\n' + system }}
 {%- if tools %}
-{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-{{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
-{%- for tool in tools %}
-{{- '\\n' + (tool | tojson) }}
-{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within '
-    + '<tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}'
-    + '\\n</tool_call>' }}
+{{- '\\n\\n' }}
+"""
+    + HERMES_TOOLS
+    + """\
 {%- endif %}
 {{- '<|im_end|>\\n' }}
 {%- for message in messages %}
@@ -125,6 +133,7 @@ QWEN2_5 = """\
 {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
 """
+)
 
 # Llama 3.1 / 3.2 Instruct: header-delimited turns closed by <|eot_id|>, a system block that always carries the
 # knowledge-cutoff and date lines, tools declared (indented JSON) in the first user turn by default, a call as the
