@@ -95,8 +95,9 @@ class Orchestrator:
                 raise TridentError(
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
-        self.prompts_per_env = prompts_per_env([env.share for env in config.env], config.batch_size)
-        self.tasks = TaskOrder(per_env, self.prompts_per_env, config.seed)
+        self.tasks = TaskOrder(
+            per_env, prompts_per_env([env.share for env in config.env], config.batch_size), config.seed
+        )
         model_path = resolve_model_path(config.model.name)
         self.ctx = model_context(config, model_path)
         check_renderer(self.ctx.client.renderer, model_path)
@@ -183,7 +184,7 @@ class Orchestrator:
         generate_s = generated - start
         rollouts = [r for group in groups for r in group]
         failed = [r for r in rollouts if not r.ok]
-        if failed and len(failed) == len(rollouts):
+        if len(failed) == len(rollouts):
             raise TridentError(
                 f"step {step}: all {len(rollouts)} rollouts failed; first, in environment {failed[0].env!r} "
                 f"(task {failed[0].task}): {failed[0].error}"
@@ -257,7 +258,7 @@ class Orchestrator:
         return step
 
     def data_state(self, step: int) -> dict:
-        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed, self.prompts_per_env)
+        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed, self.tasks.counts)
 
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
