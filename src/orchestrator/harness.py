@@ -86,30 +86,38 @@ def tool_spec(fn: typing.Callable) -> dict:
     }
 
 
-async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> str:
-    """Run one tool call; errors, bad arguments included, go back to the model as the tool's answer."""
+async def _answer(arguments: str, run: typing.Callable[[dict], typing.Awaitable[str]]) -> str:
+    """``run`` on a tool call's JSON arguments; errors, bad arguments included, go back to the model as the tool's
+    answer."""
     try:
         kwargs = json.loads(arguments or "{}")
         if not isinstance(kwargs, dict):
             raise TypeError(f"arguments must be a JSON object, got {arguments!r}")
+        return await run(kwargs)
+    except Exception as e:
+        return f"error: {type(e).__name__}: {e}"
+
+
+async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> str:
+    """Run one call of a Python tool, the harness's parameters (:data:`INJECTED`) filled in."""
+
+    async def run(kwargs: dict) -> str:
         wanted = inspect.signature(fn).parameters
         kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
         kwargs.update({k: v for k, v in injected.items() if k in wanted})
         return str(await _maybe_await(fn(**kwargs)))
-    except Exception as e:
-        return f"error: {type(e).__name__}: {e}"
+
+    return await _answer(arguments, run)
 
 
 async def call_mcp_tool(servers, dispatch, name: str, arguments: str) -> str:
-    """Run one call of an MCP tool; errors, bad arguments included, go back to the model as the tool's answer."""
-    try:
-        kwargs = json.loads(arguments or "{}")
-        if not isinstance(kwargs, dict):
-            raise TypeError(f"arguments must be a JSON object, got {arguments!r}")
+    """Run one call of an MCP tool through verifiers' client (which reconnects and retries)."""
+
+    async def run(kwargs: dict) -> str:
         content = await call_mcp(servers, dispatch, name, kwargs)
         return content if isinstance(content, str) else json.dumps(content)
-    except Exception as e:
-        return f"error: {type(e).__name__}: {e}"
+
+    return await _answer(arguments, run)
 
 
 def _root_cause(error: BaseException) -> str:
