@@ -41,7 +41,7 @@ from common import (
 
 from rl.launcher import child_env, log_tail
 from rl.metrics import read_metrics
-from rl.process import Child
+from rl.process import Child, stop_all
 
 ROOT = Path(__file__).parents[1]
 DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
@@ -123,8 +123,7 @@ def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
                 )
             time.sleep(0.5)
     finally:
-        for child in children:
-            child.stop()
+        stop_all(children)
 
 
 def medians(records: list[dict], keys: tuple[str, ...]) -> dict[str, float]:

@@ -24,7 +24,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rl.launcher import child_env
-from rl.process import Child
+from rl.process import Child, stop_all
 from rl.protocol import auth_headers, mark_stable
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
@@ -170,7 +170,7 @@ def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: i
         wait_healthy(base_url, server)
         yield base_url
     finally:
-        server.stop()
+        stop_all([server])
 
 
 @contextmanager

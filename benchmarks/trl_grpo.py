@@ -45,7 +45,7 @@ from common import benchmark_parser, machine_info, report, serve_base_model, ser
 
 from rl.launcher import child_env, log_tail
 from rl.metrics import read_metrics
-from rl.process import Child
+from rl.process import Child, stop_all
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 ROOT = Path(__file__).parents[1]
@@ -130,8 +130,7 @@ def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
             if code != 0:
                 raise RuntimeError(f"{child.name} exited with code {code}:\n{log_tail(child.log_path)}")
     finally:
-        for child in children:
-            child.stop()
+        stop_all(children)
 
 
 def run_trident(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:

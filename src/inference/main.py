@@ -7,11 +7,13 @@ from inference.security import api_key_for
 from inference.server import serve
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
+from rl.lifeline import watch_launcher
 from rl.metrics import setup_logging
 
 
 def main() -> None:
     config = run_cli(InferenceConfig)
+    watch_launcher()
     setup_logging("inference", config.log.level)
     with exit_on_user_error("inference"):
         api_key = api_key_for(config.host)

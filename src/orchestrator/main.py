@@ -6,11 +6,13 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
+from rl.lifeline import watch_launcher
 from rl.metrics import setup_logging
 
 
 def main() -> None:
     config = run_cli(OrchestratorConfig)
+    watch_launcher()
     setup_logging("orchestrator", config.log.level)
     with exit_on_user_error("orchestrator"):
         asyncio.run(Orchestrator(config).run())

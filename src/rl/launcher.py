@@ -19,9 +19,10 @@ from rich.console import Console
 
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
+from rl.lifeline import launcher_env
 from rl.metrics import read_metrics, setup_logging, write_summary
 from rl.preflight import check_envs_installed, check_model, check_port_free, gpu_env, lock_output_dir
-from rl.process import Child, command
+from rl.process import Child, command, stop_all
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
 
@@ -67,8 +68,9 @@ def write_configs(config: RLConfig) -> dict[str, Path]:
 
 
 def child_env(placement: dict[str, str]) -> dict[str, str]:
-    """Environment of a child: its GPUs, and one OpenMP thread on CPU, where three processes share the cores."""
-    env = dict(os.environ) | placement
+    """Environment of a child: its GPUs, one OpenMP thread on CPU (three processes share the cores), and the
+    launcher's pid, so that it stops when the launcher is gone (:mod:`rl.lifeline`)."""
+    env = dict(os.environ) | placement | launcher_env()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
@@ -83,8 +85,19 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(f"  | {line}" for line in text)
 
 
-def _raise_interrupt(signum, frame):
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupt(signum, frame):
+    """The first stop signal: stop the run. Any later one (uv forwards a scheduler's SIGTERM, so rl gets it twice;
+    Ctrl-C pressed again) must not cut the teardown short."""
+    _keep_stopping()
     raise KeyboardInterrupt
+
+
+def _keep_stopping() -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: logger.warning(f"{signal.Signals(signum).name}: already stopping"))
 
 
 def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_server: bool = True) -> str:
@@ -216,7 +229,8 @@ def run(config: RLConfig) -> int:
         logger.info(f"deleted {path} of a previous run")
 
     placement = gpu_env(config)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupt)
     children: dict[str, Child] = {}
     start, code = time.perf_counter(), 1
     try:
@@ -230,8 +244,8 @@ def run(config: RLConfig) -> int:
         logger.warning("interrupted: stopping all processes")
         code = 130
     finally:
-        for child in reversed(children.values()):
-            child.stop()
+        _keep_stopping()
+        stop_all(list(children.values()))
         logger.info("all processes stopped")
         status = {0: "finished", 130: "interrupted"}.get(code, "failed")
         logger.info(f"summary: {write_summary(output_dir, status, time.perf_counter() - start)}")

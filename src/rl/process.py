@@ -34,25 +34,28 @@ class Child:
     def poll(self) -> int | None:
         return self.popen.poll()
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the whole process group, then SIGKILL whatever is left after ``grace_s``."""
-        self._signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self._group_alive():
-            time.sleep(0.1)
-            self.popen.poll()
-        self._signal_group(signal.SIGKILL)
-        self.popen.wait()
-
-    def _signal_group(self, sig: int) -> None:
+    def signal_group(self, sig: int) -> None:
         try:
             os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass
 
-    def _group_alive(self) -> bool:
+    def group_alive(self) -> bool:
+        self.popen.poll()  # reap the leader once it exits, so that only the rest of its group counts
         try:
             os.killpg(self.popen.pid, 0)
         except ProcessLookupError:
             return False
         return True
+
+
+def stop_all(children: list[Child], grace_s: float = 10.0) -> None:
+    """SIGTERM every child's process group at once, then SIGKILL whatever is left after ``grace_s``."""
+    for child in children:
+        child.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(child.group_alive() for child in children):
+        time.sleep(0.1)
+    for child in children:
+        child.signal_group(signal.SIGKILL)
+        child.popen.wait()

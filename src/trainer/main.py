@@ -2,6 +2,7 @@
 
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
+from rl.lifeline import watch_launcher
 from trainer.config import TrainerConfig
 from trainer.parallel import setup_rank_logging
 from trainer.train import train
@@ -9,6 +10,7 @@ from trainer.train import train
 
 def main() -> None:
     config = run_cli(TrainerConfig)
+    watch_launcher()
     setup_rank_logging("trainer", config.log.level)
     with exit_on_user_error("trainer"):
         train(config)

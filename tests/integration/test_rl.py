@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import group_running, run_processes, wait_gone
 
 from rl.metrics import read_metrics
 from rl.protocol import complete_checkpoints
@@ -38,18 +40,6 @@ def started_pids(output_dir: Path) -> dict[str, int]:
     path = output_dir / "logs" / "rl.log"
     log = path.read_text() if path.exists() else ""
     return {name: int(pid) for name, pid in re.findall(r"started (\w+) \(pid (\d+)\)", log)}
-
-
-def group_running(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` is still running (a zombie waiting for init to reap it is not)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, IndexError):
-            continue
-        if int(group) == pgid and state != "Z":
-            return True
-    return False
 
 
 def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> None:
@@ -212,6 +202,87 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
     assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
     assert complete_checkpoints(tmp_path)[-1] == steps
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
+
+
+def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals, whole_group: bool = True) -> float:
+    """Send ``signals`` to ``uv run rl``'s whole process group (as a scheduler or Ctrl-C does: uv forwards each, so
+    rl gets it twice) or to rl alone; returns the seconds until no process of the run was left."""
+    launcher = int((output_dir / "rl.lock").read_text())  # rl's pid, not uv's
+    for sig in signals:
+        os.killpg(rl.pid, sig) if whole_group else os.kill(launcher, sig)
+        time.sleep(0.05)  # the second arrives while rl stops the processes
+    gone = wait_gone(lambda: run_processes(launcher), timeout_s=30)
+    rl.communicate(timeout=30)
+    return gone
+
+
+def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, inference_server):
+    """Stopped as users and schedulers stop a run, through ``uv run``: SIGTERM to the whole process group while the
+    server starts, during a step and during a checkpoint; Ctrl-C twice; SIGKILL of rl itself. Each time no process of
+    the run is left 30 s later, and ``--ckpt.resume-step -1`` continues it: every step trained once, in order."""
+    steps, batch_size = 8, 4
+    flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size)]
+    uv_rl = [shutil.which("uv"), "run", "--no-sync", "rl", *rl_argv(tmp_path, *flags, inference=False)[3:]]
+
+    def start(*extra: str) -> subprocess.Popen:
+        (tmp_path / "logs" / "rl.log").unlink(missing_ok=True)
+        rl = subprocess.Popen([*uv_rl, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT, start_new_session=True)  # fmt: skip
+        wait_for(lambda: len(started_pids(tmp_path)) == (3 if "--inference" in extra else 2), 120, rl, "start")
+        return rl
+
+    def trained() -> int:
+        return len(read_metrics(tmp_path, "trainer"))
+
+    def status() -> str:
+        return json.loads((tmp_path / "summary.json").read_text())["status"]
+
+    # while its own server starts (no step yet, nothing to resume)
+    rl = start("--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8016")
+    time.sleep(5)
+    signal_run(rl, tmp_path, signal.SIGTERM)
+    assert status() == "interrupted" and trained() == 0
+    inference_log = (tmp_path / "logs" / "inference.log").read_text()
+    assert "Application startup complete" not in inference_log  # it was still starting
+    assert "rl (pid" not in inference_log  # rl stopped it, not its lifeline
+
+    server = ["--orchestrator.client.base-url", inference_server]
+    rl = start(*server)  # during a step
+    wait_for(lambda: trained() >= 3, 600, rl, "3 trained steps")
+    signal_run(rl, tmp_path, signal.SIGTERM, signal.SIGTERM)  # uv's forwarded copy may merge with the first
+    assert status() == "interrupted"  # rl's exit; uv, signalled twice, may have exited before it
+    rl_log = (tmp_path / "logs" / "rl.log").read_text()
+    assert "SIGTERM: already stopping" in rl_log and "all processes stopped" in rl_log
+
+    resume = [*server, "--ckpt.resume-step", "-1"]
+    rl = start(*resume)  # during a checkpoint: as soon as the next one's folder appears
+    next_ckpt = tmp_path / "checkpoints" / f"step_{complete_checkpoints(tmp_path)[-1] + 2}"
+    wait_for(next_ckpt.exists, 600, rl, f"{next_ckpt} to appear")
+    signal_run(rl, tmp_path, signal.SIGTERM)
+
+    rl = start(*resume)  # Ctrl-C twice, mid-step
+    done = trained()
+    wait_for(lambda: trained() > done, 600, rl, "a step")
+    signal_run(rl, tmp_path, signal.SIGINT, signal.SIGINT)
+    assert status() == "interrupted"
+    assert "SIGINT: already stopping" in (tmp_path / "logs" / "rl.log").read_text()
+
+    rl = start(*resume)  # SIGKILL of rl alone: the processes stop themselves
+    done = trained()
+    wait_for(lambda: trained() > done, 600, rl, "a step")
+    signal_run(rl, tmp_path, signal.SIGKILL, whole_group=False)
+    assert "has exited: stopping process group" in (tmp_path / "logs" / "orchestrator.log").read_text()
+
+    last = complete_checkpoints(tmp_path)[-1]
+    resumed = subprocess.run([*uv_rl, *resume], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")] == [
+        f"step {i}/{steps}" for i in range(last + 1, steps + 1)
+    ]
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps))
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps))
+    orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
+    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):

@@ -1,0 +1,44 @@
+"""What is still running: process groups, and the processes an ``rl`` run started (read from ``/proc``)."""
+
+import time
+from pathlib import Path
+
+from rl.lifeline import LAUNCHER_PID_ENV
+
+
+def _running(pid_dir: Path) -> tuple[str, int] | None:
+    """A process's state and group, or None once it is gone (or a zombie, waiting for its parent to reap it)."""
+    try:
+        state, _, group = (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else (state, int(group))
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running."""
+    return any((found := _running(d)) and found[1] == pgid for d in Path("/proc").glob("[0-9]*"))
+
+
+def run_processes(launcher_pid: int) -> list[int]:
+    """``rl`` itself (pid ``launcher_pid``) while it runs, and every running process whose environment names it as
+    its ``rl``: every process of that run."""
+    marker = f"{LAUNCHER_PID_ENV}={launcher_pid}".encode()
+    found = [launcher_pid] if _running(Path(f"/proc/{launcher_pid}")) else []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0") and _running(d):
+            found.append(int(d.name))
+    return found
+
+
+def wait_gone(what, timeout_s: float) -> float:
+    """Wait until ``what()`` is falsy; returns the seconds it took, fails naming what is left after ``timeout_s``."""
+    start = time.monotonic()
+    while left := what():
+        assert time.monotonic() - start < timeout_s, f"still running after {timeout_s:.0f}s: {left}"
+        time.sleep(0.2)
+    return time.monotonic() - start

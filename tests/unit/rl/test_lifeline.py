@@ -1,0 +1,65 @@
+"""A process of a run stops when ``rl`` is gone, even when ``rl`` is SIGKILLed: real processes, real signals."""
+
+import os
+import signal
+import subprocess
+import sys
+
+from procs import group_running, wait_gone
+
+# A stand-in for rl: it starts the child (a group leader, or not) and a bystander in its own group, prints both pids.
+LAUNCHER = """
+import os, subprocess, sys, time
+from rl.lifeline import launcher_env
+leader = sys.argv[2] == "leader"
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=leader, env=os.environ | launcher_env())
+bystander = subprocess.Popen(["sleep", "600"])
+print(child.pid, bystander.pid, flush=True)
+time.sleep(600)
+"""
+# A process of the run: it watches rl, and starts a process into its group that ignores SIGTERM.
+CHILD = """
+import subprocess, sys, time
+from rl.lifeline import watch_launcher
+watch_launcher(grace_s=1)
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(99)"
+subprocess.Popen([sys.executable, "-c", stubborn], stdout=sys.stdout).wait()
+"""
+
+
+def start_launcher(leader: bool) -> tuple[subprocess.Popen, int, int]:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, CHILD, "leader" if leader else "member"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    child, bystander = map(int, launcher.stdout.readline().split())
+    assert launcher.stdout.readline().strip() == "up"  # the stubborn grandchild runs
+    return launcher, child, bystander
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_child_leading_its_group_stops_it_all_when_rl_is_killed():
+    launcher, child, bystander = start_launcher(leader=True)
+    try:
+        launcher.kill()  # SIGKILL: rl runs no teardown at all
+        launcher.wait()
+        # the grandchild ignores SIGTERM: the group ends only by the SIGKILL that follows the 1 s grace
+        took = wait_gone(lambda: group_running(child), timeout_s=15)
+        assert took >= 1.0
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
+
+
+def test_a_child_that_leads_no_group_stops_only_itself():
+    """Started in the launcher's group (not as rl starts it), a process must not stop a group that is not its own."""
+    launcher, child, bystander = start_launcher(leader=False)
+    try:
+        launcher.kill()
+        launcher.wait()
+        wait_gone(lambda: alive(child), timeout_s=15)
+        assert alive(bystander)
+    finally:
+        os.killpg(launcher.pid, signal.SIGKILL)
