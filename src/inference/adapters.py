@@ -23,8 +23,8 @@ class Adapters:
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
         result = await self.models.load_lora_adapter(LoadLoRAAdapterRequest(lora_name=name, lora_path=path))
-        if isinstance(result, ErrorResponse):
-            raise HTTPException(result.error.code, f"loading adapter {name} from {path}: {result.error.message}")
+        if isinstance(result, ErrorResponse):  # the folder's fault (vLLM answers 500 for a broken adapter): 400
+            raise HTTPException(400, f"loading adapter {name} from {path}: {result.error.message}")
 
     async def retire(self, name: str) -> None:
         """Stop serving ``name``; the engine keeps the adapter until :meth:`remove_retired`."""

@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.datastructures import State
 
-from inference.security import checked_weights_path
+from inference.security import check_full_weights, checked_weights_path
 from rl.broadcast import read_manifest
 from rl.protocol import ADAPTER_CONFIG, adapter_name, is_adapter
 
@@ -38,14 +38,14 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
     lock = asyncio.Lock()  # one change of weights at a time
     full_weights = {"path": base_path}  # what the model's own weights hold now (adapters come on top)
 
-    async def load_full_weights(state: State, path: str, step: int) -> JSONResponse:
-        """Serve the full weights in ``path`` as ``step``, no adapter; call holding ``lock``."""
+    async def load_full_weights(state: State, path: str, step: int, manifest: dict | None = None) -> JSONResponse:
+        """Serve the full weights in ``path`` (files, or sent over the broadcast that ``manifest`` describes) as
+        ``step``, no adapter; call holding ``lock``."""
         engine = state.engine_client
         start = time.perf_counter()
         # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
         await engine.pause_generation(mode="wait", clear_cache=True)
         try:
-            manifest = read_manifest(path)  # sent by the trainer over the broadcast, or files
             if manifest is not None:
                 await engine.collective_rpc("receive_weights", args=(manifest,))
             else:
@@ -67,8 +67,14 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
         path = str(checked_weights_path(request.path, weights_root))
         if is_adapter(path):
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with /load_adapter")
+        try:
+            manifest = read_manifest(path)  # sent by the trainer over the broadcast, or files
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        if manifest is None:
+            check_full_weights(Path(path), Path(base_path))
         async with lock:
-            return await load_full_weights(raw_request.app.state, path, request.step)
+            return await load_full_weights(raw_request.app.state, path, request.step, manifest)
 
     @router.post("/reset_weights")
     async def reset_weights(raw_request: Request) -> JSONResponse:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from fastapi import HTTPException
+from safetensors import safe_open
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
@@ -67,9 +68,41 @@ def checked_weights_path(path: str, root: Path | None) -> Path:
 
     403 outside ``root`` (when set); 400 unless it is a folder with the ``STABLE`` marker.
     """
-    resolved = Path(path).resolve()
-    if root is not None and not resolved.is_relative_to(root.resolve()):
+    try:
+        resolved = Path(path).resolve()
+        outside = root is not None and not resolved.is_relative_to(root.resolve())
+        complete = resolved.is_dir() and (resolved / STABLE).is_file()
+    except (OSError, ValueError, RuntimeError) as e:  # too long, a NUL byte, a symlink loop, not UTF-8
+        raise HTTPException(400, f"{path!r} is not a usable path: {e}") from None
+    if outside:
         raise HTTPException(403, f"{path} is outside weights_root {root}")
-    if not resolved.is_dir() or not (resolved / STABLE).is_file():
+    if not complete:
         raise HTTPException(400, f"{path} is not a weights folder with a {STABLE} marker")
     return resolved
+
+
+def tensor_shapes(folder: Path) -> dict[str, list[int]]:
+    """The name and shape of every tensor in the ``*.safetensors`` files of ``folder`` (headers only)."""
+    shapes = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(file, "pt") as tensors:
+            shapes |= {name: tensors.get_slice(name).get_shape() for name in tensors.keys()}
+    return shapes
+
+
+def check_full_weights(path: Path, base: Path) -> None:
+    """400 unless ``path`` holds readable safetensors with the tensors of the served model ``base``, of the same
+    shapes (a tied ``lm_head`` may be absent): weights that do not fit are refused before any is loaded."""
+    try:
+        shapes = tensor_shapes(path)
+    except Exception as e:  # safetensors raises its own error types for truncated or malformed files
+        raise HTTPException(400, f"{path}: unreadable safetensors ({type(e).__name__}: {e})") from None
+    expected = tensor_shapes(base)
+    if not shapes:
+        raise HTTPException(400, f"{path} holds no .safetensors weights")
+    unknown = sorted(shapes.keys() - expected.keys())
+    wrong = sorted(name for name in shapes.keys() & expected.keys() if shapes[name] != expected[name])
+    missing = sorted(expected.keys() - shapes.keys() - {"lm_head.weight"})
+    for fault, names in (("not in the served model", unknown), ("of another shape", wrong), ("missing", missing)):
+        if expected and names:
+            raise HTTPException(400, f"{path}: tensors {fault}: {', '.join(names[:3])}")

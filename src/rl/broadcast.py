@@ -5,7 +5,8 @@ trainer hosts.
 The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the group's address and
 the tensors' names, shapes and dtypes in sending order) instead of weight files, then broadcasts the tensors; the
 server, asked to load that folder, joins the group (once per trainer session) and receives them in the same
-order. Imported by vLLM's worker process: keep its imports to torch and the standard library (and rl.errors).
+order. Imported by vLLM's worker process: keep its imports to torch, pydantic (vLLM's own), the standard library
+and rl.errors.
 """
 
 import json
@@ -13,9 +14,12 @@ import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import Field, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only on Python 3.12+
 
 from rl.errors import TridentError
 
@@ -75,10 +79,29 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest))
 
 
+class Manifest(TypedDict):
+    """What :func:`manifest_for` writes."""
+
+    host: str
+    port: Annotated[int, Field(ge=1, le=65535)]
+    session: str
+    backend: Literal["nccl", "gloo"]
+    timeout_s: Annotated[float, Field(gt=0)]
+    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], str]]
+
+
 def read_manifest(folder: str | Path) -> dict | None:
-    """The broadcast manifest of a weights folder, or None when its weights are files."""
+    """The broadcast manifest of a weights folder, or None when its weights are files; a ValueError names a
+    manifest that is not one."""
     path = Path(folder) / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    text = path.read_bytes()
+    try:
+        TypeAdapter(Manifest).validate_json(text, strict=True)
+    except ValidationError as e:
+        raise ValueError(f"{path} is not a broadcast manifest: {e}") from None
+    return json.loads(text)
 
 
 class Sender:

@@ -16,6 +16,7 @@ step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
 """
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import load_file, save_file
 
 from rl.errors import TridentError
@@ -126,12 +128,29 @@ def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     return stale
 
 
+class DiskFullError(TridentError):
+    """A file of the run could not be written for lack of space."""
+
+
+LOW_SPACE_BYTES = 16 * 2**20  # free space below this after a failed write: the write failed for lack of space
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has (next to) no space left that this process may use."""
+    try:
+        return shutil.disk_usage(path).free < LOW_SPACE_BYTES
+    except OSError:
+        return False
+
+
 @contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it is renamed to ``final`` in one step.
 
     Readers never see a partial folder: it has a hidden temporary name until complete. A failure (or a
-    kill) leaves only a ``.tmp`` folder that no reader looks at.
+    kill) leaves only a ``.tmp`` folder that no reader looks at. A write that fails for lack of space (whatever
+    the writing library raises: OSError, safetensors' or torch's own errors) becomes a one-line
+    :class:`DiskFullError`, with the partial folder removed.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -141,8 +160,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
-    except BaseException:
+    except BaseException as e:
+        full = isinstance(e, Exception) and disk_full(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise DiskFullError(
+                f"no space left on the disk of {final.parent}: could not write {final.name}, nothing of it was kept "
+                "and what was written before is intact (free space, then resume with --ckpt.resume-step -1)"
+            ) from e
         raise
 
 
@@ -170,11 +195,26 @@ class Sample:
             )
 
 
+class BatchError(TridentError):
+    """A batch the trainer must not train on: unreadable, or not what the orchestrator writes."""
+
+
+MICRO_BATCH_DTYPES = {  # the tensors of a micro-batch file; all but sample_lengths have one entry per token
+    "input_ids": torch.long,
+    "position_ids": torch.long,
+    "loss_mask": torch.bool,
+    "advantages": torch.float32,
+    "inference_logprobs": torch.float32,
+    "sample_lengths": torch.long,
+}
+
+
 @dataclass
 class MicroBatch:
     """Samples packed end to end into one row, without padding (``position_ids`` restart per sample).
 
-    All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries.
+    All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries. Their dtypes:
+    :data:`MICRO_BATCH_DTYPES`.
     """
 
     input_ids: torch.Tensor
@@ -186,17 +226,56 @@ class MicroBatch:
 
     @classmethod
     def pack(cls, samples: list[Sample]) -> "MicroBatch":
-        def cat(values, dtype):
-            return torch.tensor([v for s in samples for v in values(s)], dtype=dtype)
+        def cat(name, values):
+            return torch.tensor([v for s in samples for v in values(s)], dtype=MICRO_BATCH_DTYPES[name])
 
         return cls(
-            input_ids=cat(lambda s: s.token_ids, torch.long),
-            position_ids=cat(lambda s: range(len(s.token_ids)), torch.long),
-            loss_mask=cat(lambda s: s.loss_mask, torch.bool),
-            advantages=cat(lambda s: [s.advantage] * len(s.token_ids), torch.float32),
-            inference_logprobs=cat(lambda s: s.inference_logprobs, torch.float32),
-            sample_lengths=torch.tensor([len(s.token_ids) for s in samples], dtype=torch.long),
+            input_ids=cat("input_ids", lambda s: s.token_ids),
+            position_ids=cat("position_ids", lambda s: range(len(s.token_ids))),
+            loss_mask=cat("loss_mask", lambda s: s.loss_mask),
+            advantages=cat("advantages", lambda s: [s.advantage] * len(s.token_ids)),
+            inference_logprobs=cat("inference_logprobs", lambda s: s.inference_logprobs),
+            sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),
         )
+
+    @classmethod
+    def load(cls, path: Path) -> "MicroBatch":
+        """Read and check a micro-batch file; a :class:`BatchError` names the file and what is wrong with it."""
+        if Path(path).is_symlink() or not Path(path).is_file():
+            raise BatchError(f"{path}: not a regular file (links are refused)")
+        try:
+            tensors = load_file(path)
+        except Exception as e:  # safetensors raises its own error types for truncated or malformed files
+            raise BatchError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+        if set(tensors) != set(MICRO_BATCH_DTYPES):
+            raise BatchError(f"{path}: holds tensors {sorted(tensors)}, expected {sorted(MICRO_BATCH_DTYPES)}")
+        for name, dtype in MICRO_BATCH_DTYPES.items():
+            tensor = tensors[name]
+            if tensor.dtype != dtype or tensor.dim() != 1:
+                raise BatchError(
+                    f"{path}: {name} is {tensor.dtype} of shape {list(tensor.shape)}, expected 1-d {dtype}"
+                )
+        micro_batch = cls(**tensors)
+        problem = micro_batch.problem()
+        if problem:
+            raise BatchError(f"{path}: {problem}")
+        return micro_batch
+
+    def problem(self) -> str | None:
+        """What makes these tensors inconsistent (lengths, positions, non-finite values), or None."""
+        tokens, lengths = len(self.input_ids), self.sample_lengths
+        for name in MICRO_BATCH_DTYPES.keys() - {"sample_lengths"}:
+            if len(getattr(self, name)) != tokens:
+                return f"{name} has {len(getattr(self, name))} entries for {tokens} tokens"
+        if len(lengths) == 0 or (lengths <= 0).any() or lengths.sum() != tokens:
+            return f"sample_lengths {lengths.tolist()[:8]} do not split {tokens} tokens into samples"
+        if not torch.equal(self.position_ids, torch.cat([torch.arange(n) for n in lengths.tolist()])):
+            return "position_ids do not count 0, 1, ... from the start of each sample"
+        if (self.input_ids < 0).any():
+            return "input_ids holds negative token ids"
+        if not (self.advantages.isfinite().all() and self.inference_logprobs.isfinite().all()):
+            return "advantages or inference_logprobs hold NaN or infinite values"
+        return None
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.contiguous() for k, v in self.__dict__.items()}
@@ -236,6 +315,9 @@ class BatchInfo:
     samples: list[dict] = field(default_factory=list)  # per sample, in packed order: see :func:`sample_summary`
 
 
+BATCH_INFO = TypeAdapter(BatchInfo)  # reads batch.json, every field of its type
+
+
 def sample_summary(sample: Sample) -> dict:
     """What ``batch.json`` records about one sample besides its tokens (for inspection tools, not training)."""
     return {"advantage": sample.advantage, "reward": sample.reward, "weight_step": sample.weight_step, **sample.meta}
@@ -257,12 +339,43 @@ def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatc
     return final
 
 
-def read_batch(output_dir: Path, step: int) -> tuple[BatchInfo, list[MicroBatch]]:
-    """Read the complete batch of ``step``."""
+def prune_rollouts(output_dir: Path, step: int, keep: int | None) -> None:
+    """Delete the batches older than the newest ``keep`` up to ``step`` (all kept for ``keep`` None)."""
+    if keep is None:
+        return
+    for old in range(step - keep, -1, -1):
+        folder = rollouts_dir(output_dir, old)
+        if not folder.exists():
+            break  # deleted with an earlier step
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_batch(output_dir: Path, step: int, vocab_size: int | None = None) -> tuple[BatchInfo, list[MicroBatch]]:
+    """Read the complete batch of ``step`` and check it (token ids below ``vocab_size`` when given): a batch from
+    outside is refused with a :class:`BatchError` naming the file and the fault, before anything trains on it."""
     folder = rollouts_dir(output_dir, step)
-    info = BatchInfo(**json.loads((folder / "batch.json").read_text()))
-    files = micro_batch_paths(folder)
-    return info, [MicroBatch(**load_file(f)) for f in files]
+    if folder.is_symlink() or not folder.is_dir():
+        raise BatchError(f"{folder}: not a folder (links are refused)")
+    info_path = folder / "batch.json"
+    try:
+        info = BATCH_INFO.validate_json(info_path.read_bytes(), strict=True)
+    except (OSError, ValidationError) as e:
+        raise BatchError(f"{info_path}: not a batch description ({type(e).__name__}: {e})") from None
+    if not (math.isfinite(info.temperature) and info.temperature > 0):
+        raise BatchError(f"{info_path}: temperature is {info.temperature}, expected a positive number")
+    micro_batches = [MicroBatch.load(f) for f in micro_batch_paths(folder)]
+    counts = {
+        "step": (info.step, step),
+        "num_samples": (info.num_samples, sum(len(m.sample_lengths) for m in micro_batches)),
+        "num_tokens": (info.num_tokens, sum(len(m.input_ids) for m in micro_batches)),
+        "num_loss_tokens": (info.num_loss_tokens, sum(int(m.loss_mask.sum()) for m in micro_batches)),
+    }
+    for key, (said, found) in counts.items():
+        if said != found:
+            raise BatchError(f"{info_path}: {key} is {said!r}, but the micro-batch files hold {found}")
+    if vocab_size is not None and any(int(m.input_ids.max()) >= vocab_size for m in micro_batches):
+        raise BatchError(f"{folder}: token ids beyond the model's vocabulary of {vocab_size}")
+    return info, micro_batches
 
 
 PROBE_FILE = "probe.json"

@@ -153,6 +153,14 @@ class TrainerConfig(BaseConfig):
         float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")
     ] = 600.0
     weight_broadcast: WeightBroadcastSection = None
+    keep_rollouts: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Keep the batches of the newest `keep_rollouts` steps in output_dir/rollouts (what "
+            "scripts/check_loss_mask.py reads); older ones are deleted once trained on (absent: keep all).",
+        ),
+    ] = 8
 
     @model_validator(mode="after")
     def _broadcast_sends_full_weights(self):

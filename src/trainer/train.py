@@ -13,7 +13,16 @@ from transformers import AutoTokenizer
 from rl.broadcast import Sender
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
-from rl.protocol import BatchInfo, MicroBatch, read_batch, resume_step, rollouts_dir, wait_for, weights_dir
+from rl.protocol import (
+    BatchInfo,
+    MicroBatch,
+    prune_rollouts,
+    read_batch,
+    resume_step,
+    rollouts_dir,
+    wait_for,
+    weights_dir,
+)
 from rl.tiny_model import resolve_model_path
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig
@@ -156,7 +165,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
         wait_start = time.perf_counter()
         batch_dir = rollouts_dir(config.output_dir, step)
         wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
-        info, micro_batches = read_batch(config.output_dir, step)
+        info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
+        if world.is_main:
+            prune_rollouts(config.output_dir, step, config.keep_rollouts)
         if info.num_loss_tokens == 0:
             raise EmptyBatchError(
                 f"step {step}: the batch in {batch_dir} has no sampled token to train on "

@@ -1,12 +1,16 @@
 """The server's tokens and logprobs are the trainer's: token in/token out, processed logprobs, and reloads."""
 
 import asyncio
+import json
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file
+from safetensors.torch import save as save_bytes
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.client import InferenceClient
@@ -177,3 +181,80 @@ def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_p
     body = {"model": adapter_name(1), "token_ids": token_ids, "sampling_params": {"max_tokens": 1}}
     assert httpx.post(f"{inference_server}/inference/v1/generate", json=body, timeout=60).status_code == 404
     assert gap(asyncio.run(served_logprobs("trident/tiny-qwen3")), base) < 1e-4  # the base model is untouched
+
+
+def greedy_reply(base_url: str) -> list:
+    """The tokens and logprobs of a greedy completion of the probe text: they change with any loaded weights."""
+    body = {"model": "trident/tiny-qwen3", "prompt": PROBE_TEXT, "max_tokens": 4, "temperature": 0, "logprobs": 1}
+    response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+    response.raise_for_status()
+    logprobs = response.json()["choices"][0]["logprobs"]
+    return list(zip(logprobs["tokens"], logprobs["token_logprobs"], strict=True))
+
+
+@pytest.fixture(scope="module")
+def spoiled_folders(tmp_path_factory, tiny_model_path) -> list[str]:
+    """Weights folders marked STABLE that must not load: garbage, truncated, wrong shapes, unknown tensors, an
+    adapter and a broadcast manifest that are not; and paths that are no weights folder at all."""
+    root = tmp_path_factory.mktemp("spoiled")
+    weights = load_file(f"{tiny_model_path}/model.safetensors")
+    name = next(iter(weights))
+    files = {
+        "garbage": {"model.safetensors": b"\x00\xff" * 1000},
+        "truncated": {"model.safetensors": (Path(tiny_model_path) / "model.safetensors").read_bytes()[:50_000]},
+        "wrong-shape": {"model.safetensors": save_bytes(weights | {name: torch.zeros(3, 3)})},
+        "unknown-tensor": {"model.safetensors": save_bytes({"../../evil": torch.zeros(2)})},
+        "no-weights": {"config.json": b"{}"},
+        "adapter": {"adapter_config.json": b"{}", "adapter_model.safetensors": b"junk"},
+        "manifest": {"broadcast.json": b'{"host": "10.255.255.1", "port": "x"}'},
+    }
+    for folder, contents in files.items():
+        (root / folder).mkdir()
+        for file, data in contents.items():
+            (root / folder / file).write_bytes(data)
+        mark_stable(root / folder)
+    (root / "loop").symlink_to(root / "loop")
+    (root / "a-file").write_text("not a folder")
+    return [str(root / p) for p in [*files, "loop", "a-file"]]
+
+
+JSON = {"Content-Type": "application/json"}
+NASTY_PATHS = ["", "/", ".", "..", "../../../../etc", "/etc/passwd", "/proc/self/environ", "/dev/zero", "~",
+               "a\x00b", "x" * 5000, "/" + "a/" * 2000, "\ud800", "%2e%2e/%2e%2e", "C:\\Windows"]  # fmt: skip
+
+
+def test_weight_routes_refuse_whatever_they_cannot_load_and_nothing_is_loaded(inference_server, spoiled_folders):
+    """Fuzz ``/reload_weights`` and ``/load_adapter`` with what hypothesis draws (odd paths, spoiled weights
+    folders, values of any JSON type, bodies that are no JSON): each is refused with a 4xx and a message, never
+    a 500, and the server serves the same weights, token for token, afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    before, reply = httpx.get(f"{inference_server}/weights").json(), greedy_reply(inference_server)
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+        max_leaves=8,
+    )
+    paths = st.sampled_from(NASTY_PATHS + spoiled_folders) | st.text(max_size=50) | json_values
+    steps = st.integers(-(2**70), 2**70) | json_values
+    bodies = st.fixed_dictionaries({"path": paths, "step": steps}) | st.fixed_dictionaries({"path": paths})
+    bodies |= json_values
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(["/reload_weights", "/load_adapter"]), body=bodies | st.binary(max_size=64))
+    def refused(route, body):
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        response = httpx.post(f"{inference_server}{route}", content=content, headers=JSON, timeout=120)
+        assert 400 <= response.status_code < 500, (body, response.status_code, response.text)
+        reply = response.json()  # vLLM's error format, or FastAPI's for a body it cannot parse: with the reason
+        assert reply.get("detail") or reply["error"]["message"]
+
+    refused()
+    for folder in spoiled_folders + NASTY_PATHS:  # and each of these, on both routes, for sure
+        for route in ("/reload_weights", "/load_adapter"):
+            body = json.dumps({"path": folder, "step": 3})  # ASCII escapes: json= cannot send "\ud800"
+            response = httpx.post(f"{inference_server}{route}", content=body, headers=JSON, timeout=120)
+            assert 400 <= response.status_code < 500, (folder, route, response.text)
+    assert httpx.get(f"{inference_server}/weights").json() == before
+    assert greedy_reply(inference_server) == reply

@@ -1,6 +1,8 @@
 import pytest
+import torch
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
+from safetensors.torch import save_file
 
 from inference.routes import token_id_logprobs, weights_router
 from rl.protocol import ADAPTER_CONFIG, adapter_name, mark_stable
@@ -75,7 +77,9 @@ def root(tmp_path):
     """Complete adapter folders step_1..3 and broken, full weights in full_1 and full_2, an incomplete one."""
     for name in ["step_1", "step_2", "step_3", "broken", "full_1", "full_2", "unstable"]:
         (tmp_path / name).mkdir()
-        if not name.startswith("full"):
+        if name.startswith("full"):  # the fake served model has no files: any readable weights fit it
+            save_file({"w": torch.zeros(2)}, tmp_path / name / "model.safetensors")
+        else:
             (tmp_path / name / ADAPTER_CONFIG).write_text("{}")
         if name != "unstable":
             mark_stable(tmp_path / name)

@@ -11,14 +11,15 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rl.protocol import BatchInfo, MicroBatch, read_probe, weights_dir, write_batch
+from rl.protocol import BatchError, BatchInfo, MicroBatch, read_probe, rollouts_dir, weights_dir, write_batch
 from trainer.config import TrainerConfig
 from trainer.model import packed_logprobs
 from trainer.train import EmptyBatchError, train
 
 
 def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
-    config = TrainerConfig(output_dir=output_dir, max_steps=2, model={"name": model_path, **(model or {})}, **overrides)
+    overrides = {"max_steps": 2} | overrides
+    config = TrainerConfig(output_dir=output_dir, model={"name": model_path, **(model or {})}, **overrides)
     train(config)
     return [json.loads(line) for line in (output_dir / "metrics" / "trainer.jsonl").read_text().splitlines()]
 
@@ -103,3 +104,20 @@ def test_a_batch_without_trainable_tokens_stops_the_trainer_naming_it(tmp_path, 
     write_batch(tmp_path, info, [MicroBatch.pack(samples)])
     with pytest.raises(EmptyBatchError, match=r"step 0: the batch in .*rollouts/step_0 has no sampled token"):
         run(tmp_path, tiny_model_path)
+
+
+def test_a_spoiled_batch_stops_the_trainer_before_it_trains_or_deletes(tmp_path, write_batches, tiny_model_path):
+    write_batches(tmp_path, steps=3)
+    spoiled = rollouts_dir(tmp_path, 1) / "micro_batch_0.safetensors"
+    spoiled.write_bytes(spoiled.read_bytes()[:100])  # truncated
+    with pytest.raises(BatchError, match=f"{spoiled}: not a readable safetensors file"):
+        run(tmp_path, tiny_model_path, max_steps=3, keep_rollouts=1)
+    assert len((tmp_path / "metrics" / "trainer.jsonl").read_text().splitlines()) == 1  # step 0 only
+    assert not weights_dir(tmp_path, 2).exists()
+    assert rollouts_dir(tmp_path, 0).exists()  # pruned only after the next batch is read and checked
+
+
+def test_batches_older_than_keep_rollouts_are_deleted_once_trained_on(tmp_path, write_batches, tiny_model_path):
+    write_batches(tmp_path, steps=3)
+    run(tmp_path, tiny_model_path, max_steps=3, keep_rollouts=2)
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_1", "step_2"]

@@ -1,0 +1,204 @@
+"""Batch files from outside the run (truncated, corrupted, wrong dtypes or shapes, links out of the folder) are
+refused with a BatchError naming the file, before anything is trained on them; nothing outside is read or deleted.
+Hypothesis draws the faults."""
+
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import save_file
+
+from rl.protocol import (
+    MICRO_BATCH_DTYPES,
+    BatchError,
+    BatchInfo,
+    MicroBatch,
+    Sample,
+    prune_rollouts,
+    read_batch,
+    rollouts_dir,
+    write_batch,
+)
+
+FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def samples() -> list[Sample]:
+    return [
+        Sample([5, 6, 7, 8], [False, False, True, True], [0.0, 0.0, -1.0, -2.0], 0.5, 1.0, 0),
+        Sample([9, 10, 11], [False, True, True], [0.0, -0.5, -0.25], -0.5, 0.0, 0),
+    ]
+
+
+def info(step: int = 0) -> BatchInfo:
+    return BatchInfo(step, num_samples=2, num_tokens=7, num_loss_tokens=4, reward_mean=0.5, temperature=1.0)
+
+
+def valid_batch(output_dir: Path, step: int = 0) -> Path:
+    return write_batch(output_dir, info(step), [MicroBatch.pack(samples())])
+
+
+@pytest.fixture(scope="module")
+def micro_batch_bytes(tmp_path_factory) -> bytes:
+    folder = valid_batch(tmp_path_factory.mktemp("valid"))
+    return (folder / "micro_batch_0.safetensors").read_bytes()
+
+
+def read_fuzzed(write) -> tuple[BatchInfo, list[MicroBatch]]:
+    """Write a valid batch of step 0 in a fresh folder, let ``write(folder)`` spoil it, and read it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write(valid_batch(Path(tmp)))
+        return read_batch(Path(tmp), 0, vocab_size=100)
+
+
+def test_the_valid_batch_reads_back():
+    info_read, micro_batches = read_fuzzed(lambda folder: None)
+    assert info_read == info() and micro_batches[0].input_ids.tolist() == [5, 6, 7, 8, 9, 10, 11]
+
+
+@FUZZ
+@given(cut=st.floats(0, 1, exclude_max=True))
+def test_a_truncated_micro_batch_file_is_refused(micro_batch_bytes, cut):
+    def truncate(folder):
+        (folder / "micro_batch_0.safetensors").write_bytes(micro_batch_bytes[: int(cut * len(micro_batch_bytes))])
+
+    with pytest.raises(BatchError, match="micro_batch_0.safetensors: "):
+        read_fuzzed(truncate)
+
+
+@FUZZ
+@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=8))
+def test_corrupted_bytes_are_refused_or_read_as_a_consistent_batch(micro_batch_bytes, flips):
+    """Flipped bits in the data give other values, which must still make a consistent batch; anywhere else
+    they must give a BatchError, never another exception."""
+    data = bytearray(micro_batch_bytes)
+    for where, mask in flips:
+        data[int(where * len(data))] ^= mask
+    try:
+        _, micro_batches = read_fuzzed(lambda folder: (folder / "micro_batch_0.safetensors").write_bytes(bytes(data)))
+    except BatchError:
+        return
+    assert micro_batches[0].problem() is None
+
+
+MUTATIONS = {
+    "dtype": lambda t: t.to(torch.float64 if t.dtype != torch.float64 else torch.int32),
+    "2-d": lambda t: t.reshape(1, -1),
+    "shorter": lambda t: t[:-1],
+    "longer": lambda t: torch.cat([t, t[-1:]]),
+}
+
+
+@FUZZ
+@given(name=st.sampled_from(sorted(MICRO_BATCH_DTYPES)), mutation=st.sampled_from(sorted(MUTATIONS)))
+def test_a_tensor_of_another_dtype_or_shape_is_refused(name, mutation):
+    def mutate(folder):
+        tensors = MicroBatch.pack(samples()).to_dict()
+        tensors[name] = MUTATIONS[mutation](tensors[name]).contiguous()
+        save_file(tensors, folder / "micro_batch_0.safetensors")
+
+    with pytest.raises(BatchError, match="micro_batch_0.safetensors: ") as error:
+        read_fuzzed(mutate)
+    if mutation in ("dtype", "2-d"):
+        assert f": {name} is " in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "spoil, fault",
+    [
+        (lambda t: t.pop("advantages"), "holds tensors"),
+        (lambda t: t.update({"../../evil": torch.zeros(1)}), "holds tensors"),
+        (lambda t: t["advantages"].__setitem__(0, float("nan")), "NaN or infinite"),
+        (lambda t: t["input_ids"].__setitem__(0, -3), "negative token ids"),
+        (lambda t: t["position_ids"].__setitem__(5, 0), "position_ids"),
+        (lambda t: t["sample_lengths"].__setitem__(0, 5), "sample_lengths"),
+    ],
+)
+def test_tensors_that_do_not_make_a_batch_are_refused(spoil, fault):
+    def write(folder):
+        tensors = MicroBatch.pack(samples()).to_dict()
+        spoil(tensors)
+        save_file(tensors, folder / "micro_batch_0.safetensors")
+
+    with pytest.raises(BatchError, match=fault):
+        read_fuzzed(write)
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    valid_batch(tmp_path)
+    with pytest.raises(BatchError, match="beyond the model's vocabulary of 10"):
+        read_batch(tmp_path, 0, vocab_size=10)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(key=st.sampled_from(sorted(asdict(info()))), value=json_values | st.just("missing"))
+def test_a_batch_description_with_a_wrong_field_is_refused_or_changes_only_what_is_logged(key, value):
+    def write(folder):
+        described = asdict(info())
+        if value == "missing":
+            described.pop(key)
+        else:
+            described[key] = value
+        (folder / "batch.json").write_text(json.dumps(described))
+
+    try:
+        read_info, _ = read_fuzzed(write)
+    except BatchError as e:
+        assert "batch.json: " in str(e)
+        return
+    # the counts the trainer normalizes by and the step are checked against the files; the rest, which is only
+    # logged, has its type
+    assert (read_info.step, read_info.num_loss_tokens, read_info.num_tokens) == (0, 4, 7)
+    assert read_info.temperature > 0 and math.isfinite(read_info.temperature)
+    assert isinstance(read_info.reward_mean, int | float) and isinstance(read_info.metrics, dict)
+    assert all(isinstance(s, int) for s in read_info.weight_steps) and isinstance(read_info.samples, list)
+
+
+@FUZZ
+@given(text=st.text(max_size=40) | json_values.map(json.dumps))
+def test_a_batch_description_that_is_not_one_is_refused(text):
+    try:
+        read_fuzzed(lambda folder: (folder / "batch.json").write_text(text))
+    except BatchError as e:
+        assert "batch.json: " in str(e)
+        return
+    raise AssertionError(f"read {text!r} as a batch description")
+
+
+def test_links_out_of_the_rollouts_folder_are_refused_and_nothing_outside_is_deleted(tmp_path):
+    outside = valid_batch(tmp_path / "outside")  # a complete batch somewhere else
+    run = tmp_path / "run"
+    rollouts_dir(run, 0).parent.mkdir(parents=True)
+    rollouts_dir(run, 0).symlink_to(outside, target_is_directory=True)
+    with pytest.raises(BatchError, match="step_0: not a folder"):
+        read_batch(run, 0)
+
+    step_1 = valid_batch(run, 1)
+    (step_1 / "micro_batch_0.safetensors").unlink()
+    (step_1 / "micro_batch_0.safetensors").symlink_to(outside / "micro_batch_0.safetensors")
+    with pytest.raises(BatchError, match="micro_batch_0.safetensors: not a regular file"):
+        read_batch(run, 1)
+    (step_1 / "micro_batch_1..safetensors").write_bytes(b"")  # not a micro-batch name: never read
+    (step_1 / "micro_batch_0.safetensors").unlink()
+    shutil.copy(outside / "micro_batch_0.safetensors", step_1)
+    assert read_batch(run, 1)[0].step == 1
+
+    for step in (2, 3):
+        valid_batch(run, step)
+    prune_rollouts(run, 3, keep=1)  # deletes steps 2 and 1, and must not follow the link of step 0
+    assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_3"]
+    assert sorted(p.name for p in outside.iterdir()) == ["batch.json", "micro_batch_0.safetensors"]
