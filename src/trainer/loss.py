@@ -7,34 +7,6 @@ from torch import Tensor
 from trainer.config import LossConfig
 
 
-def selective_log_softmax(logits: Float[Tensor, "seq vocab"], ids: Int[Tensor, " seq"]) -> Float[Tensor, " seq"]:
-    """``log_softmax(logits)[i, ids[i]]`` for each position i, without materialising a second vocab-wide tensor
-    beyond the logsumexp."""
-    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def shifted_logprobs(
-    logits: Float[Tensor, "seq vocab"], input_ids: Int[Tensor, " seq"], temperature: float
-) -> Float[Tensor, " seq"]:
-    """Logprob of each token given the ones before it, after temperature (position 0 gets 0).
-
-    Naive equivalent: ``[log_softmax(logits[i - 1] / T)[input_ids[i]] for i in 1..seq-1]``, 0 prepended.
-    Matches vLLM's processed logprobs, so the importance ratio at step 0 is 1.
-    """
-    logprobs = selective_log_softmax(logits[:-1].float() / temperature, input_ids[1:])
-    return torch.cat([logprobs.new_zeros(1), logprobs])
-
-
-def shifted_entropy(logits: Float[Tensor, "seq vocab"], temperature: float) -> Float[Tensor, " seq"]:
-    """Entropy of the next-token distribution (after temperature) that predicted each token (position 0 gets 0).
-
-    Naive equivalent: ``[-(p * log p).sum() for p = softmax(logits[i - 1] / T)]`` for i in 1..seq-1, 0 prepended.
-    """
-    logp = torch.log_softmax(logits[:-1].float() / temperature, dim=-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return torch.cat([entropy.new_zeros(1), entropy])
-
-
 def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " seq"]:
     """The index of the sample each packed token belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""
     return torch.repeat_interleave(torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
@@ -12,16 +12,18 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.broadcast import Sender, write_manifest
-from rl.protocol import PROBE_TEXT, MicroBatch, Sample, atomic_dir, mark_stable, write_probe
+from rl.protocol import PROBE_TEXT, MicroBatch, atomic_dir, mark_stable, write_probe
 from rl.tiny_model import resolve_model_path
+from trainer.attention import sample_bounds, use_packed_attention
 from trainer.config import LoraConfig, LoraExport, TrainerModelConfig
-from trainer.loss import sample_segments, shifted_logprobs
+from trainer.scoring import Entropy, ScoringHead, scoring, use_scoring_head
 
 
 def load_model(config: TrainerModelConfig, device: torch.device) -> PreTrainedModel | PeftModel:
     """The policy in fp32 (the trainer's master weights), in train mode, with LoRA and activation checkpointing
     as configured."""
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=torch.float32)
+    use_packed_forward(model)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq)
     if config.experimental.lora is not None:
@@ -87,28 +89,55 @@ def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
     return merged
 
 
-def block_causal_mask(sample_lengths: Int[Tensor, " samples"]) -> Bool[Tensor, "1 1 seq seq"]:
-    """Causal attention that stays inside each packed sample: token i sees j iff j <= i in the same sample."""
-    segment = sample_segments(sample_lengths)
-    n = len(segment)
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    return (causal & (segment[:, None] == segment[None, :]))[None, None]
+def use_packed_forward(model: PreTrainedModel) -> PreTrainedModel:
+    """Make ``model`` take packed micro-batches (attention within each sample, :mod:`trainer.attention`) and score
+    tokens through its output layer in chunks (:mod:`trainer.scoring`), in place; returns it."""
+    use_packed_attention(model)
+    use_scoring_head(model)
+    return model
 
 
-def packed_logits(model: nn.Module, micro_batch: MicroBatch, device: torch.device) -> Float[Tensor, "seq vocab"]:
-    """The logits of a packed micro-batch in which each sample sees only itself."""
-    return model(
-        input_ids=micro_batch.input_ids[None].to(device),
-        position_ids=micro_batch.position_ids[None].to(device),
-        attention_mask=block_causal_mask(micro_batch.sample_lengths).to(device),
-    ).logits[0]
+def packed_scores(
+    model: nn.Module,
+    micro_batch: MicroBatch,
+    temperature: float,
+    positions: Bool[Tensor, " seq"] | None = None,
+    entropy: Entropy = "off",
+) -> tuple[Float[Tensor, " seq"], Float[Tensor, " seq"]]:
+    """Logprob of each token given the ones before it in its sample, after temperature, and the entropy of the
+    distribution it was drawn from (0 unless asked), at ``positions`` (all when None) and 0 elsewhere.
 
-
-def packed_logprobs(model: nn.Module, micro_batch: MicroBatch, temperature: float) -> Float[Tensor, " seq"]:
-    """Per-token logprobs (after temperature) of a packed micro-batch; each sample sees only itself."""
+    A sample's first token has no context and always gets 0. Only the kept positions go through the output
+    layer, in chunks: no ``[tokens × vocab]`` tensor is made. Naive equivalent: ``log_softmax(logits[i - 1] /
+    T)[input_ids[i]]`` with ``logits`` from a forward of the sample alone.
+    """
+    if not any(isinstance(module, ScoringHead) for module in model.modules()):
+        raise TypeError("packed_scores needs a model prepared by use_packed_forward (load_model does it)")
     device = next(model.parameters()).device
-    # Position 0 of each sample has no context: its logprob is never trained (it is prompt).
-    return shifted_logprobs(packed_logits(model, micro_batch, device), micro_batch.input_ids.to(device), temperature)
+    bounds = sample_bounds(micro_batch.sample_lengths)
+    keep = torch.ones_like(micro_batch.loss_mask) if positions is None else positions.clone()
+    keep[list(bounds[:-1])] = False  # sample starts
+    index, weight = keep.nonzero()[:, 0], 1.0
+    if len(index) == 0:  # score one token with weight 0: backward (and FSDP's collectives in it) still runs
+        index, weight = torch.tensor([len(keep) - 1]), 0.0
+    input_ids, index = micro_batch.input_ids.to(device), index.to(device)
+    with scoring(input_ids[index], temperature, entropy):
+        scores = model(
+            input_ids=input_ids[None],
+            position_ids=micro_batch.position_ids[None].to(device),
+            sample_bounds=bounds,
+            logits_to_keep=index - 1,
+        ).logits[0]
+    scores = scores * weight
+    zeros = scores.new_zeros(len(input_ids))
+    return zeros.index_put((index,), scores[:, 0]), zeros.index_put((index,), scores[:, 1])
+
+
+def packed_logprobs(
+    model: nn.Module, micro_batch: MicroBatch, temperature: float, positions: Bool[Tensor, " seq"] | None = None
+) -> Float[Tensor, " seq"]:
+    """Per-token logprobs (after temperature) of a packed micro-batch, as in :func:`packed_scores`."""
+    return packed_scores(model, micro_batch, temperature, positions)[0]
 
 
 def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> list[float]:
@@ -116,10 +145,10 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> 
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        sample = Sample(token_ids, [True] * len(token_ids), [0.0] * len(token_ids), 0.0, 0.0, 0)
-        logprobs = packed_logprobs(model, MicroBatch.pack([sample]), temperature=1.0)
+        ids = torch.tensor(token_ids, device=next(model.parameters()).device)
+        logprobs = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1)
     model.train(was_training)
-    return [0.0, *logprobs[1:].tolist()]
+    return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]
 
 
 def save_weights(

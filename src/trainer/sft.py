@@ -21,8 +21,7 @@ from rl.metrics import MetricsWriter
 from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
 from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig
-from trainer.loss import shifted_logprobs
-from trainer.model import packed_logits, save_weights
+from trainer.model import packed_logprobs, save_weights
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
 from trainer.sft_data import load_samples
@@ -47,8 +46,7 @@ def accumulate_gradients(model: nn.Module, samples: list[Sample], seq_len: int, 
     micro_batches = [MicroBatch.pack(group) for group in pack_samples(samples, seq_len)]
     loss_sum = 0.0
     for micro_batch, weight in rank_share(micro_batches, world):
-        input_ids = micro_batch.input_ids.to(world.device)
-        logprobs = shifted_logprobs(packed_logits(model, micro_batch, world.device), input_ids, temperature=1.0)
+        logprobs = packed_logprobs(model, micro_batch, 1.0, micro_batch.loss_mask)
         loss = nll_loss(logprobs, micro_batch.loss_mask.to(world.device), num_loss_tokens)
         (loss * weight).backward()
         loss_sum += weight * loss.item()

@@ -26,8 +26,8 @@ from rl.protocol import (
 from rl.tiny_model import resolve_model_path
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig
-from trainer.loss import policy_loss, shifted_entropy, shifted_logprobs
-from trainer.model import decoder_layers, load_model, packed_logits, packed_logprobs, save_weights
+from trainer.loss import policy_loss
+from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores, save_weights
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, shard_model, sum_over_ranks
 
@@ -69,8 +69,8 @@ def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> R
         with torch.no_grad():
             if isinstance(reference, PeftModel):
                 with reference.disable_adapter():
-                    return packed_logprobs(reference, micro_batch, temperature)
-            return packed_logprobs(reference, micro_batch, temperature)
+                    return packed_logprobs(reference, micro_batch, temperature, micro_batch.loss_mask)
+            return packed_logprobs(reference, micro_batch, temperature, micro_batch.loss_mask)
 
     return logprobs
 
@@ -89,10 +89,8 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(["loss", "bounded_tokens", "mismatch_kl", "entropy", "reference_kl"], 0.0)
     for micro_batch, weight in micro_batches:
-        logits = packed_logits(model, micro_batch, world.device)
-        logprobs = shifted_logprobs(logits, micro_batch.input_ids.to(world.device), info.temperature)
-        with torch.set_grad_enabled(config.loss.entropy_coef > 0):
-            entropy = shifted_entropy(logits, info.temperature)
+        entropy = "trained" if config.loss.entropy_coef > 0 else "logged"
+        logprobs, entropy = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy)
         loss, stats = policy_loss(
             logprobs,
             micro_batch.inference_logprobs.to(world.device),

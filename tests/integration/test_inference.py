@@ -19,7 +19,7 @@ from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.orchestrator import build_samples
 from rl.errors import TridentError
 from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, adapter_name, mark_stable
-from trainer.model import packed_logprobs, probe_logprobs, save_weights
+from trainer.model import packed_logprobs, probe_logprobs, save_weights, use_packed_forward
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +48,7 @@ def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
 
 
 def trainer_logprobs(model, samples) -> list[torch.Tensor]:
+    use_packed_forward(model)
     with torch.no_grad():
         return [packed_logprobs(model, MicroBatch.pack([s]), TEMPERATURE) for s in samples]
 

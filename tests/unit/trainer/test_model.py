@@ -3,26 +3,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
-from trainer.loss import shifted_logprobs
-from trainer.model import block_causal_mask, load_model, packed_logprobs, save_weights
-
-
-def test_block_causal_mask():
-    mask = block_causal_mask(torch.tensor([2, 3]))[0, 0].int()
-    expected = torch.tensor(
-        [
-            [1, 0, 0, 0, 0],
-            [1, 1, 0, 0, 0],
-            [0, 0, 1, 0, 0],
-            [0, 0, 1, 1, 0],
-            [0, 0, 1, 1, 1],
-        ]
-    )
-    assert torch.equal(mask, expected)
+from trainer.model import load_model, packed_logprobs, save_weights, use_packed_forward
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    use_packed_forward(model)
     generator = torch.Generator().manual_seed(0)
     samples = [torch.randint(0, 2000, (n,), generator=generator).tolist() for n in (7, 5, 9)]
     micro_batch = MicroBatch.pack([Sample(ids, [True] * len(ids), [0.0] * len(ids), 0.0, 0.0, 0) for ids in samples])
@@ -30,9 +17,10 @@ def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
     start = 0
     for ids in samples:
         ids = torch.tensor(ids)
-        alone = shifted_logprobs(model(ids[None]).logits[0], ids, temperature=0.7)
+        logprobs = torch.log_softmax(plain(ids[None]).logits[0, :-1] / 0.7, -1).gather(1, ids[1:, None])[:, 0]
         # position 0 of each sample is never trained (it is prompt): compare the rest
-        torch.testing.assert_close(packed[start + 1 : start + len(ids)], alone[1:], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed[start + 1 : start + len(ids)], logprobs, atol=1e-5, rtol=1e-5)
+        assert packed[start] == 0
         start += len(ids)
 
 
@@ -73,8 +61,8 @@ def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, 
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if not p.requires_grad)
 
     save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_1")
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "step_1", dtype=torch.float32)
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    merged = use_packed_forward(AutoModelForCausalLM.from_pretrained(tmp_path / "step_1", dtype=torch.float32))
+    base = use_packed_forward(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32))
     batch = tiny_batch()
     with torch.no_grad():
         adapted = packed_logprobs(model.eval(), batch, 1.0)

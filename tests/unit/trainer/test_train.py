@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from rl.protocol import BatchError, BatchInfo, MicroBatch, read_probe, rollouts_dir, weights_dir, write_batch
 from trainer.config import TrainerConfig
-from trainer.model import packed_logprobs
+from trainer.model import packed_logprobs, use_packed_forward
 from trainer.train import EmptyBatchError, train
 
 
@@ -69,7 +69,7 @@ def test_lora_adapter_export_loads_in_peft(tmp_path, write_batches, random_sampl
         optim={"lr": 1e-2})  # fmt: skip
     folder = weights_dir(tmp_path, 2)
     assert (folder / "adapter_config.json").exists() and not (folder / "model.safetensors").exists()
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    base = use_packed_forward(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32))
     adapted = PeftModel.from_pretrained(base, folder).eval()
     token_ids, probe = read_probe(folder)
     batch = MicroBatch.pack(random_samples(2))
