@@ -1,5 +1,6 @@
 """Loading the policy, the packed forward pass, and writing weights for inference."""
 
+import json
 from pathlib import Path
 
 import torch
@@ -8,7 +9,7 @@ from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.broadcast import Sender, write_manifest
@@ -19,15 +20,22 @@ from trainer.config import LoraConfig, LoraExport, TrainerModelConfig
 from trainer.scoring import Entropy, ScoringHead, scoring, use_scoring_head
 
 
-def load_model(config: TrainerModelConfig, device: torch.device) -> PreTrainedModel | PeftModel:
-    """The policy in fp32 (the trainer's master weights), in train mode, with LoRA and activation checkpointing
-    as configured."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=torch.float32)
+def load_model(
+    config: TrainerModelConfig, device: torch.device, compute_dtype: torch.dtype = torch.float32
+) -> PreTrainedModel | PeftModel:
+    """The policy in train mode, with LoRA and activation checkpointing as configured.
+
+    What trains is float32 (the master weights). Under LoRA the frozen base is held in ``compute_dtype`` (the
+    adapter in float32: peft upcasts it), since it is never updated: half the memory in bfloat16.
+    """
+    lora = config.experimental.lora
+    dtype = compute_dtype if lora is not None else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=dtype)
     use_packed_forward(model)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq)
-    if config.experimental.lora is not None:
-        model = add_lora(model, config.experimental.lora)
+    if lora is not None:
+        model = add_lora(model, lora)
     return model.to(device).train()
 
 
@@ -56,9 +64,27 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
     return get_peft_model(model, config)
 
 
-def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The unsharded weights, on CPU, on rank 0 (other ranks get ``{}``); every rank must call it."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
+    """The unsharded weights on CPU, on rank 0 (other ranks get ``{}``); every rank must call it.
+
+    Gathered one tensor at a time, each cast to ``dtype`` first (None: as held), so the all-gather moves and rank 0
+    keeps the exported size, never the float32 master weights in full. With ``trainable_only`` only the
+    parameters that train are gathered (a LoRA adapter and its modules to save): the frozen base never moves.
+    """
+    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    main = not dist.is_initialized() or dist.get_rank() == 0
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        if trainable_only and name not in trainable:
+            continue
+        tensor = tensor.detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if main:
+            weights[name] = tensor.to("cpu", copy=True)
+    return weights
 
 
 def untied(state: dict[str, Tensor], model: PreTrainedModel) -> dict[str, Tensor]:
@@ -83,7 +109,7 @@ def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
         if ".base_layer." in name and name.endswith(".weight"):
             layer = name.removesuffix(".base_layer.weight")
             lora_a, lora_b = state[f"{layer}.lora_A.default.weight"], state[f"{layer}.lora_B.default.weight"]
-            tensor = tensor + scaling * (lora_b.to(tensor.dtype) @ lora_a.to(tensor.dtype))
+            tensor = tensor.float() + scaling * (lora_b.float() @ lora_a.float())
         name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
         merged[name.replace(".modules_to_save.default.", ".")] = tensor
     return merged
@@ -157,23 +183,24 @@ def save_weights(
     folder: Path,
     export: LoraExport = "merged",
     sender: Sender | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> None:
     """Write weights for inference to ``folder`` atomically, ``STABLE`` last; every rank calls it, rank 0 writes.
 
-    Full training writes HF-format weights. A LoRA model writes its adapter merged into the base weights
-    (``export = "merged"``: full weights any server can load) or the adapter alone (``"adapter"``: peft's
-    format, for a server that swaps adapters). With a ``sender`` (rank 0's end of the weight broadcast) the
-    folder holds the broadcast's manifest instead of full weights, and the weights are sent in the background
-    once it is complete (after the previous weights were received). The probe's logprobs under these weights go with
-    them, so that whoever loads them can check it serves exactly these weights.
+    Full training writes HF-format weights in ``dtype`` (the compute dtype: what the server runs). A LoRA model
+    writes its adapter merged into the base weights (``export = "merged"``: full weights any server can load) or
+    the adapter alone (``"adapter"``: peft's format, for a server that swaps adapters; only the adapter is
+    gathered). With a ``sender`` (rank 0's end of the weight broadcast) the folder holds the broadcast's manifest
+    instead of full weights, and the weights are sent in the background once it is complete (after the previous
+    weights were received). The probe's logprobs under these weights go with them, so that whoever loads them can
+    check it serves exactly these weights.
     """
-    state = full_state_dict(model)
+    adapter = isinstance(model, PeftModel) and export == "adapter"
+    owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
     probe_ids = tokenizer.encode(PROBE_TEXT)
     probe = probe_logprobs(model, probe_ids)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    adapter = isinstance(model, PeftModel) and export == "adapter"
-    owner, weights = (model, state) if adapter else full_weights(model, state)
     if sender is not None:
         sender.wait()  # the server took the previous weights: these become the newest
     with atomic_dir(folder) as tmp:
@@ -181,6 +208,8 @@ def save_weights(
             write_manifest(tmp, sender.manifest(weights))
         else:
             owner.save_pretrained(tmp, state_dict=weights)  # a PeftModel saves its adapter's weights only
+            if not adapter:
+                set_config_dtype(tmp, dtype)
         tokenizer.save_pretrained(tmp)
         write_probe(tmp, probe_ids, probe)
         mark_stable(tmp)
@@ -188,10 +217,19 @@ def save_weights(
         sender.send(weights)
 
 
-def full_weights(model: PreTrainedModel | PeftModel, state: dict[str, Tensor]) -> tuple[PreTrainedModel, dict]:
-    """The model's full weights for inference under the base model's names, from its gathered ``state`` (a LoRA
-    adapter merged in, tied copies left out), and the model that saves them."""
+def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tuple[PreTrainedModel, dict]:
+    """The model's full weights for inference in ``dtype``, under the base model's names (a LoRA adapter merged
+    in, in float32, tied copies left out), and the model that saves them; every rank must call it."""
     if isinstance(model, PeftModel):
         lora, base = model.peft_config["default"], model.get_base_model()
-        return base, untied(merge_lora(state, lora.lora_alpha / lora.r), base)
-    return model, untied(state, model)
+        merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r)
+        return base, {name: tensor.to(dtype) for name, tensor in untied(merged, base).items()}
+    return model, untied(gather_weights(model, dtype), model)
+
+
+def set_config_dtype(folder: Path, dtype: torch.dtype) -> None:
+    """Record ``dtype`` as the weights' dtype in ``folder``'s config.json (a server's ``dtype = auto`` reads it)."""
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    path.write_text(json.dumps(config, indent=2) + "\n")

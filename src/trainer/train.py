@@ -49,9 +49,10 @@ def compute_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -> nn.Module:
     """The policy (fp32 master weights, LoRA and activation checkpointing as configured), sharded over the ranks."""
-    model = load_model(model_config, torch.device("cpu"))
+    dtype = compute_dtype(model_config.dtype, world.device)
+    model = load_model(model_config, torch.device("cpu"), dtype)
     offload = offload and world.device.type == "cuda"
-    shard_model(model, decoder_layers(model), compute_dtype(model_config.dtype, world.device), offload)
+    shard_model(model, decoder_layers(model), dtype, offload)
     return model
 
 
@@ -150,13 +151,14 @@ def run_training(config: TrainerConfig, world: World) -> None:
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"  # full weights
+    dtype = compute_dtype(config.model.dtype, world.device)  # of the weights the server loads
     sender = weight_sender(config, world)
     start = 0
     if config.ckpt and config.ckpt.resume_step is not None:
         start = resume_step(config.output_dir, config.ckpt.resume_step)
         load_checkpoint(config.output_dir, start, model, optimizer, scheduler, world)
         # the run's weights were cleared: the server needs these before it samples step `start`
-        save_weights(model, tokenizer, weights_dir(config.output_dir, start), export, sender)
+        save_weights(model, tokenizer, weights_dir(config.output_dir, start), export, sender, dtype)
     logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start}..{config.max_steps - 1}")
 
     for step in range(start, config.max_steps):
@@ -177,7 +179,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
         scheduler.step()
         save_start = time.perf_counter()
         last = step + 1 == config.max_steps  # no one samples from the last weights: files, the run's model
-        save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender)
+        save_weights(
+            model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender, dtype
+        )
         if config.ckpt and ((step + 1) % config.ckpt.interval == 0 or step + 1 == config.max_steps):
             save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
             if world.is_main:

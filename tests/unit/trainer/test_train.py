@@ -9,9 +9,20 @@ import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from rl.protocol import BatchError, BatchInfo, MicroBatch, read_probe, rollouts_dir, weights_dir, write_batch
+from rl.protocol import (
+    BatchError,
+    BatchInfo,
+    MicroBatch,
+    checkpoint_dir,
+    read_probe,
+    rollouts_dir,
+    weights_dir,
+    write_batch,
+)
 from trainer.config import TrainerConfig
 from trainer.model import packed_logprobs, use_packed_forward
 from trainer.train import EmptyBatchError, train
@@ -49,17 +60,57 @@ def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model
     assert records[1]["reference_kl"] > 0
 
 
-def test_bf16_compute_keeps_fp32_master_weights(tmp_path, write_batches, tiny_model_path):
+def checkpointed_dtypes(output_dir: Path, step: int) -> dict[str, torch.dtype]:
+    """The dtype of each model tensor in the trainer's checkpoint after ``step`` (its master weights)."""
+    metadata = FileSystemReader(checkpoint_dir(output_dir, step) / "trainer").read_metadata()
+    return {
+        name.removeprefix("model."): entry.properties.dtype
+        for name, entry in metadata.state_dict_metadata.items()
+        if name.startswith("model.")
+    }
+
+
+def test_bf16_compute_keeps_fp32_master_weights_and_exports_bf16(tmp_path, write_batches, tiny_model_path):
     for name in ("fp32", "bf16"):
         write_batches(tmp_path / name)
     fp32 = run(tmp_path / "fp32", tiny_model_path, model={"dtype": "float32"})
-    bf16 = run(tmp_path / "bf16", tiny_model_path, model={"dtype": "bfloat16"})
+    bf16 = run(tmp_path / "bf16", tiny_model_path, model={"dtype": "bfloat16"}, ckpt={"interval": 2})
     assert bf16[0]["loss"] == pytest.approx(fp32[0]["loss"], rel=2e-2)
     assert bf16[0]["loss"] != fp32[0]["loss"]  # bf16 did run
     weights = load_file(weights_dir(tmp_path / "bf16", 2) / "model.safetensors")
     initial = load_file(weights_dir(tmp_path / "fp32", 2) / "model.safetensors")
-    assert all(tensor.dtype == torch.float32 for tensor in weights.values())
+    # the server gets weights in the compute dtype, the trainer keeps float32 master weights
+    assert all(tensor.dtype == torch.bfloat16 for tensor in weights.values())
+    assert all(tensor.dtype == torch.float32 for tensor in initial.values())
+    assert json.loads((weights_dir(tmp_path / "bf16", 2) / "config.json").read_text())["dtype"] == "bfloat16"
+    assert set(checkpointed_dtypes(tmp_path / "bf16", 2).values()) == {torch.float32}
     assert weights.keys() == initial.keys()
+
+
+def test_lora_in_bf16_holds_the_base_in_bf16_and_its_export_gathers_only_the_adapter(
+    tmp_path, write_batches, tiny_model_path, monkeypatch
+):
+    gathered = []
+    full_tensor = DTensor.full_tensor
+
+    def counting_full_tensor(self, *args, **kwargs):
+        tensor = full_tensor(self, *args, **kwargs)
+        if tensor.numel() > 1:  # not the gradient norm
+            gathered.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    monkeypatch.setattr(DTensor, "full_tensor", counting_full_tensor)
+    write_batches(tmp_path)
+    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"], "export": "adapter"}
+    run(tmp_path, tiny_model_path, model={"dtype": "bfloat16", "experimental": {"lora": lora}}, optim={"lr": 1e-2},
+        ckpt={"interval": 2})  # fmt: skip
+    adapter = load_file(weights_dir(tmp_path, 2) / "adapter_model.safetensors")
+    assert all(tensor.dtype == torch.float32 for tensor in adapter.values())
+    adapter_bytes = sum(tensor.numel() * tensor.element_size() for tensor in adapter.values())
+    assert sum(gathered) == 2 * adapter_bytes  # two exports (steps 1 and 2), the adapter alone each time
+    dtypes = checkpointed_dtypes(tmp_path, 2)
+    assert {dtype for name, dtype in dtypes.items() if "lora_" in name} == {torch.float32}
+    assert {dtype for name, dtype in dtypes.items() if "lora_" not in name} == {torch.bfloat16}
 
 
 def test_lora_adapter_export_loads_in_peft(tmp_path, write_batches, random_samples, tiny_model_path):
@@ -95,7 +146,7 @@ def test_gpu_default_is_bf16_compute_with_fp32_master_weights_and_offload_works(
     assert offload[1]["loss"] == pytest.approx(auto[1]["loss"], rel=1e-4)
     assert auto[1]["peak_memory_gib"] > 0
     weights = load_file(weights_dir(tmp_path / "auto", 2) / "model.safetensors")
-    assert all(tensor.dtype == torch.float32 for tensor in weights.values())
+    assert all(tensor.dtype == torch.bfloat16 for tensor in weights.values())  # what the server runs
 
 
 def test_a_batch_without_trainable_tokens_stops_the_trainer_naming_it(tmp_path, random_samples, tiny_model_path):
