@@ -21,7 +21,14 @@ from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
 from rl.lifeline import launcher_env
 from rl.metrics import read_metrics, setup_logging, write_summary
-from rl.preflight import check_envs_installed, check_model, check_port_free, gpu_env, lock_output_dir
+from rl.preflight import (
+    check_envs_installed,
+    check_memory,
+    check_model,
+    check_port_free,
+    gpu_env,
+    lock_output_dir,
+)
 from rl.process import Child, command, stop_all
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
 from rl.rl_config import RLConfig, resolve_shared, sub_configs
@@ -206,6 +213,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
     check_model(config.trainer.model.name)
+    plan = check_memory(config)
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
@@ -213,6 +221,7 @@ def run(config: RLConfig) -> int:
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
+        print("\n".join(plan.lines()))
         return 0
     if config.inference is not None:
         check_port_free(config.inference.host, config.inference.port)
@@ -221,6 +230,8 @@ def run(config: RLConfig) -> int:
     logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+    for line in plan.lines():
+        logger.info(line)
     if config.inference is None:
         logger.info(f"no --inference given: using the inference server at {config.orchestrator.client.base_url}")
     if resume_from:

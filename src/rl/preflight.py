@@ -12,6 +12,7 @@ from typing import IO
 import torch
 
 from rl.errors import TridentError
+from rl.memory_plan import MemoryPlan, plan_memory
 from rl.rl_config import RLConfig
 from rl.tiny_model import resolve_model_path
 
@@ -99,3 +100,20 @@ def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
     )
     visible = {"inference": config.inference_gpu_ids, "trainer": config.trainer_gpu_ids, "orchestrator": []}
     return {name: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} for name, ids in visible.items()}
+
+
+def check_memory(config: RLConfig) -> MemoryPlan:
+    """The run's memory plan (each process's share of each GPU); a TridentError names what does not fit.
+
+    GPU memory is ``--gpu-memory-gib`` if given, else the smallest of the run's GPUs; with neither the plan is
+    for the CPU and refuses nothing.
+    """
+    gpu_gib = config.gpu_memory_gib
+    if gpu_gib is None and torch.cuda.is_available():
+        ids = set(config.trainer_gpu_ids) | set(config.inference_gpu_ids if config.inference else [])
+        gpu_gib = min(torch.cuda.get_device_properties(i).total_memory for i in ids) / 2**30
+    plan = plan_memory(config.trainer, config.inference, config.trainer_gpu_ids, config.inference_gpu_ids, gpu_gib)
+    problems = plan.problems()
+    if problems:
+        raise TridentError(f"the run does not fit in memory: {'; '.join(problems)} (rl --dry-run prints the plan)")
+    return plan

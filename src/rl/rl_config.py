@@ -53,7 +53,17 @@ class RLConfig(BaseConfig):
         list[int], Field(description="GPUs of the trainer (CUDA_VISIBLE_DEVICES); may overlap the inference GPUs.")
     ] = [0]
     inference_gpu_ids: Annotated[list[int], Field(description="GPUs of the inference server.")] = [0]
-    dry_run: Annotated[bool, Field(description="Write the resolved configs to output_dir/configs and exit.")] = False
+    gpu_memory_gib: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="GiB of each GPU for the memory plan (to plan a GPU run from another machine); absent: "
+            "read from the GPUs, and without GPUs the plan is for the CPU and refuses nothing.",
+        ),
+    ] = None
+    dry_run: Annotated[
+        bool, Field(description="Write the resolved configs to output_dir/configs, print the memory plan and exit.")
+    ] = False
 
     @field_validator("trainer_gpu_ids", "inference_gpu_ids", mode="before")
     @classmethod

@@ -1,0 +1,19 @@
+"""The memory plan benchmark at its smoke size: it measures a training step's peak and plans it (no ratio asserted)."""
+
+import importlib
+import json
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).parents[3] / "benchmarks"
+
+
+def test_smoke_run_measures_and_plans(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their shared helpers as `common`
+    benchmark = importlib.import_module("memory_plan")
+    output = tmp_path / "results.json"
+    benchmark.main(["--smoke", "--output", str(output)])
+
+    [case] = json.loads(output.read_text())["cases"]
+    assert case["measured_mib"] > 0 and case["baseline_mib"] > 0
+    assert {"weights", "gradients", "optimizer", "activations", "logits", "total"} <= case["plan_gib"].keys()
+    assert case["planned_over_measured"] > 0
