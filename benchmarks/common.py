@@ -6,7 +6,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import signal
 import socket
 import sys
@@ -25,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rl.launcher import child_env
 from rl.process import Child, stop_all
-from rl.protocol import auth_headers, mark_stable
+from rl.protocol import auth_headers
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -191,13 +190,6 @@ def served_model(base_url: str) -> tuple[str, Path]:
     response.raise_for_status()
     model = response.json()["data"][0]
     return model["id"], Path(model["root"])
-
-
-def copy_weights(model_folder: Path, folder: Path) -> Path:
-    """A full-weights folder for ``POST /reload_weights``: a copy of ``model_folder``, marked ``STABLE``."""
-    shutil.copytree(model_folder, folder)
-    mark_stable(folder)
-    return folder
 
 
 def serve_base_model(base_url: str) -> None:

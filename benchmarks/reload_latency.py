@@ -8,17 +8,19 @@ per model).
 For each model (the tiny model, and a larger random Qwen3 of the same vocabulary, where loading full weights
 costs more), one server serves it and gets ``reloads`` full-weight reloads (``POST /reload_weights``) and as
 many adapter loads (``POST /load_adapter``), interleaved in the order full, LoRA, LoRA, full, ... after one
-untimed warm-up of each. Full-weight folders are copies of the served model's own folder (HF format, as the
-trainer writes them), so the server's base weights end as they started; loading costs the same whatever the
-values. Adapters are peft adapters of rank 8 on the attention projections (the trainer's defaults) with random
-weights. Afterwards the server serves its base weights and no adapter. The server is otherwise idle: a full
+untimed warm-up of each. Each folder is written just before, timed, by the trainer's own export
+(``trainer.model.save_weights``) from the trainer's model of the served model, built as the trainer builds it
+(a one-rank FSDP2 group): full training writes full weights, LoRA training (rank 8 on the attention
+projections, the trainer's defaults, ``export = "adapter"``) its adapter alone. Loading costs the same whatever
+the values. Afterwards the server serves its base weights and no adapter. The server is otherwise idle: a full
 reload also waits for requests in flight, an adapter load does not.
 
-Reported per kind: the server's own seconds (the route's ``seconds``: from taking the weights lock to serving the
-new weights) and the client's round trip, their median and maximum, and the ratio full / LoRA of the medians.
+Reported per kind: the trainer's export seconds, the server's own seconds (the route's ``seconds``: from taking
+the weights lock to serving the new weights), the client's round trip, and end to end (export + round trip),
+their median and maximum, and the ratios full / LoRA of the medians.
 """
 
-import itertools
+import shutil
 import statistics
 import tempfile
 import time
@@ -31,7 +33,6 @@ import transformers
 from common import (
     benchmark_model,
     benchmark_parser,
-    copy_weights,
     exit_on_sigterm,
     machine_info,
     model_summary,
@@ -41,10 +42,14 @@ from common import (
     server_for,
     utc_now,
 )
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from torch import nn
+from transformers import AutoTokenizer
 
-from rl.protocol import auth_headers, mark_stable
+from rl.protocol import auth_headers
+from trainer.config import TrainerModelConfig
+from trainer.model import save_weights
+from trainer.parallel import World, close_world, init_world
+from trainer.train import build_model
 
 LORA_RANK = 8
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the trainer's default target modules
@@ -73,19 +78,25 @@ FULL = BenchmarkConfig(models={"tiny": {}, "larger": LARGER}, reloads=10)
 SMOKE = BenchmarkConfig(models={"tiny": {}}, reloads=2)
 
 
-def write_adapter(model_folder: Path, folder: Path, seed: int) -> Path:
-    """A peft adapter for the model in ``model_folder`` with random, non-zero weights, marked ``STABLE``."""
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=LORA_TARGETS))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.02)
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(model_folder).save_pretrained(folder)  # as the trainer writes adapters
-    mark_stable(folder)
-    return folder
+TRAINER_MODELS = {  # the trainer's [model] section for each kind, beyond its name
+    "full": {},
+    "lora": {"experimental": {"lora": {"rank": LORA_RANK, "alpha": 2 * LORA_RANK, "target_modules": LORA_TARGETS,
+                                       "export": "adapter"}}},
+}  # fmt: skip
+
+
+def trainer_model(model_folder: Path, kind: str, world: World) -> nn.Module:
+    """The trainer's model of ``model_folder`` for ``kind`` (full or LoRA training), as the trainer builds it."""
+    torch.manual_seed(0)
+    config = TrainerModelConfig(name=str(model_folder), **TRAINER_MODELS[kind])
+    return build_model(config, world, offload=False)
+
+
+def export(model: nn.Module, tokenizer, kind: str, folder: Path) -> float:
+    """Write the weights of ``kind`` to ``folder`` with the trainer's export; returns its seconds."""
+    start = time.perf_counter()
+    save_weights(model, tokenizer, folder, export="adapter" if kind == "lora" else "merged")
+    return time.perf_counter() - start
 
 
 def adapter_bytes(folder: Path) -> int:
@@ -111,55 +122,60 @@ def interleaved(reloads: int) -> list[str]:
     return order
 
 
-def stats(server_s: list[float], round_trip_s: list[float]) -> dict:
+def stats(export_s: list[float], server_s: list[float], round_trip_s: list[float]) -> dict:
     """Median and maximum of one kind's timings."""
-    return {
-        "server_s": server_s,
-        "round_trip_s": round_trip_s,
-        "server_median_s": statistics.median(server_s),
-        "server_max_s": max(server_s),
-        "round_trip_median_s": statistics.median(round_trip_s),
-        "round_trip_max_s": max(round_trip_s),
-    }
+    timings = {"export": export_s, "server": server_s, "round_trip": round_trip_s,
+               "end_to_end": [e + r for e, r in zip(export_s, round_trip_s, strict=True)]}  # fmt: skip
+    result = {}
+    for name, seconds in timings.items():
+        result |= {f"{name}_s": seconds, f"{name}_median_s": statistics.median(seconds), f"{name}_max_s": max(seconds)}
+    return result
 
 
-def measure(server_url: str, reloads: int, work_dir: Path) -> dict:
+def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict:
     """Interleaved full and LoRA reloads against the server; timings of each kind and their ratio."""
     model_folder = served_model(server_url)[1]
     serve_base_model(server_url)  # adapter names start again at step 1: none of an earlier user's may be served
-    adapters = [write_adapter(model_folder, work_dir / f"lora_{i}", seed=i) for i in range(2)]
-    folders = {"full": [copy_weights(model_folder, work_dir / f"full_{i}") for i in range(2)], "lora": adapters}
-    next_folder = {kind: itertools.cycle(folders[kind]) for kind in KINDS}  # two of each kind, in turn
-    timings: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+    models = {kind: trainer_model(model_folder, kind, world) for kind in KINDS}
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    timings: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
     warm_ups = list(KINDS)
     with httpx.Client(base_url=server_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers()) as http:
         for step, kind in enumerate([*warm_ups, *interleaved(reloads)], start=1):  # a new adapter name per step
-            seconds = reload(http, kind, next(next_folder[kind]), step)
+            folder = work_dir / f"step_{step}"
+            export_s = export(models[kind], tokenizer, kind, folder)
+            seconds = (export_s, *reload(http, kind, folder, step))
+            shutil.rmtree(work_dir / f"step_{step - 2}", ignore_errors=True)  # the server has moved past it
             if step > len(warm_ups):
                 timings[kind].append(seconds)
     serve_base_model(server_url)  # retire the last adapter
     kinds = {kind: stats(*zip(*timings[kind], strict=True)) for kind in KINDS}
+    adapter = next(folder for folder in work_dir.glob("step_*") if (folder / "adapter_config.json").exists())
     return {
-        "model": model_summary(model_folder) | {"adapter_bytes": adapter_bytes(adapters[0])},
+        "model": model_summary(model_folder) | {"adapter_bytes": adapter_bytes(adapter)},
         **kinds,
-        "full_over_lora_server": kinds["full"]["server_median_s"] / kinds["lora"]["server_median_s"],
-        "full_over_lora_round_trip": kinds["full"]["round_trip_median_s"] / kinds["lora"]["round_trip_median_s"],
-    }
+        **{f"full_over_lora_{name}": kinds["full"][f"{name}_median_s"] / kinds["lora"][f"{name}_median_s"]
+           for name in ("export", "server", "round_trip", "end_to_end")},
+    }  # fmt: skip
 
 
-def measure_model(shape: dict[str, int], server: str | None, reloads: int, work_dir: Path) -> dict:
+def measure_model(shape: dict[str, int], server: str | None, reloads: int, work_dir: Path, world: World) -> dict:
     """Serve the tiny model reshaped by ``shape`` (or use ``server``) and measure its reloads."""
     with server_for(server, benchmark_model(shape, work_dir / "model"), LORA_RANK) as server_url:
-        return measure(server_url, reloads, work_dir)
+        return measure(server_url, reloads, work_dir, world)
 
 
 def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path) -> dict:
     """Each model of ``bench`` in turn (only the served one with ``server``); the results as a JSON-able dict."""
     models = {"served": {}} if server else bench.models
     results = {}
-    for name, shape in models.items():
-        (work_dir / name).mkdir()
-        results[name] = measure_model(shape, server, bench.reloads, work_dir / name)
+    world = init_world()  # one rank: the trainer's models are built as the trainer builds them
+    try:
+        for name, shape in models.items():
+            (work_dir / name).mkdir()
+            results[name] = measure_model(shape, server, bench.reloads, work_dir / name, world)
+    finally:
+        close_world()
     return {
         "benchmark": "reload_latency",
         "date": utc_now(),
@@ -170,20 +186,17 @@ def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path) ->
 
 
 def summary_table(result: dict) -> str:
-    """A few lines for the terminal."""
-    rows = [f"{'model':8}{'kind':6}{'MB':>9}{'server med':>12}{'max':>8}{'round trip':>12}{'max':>8}"]
+    """A few lines for the terminal: medians (and maxima) in seconds."""
+    columns = ("export", "server", "round_trip", "end_to_end")
+    rows = [f"{'model':8}{'kind':6}{'MB':>9}" + "".join(f"{name:>18}" for name in columns)]
     for name, model in result["models"].items():
         for kind in KINDS:
             size = model["model"]["weights_bytes"] if kind == "full" else model["model"]["adapter_bytes"]
             s = model[kind]
-            rows.append(
-                f"{name:8}{kind:6}{size / 1e6:>9.3f}{s['server_median_s']:>12.4f}{s['server_max_s']:>8.4f}"
-                f"{s['round_trip_median_s']:>12.4f}{s['round_trip_max_s']:>8.4f}"
-            )
-        rows.append(
-            f"{name:8}full / lora: server {model['full_over_lora_server']:.2f}, "
-            f"round trip {model['full_over_lora_round_trip']:.2f}"
-        )
+            times = "".join(f"{s[f'{c}_median_s']:>10.4f} ({s[f'{c}_max_s']:.3f})" for c in columns)
+            rows.append(f"{name:8}{kind:6}{size / 1e6:>9.3f}{times}")
+        ratios = ", ".join(f"{c} {model[f'full_over_lora_{c}']:.2f}" for c in columns)
+        rows.append(f"{name:8}full / lora: {ratios}")
     return "\n".join(rows)
 
 

@@ -55,7 +55,10 @@ def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
         assert len(model[kind]["server_s"]) == len(model[kind]["round_trip_s"]) == result["config"]["reloads"]
         assert 0 < model[kind]["server_median_s"] <= model[kind]["server_max_s"]
         assert model[kind]["server_median_s"] <= model[kind]["round_trip_median_s"]
+        assert 0 < model[kind]["export_median_s"] and len(model[kind]["export_s"]) == result["config"]["reloads"]
+        assert model[kind]["end_to_end_median_s"] > model[kind]["round_trip_median_s"]  # the trainer's export too
     assert model["full_over_lora_server"] > 0 and model["full_over_lora_round_trip"] > 0
+    assert model["full_over_lora_end_to_end"] > 0
     assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the base model serves again
 
 
