@@ -9,7 +9,7 @@ For each model (the tiny model, and a larger random Qwen3 of the same vocabulary
 costs more), one server serves it and gets ``reloads`` full-weight reloads (``POST /reload_weights``) and as
 many adapter loads (``POST /load_adapter``), interleaved in the order full, LoRA, LoRA, full, ... after one
 untimed warm-up of each. Each folder is written just before, timed, by the trainer's own export
-(``trainer.model.save_weights``) from the trainer's model of the served model, built as the trainer builds it
+(``trainer.export.save_weights``) from the trainer's model of the served model, built as the trainer builds it
 (a one-rank FSDP2 group): full training writes full weights, LoRA training (rank 8 on the attention
 projections, the trainer's defaults, ``export = "adapter"``) its adapter alone. Loading costs the same whatever
 the values. Afterwards the server serves its base weights and no adapter. The server is otherwise idle: a full
@@ -47,7 +47,7 @@ from transformers import AutoTokenizer
 
 from rl.protocol import auth_headers
 from trainer.config import TrainerModelConfig
-from trainer.model import save_weights
+from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world
 from trainer.train import build_model
 
@@ -206,8 +206,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
     transformers.utils.logging.disable_progress_bar()
-    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-reload-") as tmp:
-        result = run_benchmark(bench, args.server, Path(tmp))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the trainer's side, as rl runs it on CPU beside the server (OMP_NUM_THREADS=1)
+    try:
+        with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-reload-") as tmp:
+            result = run_benchmark(bench, args.server, Path(tmp))
+    finally:
+        torch.set_num_threads(threads)
     return report(args.output, result, summary_table(result))
 
 

@@ -10,21 +10,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rl.errors import TridentError
 from rl.protocol import ADAPTER_CONFIG, atomic_dir
 from rl.tiny_model import resolve_model_path
+from trainer.export import full_weights
 
 
 def merge_adapter(base_model: str, adapter_path: Path, output_dir: Path) -> Path:
     """Write ``base_model`` with the adapter merged in (HF format, with tokenizer) to ``output_dir``, atomically.
 
-    The merged model gives the same logits as the base model with the adapter applied (peft's
-    ``merge_and_unload``), in float32.
+    The merged model gives the same logits as the base model with the adapter applied, in float32: the same
+    merge as the trainer's merged exports (``trainer.export.full_weights``).
     """
     if not (Path(adapter_path) / ADAPTER_CONFIG).exists():
         raise TridentError(f"--adapter-path {adapter_path}: no {ADAPTER_CONFIG} there (not a peft adapter folder)")
     base_path = resolve_model_path(base_model)
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, adapter_path).merge_and_unload()
+    owner, weights = full_weights(PeftModel.from_pretrained(base, adapter_path), torch.float32)
     with atomic_dir(Path(output_dir)) as tmp:
-        merged.save_pretrained(tmp)
+        owner.save_pretrained(tmp, state_dict=weights)
         AutoTokenizer.from_pretrained(base_path).save_pretrained(tmp)
     return Path(output_dir)
 

@@ -1,22 +1,16 @@
-"""Loading the policy, the packed forward pass, and writing weights for inference."""
-
-import json
-from pathlib import Path
+"""Loading the policy and its forward pass over packed micro-batches (writing weights: ``trainer.export``)."""
 
 import torch
-import torch.distributed as dist
 from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from rl.broadcast import Sender, write_manifest
-from rl.protocol import PROBE_TEXT, MicroBatch, atomic_dir, mark_stable, write_probe
+from rl.protocol import MicroBatch
 from rl.tiny_model import resolve_model_path
 from trainer.attention import sample_bounds, use_packed_attention
-from trainer.config import LoraConfig, LoraExport, TrainerModelConfig
+from trainer.config import LoraConfig, TrainerModelConfig
 from trainer.scoring import Entropy, ScoringHead, scoring, use_scoring_head
 
 
@@ -62,57 +56,6 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
         modules_to_save=lora.modules_to_save or None,
     )
     return get_peft_model(model, config)
-
-
-def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
-    """The unsharded weights on CPU, on rank 0 (other ranks get ``{}``); every rank must call it.
-
-    Gathered one tensor at a time, each cast to ``dtype`` first (None: as held), so the all-gather moves and rank 0
-    keeps the exported size, never the float32 master weights in full. With ``trainable_only`` only the
-    parameters that train are gathered (a LoRA adapter and its modules to save): the frozen base never moves.
-    """
-    trainable = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
-    main = not dist.is_initialized() or dist.get_rank() == 0
-    weights = {}
-    for name, tensor in model.state_dict().items():
-        if trainable_only and name not in trainable:
-            continue
-        tensor = tensor.detach()
-        if dtype is not None and tensor.is_floating_point():
-            tensor = tensor.to(dtype)
-        if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
-        if main:
-            weights[name] = tensor.to("cpu", copy=True)
-    return weights
-
-
-def untied(state: dict[str, Tensor], model: PreTrainedModel) -> dict[str, Tensor]:
-    """``state`` without the weights the model ties to another one (e.g. ``lm_head`` to the embeddings).
-
-    Gathered from shards, tied weights are separate tensors that ``save_pretrained`` would write twice.
-    """
-    return {name: tensor for name, tensor in state.items() if name not in model.all_tied_weights_keys}
-
-
-def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
-    """The base model's weights with the adapter merged in, under the base model's own names.
-
-    ``state`` is a peft model's state dict: each adapted layer keeps its weight ``W`` under ``base_layer`` next
-    to ``lora_A`` (A) and ``lora_B`` (B), and becomes ``W + scaling · B @ A``; a module to save replaces its
-    ``original_module`` by its trained copy.
-    """
-    merged = {}
-    for name, tensor in state.items():
-        if "lora_" in name or ".original_module." in name:
-            continue
-        if ".base_layer." in name and name.endswith(".weight"):
-            layer = name.removesuffix(".base_layer.weight")
-            lora_a, lora_b = state[f"{layer}.lora_A.default.weight"], state[f"{layer}.lora_B.default.weight"]
-            tensor = tensor.float() + scaling * (lora_b.float() @ lora_a.float())
-        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        merged[name.replace(".modules_to_save.default.", ".")] = tensor
-    return merged
 
 
 def use_packed_forward(model: PreTrainedModel) -> PreTrainedModel:
@@ -164,72 +107,3 @@ def packed_logprobs(
 ) -> Float[Tensor, " seq"]:
     """Per-token logprobs (after temperature) of a packed micro-batch, as in :func:`packed_scores`."""
     return packed_scores(model, micro_batch, temperature, positions)[0]
-
-
-def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> list[float]:
-    """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        ids = torch.tensor(token_ids, device=next(model.parameters()).device)
-        logprobs = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1)
-    model.train(was_training)
-    return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]
-
-
-def save_weights(
-    model: PreTrainedModel | PeftModel,
-    tokenizer: PreTrainedTokenizerBase,
-    folder: Path,
-    export: LoraExport = "merged",
-    sender: Sender | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> None:
-    """Write weights for inference to ``folder`` atomically, ``STABLE`` last; every rank calls it, rank 0 writes.
-
-    Full training writes HF-format weights in ``dtype`` (the compute dtype: what the server runs). A LoRA model
-    writes its adapter merged into the base weights (``export = "merged"``: full weights any server can load) or
-    the adapter alone (``"adapter"``: peft's format, for a server that swaps adapters; only the adapter is
-    gathered). With a ``sender`` (rank 0's end of the weight broadcast) the folder holds the broadcast's manifest
-    instead of full weights, and the weights are sent in the background once it is complete (after the previous
-    weights were received). The probe's logprobs under these weights go with them, so that whoever loads them can
-    check it serves exactly these weights.
-    """
-    adapter = isinstance(model, PeftModel) and export == "adapter"
-    owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
-    probe_ids = tokenizer.encode(PROBE_TEXT)
-    probe = probe_logprobs(model, probe_ids)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return
-    if sender is not None:
-        sender.wait()  # the server took the previous weights: these become the newest
-    with atomic_dir(folder) as tmp:
-        if sender is not None:
-            write_manifest(tmp, sender.manifest(weights))
-        else:
-            owner.save_pretrained(tmp, state_dict=weights)  # a PeftModel saves its adapter's weights only
-            if not adapter:
-                set_config_dtype(tmp, dtype)
-        tokenizer.save_pretrained(tmp)
-        write_probe(tmp, probe_ids, probe)
-        mark_stable(tmp)
-    if sender is not None:
-        sender.send(weights)
-
-
-def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tuple[PreTrainedModel, dict]:
-    """The model's full weights for inference in ``dtype``, under the base model's names (a LoRA adapter merged
-    in, in float32, tied copies left out), and the model that saves them; every rank must call it."""
-    if isinstance(model, PeftModel):
-        lora, base = model.peft_config["default"], model.get_base_model()
-        merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r)
-        return base, {name: tensor.to(dtype) for name, tensor in untied(merged, base).items()}
-    return model, untied(gather_weights(model, dtype), model)
-
-
-def set_config_dtype(folder: Path, dtype: torch.dtype) -> None:
-    """Record ``dtype`` as the weights' dtype in ``folder``'s config.json (a server's ``dtype = auto`` reads it)."""
-    path = Path(folder) / "config.json"
-    config = json.loads(path.read_text())
-    config["dtype"] = str(dtype).removeprefix("torch.")
-    path.write_text(json.dumps(config, indent=2) + "\n")

@@ -21,7 +21,8 @@ from rl.metrics import MetricsWriter
 from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
 from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig
-from trainer.model import packed_logprobs, save_weights
+from trainer.export import save_weights
+from trainer.model import packed_logprobs
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
 from trainer.sft_data import load_samples

@@ -26,8 +26,9 @@ from rl.protocol import (
 from rl.tiny_model import resolve_model_path
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig
+from trainer.export import save_weights
 from trainer.loss import policy_loss
-from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores, save_weights
+from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, shard_model, sum_over_ranks
 

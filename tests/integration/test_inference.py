@@ -19,7 +19,8 @@ from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.orchestrator import build_samples
 from rl.errors import TridentError
 from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, adapter_name, mark_stable
-from trainer.model import packed_logprobs, probe_logprobs, save_weights, use_packed_forward
+from trainer.export import probe_logprobs, save_weights
+from trainer.model import packed_logprobs, use_packed_forward
 
 pytestmark = pytest.mark.slow
 

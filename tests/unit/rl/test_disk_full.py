@@ -13,7 +13,7 @@ import json, os, sys
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from rl.protocol import BatchInfo, DiskFullError, MicroBatch, Sample, weights_dir, write_batch
-from trainer.model import save_weights
+from trainer.export import save_weights
 
 out, model_path = Path(sys.argv[1]), sys.argv[2]
 def batch(step, tokens):

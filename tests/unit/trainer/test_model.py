@@ -3,7 +3,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
-from trainer.model import load_model, packed_logprobs, save_weights, use_packed_forward
+from trainer.export import save_weights
+from trainer.model import load_model, packed_logprobs, use_packed_forward
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
