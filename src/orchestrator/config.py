@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from orchestrator.renderer import known_renderer
 from orchestrator.tasks import prompts_per_env
@@ -108,7 +108,13 @@ class EnvConfig(StrictModel):
 
 
 class ClientConfig(StrictModel):
-    base_url: Annotated[str, Field(description="The inference server's root URL.")] = "http://127.0.0.1:8000"
+    base_url: Annotated[
+        str | list[str],
+        Field(
+            description="The inference server's root URL, or several servers' (a list, or comma-separated): rollouts "
+            "are spread over them a group at a time, least loaded first, and every one gets each weight update."
+        ),
+    ] = "http://127.0.0.1:8000"
     timeout_s: Annotated[float, Field(gt=0, description="Seconds one inference request may take.")] = 300.0
     probe_tolerance: Annotated[
         float,
@@ -121,6 +127,19 @@ class ClientConfig(StrictModel):
     server_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the inference server to come up.")
     ] = 600.0
+
+    @field_validator("base_url", mode="after")
+    @classmethod
+    def _one_or_several(cls, value: str | list[str]) -> str | list[str]:
+        urls = [url.strip() for url in value.split(",")] if isinstance(value, str) else value
+        if not urls or not all(urls) or len(set(urls)) != len(urls):
+            raise ValueError(f"expected one URL or several different ones, got {value!r}")
+        return urls if len(urls) > 1 else urls[0]
+
+    @property
+    def base_urls(self) -> list[str]:
+        """The servers' URLs, one or several."""
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
 class OrchestratorConfig(BaseConfig):

@@ -1,7 +1,6 @@
 """The rollout loop: keep the server's weights fresh enough, sample a batch, score it, write it for the trainer."""
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import time
@@ -14,11 +13,11 @@ from transformers import AutoTokenizer
 
 from orchestrator.advantage import group_advantages, uniform_groups
 from orchestrator.ckpt import check_resumable, data_state, save_state
-from orchestrator.client import InferenceClient
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
+from orchestrator.servers import Servers
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
@@ -104,7 +103,7 @@ class Orchestrator:
         logger.info(f"rendering chats with renderer {self.ctx.client.renderer.name!r}, checked against the template")
         # only to show sample rollouts as text: training never detokenizes
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
-        self.client = InferenceClient(config.client.base_url, config.client.timeout_s, config.model.name)
+        self.servers = Servers(config.client.base_urls, config.client.timeout_s, config.model.name, self.ctx)
         self.limit = asyncio.Semaphore(config.max_concurrent)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.served_step = 0
@@ -130,11 +129,12 @@ class Orchestrator:
         if newest <= self.served_step:
             return waited, 0.0
         path = weights_dir(self.output_dir, newest)
-        reload_s = await self.client.reload_weights(path, newest)
-        self.ctx = dataclasses.replace(self.ctx, model=self.client.model)  # the base model, or the new adapter
-        gap = await self.client.check_probe(path, newest, self.config.client.probe_tolerance)
+        reload_s, gap = await self.servers.reload_weights(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
-        logger.info(f"server now serves weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
+        which = (
+            "server now serves" if len(self.servers.clients) == 1 else f"all {len(self.servers.clients)} servers serve"
+        )
+        logger.info(f"{which} weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
         # Nothing can ask for older weights any more: the server moved past them. The folder served until now
         # goes at the next swap (requests admitted under a retired adapter may still read it).
         for old in range(1, newest):
@@ -144,44 +144,41 @@ class Orchestrator:
         return waited, reload_s
 
     async def step_surviving_outage(self, step: int) -> None:
-        """Run a step; if the server could not be reached, wait for it (``client.server_timeout_s``, backing off),
+        """Run a step; if a server could not be reached, wait for it (``client.server_timeout_s``, backing off),
         make it serve this run's weights again and run the step once more."""
         try:
             await self.step(step)
         except (TridentError, httpx.TransportError) as e:
-            if await self.client.served() is not None:
-                raise  # the server is up: a real failure
+            if None not in await self.servers.served():
+                raise  # the servers are up: a real failure
             timeout = self.config.client.server_timeout_s
             logger.warning(f"step {step}: inference server unreachable ({e}); waiting up to {timeout:.0f}s for it")
-            await self.client.wait_ready(timeout)
+            await self.servers.wait_ready(timeout)
             await self.step(step)
 
     async def sync_served_weights(self) -> None:
         """Notice a restarted server (it serves an older step than this run gave it, the base model after a
-        restart): sample from what it serves, and let the next :meth:`update_weights` load this run's newest."""
-        served = await self.client.served()
-        if served is None:
-            raise TridentError(f"inference server at {self.client.base_url} is unreachable")
-        if served["step"] < self.served_step:
-            logger.warning(
-                f"the server serves weights step {served['step']}, not {self.served_step} (restarted?): reloading"
-            )
-            self.served_step = served["step"]
-            self.client.use(served)
-            self.ctx = dataclasses.replace(self.ctx, model=self.client.model)
+        restart): sample from what each serves, and let the next :meth:`update_weights` load this run's newest
+        on all of them."""
+        for client, served in zip(self.servers.clients, await self.servers.served(), strict=True):
+            if served is None:
+                raise TridentError(f"inference server at {client.base_url} is unreachable")
+            if served["step"] < self.served_step:
+                logger.warning(
+                    f"the server serves weights step {served['step']}, not {self.served_step} (restarted?): "
+                    f"reloading ({client.base_url})"
+                )
+                self.served_step = served["step"]
+            client.use(served)
 
     async def step(self, step: int) -> None:
         await self.sync_served_weights()
         wait_s, reload_s = await self.update_weights(step)
         start = time.perf_counter()
-        groups = await asyncio.gather(
-            *(
-                run_group(env, task, self.config.rollouts_per_example, self.ctx, self.limit)
-                for env, task in self.batch_tasks(step)
-            )
-        )
+        groups = await asyncio.gather(*(self.run_group(env, task) for env, task in self.batch_tasks(step)))
         generated = time.perf_counter()
         generate_s = generated - start
+        per_server = self.servers.reset_counts()
         rollouts = [r for group in groups for r in group]
         failed = [r for r in rollouts if not r.ok]
         if len(failed) == len(rollouts):
@@ -245,7 +242,13 @@ class Orchestrator:
             f"step {step} | reward {info.reward_mean:.4f} | samples {info.num_samples} | tokens {info.num_tokens} "
             f"| truncated {metrics['truncated_rate']:.0%} | weights step {self.served_step} "
             f"| generate {generate_s:.2f}s"
+            + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
+
+    async def run_group(self, env, task) -> list[Rollout]:
+        """One group of rollouts of ``task``, on the least loaded server."""
+        async with self.servers.lease(self.config.rollouts_per_example) as ctx:
+            return await run_group(env, task, self.config.rollouts_per_example, ctx, self.limit)
 
     def start_step(self) -> int:
         """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""
@@ -270,9 +273,9 @@ class Orchestrator:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     async def run(self) -> None:
-        logger.info(f"waiting for the inference server at {self.config.client.base_url}")
-        await self.client.wait_ready(self.config.client.server_timeout_s)
-        await self.client.reset_weights()  # this run's weights come next; none of an earlier run's
+        logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
+        await self.servers.wait_ready(self.config.client.server_timeout_s)
+        await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
         async with AsyncExitStack() as stack:
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
@@ -280,6 +283,6 @@ class Orchestrator:
                 self.save_checkpoint(step)
                 await self.step_surviving_outage(step)
             self.save_checkpoint(self.config.max_steps)
-        await self.client.close()
+        await self.servers.close()
         self.metrics.close()
         logger.info(f"wrote {self.config.max_steps} batches")

@@ -192,7 +192,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             now = time.perf_counter()
             if printed == first:
                 if notice.due():
-                    url, started = config.orchestrator.client.base_url, config.inference is not None
+                    url, started = config.orchestrator.client.base_urls[0], config.inference is not None
                     phase = first_step_phase(output_dir, url, first, started)
                     notice.show(f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)")
             elif notice.live and printed < max_steps:
@@ -233,7 +233,8 @@ def run(config: RLConfig) -> int:
     for line in plan.lines():
         logger.info(line)
     if config.inference is None:
-        logger.info(f"no --inference given: using the inference server at {config.orchestrator.client.base_url}")
+        urls = ", ".join(config.orchestrator.client.base_urls)
+        logger.info(f"no --inference given: using the inference server at {urls}")
     if resume_from:
         logger.info(f"resuming from checkpoint step {resume_from}")
     for path in clear_run_state(output_dir, resume_from):

@@ -51,7 +51,9 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
         mark_stable(weights)
     orchestrator.served_step = 2  # the server served the run's step-2 weights, then went away
     server = FakeServer(served_step=2)
-    orchestrator.client.http = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(server.handle))
+    orchestrator.servers.clients[0].http = httpx.AsyncClient(
+        base_url="http://server", transport=httpx.MockTransport(server.handle)
+    )
     sleeps = []
 
     async def sleep(seconds):
@@ -87,7 +89,9 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0)
     orchestrator = Orchestrator(config)
     server = FakeServer(served_step=0)
-    orchestrator.client.http = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(server.handle))
+    orchestrator.servers.clients[0].http = httpx.AsyncClient(
+        base_url="http://server", transport=httpx.MockTransport(server.handle)
+    )
 
     async def run_group(env, task, n, ctx, limit):
         return rollouts(n, ok=False)  # the environment fails, the server is fine
