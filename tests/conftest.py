@@ -1,6 +1,8 @@
 import asyncio
+import importlib
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import renderers.client
@@ -45,3 +47,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """Import a benchmark script by name (they import their shared helpers as ``common``)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    return importlib.import_module

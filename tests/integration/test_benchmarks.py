@@ -2,9 +2,7 @@
 where they need one): they run and write sane results (no timing asserted). Those that use the server leave it
 serving its base weights and no adapter."""
 
-import importlib
 import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -12,15 +10,6 @@ import pytest
 from rl.protocol import auth_headers
 
 pytestmark = pytest.mark.slow
-
-BENCHMARKS = Path(__file__).parents[2] / "benchmarks"
-
-
-@pytest.fixture
-def benchmarks(monkeypatch):
-    """Import a benchmark script by name (they import their shared helpers as ``common``)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module
 
 
 def test_async_overlap_smoke_run(benchmarks, inference_server, tmp_path):

@@ -1,15 +1,10 @@
 """The logprob memory benchmark at its smoke size: both sides run and agree (no memory figure asserted)."""
 
-import importlib
 import json
-from pathlib import Path
-
-BENCHMARKS = Path(__file__).parents[3] / "benchmarks"
 
 
-def test_smoke_run_agrees_on_values_and_gradients(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their shared helpers as `common`
-    benchmark = importlib.import_module("logprob_memory")
+def test_smoke_run_agrees_on_values_and_gradients(tmp_path, benchmarks):
+    benchmark = benchmarks("logprob_memory")
     output = tmp_path / "results.json"
     benchmark.main(["--smoke", "--output", str(output)])
 

@@ -1,15 +1,10 @@
 """The memory plan benchmark at its smoke size: it measures a training step's peak and plans it (no ratio asserted)."""
 
-import importlib
 import json
-from pathlib import Path
-
-BENCHMARKS = Path(__file__).parents[3] / "benchmarks"
 
 
-def test_smoke_run_measures_and_plans(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their shared helpers as `common`
-    benchmark = importlib.import_module("memory_plan")
+def test_smoke_run_measures_and_plans(tmp_path, benchmarks):
+    benchmark = benchmarks("memory_plan")
     output = tmp_path / "results.json"
     benchmark.main(["--smoke", "--output", str(output)])
 

@@ -1,17 +1,12 @@
 """The trainer throughput benchmark at its smoke size: it runs and writes sane results (no timing asserted)."""
 
-import importlib
 import json
-from pathlib import Path
 
 import torch
 
-BENCHMARKS = Path(__file__).parents[3] / "benchmarks"
 
-
-def test_smoke_run_writes_sane_results(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their shared helpers as `common`
-    benchmark = importlib.import_module("trainer_throughput")
+def test_smoke_run_writes_sane_results(tmp_path, benchmarks):
+    benchmark = benchmarks("trainer_throughput")
     output = tmp_path / "results.json"
     # the benchmark sets torch's thread count: keep this process's for the tests that follow
     benchmark.main(["--smoke", "--output", str(output), "--threads", str(torch.get_num_threads())])
