@@ -3,6 +3,7 @@
 Imported inside the engine core process: keep the top level free of heavy imports.
 """
 
+import ctypes
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ class WeightReloadExtension:
         """Load HF safetensors weights from ``path`` into the running model, in place."""
         start = time.perf_counter()
         self.reload_weights(weights_path=path, is_checkpoint_format=True)
-        self._tie_lm_head()
+        self._loaded()
         return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
 
     def receive_weights(self, manifest: dict) -> dict[str, Any]:
@@ -35,8 +36,18 @@ class WeightReloadExtension:
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         tensors = receive(self._trident_group, manifest, device)
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
-        self._tie_lm_head()
+        self._loaded()
         return {"tensors": len(tensors), "seconds": round(time.perf_counter() - start, 4)}
+
+    def _loaded(self) -> None:
+        """After new weights are in: tie the output layer to the embeddings again, and give the heap glibc kept
+        from the reload back to the OS (``malloc_trim``), so the worker's memory does not creep up reload by
+        reload."""
+        self._tie_lm_head()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
     def _tie_lm_head(self) -> None:
         import torch

@@ -91,8 +91,8 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     sums = dict.fromkeys(["loss", "bounded_tokens", "mismatch_kl", "entropy", "reference_kl"], 0.0)
     for micro_batch, weight in micro_batches:
-        entropy = "trained" if config.loss.entropy_coef > 0 else "logged"
-        logprobs, entropy = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy)
+        entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # the metric needs it either way
+        logprobs, entropy = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
         loss, stats = policy_loss(
             logprobs,
             micro_batch.inference_logprobs.to(world.device),
