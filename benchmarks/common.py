@@ -54,6 +54,20 @@ def machine_info() -> dict:
     }
 
 
+def rss_mib(key: str) -> float:
+    """``VmRSS`` (resident now) or ``VmHWM`` (its peak) of this process, in MiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def reset_peak_rss() -> float:
+    """Reset this process's peak resident memory to what it holds now (Linux); returns that, in MiB."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return rss_mib("VmRSS")
+
+
 def utc_now() -> str:
     """The date and time of a run, ISO 8601 in UTC."""
     return datetime.now(UTC).isoformat(timespec="seconds")

@@ -12,20 +12,20 @@ of a policy-gradient-like loss (``-Σ advantage · logprob``) into the hidden st
 - **unchunked** is the computation Trident ran before: the ``[tokens × vocab]`` logits at once,
   ``log_softmax`` and ``gather`` for the logprobs, and the entropy from the same full tensor.
 
-Each side runs in a fresh child process, so that its peak resident memory (``ru_maxrss``) is its own; the peak
-above the memory the process held once its inputs were made is reported. The children also write their
+Each side runs in a fresh child process, so that its peak resident memory is its own: the peak is reset once
+the inputs are made, and the peak above what the process held then is reported (0 below the resolution of a
+page; a ratio counts such a peak as 1 MiB). The children also write their
 logprobs, entropies and gradients, which must agree.
 """
 
 import multiprocessing
-import resource
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import benchmark_parser, machine_info, report, utc_now
+from common import benchmark_parser, machine_info, report, reset_peak_rss, rss_mib, utc_now
 
 from trainer.scoring import ScoreRequest, chunk_rows, chunked_scores
 
@@ -76,15 +76,15 @@ def measure(side: str, config: BenchmarkConfig, output: Path, queue) -> None:
     and saves its outputs to ``output``."""
     torch.set_num_threads(1)
     hidden, weight, targets, advantages = inputs(config)
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = reset_peak_rss()
     start = time.process_time()
     logprobs, entropies = (chunked if side == "chunked" else unchunked)(hidden, weight, targets)
     (-(advantages * logprobs).sum()).backward()
     seconds = time.process_time() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = rss_mib("VmHWM")
     torch.save({"logprobs": logprobs.detach(), "entropies": entropies.detach(), "hidden_grad": hidden.grad,
                 "weight_grad": weight.grad}, output)  # fmt: skip
-    queue.put({"peak_mib": (peak - baseline) / 1024, "cpu_seconds": seconds})
+    queue.put({"peak_mib": peak - baseline, "cpu_seconds": seconds})
 
 
 def run_side(side: str, config: BenchmarkConfig, output: Path) -> dict:
@@ -113,7 +113,7 @@ def run_benchmark(config: BenchmarkConfig) -> dict:
         "machine": machine_info(),
         "config": asdict(config) | {"chunk_rows": chunk_rows(config.vocab_size), "one_fp32_logits_mib": logits_mib},
         **sides,
-        "unchunked_over_chunked_peak": sides["unchunked"]["peak_mib"] / sides["chunked"]["peak_mib"],
+        "unchunked_over_chunked_peak": max(sides["unchunked"]["peak_mib"], 1) / max(sides["chunked"]["peak_mib"], 1),
         "max_abs_gap": gaps,
         "same_values": all(gap <= 1e-4 for gap in gaps.values()),
     }

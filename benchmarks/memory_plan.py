@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from common import benchmark_parser, build_random_model, machine_info, report, utc_now
+from common import benchmark_parser, build_random_model, machine_info, report, reset_peak_rss, rss_mib, utc_now
 
 TOKENS_UNTRAINED = 16  # the packed sample's prompt
 
@@ -47,14 +47,6 @@ FULL = [
 SMOKE = [Case("tiny, full", {}, seq_len=256)]
 
 
-def rss_mib(key: str) -> float:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) of this process, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(key)
-
-
 def measure(case: Case, model_dir: str, queue) -> None:
     """In a child process: build the trainer's model, run two steps; put the peak above the baseline on ``queue``."""
     torch.set_num_threads(1)
@@ -75,7 +67,7 @@ def measure(case: Case, model_dir: str, queue) -> None:
     logprobs = [-10.0 if m else 0.0 for m in mask]
     micro_batch = MicroBatch.pack([Sample(ids, mask, logprobs, 1.0, 0.0, 0)])
     info = BatchInfo(0, 1, case.seq_len, sum(mask), 0.0, 1.0)
-    Path("/proc/self/clear_refs").write_text("5")  # the peak so far (loading the model) does not count
+    reset_peak_rss()  # the peak so far (loading the model) does not count
     for _ in range(2):  # the first step creates AdamW's moments
         train_step(model, optimizer, rank_share([micro_batch], world), info, config, world)
     queue.put({"measured_mib": rss_mib("VmHWM") - baseline, "baseline_mib": baseline})
