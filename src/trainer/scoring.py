@@ -14,14 +14,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:  # transformers takes seconds to import; the launcher's memory plan imports this module
+    from transformers import PreTrainedModel
 
 # Elements of one chunk's logits: 2**25 fp32 values are 128 MiB (220 positions at a 152k vocabulary).
 CHUNK_ELEMENTS = 2**25
@@ -117,6 +119,6 @@ class ScoringHead(nn.Module):
         return chunked_scores(hidden, self.weight, self.bias, request)
 
 
-def use_scoring_head(model: PreTrainedModel) -> None:
+def use_scoring_head(model: "PreTrainedModel") -> None:
     """Replace ``model``'s output layer by a :class:`ScoringHead` on the same parameters, in place."""
     model.set_output_embeddings(ScoringHead(model.get_output_embeddings()))

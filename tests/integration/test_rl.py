@@ -32,8 +32,9 @@ def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
             "--output-dir", str(output_dir), *flags]  # fmt: skip
 
 
-def run_rl(output_dir: Path, *flags: str, timeout: float = 1500) -> subprocess.CompletedProcess:
-    return subprocess.run(rl_argv(output_dir, *flags), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run_rl(output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True) -> subprocess.CompletedProcess:
+    argv = rl_argv(output_dir, *flags, inference=inference)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
 def started_pids(output_dir: Path) -> dict[str, int]:
@@ -122,9 +123,10 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])
 
 
-def test_failing_process_stops_the_run(tmp_path):
+def test_failing_process_stops_the_run(tmp_path, inference_server):
     env = '[{"id": "reverse-text", "args": {"no_such_arg": 1}}]'  # installed, but it rejects the args at load
-    result = run_rl(tmp_path, "--orchestrator.env", env, "--inference.port", "8012", timeout=300)
+    server = ("--orchestrator.client.base-url", inference_server)
+    result = run_rl(tmp_path, "--orchestrator.env", env, *server, timeout=300, inference=False)
     assert result.returncode == 1
     # the failure names the process, its exit code, its log, and shows the log's last lines
     assert f"orchestrator exited with code 1; last lines of {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr

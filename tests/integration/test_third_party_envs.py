@@ -27,11 +27,11 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
 USER_ENVS = Path(__file__).parent / "user_envs"
-# Either tool, in the Hermes syntax the tiny Qwen3 model's template declares.
-FORCED_TOOL_CALL = (
-    '<tool_call>\n\\{"name": "(notebook_toolset_read_note", "arguments": \\{"index": [0-9]'
-    '|dictionary_toolset_define", "arguments": \\{"word": "[a-z]{1,6}")\\}\\}\n</tool_call>'
-)
+# Calls in the Hermes syntax the tiny Qwen3 model's template declares: either tool, or the dictionary's alone.
+READ_NOTE = '"notebook_toolset_read_note", "arguments": \\{"index": [0-9]'
+DEFINE = '"dictionary_toolset_define", "arguments": \\{"word": "[a-z]{1,6}"'
+FORCED_TOOL_CALL = f'<tool_call>\n\\{{"name": ({READ_NOTE}|{DEFINE})\\}}\\}}\n</tool_call>'
+FORCED_DEFINE_CALL = f'<tool_call>\n\\{{"name": {DEFINE}\\}}\\}}\n</tool_call>'
 
 
 @pytest.fixture
@@ -41,11 +41,11 @@ def user_env_installed(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(USER_ENVS), os.environ.get("PYTHONPATH")])))
 
 
-def forced_tool_calls(tokenizer, base_url: str, model_path: str) -> vf.ModelContext:
-    """The tiny model, made to call one of notes-env's tools each turn (tags as their special ids)."""
+def forced_tool_calls(tokenizer, base_url: str, model_path: str, regex: str = FORCED_TOOL_CALL) -> vf.ModelContext:
+    """The tiny model, made to call notes-env's tools each turn (tags as their special ids)."""
     plain_angle = [i for i in range(len(tokenizer)) if "<" in tokenizer.decode([i])]
     plain_angle = [i for i in plain_angle if i not in set(tokenizer.get_added_vocab().values())]
-    sampling = vf.SamplingConfig(temperature=1.0, max_tokens=64, structured_outputs={"regex": FORCED_TOOL_CALL},
+    sampling = vf.SamplingConfig(temperature=1.0, max_tokens=64, structured_outputs={"regex": regex},
                                  logit_bias={i: -100.0 for i in plain_angle})  # fmt: skip
     ctx = model_context(OrchestratorConfig(client={"base_url": base_url}), model_path)
     return dataclasses.replace(ctx, sampling=sampling)
@@ -116,7 +116,7 @@ def test_a_remote_mcp_server_by_url_serves_its_tools_and_its_absence_fails_the_r
 ):
     url, server = running_dictionary
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path)
+    ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path, FORCED_DEFINE_CALL)
     env = EnvConfig(id="notes-env", args={"dictionary_url": url}, max_turns=6)
     defined = []
     for rollout in rollouts(env, ctx, n=2):
@@ -124,7 +124,7 @@ def test_a_remote_mcp_server_by_url_serves_its_tools_and_its_absence_fails_the_r
         (ids, mask, _), *_ = rollout.branches
         prompt = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if not m])
         defined += [line for line in prompt.splitlines() if line.endswith(": a word from the notebook")]
-    assert defined, "no define call was answered by the running server"  # 2 rollouts x 5 answered calls
+    assert len(defined) == 10, defined  # 2 rollouts x 5 answered calls, each answered by the running server
     server.kill()
     server.wait()
     for rollout in rollouts(env, ctx, n=1):
