@@ -49,6 +49,9 @@ class InferenceConfig(BaseConfig):
                           "the TRIDENT_API_KEY env var: every route but /health and /metrics then checks it."),
     ] = "127.0.0.1"  # fmt: skip
     port: Annotated[int, Field(ge=1, le=65535, description="Port to listen on.")] = 8000
+    tensor_parallel_size: Annotated[
+        int, Field(ge=1, description="GPUs one server shards the model over (vLLM's tensor parallelism).")
+    ] = 1
     gpu_memory_utilization: Annotated[
         float, Field(gt=0, le=1, description="Share of GPU memory vLLM may take (weights + KV cache).")
     ] = 0.9

@@ -43,6 +43,8 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
     ]  # fmt: skip
     if on_gpu:
         argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+    if config.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.model.enforce_eager:
         argv.append("--enforce-eager")
     if config.model.enable_auto_tool_choice:

@@ -44,12 +44,11 @@ class InferenceClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    async def served(self) -> dict | None:
-        """What the server says it serves (``GET /weights``: step, path, adapter), or None when unreachable."""
-        try:
-            return (await self.http.get("/weights")).raise_for_status().json()
-        except httpx.HTTPError:
-            return None
+    async def served(self, timeout_s: float | None = None) -> dict:
+        """What the server says it serves (``GET /weights``: step, path, adapter); an ``httpx.HTTPError`` when it
+        cannot be reached or stays silent for ``timeout_s`` (the client's timeout by default)."""
+        timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
+        return (await self.http.get("/weights", timeout=timeout)).raise_for_status().json()
 
     async def reset_weights(self) -> None:
         """Make the server serve the model it started with, no adapter, as step 0: a server that an earlier run

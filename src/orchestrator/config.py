@@ -127,6 +127,14 @@ class ClientConfig(StrictModel):
     server_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the inference server to come up.")
     ] = 600.0
+    stall_timeout_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="A server that does not answer /health within this many seconds is set aside: its rollouts "
+            "run again on the other servers, and it gets work again once it answers and serves the run's weights.",
+        ),
+    ] = 60.0
 
     @field_validator("base_url", mode="after")
     @classmethod

@@ -123,14 +123,15 @@ def _error_text(error: vf.Error | None) -> str | None:
     return f"{error.type}: {error.message}" if error is not None else None
 
 
-def _task_id(data: vf.TaskData) -> str:
+def task_id(data: vf.TaskData) -> str:
+    """The task's id, or its index in the taskset when it has none."""
     return str(data.id if data.id is not None else data.idx)
 
 
 def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
     """The rollout of an episode: the tokens and scores of its first trainable agent's trace, or a failed rollout
     carrying the episode's error when the environment produced no such trace."""
-    task = _task_id(episode.task.data)
+    task = task_id(episode.task.data)
     trainable = [trace for trace in episode.traces if trace.agent.trainable]  # a simulated user's is not
     if not trainable:
         error = _error_text(episode.last_error) or "the environment returned no trace of a trainable agent"
@@ -163,6 +164,6 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyn
             except Exception as e:  # verifiers records the environment's own faults; anything else lands here
                 logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
                 error = f"{type(e).__name__}: {e}"
-                return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=_task_id(task.data))
+                return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data))
 
     return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

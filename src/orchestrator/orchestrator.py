@@ -7,17 +7,16 @@ import time
 from collections import Counter
 from contextlib import AsyncExitStack
 
-import httpx
 import torch
 from transformers import AutoTokenizer
 
 from orchestrator.advantage import group_advantages, uniform_groups
 from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group
+from orchestrator.envs import Rollout, load_env, model_context, run_group, task_id
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
-from orchestrator.servers import Servers
+from orchestrator.servers import NoServer, ServerDown, Servers
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
@@ -103,7 +102,8 @@ class Orchestrator:
         logger.info(f"rendering chats with renderer {self.ctx.client.renderer.name!r}, checked against the template")
         # only to show sample rollouts as text: training never detokenizes
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
-        self.servers = Servers(config.client.base_urls, config.client.timeout_s, config.model.name, self.ctx)
+        client = config.client
+        self.servers = Servers(client.base_urls, client.timeout_s, config.model.name, self.ctx, client.stall_timeout_s)
         self.limit = asyncio.Semaphore(config.max_concurrent)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.served_step = 0
@@ -131,9 +131,8 @@ class Orchestrator:
         path = weights_dir(self.output_dir, newest)
         reload_s, gap = await self.servers.reload_weights(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
-        which = (
-            "server now serves" if len(self.servers.clients) == 1 else f"all {len(self.servers.clients)} servers serve"
-        )
+        count = len(self.servers.up)
+        which = "server now serves" if len(self.servers.servers) == 1 else f"all {count} servers serve"
         logger.info(f"{which} weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
         # Nothing can ask for older weights any more: the server moved past them. The folder served until now
         # goes at the next swap (requests admitted under a retired adapter may still read it).
@@ -144,38 +143,28 @@ class Orchestrator:
         return waited, reload_s
 
     async def step_surviving_outage(self, step: int) -> None:
-        """Run a step; if a server could not be reached, wait for it (``client.server_timeout_s``, backing off),
-        make it serve this run's weights again and run the step once more."""
+        """Run a step; if no server answers, wait for one (``client.server_timeout_s``, backing off), bring it to
+        this run's weights and run the step once more."""
         try:
             await self.step(step)
-        except (TridentError, httpx.TransportError) as e:
-            if None not in await self.servers.served():
-                raise  # the servers are up: a real failure
+        except NoServer as e:
             timeout = self.config.client.server_timeout_s
-            logger.warning(f"step {step}: inference server unreachable ({e}); waiting up to {timeout:.0f}s for it")
-            await self.servers.wait_ready(timeout)
+            logger.warning(f"step {step}: {e}; waiting up to {timeout:.0f}s for one")
+            await self.servers.wait_any(timeout)
             await self.step(step)
 
-    async def sync_served_weights(self) -> None:
-        """Notice a restarted server (it serves an older step than this run gave it, the base model after a
-        restart): sample from what each serves, and let the next :meth:`update_weights` load this run's newest
-        on all of them."""
-        for client, served in zip(self.servers.clients, await self.servers.served(), strict=True):
-            if served is None:
-                raise TridentError(f"inference server at {client.base_url} is unreachable")
-            if served["step"] < self.served_step:
-                logger.warning(
-                    f"the server serves weights step {served['step']}, not {self.served_step} (restarted?): "
-                    f"reloading ({client.base_url})"
-                )
-                self.served_step = served["step"]
-            client.use(served)
-
     async def step(self, step: int) -> None:
-        await self.sync_served_weights()
+        served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
+        await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
         wait_s, reload_s = await self.update_weights(step)
         start = time.perf_counter()
-        groups = await asyncio.gather(*(self.run_group(env, task) for env, task in self.batch_tasks(step)))
+        runs = [asyncio.ensure_future(self.run_group(env, task)) for env, task in self.batch_tasks(step)]
+        try:
+            groups = await asyncio.gather(*runs)
+        except BaseException:  # no server left (or interrupted): the other groups of the step stop too
+            for run in runs:
+                run.cancel()
+            raise
         generated = time.perf_counter()
         generate_s = generated - start
         per_server = self.servers.reset_counts()
@@ -246,9 +235,20 @@ class Orchestrator:
         )
 
     async def run_group(self, env, task) -> list[Rollout]:
-        """One group of rollouts of ``task``, on the least loaded server."""
-        async with self.servers.lease(self.config.rollouts_per_example) as ctx:
-            return await run_group(env, task, self.config.rollouts_per_example, ctx, self.limit)
+        """One group of rollouts of ``task``, on the least loaded server; run again on another if that server is
+        set aside before the group ends, or fails rollouts and then does not answer."""
+        n = self.config.rollouts_per_example
+        while True:
+            async with self.servers.lease() as server:
+                try:
+                    call = run_group(env, task, n, self.servers.context(server), self.limit)
+                    rollouts = await self.servers.guard(server, call)
+                except ServerDown:
+                    rollouts = None
+                if rollouts is not None and (all(r.ok for r in rollouts) or await self.servers.answers(server)):
+                    server.rollouts += n
+                    return rollouts
+            logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
 
     def start_step(self) -> int:
         """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""
@@ -277,6 +277,8 @@ class Orchestrator:
         await self.servers.wait_ready(self.config.client.server_timeout_s)
         await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
         async with AsyncExitStack() as stack:
+            watch = asyncio.create_task(self.servers.watch())
+            stack.callback(watch.cancel)
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
             for step in range(self.start_step(), self.config.max_steps):

@@ -3,64 +3,225 @@
 Every server gets each weight update and is probe-checked, so a step samples only from servers that serve its
 weights. Rollouts are spread over them a group at a time: a group's rollouts share a prompt, which stays in one
 server's prefix cache; a new group goes to the server with the fewest groups in flight.
+
+A server that stops answering (connection refused, or no ``/health`` reply within ``client.stall_timeout_s``) is
+set aside: what it was doing is cancelled and its groups run again on the others. At the start of each step a
+server that answers again is brought to the run's current weights before it gets work. When none answers,
+:class:`NoServer` is raised and the orchestrator waits for one (``client.server_timeout_s``).
 """
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import TypeVar
 
+import httpx
 import verifiers.v1 as vf
 
 from orchestrator.client import InferenceClient
+from rl.errors import TridentError
+
+logger = logging.getLogger("orchestrator")
+
+T = TypeVar("T")
+WATCH_INTERVAL_S = 5.0  # how often each server's /health is asked while it is in use
+
+
+class NoServer(TridentError):
+    """No inference server of the run answers."""
+
+
+class ServerDown(Exception):
+    """The server a call ran on was set aside while the call ran."""
+
+
+@dataclasses.dataclass(eq=False)
+class Server:
+    client: InferenceClient
+    ctx: vf.ModelContext  # how verifiers samples from this server (see :meth:`Servers.context`)
+    up: bool = True
+    in_flight: int = 0  # groups running on it
+    rollouts: int = 0  # rollouts it finished since the last :meth:`Servers.reset_counts`
+    lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set when it is set aside
+
+    @property
+    def url(self) -> str:
+        return self.client.base_url
 
 
 class Servers:
-    def __init__(self, urls: list[str], timeout_s: float, model: str, ctx: vf.ModelContext):
-        self.clients = [InferenceClient(url, timeout_s, model) for url in urls]
-        self.ctx = ctx  # how verifiers reaches a server; each lease points it at one
-        self.in_flight = [0] * len(urls)  # groups running on each server
-        self.rollouts = [0] * len(urls)  # rollouts each server was given, since the last reset_counts()
+    def __init__(self, urls: list[str], timeout_s: float, model: str, ctx: vf.ModelContext, stall_timeout_s: float):
+        self.servers = [Server(InferenceClient(url, timeout_s, model), ctx) for url in urls]
+        self.stall_timeout_s = stall_timeout_s
 
-    def context(self, index: int) -> vf.ModelContext:
-        """The model context that samples from server ``index`` (the name it serves the policy under)."""
-        client = self.clients[index]
-        endpoint = self.ctx.client.model_copy(update={"base_url": f"{client.base_url}/v1"})
-        return dataclasses.replace(self.ctx, model=client.model, client=endpoint)
+    @property
+    def up(self) -> list[Server]:
+        return [server for server in self.servers if server.up]
+
+    def context(self, server: Server) -> vf.ModelContext:
+        """The model context that samples from ``server`` (under the name it serves the policy as)."""
+        endpoint = server.ctx.client.model_copy(update={"base_url": f"{server.url}/v1"})
+        return dataclasses.replace(server.ctx, model=server.client.model, client=endpoint)
 
     @asynccontextmanager
-    async def lease(self, rollouts: int) -> AsyncIterator[vf.ModelContext]:
-        """The model context of the least loaded server, held while a group of ``rollouts`` runs on it."""
-        index = min(range(len(self.clients)), key=self.in_flight.__getitem__)
-        self.in_flight[index] += 1
-        self.rollouts[index] += rollouts
+    async def lease(self) -> AsyncIterator[Server]:
+        """The least loaded server that is up, held while a group runs on it; :class:`NoServer` when none is."""
+        if not self.up:
+            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+        server = min(self.up, key=lambda s: s.in_flight)
+        server.in_flight += 1
         try:
-            yield self.context(index)
+            yield server
         finally:
-            self.in_flight[index] -= 1
+            server.in_flight -= 1
 
     def reset_counts(self) -> list[int]:
-        """Rollouts given to each server since the last call."""
-        counts, self.rollouts = self.rollouts, [0] * len(self.clients)
+        """Rollouts each server finished since the last call."""
+        counts = [server.rollouts for server in self.servers]
+        for server in self.servers:
+            server.rollouts = 0
         return counts
 
+    def set_aside(self, server: Server, reason: str) -> None:
+        """Give ``server`` no more work and cancel what runs on it (:meth:`guard`)."""
+        if not server.up:
+            return
+        server.up = False
+        server.lost.set()
+        left = len(self.up)
+        logger.warning(
+            f"inference server at {server.url} {reason}: set aside, "
+            + (f"its rollouts go to the other {left}" if left else "no server left")
+        )
+
+    async def guard(self, server: Server, call: Awaitable[T]) -> T:
+        """``call`` on ``server``, cancelled with :class:`ServerDown` if the server is set aside meanwhile (or the
+        call cannot reach it)."""
+        task = asyncio.ensure_future(call)
+        lost = asyncio.ensure_future(server.lost.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()  # the caller was cancelled: so is the call
+            raise
+        finally:
+            lost.cancel()
+        if not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+            raise ServerDown(server.url)
+        try:
+            return task.result()
+        except httpx.TransportError as e:
+            self.set_aside(server, self.why(e))
+            raise ServerDown(server.url) from e
+
+    def why(self, error: httpx.HTTPError) -> str:
+        """What a failed request says about its server, for the log."""
+        if isinstance(error, httpx.TimeoutException):
+            return f"stalled (no reply within {self.stall_timeout_s:.0f}s)"
+        if isinstance(error, httpx.HTTPStatusError):
+            return f"answers {error.response.status_code} to {error.request.url.path}"
+        return f"cannot be reached ({type(error).__name__})"
+
+    async def answers(self, server: Server) -> bool:
+        """Whether ``server`` replies to ``/health`` within ``stall_timeout_s``; one that does not is set aside."""
+        try:
+            (await server.client.http.get("/health", timeout=self.stall_timeout_s)).raise_for_status()
+        except httpx.HTTPError as e:
+            self.set_aside(server, self.why(e))
+            return False
+        return True
+
+    async def watch(self) -> None:
+        """Ask every server in use for ``/health`` every few seconds, setting aside those that do not answer."""
+
+        async def watch_one(server: Server) -> None:
+            while True:
+                await asyncio.sleep(WATCH_INTERVAL_S)
+                if server.up:
+                    await self.answers(server)
+
+        await asyncio.gather(*(watch_one(server) for server in self.servers))
+
     async def wait_ready(self, timeout_s: float) -> None:
-        await asyncio.gather(*(client.wait_ready(timeout_s) for client in self.clients))
+        """Wait until every server answers ``/health`` (at the start of a run)."""
+        await asyncio.gather(*(server.client.wait_ready(timeout_s) for server in self.servers))
+
+    async def wait_any(self, timeout_s: float) -> None:
+        """Wait until some server answers ``/health`` again (:class:`TridentError` after ``timeout_s``)."""
+        waits = [asyncio.ensure_future(server.client.wait_ready(timeout_s)) for server in self.servers]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await next(iter(done))  # raises if it timed out
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def reset_weights(self) -> None:
-        await asyncio.gather(*(client.reset_weights() for client in self.clients))
+        await asyncio.gather(*(server.client.reset_weights() for server in self.servers))
+
+    async def bring_to(self, path: Path | None, step: int, tolerance: float) -> None:
+        """Make every server serve weights ``step`` (``path``; None: the base model) before it gets work: one set
+        aside that answers again, or one that serves another step (restarted). One that cannot be reached is
+        set aside; :class:`NoServer` if none is left."""
+
+        async def check(server: Server) -> None:
+            try:
+                served = await server.client.served(timeout_s=self.stall_timeout_s)
+            except httpx.HTTPError as e:
+                self.set_aside(server, self.why(e))
+                return
+            if served["step"] == step:
+                server.client.use(served)
+            else:
+                logger.warning(
+                    f"inference server at {server.url} serves weights step {served['step']}, not {step}: "
+                    f"loading step {step}"
+                )
+                try:
+                    if path is None:
+                        await server.client.reset_weights()
+                    else:
+                        await server.client.reload_weights(path, step)
+                        await server.client.check_probe(path, step, tolerance)
+                except httpx.TransportError as e:
+                    self.set_aside(server, self.why(e))
+                    return
+            if not server.up:
+                logger.info(f"inference server at {server.url} is back, serving weights step {step}")
+                server.up, server.lost = True, asyncio.Event()
+
+        await asyncio.gather(*(check(server) for server in self.servers))
+        if not self.up:
+            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
 
     async def reload_weights(self, path: Path, step: int, tolerance: float) -> tuple[float, float | None]:
-        """Every server loads the weights in ``path`` and is probe-checked (:meth:`InferenceClient.check_probe`);
-        returns the slowest reload's seconds and the largest probe gap (None without a probe)."""
-        seconds = await asyncio.gather(*(client.reload_weights(path, step) for client in self.clients))
-        gaps = await asyncio.gather(*(client.check_probe(path, step, tolerance) for client in self.clients))
-        return max(seconds), None if gaps[0] is None else max(gaps)
+        """Every server in use loads the weights in ``path`` and is probe-checked
+        (:meth:`InferenceClient.check_probe`); returns the slowest reload's seconds and the largest probe gap (None
+        without a probe). A server set aside meanwhile is skipped; :class:`NoServer` if none is left."""
 
-    async def served(self) -> list[dict | None]:
-        """What each server says it serves (None for one that cannot be reached)."""
-        return list(await asyncio.gather(*(client.served() for client in self.clients)))
+        async def reload(server: Server) -> tuple[float, float | None]:
+            seconds = await server.client.reload_weights(path, step)
+            return seconds, await server.client.check_probe(path, step, tolerance)
+
+        results = []
+        for result in await asyncio.gather(
+            *(self.guard(server, reload(server)) for server in self.up), return_exceptions=True
+        ):
+            if isinstance(result, ServerDown):
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            results.append(result)
+        if not results:
+            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+        gaps = [gap for _, gap in results if gap is not None]
+        return max(seconds for seconds, _ in results), max(gaps) if gaps else None
 
     async def close(self) -> None:
-        await asyncio.gather(*(client.close() for client in self.clients))
+        await asyncio.gather(*(server.client.close() for server in self.servers))

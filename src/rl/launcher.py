@@ -28,16 +28,22 @@ from rl.preflight import (
     check_port_free,
     gpu_env,
     lock_output_dir,
+    placement_lines,
 )
 from rl.process import Child, command, stop_all
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
-from rl.rl_config import RLConfig, resolve_shared, sub_configs
+from rl.rl_config import RLConfig, resolve_shared, servers, sub_configs
 
 logger = logging.getLogger("rl")
 
 WAIT_NOTICE_S = 30.0  # without a terminal, how often to say what the run waits for before its first step
 
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
+
+
+def module_of(name: str) -> str:
+    """The module a process runs: ``inference-1`` is an inference server like ``inference``."""
+    return MODULES[name.split("-")[0]]
 
 
 def trainer_ranks(config: RLConfig) -> int:
@@ -185,7 +191,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             last = now
             printed += 1
 
-    failed = None
+    failed, lost = None, set()
     with WaitNotice() as notice:
         while failed is None and not all(children[name].poll() == 0 for name in ("trainer", "orchestrator")):
             print_new_steps()
@@ -197,7 +203,15 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
                     notice.show(f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)")
             elif notice.live and printed < max_steps:
                 notice.show(f"step {printed + 1}/{max_steps} ({now - last:.0f}s)")
-            failed = next((name for name, child in children.items() if child.poll() not in (None, 0)), None)
+            exited = (name for name, child in children.items() if name not in lost and child.poll() not in (None, 0))
+            failed = next(exited, None)
+            if failed and failed.startswith("inference-") and any_server_left(children, lost | {failed}):
+                lost.add(failed)
+                logger.warning(
+                    f"{failed} exited with code {children[failed].poll()}: the run goes on with the other servers "
+                    f"(last lines of {children[failed].log_path}:\n{log_tail(children[failed].log_path)})"
+                )
+                failed = None
             time.sleep(0.2)
         print_new_steps()
     if failed is not None:
@@ -208,6 +222,11 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0
+
+
+def any_server_left(children: dict[str, Child], lost: set[str]) -> bool:
+    """Whether an inference server rl started is still running, besides those in ``lost``."""
+    return any(name.startswith("inference-") and name not in lost and c.poll() is None for name, c in children.items())
 
 
 def run(config: RLConfig) -> int:
@@ -221,10 +240,11 @@ def run(config: RLConfig) -> int:
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
+        print("\n".join(placement_lines(config, on_gpu=plan.gpu_gib is not None)))
         print("\n".join(plan.lines()))
         return 0
-    if config.inference is not None:
-        check_port_free(config.inference.host, config.inference.port)
+    for server in servers(config).values():
+        check_port_free(server.host, server.port)
     log_dir = logs_dir(output_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
@@ -248,7 +268,7 @@ def run(config: RLConfig) -> int:
     try:
         for name in paths:
             log_path = log_dir / f"{name}.log"
-            argv = command(MODULES[name], paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1)
+            argv = command(module_of(name), paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1)
             children[name] = Child(name, argv, log_path, child_env(placement[name]))
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         code = supervise(children, config)

@@ -155,10 +155,12 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
 
 
 def inference_plan(shape: ModelShape, inference: InferenceConfig, gpu_gib: float | None) -> dict[str, float]:
-    """GiB of the inference server: on a GPU what vLLM claims up front (``gpu_memory_utilization`` of it), with
-    what its weights and one full context's KV cache take of that; on the CPU its weights and KV cache space."""
+    """GiB of an inference server: on each of its GPUs what vLLM claims up front (``gpu_memory_utilization`` of
+    it), with what its share of the weights and of one full context's KV cache take of that (tensor parallelism
+    splits both); on the CPU its weights and KV cache space."""
     weight_bytes = 4 if inference.model.dtype == "float32" or gpu_gib is None else 2
-    weights = shape.parameters * weight_bytes / GIB
+    shards = inference.tensor_parallel_size if gpu_gib is not None else 1
+    weights = shape.parameters * weight_bytes / GIB / shards
     if gpu_gib is None:
         return {
             "weights": weights,
@@ -168,7 +170,7 @@ def inference_plan(shape: ModelShape, inference: InferenceConfig, gpu_gib: float
     kv_per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * weight_bytes
     return {
         "weights": weights,
-        "kv_one_context": inference.model.max_model_len * kv_per_token / GIB,
+        "kv_one_context": inference.model.max_model_len * kv_per_token / GIB / shards,
         "total": inference.gpu_memory_utilization * gpu_gib,
     }
 

@@ -13,7 +13,7 @@ import torch
 
 from rl.errors import TridentError
 from rl.memory_plan import MemoryPlan, plan_memory
-from rl.rl_config import RLConfig
+from rl.rl_config import RLConfig, servers
 from rl.tiny_model import resolve_model_path
 
 logger = logging.getLogger("rl")
@@ -84,22 +84,54 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
+def placement(config: RLConfig) -> dict[str, list[int]]:
+    """The GPUs of each process rl starts: each inference server its ``tensor_parallel_size`` consecutive ids of
+    ``inference_gpu_ids``, the trainer ``trainer_gpu_ids``, the orchestrator none."""
+    tp = config.inference.tensor_parallel_size if config.inference else 1
+    ids = config.inference_gpu_ids
+    gpus = {name: ids[i * tp : (i + 1) * tp] for i, name in enumerate(servers(config))}
+    return {**gpus, "orchestrator": [], "trainer": config.trainer_gpu_ids}
+
+
+def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
+    """Where each process runs, for a person: its GPUs (or the CPU), ports, ranks."""
+    lines = ["placement:"]
+    for name, gpus in placement(config).items():
+        where = f"GPU {','.join(map(str, gpus))}" if on_gpu and gpus else "CPU"
+        if name.startswith("inference"):
+            server = servers(config)[name]
+            lines.append(f"  {name}: {where}, port {server.port}, tensor_parallel_size {server.tensor_parallel_size}")
+        elif name == "trainer":
+            ranks = len(gpus) if on_gpu else 1
+            lines.append(f"  trainer: {where}" + (f", torchrun with {ranks} ranks (FSDP2)" if ranks > 1 else ""))
+        else:
+            lines.append(f"  {name}: {where}")
+    return lines
+
+
 def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
     """Environment overrides placing each process: its GPUs, or the CPU when the machine has none."""
     count = torch.cuda.device_count()
+    where = placement(config)
     if count == 0:
         logger.info("no GPU found: inference and trainer run on the CPU")
-        return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in ("inference", "orchestrator", "trainer")}
+        return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in where}
     for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
         if not ids or any(not 0 <= i < count for i in ids):
             raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
+    tp = config.inference.tensor_parallel_size if config.inference else 1
+    for name, ids in where.items():
+        if name.startswith("inference") and len(ids) != tp:
+            raise TridentError(
+                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = {tp} "
+                f"GPUs, it has {ids}"
+            )
     shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids)
     logger.info(
         f"inference on GPU {config.inference_gpu_ids}, trainer on GPU {config.trainer_gpu_ids}"
         + (f" (sharing GPU {sorted(shared)}: keep gpu_memory_utilization low enough)" if shared else "")
     )
-    visible = {"inference": config.inference_gpu_ids, "trainer": config.trainer_gpu_ids, "orchestrator": []}
-    return {name: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} for name, ids in visible.items()}
+    return {name: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} for name, ids in where.items()}
 
 
 def check_memory(config: RLConfig) -> MemoryPlan:

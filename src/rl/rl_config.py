@@ -52,7 +52,19 @@ class RLConfig(BaseConfig):
     trainer_gpu_ids: Annotated[
         list[int], Field(description="GPUs of the trainer (CUDA_VISIBLE_DEVICES); may overlap the inference GPUs.")
     ] = [0]
-    inference_gpu_ids: Annotated[list[int], Field(description="GPUs of the inference server.")] = [0]
+    inference_gpu_ids: Annotated[
+        list[int],
+        Field(description="GPUs of the inference servers, inference.tensor_parallel_size consecutive ones per server."),
+    ] = [0]
+    inference_servers: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Inference servers rl starts, on ports inference.port, inference.port + 1, ...; rollouts are "
+            "spread over them. Default: as many as inference_gpu_ids make (one per inference.tensor_parallel_size "
+            "GPUs); on a CPU machine, one.",
+        ),
+    ] = None
     gpu_memory_gib: Annotated[
         float | None,
         Field(
@@ -116,13 +128,48 @@ def resolve_shared(config: RLConfig) -> RLConfig:
                 raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
     if config.inference is None:
+        if config.inference_servers is not None:
+            raise ConfigError("--inference-servers: rl starts servers only with --inference @ infer.toml")
         return config
+    count_servers(config)
     if not _is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
     if not _is_set(config, "orchestrator.client.base_url"):
         host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
-        config.orchestrator.client.base_url = f"http://{host}:{config.inference.port}"
+        urls = [f"http://{host}:{server.port}" for server in servers(config).values()]
+        config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
     return config
+
+
+def count_servers(config: RLConfig) -> None:
+    """Settle ``inference_servers``: given, or as many as ``inference_gpu_ids`` make; a ConfigError when the GPUs
+    given do not split into that many groups of ``inference.tensor_parallel_size``."""
+    tp = config.inference.tensor_parallel_size
+    gpus = config.inference_gpu_ids
+    if config.inference_servers is None:
+        config.inference_servers = max(1, len(gpus) // tp)
+        if len(gpus) > tp and len(gpus) % tp:
+            raise ConfigError(
+                f"--inference-gpu-ids {gpus}: {len(gpus)} GPUs do not split into servers of "
+                f"inference.tensor_parallel_size = {tp}"
+            )
+    elif "inference_gpu_ids" in config.model_fields_set and len(gpus) != config.inference_servers * tp:
+        raise ConfigError(
+            f"--inference-gpu-ids {gpus}: {config.inference_servers} servers of inference.tensor_parallel_size = "
+            f"{tp} need {config.inference_servers * tp} GPUs"
+        )
+
+
+def servers(config: RLConfig) -> dict[str, InferenceConfig]:
+    """Each inference server rl starts, by process name: ``inference`` alone, or ``inference-0``, ``inference-1``,
+    ... on consecutive ports."""
+    if config.inference is None:
+        return {}
+    count = config.inference_servers or 1
+    if count == 1:
+        return {"inference": config.inference}
+    port = config.inference.port
+    return {f"inference-{i}": config.inference.model_copy(update={"port": port + i}) for i in range(count)}
 
 
 def serve_adapters(config: RLConfig) -> None:
@@ -150,5 +197,4 @@ def serve_adapters(config: RLConfig) -> None:
 
 def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:
     """The resolved configs of the processes rl starts, by process name."""
-    processes = {"inference": config.inference, "orchestrator": config.orchestrator, "trainer": config.trainer}
-    return {name: sub for name, sub in processes.items() if sub is not None}
+    return {**servers(config), "orchestrator": config.orchestrator, "trainer": config.trainer}

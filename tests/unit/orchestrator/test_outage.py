@@ -1,5 +1,5 @@
-"""The inference server goes away mid-run and comes back restarted (serving the base model): the orchestrator
-waits for it with backoff, makes it serve the run's weights again, and redoes the step."""
+"""The only inference server goes away mid-run and comes back restarted (serving the base model): the orchestrator
+sets it aside, waits for it with backoff, makes it serve the run's weights again, and redoes the step."""
 
 import asyncio
 import logging
@@ -51,7 +51,7 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
         mark_stable(weights)
     orchestrator.served_step = 2  # the server served the run's step-2 weights, then went away
     server = FakeServer(served_step=2)
-    orchestrator.servers.clients[0].http = httpx.AsyncClient(
+    orchestrator.servers.servers[0].client.http = httpx.AsyncClient(
         base_url="http://server", transport=httpx.MockTransport(server.handle)
     )
     sleeps = []
@@ -78,18 +78,19 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
     assert sleeps == [1.0, 2.0, 4.0]  # backing off while the server is down
     assert "POST /reload_weights" in server.requests  # the restarted server got the run's weights back
     assert orchestrator.served_step == 2 and len(attempts) == 2
-    assert not weights_dir(tmp_path, 1).exists() and weights_dir(tmp_path, 2).exists()  # older weights go
+    assert weights_dir(tmp_path, 2).exists()  # what it serves again
     assert (rollouts_dir(tmp_path, 3) / "batch.json").exists()
     messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "step 3: inference server unreachable" in messages
-    assert "the server serves weights step 0, not 2 (restarted?)" in messages
+    assert "inference server at http://127.0.0.1:8000 cannot be reached" in messages
+    assert "step 3: no inference server answers (all 1 set aside); waiting up to 600s for one" in messages
+    assert "serves weights step 0, not 2: loading step 2" in messages
 
 
 def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0)
     orchestrator = Orchestrator(config)
     server = FakeServer(served_step=0)
-    orchestrator.servers.clients[0].http = httpx.AsyncClient(
+    orchestrator.servers.servers[0].client.http = httpx.AsyncClient(
         base_url="http://server", transport=httpx.MockTransport(server.handle)
     )
 

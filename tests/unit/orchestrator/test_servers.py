@@ -1,11 +1,19 @@
 import asyncio
+import json
+import logging
 
+import httpx
 import pytest
 
+import orchestrator.orchestrator as orchestrator_module
+import orchestrator.servers as servers_module
 from orchestrator.config import ClientConfig, OrchestratorConfig
-from orchestrator.envs import model_context
+from orchestrator.envs import Rollout, model_context
+from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
 from rl.config import ConfigError, parse_config
+from rl.metrics import read_metrics
+from rl.protocol import mark_stable, weights_dir
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 
@@ -21,17 +29,116 @@ def test_base_url_takes_one_server_or_several():
 
 def test_each_group_goes_to_the_least_loaded_server_with_its_url_and_served_name():
     config = OrchestratorConfig(client={"base_url": "http://a:1,http://b:2,http://c:3"})
-    servers = Servers(config.client.base_urls, 10, "base", model_context(config, resolve_model_path(TINY_MODEL_ID)))
-    servers.clients[1].model = "lora-step-3"  # what server b serves the policy under
+    ctx = model_context(config, resolve_model_path(TINY_MODEL_ID))
+    servers = Servers(config.client.base_urls, 10, "base", ctx, stall_timeout_s=5)
+    servers.servers[1].client.model = "lora-step-3"  # what server b serves the policy under
 
     async def groups():
-        leases = [servers.lease(4) for _ in range(4)]
-        contexts = [await lease.__aenter__() for lease in leases[:3]]  # three groups in flight
+        leases = [servers.lease() for _ in range(4)]
+        held = [await lease.__aenter__() for lease in leases[:3]]  # three groups in flight
         await leases[1].__aexit__(None, None, None)  # b's group finished: b is the least loaded
-        contexts.append(await leases[3].__aenter__())
-        return contexts
+        held.append(await leases[3].__aenter__())
+        return [servers.context(server) for server in held]
 
     contexts = asyncio.run(groups())
     assert [c.client.base_url for c in contexts] == ["http://a:1/v1", "http://b:2/v1", "http://c:3/v1", "http://b:2/v1"]
     assert [c.model for c in contexts] == ["base", "lora-step-3", "base", "lora-step-3"]
-    assert servers.reset_counts() == [4, 8, 4] and servers.rollouts == [0, 0, 0]
+
+
+class FakeServer:
+    """Answers like an inference server serving weights ``step``: alive, refusing connections, or stalled (every
+    request times out)."""
+
+    def __init__(self, step: int = 0):
+        self.state, self.step, self.requests = "up", step, []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(f"{request.method} {request.url.path}")
+        if self.state == "refusing":
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.state == "stalled":
+            raise httpx.ReadTimeout("timed out", request=request)
+        if request.url.path == "/reload_weights":
+            self.step = json.loads(request.content)["step"]
+            return httpx.Response(200, json={"seconds": 0.01})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+
+
+def two_server_orchestrator(tmp_path, monkeypatch) -> tuple[Orchestrator, list[FakeServer]]:
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0,
+                                client={"base_url": "http://a:1,http://b:2", "stall_timeout_s": 1})  # fmt: skip
+    orchestrator = Orchestrator(config)
+    fakes = [FakeServer(), FakeServer()]
+    for server, fake in zip(orchestrator.servers.servers, fakes, strict=True):
+        server.client.http = httpx.AsyncClient(base_url=server.url, transport=httpx.MockTransport(fake.handle))
+    monkeypatch.setattr(servers_module, "WATCH_INTERVAL_S", 0.01)
+    return orchestrator, fakes
+
+
+def rollouts(n: int, ok: bool) -> list[Rollout]:
+    branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
+    return [Rollout(reward=float(i), branches=[branch], ok=ok, error=None if ok else "APIConnectionError: refused")
+            for i in range(n)]  # fmt: skip
+
+
+def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch, caplog):
+    orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
+    ran_on = []
+
+    async def run_group(env, task, n, ctx, limit):
+        ran_on.append(ctx.client.base_url)
+        if ctx.client.base_url == "http://a:1/v1":
+            a.state = "refusing"  # it dies while the group runs: verifiers' calls fail
+            return rollouts(n, ok=False)
+        return rollouts(n, ok=True)
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    with caplog.at_level(logging.WARNING, logger="orchestrator"):
+        asyncio.run(orchestrator.step(0))
+    assert ran_on == ["http://a:1/v1", "http://b:2/v1"]
+    assert [s.up for s in orchestrator.servers.servers] == [False, True]
+    assert read_metrics(tmp_path, "orchestrator")[0]["samples"] == 2  # the group from b, once
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert (
+        "inference server at http://a:1 cannot be reached (ConnectError): set aside, its rollouts go to the other 1"
+        in messages
+    )
+
+
+def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights_when_it_answers(
+    tmp_path, monkeypatch, caplog
+):
+    orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
+    (weights := weights_dir(tmp_path, 2)).mkdir(parents=True)
+    mark_stable(weights)
+    orchestrator.served_step = a.step = b.step = 2
+    cancelled = []
+
+    async def run_group(env, task, n, ctx, limit):
+        if ctx.client.base_url == "http://a:1/v1" and not cancelled:
+            a.state = "stalled"  # it hangs: only the watch notices
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        return rollouts(n, ok=True)
+
+    async def steps():
+        watch = asyncio.create_task(orchestrator.servers.watch())
+        await orchestrator.step(2)  # a stalls: its group is cancelled and runs on b
+        a.state, a.step = "up", 0  # it answers again, restarted on its base model
+        await orchestrator.step(3)
+        watch.cancel()
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    with caplog.at_level(logging.INFO, logger="orchestrator"):
+        asyncio.run(steps())
+    assert cancelled == [True]
+    assert [r["samples"] for r in read_metrics(tmp_path, "orchestrator")] == [2, 2]
+    assert a.step == 2 and "POST /reload_weights" in a.requests  # the run's weights before any work
+    assert all(s.up for s in orchestrator.servers.servers)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "inference server at http://a:1 stalled (no reply within 1s): set aside" in messages
+    assert "inference server at http://a:1 serves weights step 0, not 2: loading step 2" in messages
+    assert "inference server at http://a:1 is back, serving weights step 2" in messages

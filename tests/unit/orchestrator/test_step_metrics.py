@@ -31,7 +31,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     orchestrator = Orchestrator(config)
     served = {"step": 0, "path": "/base", "adapter": None}  # what the server's GET /weights says
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=served))
-    orchestrator.servers.clients[0].http = httpx.AsyncClient(base_url="http://server", transport=transport)
+    orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=transport)
     prompt = orchestrator.tokenizer.encode("<|im_start|>user\nReverse: abc<|im_end|>\n<|im_start|>assistant\n")
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 

@@ -3,14 +3,25 @@ import os
 import shutil
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
-from rl.config import parse_config
+from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
-from rl.preflight import check_envs_installed, check_model, check_port_free, gpu_env, lock_output_dir
+from rl.preflight import (
+    check_envs_installed,
+    check_model,
+    check_port_free,
+    gpu_env,
+    lock_output_dir,
+    placement,
+    placement_lines,
+)
 from rl.process import command
-from rl.rl_config import RLConfig
+from rl.rl_config import RLConfig, resolve_shared, sub_configs
+
+DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
 
 
 def test_output_dir_lock_refuses_a_second_run_and_names_the_first(tmp_path):
@@ -67,3 +78,41 @@ def test_model_folder_must_exist_and_have_a_chat_template(tmp_path, tiny_model_p
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
     with pytest.raises(TridentError, match=r"its tokenizer has no chat template"):
         check_model(str(plain))
+
+
+def resolved(*flags: str) -> RLConfig:
+    return resolve_shared(parse_config(RLConfig, ["--inference", "@", str(DEBUG / "infer.toml"), *flags]))
+
+
+def test_one_node_of_eight_gpus_places_two_tensor_parallel_servers_and_a_torchrun_trainer():
+    config = resolved("--inference-gpu-ids", "0,1,2,3", "--inference.tensor-parallel-size", "2",
+                      "--trainer-gpu-ids", "4,5,6,7", "--inference.port", "8100")  # fmt: skip
+    assert config.inference_servers == 2
+    assert placement(config) == {
+        "inference-0": [0, 1],
+        "inference-1": [2, 3],
+        "orchestrator": [],
+        "trainer": [4, 5, 6, 7],
+    }
+    assert config.orchestrator.client.base_urls == ["http://127.0.0.1:8100", "http://127.0.0.1:8101"]
+    assert [sub.port for name, sub in sub_configs(config).items() if name.startswith("inference")] == [8100, 8101]
+    assert placement_lines(config, on_gpu=True) == [
+        "placement:",
+        "  inference-0: GPU 0,1, port 8100, tensor_parallel_size 2",
+        "  inference-1: GPU 2,3, port 8101, tensor_parallel_size 2",
+        "  orchestrator: CPU",
+        "  trainer: GPU 4,5,6,7, torchrun with 4 ranks (FSDP2)",
+    ]
+
+
+def test_server_count_must_match_the_gpus_given():
+    cpu = resolved("--inference-servers", "2")  # no GPU ids given: two servers on the CPU
+    assert list(sub_configs(cpu)) == ["inference-0", "inference-1", "orchestrator", "trainer"]
+    assert resolved().orchestrator.client.base_url == "http://127.0.0.1:8000"  # one server: as before
+    with pytest.raises(ConfigError, match=r"--inference-gpu-ids \[0, 1\]: 3 servers of inference.tensor_parallel_size"
+                                          r" = 1 need 3 GPUs"):  # fmt: skip
+        resolved("--inference-servers", "3", "--inference-gpu-ids", "0,1")
+    with pytest.raises(ConfigError, match=r"--inference-gpu-ids \[0, 1, 2\]: 3 GPUs do not split into servers"):
+        resolved("--inference-gpu-ids", "0,1,2", "--inference.tensor-parallel-size", "2")
+    with pytest.raises(ConfigError, match="--inference-servers: rl starts servers only with --inference @ infer.toml"):
+        resolve_shared(parse_config(RLConfig, ["--inference-servers", "2"]))
