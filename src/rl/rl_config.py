@@ -127,6 +127,7 @@ def resolve_shared(config: RLConfig) -> RLConfig:
             except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
                 raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
+    one_receiver(config)
     if config.inference is None:
         if config.inference_servers is not None:
             raise ConfigError("--inference-servers: rl starts servers only with --inference @ infer.toml")
@@ -139,6 +140,20 @@ def resolve_shared(config: RLConfig) -> RLConfig:
         urls = [f"http://{host}:{server.port}" for server in servers(config).values()]
         config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
     return config
+
+
+def one_receiver(config: RLConfig) -> None:
+    """The weight broadcast is a group of the trainer and one server's single worker: refuse it with several servers
+    or a tensor-parallel one (their weights go through files)."""
+    if config.trainer.weight_broadcast is None:
+        return
+    several = (config.inference_servers or 1) > 1 or len(config.orchestrator.client.base_urls) > 1
+    if several:
+        raise ConfigError("trainer.weight_broadcast: the broadcast reaches one server; with several, leave it out "
+                          "(weights then go through output_dir/weights)")  # fmt: skip
+    if config.inference is not None and config.inference.tensor_parallel_size > 1:
+        raise ConfigError("trainer.weight_broadcast: the broadcast reaches a server of inference.tensor_parallel_size "
+                          "= 1 only; leave it out (weights then go through output_dir/weights)")  # fmt: skip
 
 
 def count_servers(config: RLConfig) -> None:

@@ -116,3 +116,12 @@ def test_server_count_must_match_the_gpus_given():
         resolved("--inference-gpu-ids", "0,1,2", "--inference.tensor-parallel-size", "2")
     with pytest.raises(ConfigError, match="--inference-servers: rl starts servers only with --inference @ infer.toml"):
         resolve_shared(parse_config(RLConfig, ["--inference-servers", "2"]))
+
+
+def test_the_weight_broadcast_is_refused_with_several_servers():
+    with pytest.raises(ConfigError, match="trainer.weight_broadcast: the broadcast reaches one server"):
+        resolved("--inference-servers", "2", "--trainer.weight-broadcast.port", "29510")
+    with pytest.raises(ConfigError, match="trainer.weight_broadcast: the broadcast reaches one server"):
+        resolve_shared(parse_config(RLConfig, ["--orchestrator.client.base-url", "http://a:1,http://b:2",
+                                               "--trainer.weight-broadcast.port", "29510"]))  # fmt: skip
+    assert resolved("--trainer.weight-broadcast.port", "29510").trainer.weight_broadcast.port == 29510

@@ -1,0 +1,146 @@
+"""One run over several nodes: the first ``--inference-nodes`` serve, the others train (torchrun across them), and
+the orchestrator runs on the first training node. Every node shares ``--output-dir`` (a shared filesystem).
+
+    uv run scripts/multinode.py resolve --nodes h0,h1 [--gpus-per-node 8] -- <rl flags> --output-dir /shared/run
+    uv run scripts/multinode.py node --nodes h0,h1 --node-rank R [--gpus-per-node 8] [--dry-run] -- --output-dir …
+
+``resolve`` runs once: ``rl --dry-run`` with the placement flags for these nodes writes each process's resolved
+config to ``<output-dir>/configs/`` (servers listening on all addresses, the orchestrator given every server's
+URL). ``node`` then runs on each node (``scripts/slurm/rl.sbatch`` starts it with srun) and starts that node's
+processes from those configs: ``--dry-run`` prints them instead. Servers that listen beyond the loopback need
+``TRIDENT_API_KEY`` (the sbatch script sets one). Inference nodes stop their servers once the training node has
+written ``<output-dir>/multinode_done``; a training node that fails stops there, and srun's ``--kill-on-bad-exit``
+stops the rest.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rl.launcher import child_env
+from rl.process import Child, command, stop_all
+from rl.protocol import configs_dir, logs_dir
+
+DONE = "multinode_done"  # written by the orchestrator's node with the run's exit code
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["resolve", "node"])
+    parser.add_argument("--nodes", required=True, help="the job's hostnames, comma-separated, in node-rank order")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's index in --nodes (node)")
+    parser.add_argument("--inference-nodes", type=int, default=1, help="how many of the first nodes serve")
+    parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs on each node (0: CPU only)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per inference server")
+    parser.add_argument("--port", type=int, default=8000, help="the first inference server's port on each node")
+    parser.add_argument("--rdzv-port", type=int, default=29500, help="torchrun's rendezvous port on the first trainer")
+    parser.add_argument("--dry-run", action="store_true", help="print this node's processes instead of starting them")
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.rl_args = argv[split + 1 :]  # after --: the rl flags (configs, --output-dir)
+    args.nodes = [host for host in args.nodes.replace(" ", ",").split(",") if host]
+    if not 0 < args.inference_nodes < len(args.nodes):
+        parser.error(f"--inference-nodes {args.inference_nodes}: {len(args.nodes)} nodes leave none to train on")
+    if not 0 <= args.node_rank < len(args.nodes):
+        parser.error(f"--node-rank {args.node_rank}: --nodes has {len(args.nodes)} hosts")
+    if args.gpus_per_node % args.tensor_parallel_size:
+        parser.error(f"--gpus-per-node {args.gpus_per_node} does not split into servers of {args.tensor_parallel_size}")
+    if "--output-dir" not in args.rl_args:
+        parser.error("give rl's --output-dir after -- (on the shared filesystem)")
+    args.output_dir = Path(args.rl_args[args.rl_args.index("--output-dir") + 1])
+    return args
+
+
+def servers_per_node(args: argparse.Namespace) -> int:
+    return max(1, args.gpus_per_node // args.tensor_parallel_size)
+
+
+def placement_flags(args: argparse.Namespace) -> list[str]:
+    """The rl flags that place a run on these nodes: each inference node's servers, every server's URL."""
+    count = servers_per_node(args)
+    urls = [f"http://{host}:{args.port + i}" for host in args.nodes[: args.inference_nodes] for i in range(count)]
+    flags = ["--inference.host", "0.0.0.0", "--inference.port", str(args.port), "--inference-servers", str(count),
+             "--inference.tensor-parallel-size", str(args.tensor_parallel_size),
+             "--orchestrator.client.base-url", ",".join(urls)]  # fmt: skip
+    if args.gpus_per_node:
+        gpus = ",".join(map(str, range(args.gpus_per_node)))
+        flags += ["--inference-gpu-ids", gpus, "--trainer-gpu-ids", gpus]
+    return flags
+
+
+def resolve(args: argparse.Namespace) -> int:
+    """``rl --dry-run``: check the configs and write each process's to ``<output-dir>/configs/``."""
+    (args.output_dir / DONE).unlink(missing_ok=True)  # an earlier run's
+    argv = [sys.executable, "-m", "rl.launcher", *args.rl_args, *placement_flags(args), "--dry-run"]
+    return subprocess.run(argv).returncode
+
+
+def node_processes(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """This node's processes: name -> (argv, environment overrides)."""
+    configs = configs_dir(args.output_dir)
+    gpus = list(range(args.gpus_per_node))
+    visible = lambda ids: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}  # noqa: E731
+    if args.node_rank < args.inference_nodes:
+        names = (
+            ["inference"] if servers_per_node(args) == 1 else [f"inference-{i}" for i in range(servers_per_node(args))]
+        )
+        tp = args.tensor_parallel_size
+        return {
+            name: (command("inference.main", configs / f"{name}.toml"), visible(gpus[i * tp : (i + 1) * tp]))
+            for i, name in enumerate(names)
+        }
+    trainers = args.nodes[args.inference_nodes :]
+    rank = args.node_rank - args.inference_nodes
+    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(trainers)}", f"--node-rank={rank}",
+                f"--nproc-per-node={max(1, len(gpus))}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={trainers[0]}:{args.rdzv_port}", "-m", "trainer.main",
+                "@", str(configs / "trainer.toml")]  # fmt: skip
+    processes = {"trainer": (torchrun, visible(gpus))}
+    if rank == 0:
+        processes["orchestrator"] = (command("orchestrator.main", configs / "orchestrator.toml"), visible([]))
+    return processes
+
+
+def run_node(args: argparse.Namespace) -> int:
+    """Start this node's processes and wait: a training node until its processes end (the orchestrator's node then
+    writes :data:`DONE`), an inference node until :data:`DONE` appears."""
+    processes = node_processes(args)
+    if args.dry_run:
+        for name, (argv, env) in processes.items():
+            print(f"node {args.node_rank} ({args.nodes[args.node_rank]}) {name}: "
+                  f"{' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(argv)}")  # fmt: skip
+        return 0
+    log_dir = logs_dir(args.output_dir) / f"node-{args.node_rank}"
+    children = [Child(name, argv, log_dir / f"{name}.log", child_env(env)) for name, (argv, env) in processes.items()]
+    done = args.output_dir / DONE
+    try:
+        if args.node_rank < args.inference_nodes:
+            while not done.exists():
+                if any(child.poll() is not None for child in children):
+                    return 1  # a server ended before the run did
+                time.sleep(1)
+            return int(done.read_text() or 0)
+        while any(child.poll() is None for child in children):
+            if any(child.poll() not in (None, 0) for child in children):
+                break  # one failed: stop the others
+            time.sleep(1)
+        code = next((abs(child.poll()) for child in children if child.poll() not in (None, 0)), 0)
+        if "orchestrator" in processes:
+            done.write_text(str(code))
+        return code
+    finally:
+        stop_all(children)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return resolve(args) if args.action == "resolve" else run_node(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

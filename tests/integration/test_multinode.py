@@ -1,0 +1,86 @@
+"""The SLURM launcher and the multi-node commands, in dry-run mode on CPU: ``scripts/slurm/rl.sbatch`` as sbatch
+runs it, with ``scontrol`` and ``srun`` standing in for a two-node allocation on this machine (each "node" its own
+process group). The debug configs resolve for two nodes with only placement flags added, and each node prints
+the processes it would start."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rl.config import parse_config
+from trainer.config import TrainerConfig
+
+ROOT = Path(__file__).parents[2]
+DEBUG = ROOT / "configs" / "debug" / "rl"
+
+SCONTROL = """#!/usr/bin/env bash
+# scontrol show hostnames <list>: the allocation's hosts, one per line
+[[ "$1 $2" == "show hostnames" ]] && printf '%s\\n' $FAKE_HOSTS
+"""
+SRUN = """#!/usr/bin/env bash
+# srun --ntasks-per-node=1 ...: the command once per node, each in its own process group, with its SLURM_NODEID
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((rank = 0; rank < SLURM_JOB_NUM_NODES; rank++)); do
+    SLURM_NODEID=$rank setsid "$@" > "$SRUN_LOGS/node-$rank.out" 2>&1 &
+    pids+=($!)
+done
+code=0
+for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
+exit $code
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """``scontrol`` and ``srun`` for a two-node allocation whose hosts are two names of this machine."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_HOSTS", "localhost 127.0.0.1")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[0-1]")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv("SRUN_LOGS", str(tmp_path))
+    monkeypatch.setenv("DRY_RUN", "1")
+    monkeypatch.setenv("GPUS_PER_NODE", "0")
+    monkeypatch.delenv("TRIDENT_API_KEY", raising=False)
+    return tmp_path
+
+
+def test_sbatch_script_places_inference_on_the_first_node_and_training_on_the_second(fake_slurm):
+    output_dir = fake_slurm / "run"
+    argv = ["bash", "scripts/slurm/rl.sbatch", "--trainer", "@", str(DEBUG / "train.toml"),
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
+            "--output-dir", str(output_dir)]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "placement:" in result.stdout  # rl --dry-run resolved the configs
+
+    configs = output_dir / "configs"
+    inference = (configs / "inference.toml").read_text()
+    assert 'host = "0.0.0.0"' in inference and "port = 8000" in inference
+    orchestrator = (configs / "orchestrator.toml").read_text()
+    assert 'base_url = "http://localhost:8000"' in orchestrator  # node 0's server, by its hostname
+    # the trainer's config is the debug one: placement changed nothing of it
+    trainer = parse_config(TrainerConfig, ["@", str(configs / "trainer.toml")])
+    debug = parse_config(TrainerConfig, ["@", str(DEBUG / "train.toml"), "--output-dir", str(output_dir)])
+    assert trainer.model == debug.model and trainer.optim == debug.optim and trainer.loss == debug.loss
+
+    node0 = (fake_slurm / "node-0.out").read_text()
+    node1 = (fake_slurm / "node-1.out").read_text()
+    assert re.search(
+        rf"node 0 \(localhost\) inference: CUDA_VISIBLE_DEVICES= .* -m inference.main @ {configs}/inference.toml", node0
+    )
+    assert "trainer" not in node0 and "orchestrator" not in node0
+    trainer_line = re.search(r"node 1 \(127.0.0.1\) trainer: .*", node1)[0]
+    assert "-m torch.distributed.run --nnodes=1 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d" in trainer_line
+    assert "--rdzv-endpoint=127.0.0.1:29500 -m trainer.main" in trainer_line
+    assert re.search(
+        rf"node 1 \(127.0.0.1\) orchestrator: .* -m orchestrator.main @ {configs}/orchestrator.toml", node1
+    )
