@@ -167,9 +167,12 @@ def wait_healthy(base_url: str, server: Child, timeout_s: float = SERVER_TIMEOUT
 
 
 @contextmanager
-def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
-    """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank``; yield its
-    base URL once healthy, and stop it (its whole process group) on exit."""
+def inference_process(
+    model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, Child]]:
+    """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank`` (``env``:
+    more environment variables); yield its base URL and process once healthy, and stop it (its whole process
+    group) on exit."""
     port = free_port()
     config = log_dir / "infer.toml"
     config.write_text(
@@ -177,13 +180,20 @@ def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: i
         f"[lora]\nmax_rank = {lora_rank}\n"
     )
     argv = [sys.executable, "-m", "inference.main", "@", str(config)]
-    server = Child("inference", argv, log_dir / "inference.log", child_env({}))
+    server = Child("inference", argv, log_dir / "inference.log", child_env(env or {}))
     try:
         base_url = f"http://127.0.0.1:{port}"
         wait_healthy(base_url, server)
-        yield base_url
+        yield base_url, server
     finally:
         stop_all([server])
+
+
+@contextmanager
+def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
+    """:func:`inference_process`'s base URL."""
+    with inference_process(model, lora_rank, log_dir, max_model_len) as (base_url, _):
+        yield base_url
 
 
 @contextmanager

@@ -100,3 +100,20 @@ def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):
 
     served = httpx.get(f"{inference_server}/weights", headers=auth_headers(), timeout=30).json()
     assert (served["step"], served["adapter"]) == (0, None)
+
+
+def test_server_scaling_smoke_run(benchmarks, inference_server, tmp_path):
+    output = tmp_path / "results.json"
+    # the session's server under two names: two servers to the orchestrator
+    servers = f"{inference_server},{inference_server.replace('127.0.0.1', 'localhost')}"
+    benchmarks("server_scaling").main(["--smoke", "--output", str(output), "--servers", servers])
+
+    result = json.loads(output.read_text())
+    config = result["config"]
+    rollouts = config["prompts"] * config["group_size"]
+    for side, servers_used in (("one", 1), ("two", 2)):
+        (run,) = result["runs"][side]
+        assert run["rollouts"] == rollouts and run["sampled_tokens"] > 0
+        assert len(run["per_server"]) == servers_used and all(n > 0 for n in run["per_server"])  # a group each
+        assert result["sides"][side]["rollouts_per_s"] > 0
+    assert result["speedup"] > 0 and len(result["speedup_pairs"]) == 1
