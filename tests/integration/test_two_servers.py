@@ -23,7 +23,8 @@ def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_p
     argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
             "--inference-servers", "2", "--inference.port", "8021", "--output-dir", str(run),
-            "--max-steps", str(steps), "--async-level", "0", "--orchestrator.batch-size", "4",
+            "--max-steps", str(steps), "--async-level", "0",
+            "--orchestrator.batch-size", "4", "--orchestrator.rollouts-per-example", "4",
             "--orchestrator.client.stall-timeout-s", "5"]  # fmt: skip
     second, group = "http://127.0.0.1:8022", None
     rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
