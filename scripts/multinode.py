@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from rl.launcher import child_env
@@ -55,13 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def servers_per_node(args: argparse.Namespace) -> int:
-    return max(1, args.gpus_per_node // args.tensor_parallel_size)
-
-
 def placement_flags(args: argparse.Namespace) -> list[str]:
     """The rl flags that place a run on these nodes: each inference node's servers, every server's URL."""
-    count = servers_per_node(args)
+    count = max(1, args.gpus_per_node // args.tensor_parallel_size)  # servers per inference node
     urls = [f"http://{host}:{args.port + i}" for host in args.nodes[: args.inference_nodes] for i in range(count)]
     flags = ["--inference.host", "0.0.0.0", "--inference.port", str(args.port), "--inference-servers", str(count),
              "--inference.tensor-parallel-size", str(args.tensor_parallel_size),
@@ -84,14 +81,12 @@ def node_processes(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[
     configs = configs_dir(args.output_dir)
     gpus = list(range(args.gpus_per_node))
     visible = lambda ids: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))}  # noqa: E731
-    if args.node_rank < args.inference_nodes:
-        names = (
-            ["inference"] if servers_per_node(args) == 1 else [f"inference-{i}" for i in range(servers_per_node(args))]
-        )
+    if args.node_rank < args.inference_nodes:  # the servers resolve wrote, by port
+        files = sorted(configs.glob("inference*.toml"), key=lambda f: tomllib.loads(f.read_text())["port"])
         tp = args.tensor_parallel_size
         return {
-            name: (command("inference.main", configs / f"{name}.toml"), visible(gpus[i * tp : (i + 1) * tp]))
-            for i, name in enumerate(names)
+            file.stem: (command("inference.main", file), visible(gpus[i * tp : (i + 1) * tp]))
+            for i, file in enumerate(files)
         }
     trainers = args.nodes[args.inference_nodes :]
     rank = args.node_rank - args.inference_nodes

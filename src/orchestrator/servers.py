@@ -66,11 +66,14 @@ class Servers:
         endpoint = server.ctx.client.model_copy(update={"base_url": f"{server.url}/v1"})
         return dataclasses.replace(server.ctx, model=server.client.model, client=endpoint)
 
+    def none_left(self) -> NoServer:
+        return NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[Server]:
         """The least loaded server that is up, held while a group runs on it; :class:`NoServer` when none is."""
         if not self.up:
-            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+            raise self.none_left()
         server = min(self.up, key=lambda s: s.in_flight)
         server.in_flight += 1
         try:
@@ -184,11 +187,7 @@ class Servers:
                     f"loading step {step}"
                 )
                 try:
-                    if path is None:
-                        await server.client.reset_weights()
-                    else:
-                        await server.client.reload_weights(path, step)
-                        await server.client.check_probe(path, step, tolerance)
+                    await self.load(server, path, step, tolerance)
                 except httpx.TransportError as e:
                     self.set_aside(server, self.why(e))
                     return
@@ -198,20 +197,26 @@ class Servers:
 
         await asyncio.gather(*(check(server) for server in self.servers))
         if not self.up:
-            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+            raise self.none_left()
+
+    async def load(self, server: Server, path: Path | None, step: int, tolerance: float) -> tuple[float, float | None]:
+        """Make ``server`` serve weights ``step`` from ``path`` (None: its base model), probe-checked; the reload's
+        seconds and the probe gap (None without a probe)."""
+        if path is None:
+            await server.client.reset_weights()
+            return 0.0, None
+        seconds = await server.client.reload_weights(path, step)
+        return seconds, await server.client.check_probe(path, step, tolerance)
 
     async def reload_weights(self, path: Path, step: int, tolerance: float) -> tuple[float, float | None]:
         """Every server in use loads the weights in ``path`` and is probe-checked
         (:meth:`InferenceClient.check_probe`); returns the slowest reload's seconds and the largest probe gap (None
         without a probe). A server set aside meanwhile is skipped; :class:`NoServer` if none is left."""
 
-        async def reload(server: Server) -> tuple[float, float | None]:
-            seconds = await server.client.reload_weights(path, step)
-            return seconds, await server.client.check_probe(path, step, tolerance)
-
         results = []
         for result in await asyncio.gather(
-            *(self.guard(server, reload(server)) for server in self.up), return_exceptions=True
+            *(self.guard(server, self.load(server, path, step, tolerance)) for server in self.up),
+            return_exceptions=True,
         ):
             if isinstance(result, ServerDown):
                 continue
@@ -219,7 +224,7 @@ class Servers:
                 raise result
             results.append(result)
         if not results:
-            raise NoServer(f"no inference server answers (all {len(self.servers)} set aside)")
+            raise self.none_left()
         gaps = [gap for _, gap in results if gap is not None]
         return max(seconds for seconds, _ in results), max(gaps) if gaps else None
 

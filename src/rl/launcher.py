@@ -41,9 +41,9 @@ WAIT_NOTICE_S = 30.0  # without a terminal, how often to say what the run waits 
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
 
 
-def module_of(name: str) -> str:
-    """The module a process runs: ``inference-1`` is an inference server like ``inference``."""
-    return MODULES[name.split("-")[0]]
+def module_of(name: str, config: RLConfig) -> str:
+    """The module a process runs: each of :func:`servers` (``inference``, or ``inference-0``, ...) is a server."""
+    return MODULES["inference"] if name in servers(config) else MODULES[name]
 
 
 def trainer_ranks(config: RLConfig) -> int:
@@ -191,6 +191,8 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             last = now
             printed += 1
 
+    server_names = set(servers(config))
+    several = server_names if len(server_names) > 1 else set()  # a run goes on without one of several servers
     failed, lost = None, set()
     with WaitNotice() as notice:
         while failed is None and not all(children[name].poll() == 0 for name in ("trainer", "orchestrator")):
@@ -205,7 +207,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
                 notice.show(f"step {printed + 1}/{max_steps} ({now - last:.0f}s)")
             exited = (name for name, child in children.items() if name not in lost and child.poll() not in (None, 0))
             failed = next(exited, None)
-            if failed and failed.startswith("inference-") and any_server_left(children, lost | {failed}):
+            if failed in several and any(children[name].poll() is None for name in several - lost - {failed}):
                 lost.add(failed)
                 logger.warning(
                     f"{failed} exited with code {children[failed].poll()}: the run goes on with the other servers "
@@ -222,11 +224,6 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0
-
-
-def any_server_left(children: dict[str, Child], lost: set[str]) -> bool:
-    """Whether an inference server rl started is still running, besides those in ``lost``."""
-    return any(name.startswith("inference-") and name not in lost and c.poll() is None for name, c in children.items())
 
 
 def run(config: RLConfig) -> int:
@@ -268,7 +265,9 @@ def run(config: RLConfig) -> int:
     try:
         for name in paths:
             log_path = log_dir / f"{name}.log"
-            argv = command(module_of(name), paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1)
+            argv = command(
+                module_of(name, config), paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1
+            )
             children[name] = Child(name, argv, log_path, child_env(placement[name]))
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         code = supervise(children, config)

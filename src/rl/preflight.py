@@ -87,19 +87,21 @@ def check_port_free(host: str, port: int) -> None:
 def placement(config: RLConfig) -> dict[str, list[int]]:
     """The GPUs of each process rl starts: each inference server its ``tensor_parallel_size`` consecutive ids of
     ``inference_gpu_ids``, the trainer ``trainer_gpu_ids``, the orchestrator none."""
-    tp = config.inference.tensor_parallel_size if config.inference else 1
     ids = config.inference_gpu_ids
-    gpus = {name: ids[i * tp : (i + 1) * tp] for i, name in enumerate(servers(config))}
+    gpus = {
+        name: ids[i * server.tensor_parallel_size : (i + 1) * server.tensor_parallel_size]
+        for i, (name, server) in enumerate(servers(config).items())
+    }
     return {**gpus, "orchestrator": [], "trainer": config.trainer_gpu_ids}
 
 
 def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
     """Where each process runs, for a person: its GPUs (or the CPU), ports, ranks."""
-    lines = ["placement:"]
+    lines, started = ["placement:"], servers(config)
     for name, gpus in placement(config).items():
         where = f"GPU {','.join(map(str, gpus))}" if on_gpu and gpus else "CPU"
-        if name.startswith("inference"):
-            server = servers(config)[name]
+        if name in started:
+            server = started[name]
             lines.append(f"  {name}: {where}, port {server.port}, tensor_parallel_size {server.tensor_parallel_size}")
         elif name == "trainer":
             ranks = len(gpus) if on_gpu else 1
@@ -119,12 +121,11 @@ def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
     for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
         if not ids or any(not 0 <= i < count for i in ids):
             raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
-    tp = config.inference.tensor_parallel_size if config.inference else 1
-    for name, ids in where.items():
-        if name.startswith("inference") and len(ids) != tp:
+    for name, server in servers(config).items():
+        if len(where[name]) != server.tensor_parallel_size:
             raise TridentError(
-                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = {tp} "
-                f"GPUs, it has {ids}"
+                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = "
+                f"{server.tensor_parallel_size} GPUs, it has {where[name]}"
             )
     shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids)
     logger.info(
