@@ -13,11 +13,13 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
+from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
 from rl.errors import TridentError
 from rl.protocol import API_KEY_ENV
 
 logger = logging.getLogger("orchestrator")
+remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 
 
 @dataclass

@@ -25,20 +25,16 @@ An environment may describe its agent loop on each task's ``TaskData`` with thes
   model answers without a tool call; the string it returns is the next user message, ``None`` ends the rollout.
 """
 
-import functools
 import importlib
 import inspect
 import itertools
 import json
-import ssl
 import sys
 import typing
 from contextlib import AsyncExitStack
 
-import httpx
-import openai
+import aiohttp
 import verifiers.v1 as vf
-from openai import AsyncOpenAI
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
 # verifiers finds a harness by id, importing the module named like the id: register this one under it.
@@ -49,11 +45,33 @@ _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 INJECTED = ("runtime", "task")  # tool parameters the harness fills in
 
 
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """One TLS context for every rollout's client: building one loads the CA bundle, which took more than half
-    of a rollout's CPU time when each rollout's client built its own."""
-    return httpx.create_ssl_context()
+def _without_none(value):
+    """``value`` with the ``None`` entries of its dicts dropped, at every depth."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+class ModelCallError(Exception):
+    """The endpoint refused a model call or could not be reached (e.g. the context is full)."""
+
+
+async def chat_completion(http: aiohttp.ClientSession, url: str, body: dict) -> dict:
+    """One OpenAI chat-completions call to verifiers' endpoint; the reply's message, its ``None`` fields left out.
+
+    Plain JSON over aiohttp: the OpenAI SDK's request and reply models, and httpx's connection pool (which checks
+    every open connection at each request's end), cost more CPU than the rest of the harness.
+    """
+    try:
+        async with http.post(url, json=body) as response:
+            if response.status != 200:
+                raise ModelCallError(f"Error code: {response.status} - {await response.text()}")
+            reply = await response.json()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise ModelCallError(f"{type(e).__name__}: {e}") from e
+    return _without_none(reply["choices"][0]["message"])
 
 
 def _import(path: str) -> typing.Callable:
@@ -158,15 +176,11 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
         user = _import(user) if user else None
         max_turns = getattr(data, "max_turns", None)
         injected = {"runtime": runtime, "task": data}
-        client = AsyncOpenAI(
-            base_url=endpoint,
-            api_key=secret,
-            max_retries=0,
-            timeout=httpx.Timeout(self.config.request_timeout_s, connect=60.0),
-            http_client=httpx.AsyncClient(verify=_ssl_context()),
-        )
+        url = endpoint.rstrip("/") + "/chat/completions"
+        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s, connect=60.0)
         async with AsyncExitStack() as stack:
-            stack.push_async_callback(client.close)
+            headers = {"Authorization": f"Bearer {secret}"}
+            http = await stack.enter_async_context(aiohttp.ClientSession(headers=headers, timeout=timeout))
             mcp_specs, dispatch, servers = [], {}, {}
             if mcp_urls:
                 spec = {"mcpServers": {name: {"url": url, "connect_timeout": self.config.mcp_connect_timeout_s}
@@ -179,12 +193,13 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
             extra = {"tools": specs} if specs else {}
             try:
                 for _ in range(max_turns) if max_turns is not None else itertools.count():
-                    response = await client.chat.completions.create(model=ctx.model, messages=messages, **extra)
-                    message = response.choices[0].message
-                    messages.append(message.model_dump(exclude_none=True))
-                    if message.tool_calls and specs:  # with no tool offered, a parsed call is just a reply
-                        for call in message.tool_calls:
-                            name, arguments = call.function.name, call.function.arguments
+                    body = {"model": ctx.model, "messages": messages, **extra}
+                    message = await chat_completion(http, url, body)
+                    messages.append(message)
+                    calls = message.get("tool_calls") or []
+                    if calls and specs:  # with no tool offered, a parsed call is just a reply
+                        for call in calls:
+                            name, arguments = call["function"]["name"], call["function"].get("arguments", "")
                             if name in tools:
                                 content = await call_tool(tools[name], arguments, injected)
                             elif name in dispatch:
@@ -192,15 +207,15 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
                             else:
                                 known = sorted([*tools, *dispatch])
                                 content = f"error: no tool named {name!r}; tools: {known}"
-                            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-                        if final_tools & {call.function.name for call in message.tool_calls}:
+                            messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+                        if final_tools & {call["function"]["name"] for call in calls}:
                             break
                         continue
                     reply = await _maybe_await(user(messages, data)) if user else None
                     if reply is None:
                         break
                     messages.append({"role": "user", "content": reply})
-            except openai.APIError as e:  # e.g. the context is full: verifiers records the stop condition
+            except ModelCallError as e:  # e.g. the context is full: verifiers records the stop condition
                 return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 

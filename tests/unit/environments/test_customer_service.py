@@ -6,9 +6,10 @@ from pathlib import Path
 
 import customer_service
 import httpx
-import openai
 import pytest
 import verifiers.v1 as vf
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from customer_service import customer, model_customer, rewards, scenarios, tools
 from customer_service.store import TOOL_NAMES, Store, StoreError, normalize_address, replay
 from customer_service.transcript import agent_replies, tool_calls
@@ -469,28 +470,23 @@ def test_model_customer_calls_the_server(monkeypatch):
 # --- a whole rollout through the harness, with a scripted agent
 
 
-class ScriptedAgent:
-    """Stands in for AsyncOpenAI: answers each chat call with the next scripted message."""
+def scripted_endpoint(script: list[dict], seen: list[list[dict]], offered: list[list[dict]]) -> web.Application:
+    """An OpenAI chat-completions endpoint answering each call with the next scripted message."""
+    replies = iter(script)
 
-    def __init__(self, script: list[dict], seen: list[list[dict]], offered: list[list[dict]]) -> None:
-        self.script, self.seen, self.offered = iter(script), seen, offered
-        self.chat = self
-        self.completions = self
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append(body["messages"])
+        offered.append(body.get("tools", []))
+        choice = {"index": 0, "finish_reason": "stop", "message": next(replies)}
+        return web.json_response({"id": "x", "object": "chat.completion", "model": body["model"], "choices": [choice]})
 
-    async def create(self, model, messages, tools=()):
-        self.seen.append(list(messages))
-        self.offered.append(list(tools))
-        message = next(self.script)
-        choice = {"index": 0, "finish_reason": "stop", "message": message}
-        return openai.types.chat.ChatCompletion.model_validate(
-            {"id": "x", "object": "chat.completion", "created": 0, "model": model, "choices": [choice]}
-        )
-
-    async def close(self):
-        pass
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
 
 
-def test_a_rollout_through_the_harness(monkeypatch):
+def test_a_rollout_through_the_harness():
     task = first_task("refund", max_turns=6).data
     order_id = task.scenario.goal.order_id
     script = [
@@ -502,11 +498,16 @@ def test_a_rollout_through_the_harness(monkeypatch):
     ]
     seen: list[list[dict]] = []
     offered: list[list[dict]] = []
-    monkeypatch.setattr(harness, "AsyncOpenAI", lambda **_: ScriptedAgent(script, seen, offered))
     runtime = Runtime()
     agent_harness = harness.InProcessHarness(harness.InProcessHarnessConfig())
     ctx = type("Ctx", (), {"model": "m"})()
-    result = asyncio.run(agent_harness.launch(ctx, None, runtime, "http://x", "k", {}, task))
+
+    async def launch():
+        async with TestServer(scripted_endpoint(script, seen, offered)) as server:
+            endpoint = str(server.make_url("/v1"))
+            return await agent_harness.launch(ctx, None, runtime, endpoint, "k", {}, task)
+
+    result = asyncio.run(launch())
     assert result.exit_code == 0
     assert len(seen) == 4  # the customer left after the refund was confirmed
     assert seen[1][-1] == {"role": "user", "content": f"It's order {order_id}."}

@@ -1,7 +1,12 @@
 import asyncio
 import json
 
-from orchestrator.harness import call_tool, tool_spec
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from orchestrator.harness import ModelCallError, call_tool, chat_completion, tool_spec
 
 
 def calculator(expression: str, precision: int = 2) -> str:
@@ -38,3 +43,42 @@ def test_call_tool_reports_errors_to_the_model():
     assert asyncio.run(call_tool(read_file, "not json", {})).startswith("error: JSONDecodeError")
     assert asyncio.run(call_tool(read_file, "[1]", {})).startswith("error: TypeError: arguments must be")
     assert asyncio.run(call_tool(read_file, "{}", {"runtime": 1, "task": 2})).startswith("error: TypeError")
+
+
+async def _against(handler, call):
+    """``call(session, url)`` against a real aiohttp server answering ``POST /chat/completions`` with ``handler``."""
+    app = web.Application()
+    app.router.add_post("/chat/completions", handler)
+    async with TestServer(app) as server, aiohttp.ClientSession(headers={"Authorization": "Bearer s3"}) as http:
+        return await call(http, str(server.make_url("/chat/completions")))
+
+
+def test_chat_completion_sends_the_body_and_returns_the_message_without_none_fields():
+    seen = {}
+
+    async def handler(request):
+        seen.update(body=await request.json(), auth=request.headers["Authorization"])
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}, "index": None}
+        message = {"role": "assistant", "content": None, "tool_calls": [call], "refusal": None}
+        return web.json_response({"choices": [{"index": 0, "message": message}]})
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    message = asyncio.run(_against(handler, lambda http, url: chat_completion(http, url, body)))
+    assert seen == {"body": body, "auth": "Bearer s3"}
+    assert message == {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                            "function": {"name": "f", "arguments": "{}"}}]}  # fmt: skip
+
+
+def test_chat_completion_raises_the_endpoints_refusal_and_an_unreachable_endpoint():
+    async def refuse(request):
+        return web.json_response({"error": {"message": "prompt too long"}}, status=400)
+
+    with pytest.raises(ModelCallError, match="Error code: 400 - .*prompt too long"):
+        asyncio.run(_against(refuse, lambda http, url: chat_completion(http, url, {})))
+
+    async def unreachable():
+        async with aiohttp.ClientSession() as http:
+            return await chat_completion(http, "http://127.0.0.1:9/chat/completions", {})
+
+    with pytest.raises(ModelCallError, match="ClientConnectorError"):
+        asyncio.run(unreachable())
