@@ -144,6 +144,20 @@ def exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def process_group_cpu_s(groups: list[int]) -> float:
+    """CPU seconds used so far by the live processes of the process groups ``groups`` (``/proc``)."""
+    total = 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in groups:
+            total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:

@@ -23,7 +23,15 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import benchmark_parser, exit_on_sigterm, inference_process, machine_info, report, utc_now
+from common import (
+    benchmark_parser,
+    exit_on_sigterm,
+    inference_process,
+    machine_info,
+    process_group_cpu_s,
+    report,
+    utc_now,
+)
 
 from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
@@ -43,20 +51,6 @@ class BenchmarkConfig:
 
 FULL = BenchmarkConfig(prompts=16, group_size=8, repetitions=4)
 SMOKE = BenchmarkConfig(prompts=2, group_size=2, repetitions=1)
-
-
-def server_cpu_s(pids: list[int]) -> float:
-    """CPU seconds used so far by the processes of the servers' process groups (``/proc``)."""
-    total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) in pids:  # process group
-            total += (int(fields[11]) + int(fields[12])) / ticks
-    return total
 
 
 def orchestrator_for(urls: list[str], bench: BenchmarkConfig, output_dir: Path) -> Orchestrator:
@@ -85,13 +79,14 @@ def run_benchmark(bench: BenchmarkConfig, urls: list[str], groups: list[int], wo
     async def alternate() -> None:  # one event loop, as the orchestrator runs
         for repetition in range(bench.repetitions + 1):
             for side in SIDES if repetition % 2 else SIDES[::-1]:
-                cpu = server_cpu_s(groups)
+                cpu = process_group_cpu_s(groups)
                 seconds, rollouts, tokens = await batch(orchestrators[side], repetition)  # the same prompts
                 per_server = orchestrators[side].servers.reset_counts()
+                cpu = process_group_cpu_s(groups) - cpu
                 if repetition == 0:
                     continue  # warm-up
                 runs[side].append({"seconds": seconds, "rollouts": rollouts, "sampled_tokens": tokens,
-                                   "per_server": per_server, "server_cpu_s": server_cpu_s(groups) - cpu})  # fmt: skip
+                                   "per_server": per_server, "server_cpu_s": cpu})  # fmt: skip
                 print(f"{side}: {rollouts / seconds:.1f} rollouts/s ({seconds:.2f}s)", flush=True)
 
     asyncio.run(alternate())

@@ -21,32 +21,55 @@ same number of steps, with the same group size, learning rate (constant), temper
 The reward is char-target's: ``target_share`` of the reply, the reply parsed from the sampled token ids by the
 Qwen3 renderer Trident's rollouts go through, so both sides score the same tokens the same way.
 
-Per side: the wall time of each step (Trident: the trainer's cycle, waiting for the batch included; TRL: between
+Each side trains ``repetitions`` times from the base weights, the sides alternating (TRL first in even
+repetitions, Trident first in odd ones), on the same cores: every process of both sides may run on all of this
+machine's cores (Trident's three processes one torch thread each, as ``rl`` runs them on CPU; TRL's one process
+``--trl-threads``, all cores by default). The inference server is started once, before the first repetition,
+and stays up; its start-up is reported on its own.
+
+Per run: the wall time of each step (Trident: the trainer's cycle, waiting for the batch included; TRL: between
 the ends of consecutive steps), the median over the steps after ``warmup_steps``, and the start-up (all the
-wall time not in those steps: process start, imports, model loading, the warm-up steps); the reward of each
-step's batch, and the final reward, the mean over the last ``final_steps`` steps. The inference server's
-start-up, when this script starts it, is reported on its own. Only ratios measured in the same run mean
-something on a shared, noisy machine.
+wall time not in those steps: process start, imports, model loading, the warm-up steps); the CPU seconds per
+step over the same steps (Trident: trainer, orchestrator and the server's processes; TRL: its process, all
+threads); the reward of each step's batch, and the final reward, the mean over the last ``final_steps`` steps.
+The speed ratio is worked out per repetition (TRL's s/step over Trident's, the two runs next to each other) and
+reported as the median with the lowest and highest: the spread of a ratio on a shared, noisy machine.
+
+``--larger``: a random Qwen3 of hidden 512 (4 layers, the tiny model's vocabulary) sampling 128 tokens, where
+generation's compute matters; its results go to ``results/trl_grpo_larger.json``.
 """
 
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
 from char_target import CharTargetConfig, CharTargetTaskset, target_share
-from common import benchmark_parser, machine_info, report, serve_base_model, server_for, utc_now
+from common import (
+    RESULTS_DIR,
+    benchmark_model,
+    benchmark_parser,
+    inference_process,
+    machine_info,
+    model_summary,
+    process_group_cpu_s,
+    report,
+    serve_base_model,
+    utc_now,
+)
 
 from rl.launcher import child_env, log_tail
 from rl.metrics import read_metrics
 from rl.process import Child, stop_all
-from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
+from rl.tiny_model import resolve_model_path
 
 ROOT = Path(__file__).parents[1]
 DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
@@ -67,13 +90,21 @@ class BenchmarkConfig:
     batch_size: int  # prompts per step
     group_size: int  # rollouts per prompt (TRL's num_generations)
     max_tokens: int  # most tokens sampled per rollout (TRL's max_completion_length)
+    repetitions: int  # runs per side, alternating
+    shape: dict[str, int] = field(default_factory=dict)  # the model: the tiny one reshaped (empty: the tiny one)
     lr: float = 3e-3  # the CPU debug config's
     temperature: float = 1.0
     seed: int = 0
 
 
-FULL = BenchmarkConfig(steps=15, warmup_steps=2, final_steps=5, batch_size=8, group_size=8, max_tokens=32)
-SMOKE = BenchmarkConfig(steps=3, warmup_steps=1, final_steps=1, batch_size=2, group_size=2, max_tokens=8)
+FULL = BenchmarkConfig(
+    steps=15, warmup_steps=2, final_steps=5, batch_size=8, group_size=8, max_tokens=32, repetitions=3
+)
+SMOKE = BenchmarkConfig(steps=3, warmup_steps=1, final_steps=1, batch_size=2, group_size=2, max_tokens=8, repetitions=1)
+LARGER_SHAPE = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+                "num_key_value_heads": 4, "head_dim": 64}  # fmt: skip
+LARGER = BenchmarkConfig(steps=10, warmup_steps=2, final_steps=3, batch_size=8, group_size=8, max_tokens=128,
+                         repetitions=2, shape=LARGER_SHAPE)  # fmt: skip
 
 
 def step_prompts(bench: BenchmarkConfig) -> list[dict]:
@@ -87,12 +118,15 @@ def step_prompts(bench: BenchmarkConfig) -> list[dict]:
     ]
 
 
-def side_summary(step_seconds: list[float], rewards: list[float], wall_s: float, bench: BenchmarkConfig) -> dict:
-    """One side's step times, start-up and rewards."""
+def run_summary(
+    step_seconds: list[float], rewards: list[float], wall_s: float, steady_cpu_s: float, bench: BenchmarkConfig
+) -> dict:
+    """One run's step times, start-up, CPU time and rewards."""
     steady = step_seconds[bench.warmup_steps :]
     return {
         "step_seconds": step_seconds,
         "seconds_per_step": statistics.median(steady),
+        "cpu_s_per_step": steady_cpu_s / len(steady),
         "startup_s": wall_s - sum(steady),
         "wall_s": wall_s,
         "rewards": rewards,
@@ -104,9 +138,16 @@ def side_summary(step_seconds: list[float], rewards: list[float], wall_s: float,
 # --- Trident ---------------------------------------------------------------------------------------------------
 
 
-def trident_processes(bench: BenchmarkConfig, server_url: str, output_dir: Path) -> list[Child]:
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have exited and been waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, output_dir: Path) -> list[Child]:
     """Start trainer and orchestrator on the debug configs with this benchmark's sizes, logs in ``output_dir``."""
-    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seed", str(bench.seed)]
+    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seed", str(bench.seed),
+              "--model.name", model]  # fmt: skip
     extra = {
         "trainer": ["--optim.lr", str(bench.lr)],
         "orchestrator": [
@@ -133,19 +174,32 @@ def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
         stop_all(children)
 
 
-def run_trident(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:
-    """Train ``bench.steps`` steps with Trident against the server, from the base weights; the side's summary."""
+def run_trident(bench: BenchmarkConfig, model: str, server: tuple[str, int | None], work_dir: Path) -> dict:
+    """Train ``bench.steps`` steps with Trident against the server (its URL and process group, None when not
+    ours), from the base weights; the run's summary. Its CPU time over the steady steps is the trainer's and the
+    orchestrator's (read from ``/proc`` once the warm-up steps are done, and from their exit status at the end)
+    and the server's."""
+    server_url, server_group = server
     output_dir = work_dir / "trident"
-    start = time.monotonic()
+    start, children_before = time.monotonic(), children_cpu_s()
     try:
-        wait_all(trident_processes(bench, server_url, output_dir))
+        children = trident_processes(bench, model, server_url, output_dir)
+        groups = [child.popen.pid for child in children]
+        while len(read_metrics(output_dir, "trainer")) < bench.warmup_steps and all(c.poll() is None for c in children):
+            time.sleep(0.2)
+        server_cpu = process_group_cpu_s([server_group]) if server_group else 0.0
+        warm_cpu = process_group_cpu_s(groups)
+        wait_all(children)
         wall_s = time.monotonic() - start
+        server_cpu = process_group_cpu_s([server_group]) - server_cpu if server_group else 0.0
     finally:
         serve_base_model(server_url)
+    steady_cpu = children_cpu_s() - children_before - warm_cpu + server_cpu
     records = read_metrics(output_dir, "trainer")
     step_seconds = [r["wait_s"] + r["train_s"] + r["save_s"] for r in records]
-    summary = side_summary(step_seconds, [r["reward_mean"] for r in records], wall_s, bench)
+    summary = run_summary(step_seconds, [r["reward_mean"] for r in records], wall_s, steady_cpu, bench)
     return summary | {
+        "server_cpu_counted": server_group is not None,
         "phases": trident_phases(output_dir, bench.warmup_steps),
         "threads_per_process": int(child_env({})["OMP_NUM_THREADS"]),
     }
@@ -164,10 +218,11 @@ def trident_phases(output_dir: Path, warmup_steps: int) -> dict[str, float]:
 # --- TRL -------------------------------------------------------------------------------------------------------
 
 
-def trl_side(bench: BenchmarkConfig, prompts: list[dict], threads: int, output_dir: str) -> dict:
+def trl_side(bench: BenchmarkConfig, model: str, prompts: list[dict], threads: int, output_dir: str) -> dict:
     """TRL's ``GRPOTrainer`` for ``bench.steps`` steps, in the process that calls it; when each step ended
-    (``time.monotonic()``), each step's mean reward, and the versions used. Imports TRL itself: run in a fresh
-    process, importing it is part of the side's start-up, as it is for Trident's processes."""
+    (``time.monotonic()`` and this process's CPU time), each step's mean reward, and the versions used. Imports
+    TRL itself: run in a fresh process, importing it is part of the side's start-up, as it is for Trident's
+    processes."""
     import torch
     import trl
     from datasets import Dataset
@@ -175,7 +230,7 @@ def trl_side(bench: BenchmarkConfig, prompts: list[dict], threads: int, output_d
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
     torch.set_num_threads(threads)
-    model_path = resolve_model_path(TINY_MODEL_ID)
+    model_path = resolve_model_path(model)
     renderer = create_renderer(AutoTokenizer.from_pretrained(model_path), Qwen3RendererConfig(enable_thinking=False))
 
     def reply_share(completion_ids: list[list[int]], target_chars: list[str], **_) -> list[float]:
@@ -186,12 +241,15 @@ def trl_side(bench: BenchmarkConfig, prompts: list[dict], threads: int, output_d
     class StepEnds(TrainerCallback):
         def __init__(self):
             self.ends: list[float] = []
+            self.cpu: list[float] = []
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.ends.append(time.monotonic())
+            self.cpu.append(time.process_time())
 
         def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.monotonic())
+            self.cpu.append(time.process_time())
 
     config = trl.GRPOConfig(
         output_dir=output_dir,
@@ -225,77 +283,126 @@ def trl_side(bench: BenchmarkConfig, prompts: list[dict], threads: int, output_d
     trainer.train()
     return {
         "step_ends": timer.ends,
+        "step_end_cpu": timer.cpu,
         "rewards": [record["reward"] for record in trainer.state.log_history if "reward" in record],
         "trl": trl.__version__,
         "threads": torch.get_num_threads(),
     }
 
 
-def run_trl(bench: BenchmarkConfig, threads: int, work_dir: Path) -> dict:
-    """Train ``bench.steps`` steps with TRL in a fresh process; the side's summary."""
+def run_trl(bench: BenchmarkConfig, model: str, threads: int, work_dir: Path) -> dict:
+    """Train ``bench.steps`` steps with TRL in a fresh process; the run's summary."""
     prompts = step_prompts(bench)
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        out = pool.submit(trl_side, bench, prompts, threads, str(work_dir / "trl")).result()
+        out = pool.submit(trl_side, bench, model, prompts, threads, str(work_dir / "trl")).result()
     wall_s = time.monotonic() - start
-    ends = out["step_ends"]
+    ends, cpu = out["step_ends"], out["step_end_cpu"]
     step_seconds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
-    return side_summary(step_seconds, out["rewards"], wall_s, bench) | {"threads": out["threads"], "trl": out["trl"]}
+    steady_cpu = cpu[-1] - cpu[bench.warmup_steps]
+    summary = run_summary(step_seconds, out["rewards"], wall_s, steady_cpu, bench)
+    return summary | {"threads": out["threads"], "trl": out["trl"]}
 
 
 # --- both ------------------------------------------------------------------------------------------------------
 
 
-def compare(trident: dict, trl: dict) -> dict:
-    """Trident against TRL: >1 means Trident is faster (step, start-up) or reached a higher reward."""
+def side_summary(runs: list[dict], bench: BenchmarkConfig) -> dict:
+    """A side over its runs: the medians of s/step, CPU s/step and start-up; the mean of the rewards per step."""
+    rewards = [statistics.mean(step) for step in zip(*(run["rewards"] for run in runs), strict=True)]
     return {
-        "trident_speedup_per_step": trl["seconds_per_step"] / trident["seconds_per_step"],
-        "trident_speedup_startup": trl["startup_s"] / trident["startup_s"],
-        "final_reward_ratio": trident["final_reward"] / trl["final_reward"] if trl["final_reward"] else None,
+        "seconds_per_step": statistics.median(run["seconds_per_step"] for run in runs),
+        "cpu_s_per_step": statistics.median(run["cpu_s_per_step"] for run in runs),
+        "startup_s": statistics.median(run["startup_s"] for run in runs),
+        "rewards": rewards,
+        "first_reward": rewards[0],
+        "final_reward": statistics.mean(rewards[-bench.final_steps :]),
+        "runs": runs,
+    }
+
+
+def spread(values: list[float]) -> dict:
+    """The median of ``values``, its lowest and highest, and all of them."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "each": values}
+
+
+def compare(trident: dict, trl: dict) -> dict:
+    """Trident against TRL, repetition by repetition: >1 means Trident is faster (wall, CPU) or reached a higher
+    reward."""
+    pairs = list(zip(trident["runs"], trl["runs"], strict=True))
+    return {
+        "trident_speedup_per_step": spread([b["seconds_per_step"] / a["seconds_per_step"] for a, b in pairs]),
+        "trident_cpu_saving_per_step": spread([b["cpu_s_per_step"] / a["cpu_s_per_step"] for a, b in pairs]),
+        "trident_speedup_startup": spread([b["startup_s"] / a["startup_s"] for a, b in pairs]),
         "final_reward_difference": trident["final_reward"] - trl["final_reward"],
     }
 
 
-def run_benchmark(bench: BenchmarkConfig, server: str | None, threads: int, work_dir: Path) -> dict:
-    """TRL, then Trident against the server (started now unless ``server`` is given); results as a dict."""
-    trl = run_trl(bench, threads, work_dir)
-    print(f"trl: {trl['seconds_per_step']:.3f} s/step, final reward {trl['final_reward']:.3f}", flush=True)
+@contextmanager
+def own_server(model: str, url: str | None, log_dir: Path):
+    """``(url, process group)`` of the server at ``url`` (group None: not ours), or of one started for the block
+    and the seconds it took to start."""
+    if url is not None:
+        yield (url.rstrip("/"), None), None
+        return
     start = time.monotonic()
-    with server_for(server, TINY_MODEL_ID, LORA_RANK) as server_url:
-        server_start_s = None if server else time.monotonic() - start
-        trident = run_trident(bench, server_url, work_dir)
-    print(f"trident: {trident['seconds_per_step']:.3f} s/step, final reward {trident['final_reward']:.3f}", flush=True)
+    with inference_process(model, LORA_RANK, log_dir, max_model_len=1024) as (base_url, child):
+        yield (base_url, child.popen.pid), time.monotonic() - start
+
+
+def run_benchmark(bench: BenchmarkConfig, server: str | None, threads: int, work_dir: Path) -> dict:
+    """Both sides ``bench.repetitions`` times, alternating, against one server (started now unless ``server`` is
+    given); results as a dict."""
+    model = benchmark_model(bench.shape, work_dir / "model")
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+    (work_dir / "server").mkdir()
+    with own_server(model, server, work_dir / "server") as (served, server_start_s):
+        for repetition in range(bench.repetitions):
+            for side in SIDES if repetition % 2 == 0 else SIDES[::-1]:
+                run_dir = work_dir / f"{side}-{repetition}"
+                if side == "trl":
+                    run = run_trl(bench, model, threads, run_dir)
+                else:
+                    run = run_trident(bench, model, served, run_dir)
+                runs[side].append(run)
+                print(f"{side} #{repetition}: {run['seconds_per_step']:.3f} s/step, {run['cpu_s_per_step']:.2f} CPU "
+                      f"s/step, final reward {run['final_reward']:.3f}", flush=True)  # fmt: skip
+    sides = {side: side_summary(runs[side], bench) for side in SIDES}
     return {
         "benchmark": "trl_grpo",
         "date": utc_now(),
         "machine": machine_info(),
-        "config": asdict(bench) | {"model": TINY_MODEL_ID, "env": "char-target", "trl": trl.pop("trl")},
-        "trident": trident | {"server_start_s": server_start_s},
-        "trl": trl,
-        **compare(trident, trl),
+        "config": asdict(bench)
+        | {"model": model_summary(resolve_model_path(model)), "env": "char-target", "trl": runs["trl"][0]["trl"]},
+        "server_start_s": server_start_s,
+        **sides,
+        **compare(sides["trident"], sides["trl"]),
     }
 
 
 def summary_table(result: dict) -> str:
     """A few lines for the terminal."""
-    rows = [f"{'':8}{'s/step':>9}{'start-up s':>12}{'first reward':>14}{'final reward':>14}"]
+    rows = [f"{'':8}{'s/step':>9}{'CPU s/step':>12}{'start-up s':>12}{'first reward':>14}{'final reward':>14}"]
     for name in SIDES:
         s = result[name]
         rows.append(
-            f"{name:8}{s['seconds_per_step']:>9.3f}{s['startup_s']:>12.1f}{s['first_reward']:>14.3f}"
-            f"{s['final_reward']:>14.3f}"
+            f"{name:8}{s['seconds_per_step']:>9.3f}{s['cpu_s_per_step']:>12.2f}{s['startup_s']:>12.1f}"
+            f"{s['first_reward']:>14.3f}{s['final_reward']:>14.3f}"
         )
-    server_start = result["trident"]["server_start_s"]
-    phases = result["trident"]["phases"]
+    phases = result["trident"]["runs"][-1]["phases"]
+    speed, cpu = result["trident_speedup_per_step"], result["trident_cpu_saving_per_step"]
     rows += [
-        f"trident step phases (medians): generate {phases['orchestrator_generate_s']:.2f} s, reload "
+        f"trident step phases (medians, last run): generate {phases['orchestrator_generate_s']:.2f} s, reload "
         f"{phases['orchestrator_reload_s']:.2f} s, train {phases['trainer_train_s']:.2f} s, save "
         f"{phases['trainer_save_s']:.2f} s",
-        f"trident speed-up per step (trl s/step / trident s/step): {result['trident_speedup_per_step']:.2f}",
-        f"trident speed-up at start-up: {result['trident_speedup_startup']:.2f}"
-        + (f" (plus {server_start:.0f} s to start the inference server)" if server_start is not None else ""),
+        f"trident speed-up per step (trl s/step / trident s/step): {speed['median']:.2f} "
+        f"({speed['min']:.2f}-{speed['max']:.2f} over {len(speed['each'])} repetitions)",
+        f"trident CPU saving per step (trl CPU s / trident CPU s): {cpu['median']:.2f} "
+        f"({cpu['min']:.2f}-{cpu['max']:.2f})",
         f"final reward trident - trl: {result['final_reward_difference']:+.3f}",
     ]
+    if result["server_start_s"] is not None:
+        rows.append(f"the inference server took {result['server_start_s']:.0f} s to start (once, before the runs)")
     return "\n".join(rows)
 
 
@@ -305,8 +412,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--trl-threads", type=int, default=os.cpu_count(), help="torch threads of TRL's process (default: all cores)"
     )
+    parser.add_argument("--larger", action="store_true", help="a random model of hidden 512 sampling 128 tokens")
     args = parser.parse_args(argv)
-    bench = SMOKE if args.smoke else FULL
+    bench = SMOKE if args.smoke else LARGER if args.larger else FULL
+    if args.larger and args.output == RESULTS_DIR / "trl_grpo.json":
+        args.output = RESULTS_DIR / "trl_grpo_larger.json"
     with tempfile.TemporaryDirectory(prefix="trident-bench-trl-") as tmp:
         result = run_benchmark(bench, args.server, args.trl_threads, Path(tmp))
     return report(args.output, result, summary_table(result))

@@ -83,20 +83,22 @@ def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):
     result = json.loads(output.read_text())
     assert {"date", "machine", "config", "trident", "trl", "trident_speedup_per_step"} <= result.keys()
     assert result["machine"]["cores"] >= 1 and result["config"]["trl"]
-    steps = result["config"]["steps"]
+    config = result["config"]
+    assert config["model"]["hidden_size"] == 64  # the tiny model
     for side in ("trident", "trl"):
-        stats = result[side]
-        assert len(stats["step_seconds"]) == len(stats["rewards"]) == steps
-        assert all(0 <= reward <= 1 for reward in stats["rewards"])
-        assert stats["seconds_per_step"] > 0 and stats["startup_s"] > 0
-        assert stats["wall_s"] > sum(stats["step_seconds"][result["config"]["warmup_steps"] :])
-    assert (
-        result["trident"]["phases"]["orchestrator_generate_s"] > 0
-        and result["trident"]["phases"]["trainer_train_s"] > 0
-    )
-    assert result["trident"]["server_start_s"] is None  # the server was given
-    assert result["trl"]["threads"] == 1
-    assert result["trident_speedup_per_step"] > 0 and result["trident_speedup_startup"] > 0
+        (run,) = result[side]["runs"]  # one repetition
+        assert len(run["step_seconds"]) == len(run["rewards"]) == config["steps"]
+        assert all(0 <= reward <= 1 for reward in run["rewards"])
+        assert run["seconds_per_step"] > 0 and run["startup_s"] > 0 and run["cpu_s_per_step"] > 0
+        assert run["wall_s"] > sum(run["step_seconds"][config["warmup_steps"] :])
+        assert result[side]["rewards"] == run["rewards"] and result[side]["seconds_per_step"] == run["seconds_per_step"]
+    trident = result["trident"]["runs"][0]
+    assert trident["phases"]["orchestrator_generate_s"] > 0 and trident["phases"]["trainer_train_s"] > 0
+    assert result["server_start_s"] is None and not trident["server_cpu_counted"]  # the server was given
+    assert result["trl"]["runs"][0]["threads"] == 1
+    speedup = result["trident_speedup_per_step"]
+    assert speedup["min"] == speedup["median"] == speedup["max"] > 0 and len(speedup["each"]) == 1
+    assert result["trident_cpu_saving_per_step"]["median"] > 0
 
     served = httpx.get(f"{inference_server}/weights", headers=auth_headers(), timeout=30).json()
     assert (served["step"], served["adapter"]) == (0, None)
