@@ -182,16 +182,16 @@ def wait_healthy(base_url: str, server: Child, timeout_s: float = SERVER_TIMEOUT
 
 @contextmanager
 def inference_process(
-    model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024, env: dict[str, str] | None = None
+    model: str, lora_rank: int | None, log_dir: Path, max_model_len: int = 1024, env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, Child]]:
-    """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank`` (``env``:
-    more environment variables); yield its base URL and process once healthy, and stop it (its whole process
-    group) on exit."""
+    """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank`` (None: no
+    adapters; ``env``: more environment variables); yield its base URL and process once healthy, and stop it (its
+    whole process group) on exit."""
     port = free_port()
     config = log_dir / "infer.toml"
+    lora = f"[lora]\nmax_rank = {lora_rank}\n" if lora_rank is not None else ""
     config.write_text(
-        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = {max_model_len}\n'
-        f"[lora]\nmax_rank = {lora_rank}\n"
+        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = {max_model_len}\n{lora}'
     )
     argv = [sys.executable, "-m", "inference.main", "@", str(config)]
     server = Child("inference", argv, log_dir / "inference.log", child_env(env or {}))

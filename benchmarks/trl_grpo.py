@@ -21,8 +21,8 @@ same number of steps, with the same group size, learning rate (constant), temper
 The reward is char-target's: ``target_share`` of the reply, the reply parsed from the sampled token ids by the
 Qwen3 renderer Trident's rollouts go through, so both sides score the same tokens the same way.
 
-Each side trains ``repetitions`` times from the base weights, the sides alternating (TRL first in even
-repetitions, Trident first in odd ones), on the same cores: every process of both sides may run on all of this
+Each side trains ``repetitions`` times from the base weights, the sides alternating (Trident first in even
+repetitions, TRL first in odd ones), on the same cores: every process of both sides may run on all of this
 machine's cores (Trident's three processes one torch thread each, as ``rl`` runs them on CPU; TRL's one process
 ``--trl-threads``, all cores by default). The inference server is started once, before the first repetition,
 and stays up; its start-up is reported on its own.
@@ -74,7 +74,6 @@ from rl.tiny_model import resolve_model_path
 ROOT = Path(__file__).parents[1]
 DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
 SIDES = ("trident", "trl")
-LORA_RANK = 8  # the benchmark servers' adapter limit (unused here: both sides train all weights)
 RUN_TIMEOUT_S = 1800.0
 ORCHESTRATOR_PHASES = ("wait_weights_s", "reload_s", "generate_s", "write_s")
 TRAINER_PHASES = ("wait_s", "train_s", "save_s")
@@ -346,7 +345,7 @@ def own_server(model: str, url: str | None, log_dir: Path):
         yield (url.rstrip("/"), None), None
         return
     start = time.monotonic()
-    with inference_process(model, LORA_RANK, log_dir, max_model_len=1024) as (base_url, child):
+    with inference_process(model, None, log_dir, max_model_len=1024) as (base_url, child):  # full weights: no LoRA
         yield (base_url, child.popen.pid), time.monotonic() - start
 
 

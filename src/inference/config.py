@@ -58,6 +58,12 @@ class InferenceConfig(BaseConfig):
     kv_cache_space_gib: Annotated[
         int, Field(ge=1, description="KV cache size on CPU in GiB (VLLM_CPU_KVCACHE_SPACE).")
     ] = 1
+    busy_wait_s: Annotated[
+        float | None,
+        Field(ge=0, description="Seconds vLLM's engine and worker processes spin waiting for each other's next "
+                                "message before sleeping until it comes (vLLM's own: 1). Absent: 0 on CPU, where "
+                                "the spinning takes the cores that generation needs; vLLM's own on GPU."),
+    ] = None  # fmt: skip
     weights_root: Annotated[
         Path | None,
         Field(description="Load weights and adapters only from folders under this one (symlinks resolved); "

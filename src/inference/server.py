@@ -7,6 +7,7 @@ import torch
 
 from inference.adapters import Adapters
 from inference.config import InferenceConfig
+from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
@@ -123,12 +124,16 @@ def serve(config: InferenceConfig, api_key: str | None) -> None:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
+    from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_space_gib))
     # oneDNN (vLLM's CPU matmuls) caches a compiled kernel per layer shape and batch size, up to 1,024: on CPU the
     # worker grew by ~0.5 GiB over a run as batches of new sizes came. 16 keeps it flat (no effect on GPU).
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")
+    busy_wait_s = config.busy_wait_s if config.busy_wait_s is not None else 0.0 if current_platform.is_cpu() else None
+    if busy_wait_s is not None:
+        os.environ[BUSY_WAIT_ENV] = str(busy_wait_s)  # read by inference.plugin in each of vLLM's processes
     os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(resolve_model_path(config.model.name)) else "0")
     cli_env_setup()
     args = make_arg_parser(FlexibleArgumentParser(prog="inference")).parse_args(vllm_argv(config))
