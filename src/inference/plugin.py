@@ -25,16 +25,18 @@ def register() -> None:
         return
     from vllm.distributed.device_communicators import shm_broadcast
 
-    seconds = float(value)
     original = shm_broadcast.SpinCondition
+    if getattr(original, "busy_wait_s", None) is not None:  # vLLM may run a plugin more than once in a process
+        return
+    seconds = float(value)
 
     class SpinCondition(original):
+        busy_wait_s = seconds
+
         def __init__(self, *args, **kwargs):
             kwargs.setdefault("busy_loop_s", seconds)
             super().__init__(*args, **kwargs)
 
-    if getattr(original, "busy_wait_s", None) is None:  # once per process
-        SpinCondition.busy_wait_s = seconds
-        shm_broadcast.SpinCondition = SpinCondition
-        shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = RECHECK_MS
-        logger.info(f"vLLM's processes spin {seconds:g}s waiting for each other's messages ({BUSY_WAIT_ENV})")
+    shm_broadcast.SpinCondition = SpinCondition
+    shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS = RECHECK_MS
+    logger.info(f"vLLM's processes spin {seconds:g}s waiting for each other's messages ({BUSY_WAIT_ENV})")
