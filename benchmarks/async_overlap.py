@@ -22,11 +22,13 @@ sum of its own phases (within a run, where changes in the machine's load cancel 
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from common import (
+    DEBUG_CONFIGS,
+    ORCHESTRATOR_PHASES,
+    TRAINER_PHASES,
     benchmark_model,
     benchmark_parser,
     exit_on_sigterm,
@@ -37,18 +39,14 @@ from common import (
     served_model,
     server_for,
     utc_now,
+    wait_all,
 )
 
-from rl.launcher import child_env, log_tail
+from rl.launcher import child_env
 from rl.metrics import read_metrics
-from rl.process import Child, stop_all
+from rl.process import Child
 
-ROOT = Path(__file__).parents[1]
-DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
 LORA_RANK = 8  # the trainer's default adapter rank; the server must accept it
-RUN_TIMEOUT_S = 1800.0
-ORCHESTRATOR_PHASES = ("wait_weights_s", "reload_s", "generate_s", "write_s")
-TRAINER_PHASES = ("wait_s", "train_s", "save_s")
 
 
 @dataclass(frozen=True)
@@ -107,23 +105,6 @@ def start_processes(
     logs = output_dir / "logs"
     return [Child(name, argv, logs / f"{name}.log", child_env({}))
             for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
-
-
-def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
-    """Wait until every child has exited with 0; raise naming the first that fails, after stopping them all."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not all(child.poll() == 0 for child in children):
-            failed = next((child for child in children if child.poll() not in (None, 0)), None)
-            if failed is not None:
-                raise RuntimeError(f"{failed.name} exited with code {failed.poll()}:\n{log_tail(failed.log_path)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"the run did not finish within {timeout_s:.0f}s; logs: {children[0].log_path.parent}"
-                )
-            time.sleep(0.5)
-    finally:
-        stop_all(children)
 
 
 def medians(records: list[dict], keys: tuple[str, ...]) -> dict[str, float]:

@@ -22,12 +22,16 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rl.launcher import child_env
+from rl.launcher import child_env, log_tail
 from rl.process import Child, stop_all
 from rl.protocol import auth_headers
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
+DEBUG_CONFIGS = Path(__file__).parents[1] / "configs" / "debug" / "rl"
+RUN_TIMEOUT_S = 1800.0  # one training run of trainer and orchestrator
+ORCHESTRATOR_PHASES = ("wait_weights_s", "reload_s", "generate_s", "write_s")  # of a step, in its metrics
+TRAINER_PHASES = ("wait_s", "train_s", "save_s")  # of a step: together the trainer's step time
 SERVER_TIMEOUT_S = 900.0  # vLLM starts in about a minute on a quiet 2-core machine, several on a loaded one
 
 
@@ -204,22 +208,40 @@ def inference_process(
 
 
 @contextmanager
-def inference_server(model: str, lora_rank: int, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
+def inference_server(model: str, lora_rank: int | None, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
     """:func:`inference_process`'s base URL."""
     with inference_process(model, lora_rank, log_dir, max_model_len) as (base_url, _):
         yield base_url
 
 
 @contextmanager
-def server_for(url: str | None, model: str | None, lora_rank: int) -> Iterator[str]:
+def server_for(url: str | None, model: str | None, lora_rank: int | None) -> Iterator[str]:
     """The server at ``url`` when given (it must serve LoRA adapters of ``lora_rank``), else one started for
-    the duration of the block to serve ``model``, with its log in a temporary folder."""
+    the duration of the block to serve ``model`` (adapters up to ``lora_rank``; None: none), with its log in a
+    temporary folder."""
     if url is not None:
         yield url.rstrip("/")
         return
     with tempfile.TemporaryDirectory(prefix="trident-bench-server-") as tmp:
         with inference_server(model, lora_rank, Path(tmp)) as base_url:
             yield base_url
+
+
+def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Wait until every child has exited with 0; raise naming the first that fails, after stopping them all."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not all(child.poll() == 0 for child in children):
+            failed = next((child for child in children if child.poll() not in (None, 0)), None)
+            if failed is not None:
+                raise RuntimeError(f"{failed.name} exited with code {failed.poll()}:\n{log_tail(failed.log_path)}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the run did not finish within {timeout_s:.0f}s; logs: {children[0].log_path.parent}"
+                )
+            time.sleep(0.5)
+    finally:
+        stop_all(children)
 
 
 def served_model(base_url: str) -> tuple[str, Path]:

@@ -54,7 +54,10 @@ from pathlib import Path
 
 from char_target import CharTargetConfig, CharTargetTaskset, target_share
 from common import (
+    DEBUG_CONFIGS,
+    ORCHESTRATOR_PHASES,
     RESULTS_DIR,
+    TRAINER_PHASES,
     benchmark_model,
     benchmark_parser,
     inference_process,
@@ -64,19 +67,15 @@ from common import (
     report,
     serve_base_model,
     utc_now,
+    wait_all,
 )
 
-from rl.launcher import child_env, log_tail
+from rl.launcher import child_env
 from rl.metrics import read_metrics
-from rl.process import Child, stop_all
+from rl.process import Child
 from rl.tiny_model import resolve_model_path
 
-ROOT = Path(__file__).parents[1]
-DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
 SIDES = ("trident", "trl")
-RUN_TIMEOUT_S = 1800.0
-ORCHESTRATOR_PHASES = ("wait_weights_s", "reload_s", "generate_s", "write_s")
-TRAINER_PHASES = ("wait_s", "train_s", "save_s")
 
 
 @dataclass(frozen=True)
@@ -160,17 +159,6 @@ def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, outpu
         argv = [sys.executable, "-m", f"{name}.main", "@", str(DEBUG_CONFIGS / config_file), *shared, *extra[name]]
         children.append(Child(name, argv, output_dir / "logs" / f"{name}.log", child_env({})))
     return children
-
-
-def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
-    """Wait until every child exits; raise naming the first that failed (and stop the others)."""
-    try:
-        for child in children:
-            code = child.popen.wait(timeout=timeout_s)
-            if code != 0:
-                raise RuntimeError(f"{child.name} exited with code {code}:\n{log_tail(child.log_path)}")
-    finally:
-        stop_all(children)
 
 
 def run_trident(bench: BenchmarkConfig, model: str, server: tuple[str, int | None], work_dir: Path) -> dict:

@@ -4,18 +4,37 @@ from typing import Any
 
 from fastapi import HTTPException
 
+NAMED = 2  # adapters served under their names: the newest, and the one before for rollouts started on it
+
 
 class Adapters:
     """Load, retire and remove adapters through vLLM's registry of served names and its engine.
 
-    A retired adapter has no name any more (requests naming it get 404) but stays resident until
-    :meth:`remove_retired`, so requests admitted on it before it was retired finish from memory.
+    The newest adapter and the one before it are served under their names: a rollout started on the previous
+    step's adapter (a multi-turn rollout, or the orchestrator's next step started early) finishes its turns on
+    the weights it began with. An older one is retired: it has no name any more (requests naming it get 404) but
+    stays resident until the next swap, so requests admitted on it before finish from memory.
     """
 
     def __init__(self, models: Any, engine: Any):
         self.models = models  # vLLM's OpenAIServingModels: the names requests resolve
         self.engine = engine
+        self.named: list[str] = []  # served names, oldest first
         self.retired: list[int] = []  # engine ids of resident adapters without a name
+
+    async def swap_in(self, name: str, path: str) -> None:
+        """Serve the peft adapter in ``path`` as ``name``; of those served before, only the newest keeps its
+        name. Retired adapters are freed first."""
+        await self.remove_retired()
+        await self.load(name, path)
+        self.named.append(name)
+        while len(self.named) > NAMED:
+            await self.retire(self.named.pop(0))
+
+    async def retire_all(self) -> None:
+        """Stop serving every adapter (the base weights change, or a new run starts)."""
+        while self.named:
+            await self.retire(self.named.pop(0))
 
     async def load(self, name: str, path: str) -> None:
         """Load the peft adapter in ``path`` into the engine and serve it as ``name``."""

@@ -36,8 +36,8 @@ class InferenceLoraConfig(StrictModel):
     ] = 16  # fmt: skip
     max_loras: Annotated[
         int,
-        Field(ge=2, description="Adapters resident at once. 2 lets the previous step's adapter finish the requests "
-                                "it admitted while the new one serves."),
+        Field(ge=2, description="Adapters one batch may mix. 2 lets the previous step's adapter, still served "
+                                "under its name, finish the rollouts started on it beside the new one."),
     ] = 2  # fmt: skip
 
 

@@ -58,8 +58,8 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
         finally:
             await engine.resume_generation()
         full_weights["path"] = path
-        if state.trident_weights["adapter"] is not None:  # trained on the old base weights
-            await state.trident_adapters.retire(state.trident_weights["adapter"])
+        if state.trident_adapters is not None:  # adapters were trained on the old base weights
+            await state.trident_adapters.retire_all()
         return serving(state, step, path, None, start)
 
     @router.post("/reload_weights")
@@ -87,8 +87,8 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
                 return await load_full_weights(state, base_path, 0)
             if served == {"step": 0, "path": base_path, "adapter": None}:
                 return JSONResponse({**served, "seconds": 0.0})  # as a fresh server: nothing to change
-            if served["adapter"] is not None:
-                await state.trident_adapters.retire(served["adapter"])
+            if state.trident_adapters is not None:
+                await state.trident_adapters.retire_all()
             await state.engine_client.update_weight_version("0")
             return serving(state, 0, base_path, None, time.perf_counter())
 
@@ -107,11 +107,7 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             if name == previous:
                 raise HTTPException(409, f"adapter {name} is already served")
             start = time.perf_counter()
-            # The previous adapter serves until the new one is loaded, then finishes what it admitted.
-            await adapters.remove_retired()
-            await adapters.load(name, path)
-            if previous is not None:
-                await adapters.retire(previous)
+            await adapters.swap_in(name, path)  # the previous adapter keeps serving what started on it
             await state.engine_client.update_weight_version(str(request.step))
             return serving(state, request.step, path, name, start)
 

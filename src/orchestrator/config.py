@@ -167,6 +167,12 @@ class OrchestratorConfig(BaseConfig):
         int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
     ] = 8
     max_concurrent: Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")] = 64
+    overlap_steps: Annotated[
+        bool,
+        Field(description="Start the next step's groups while this step's last rollouts finish, once the servers "
+                          "serve weights that step may use (async_level >= 1; at 0 the next step needs this one "
+                          "trained first). They queue behind this step's rollouts for max_concurrent's slots."),
+    ] = True  # fmt: skip
     mask_truncated_completions: Annotated[
         bool, Field(description="Rollouts cut off by max_tokens train no token (their loss mask is all False).")
     ] = False

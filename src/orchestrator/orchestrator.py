@@ -6,6 +6,7 @@ import shutil
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -82,6 +83,21 @@ def build_samples(
     return samples, rewards, advantages
 
 
+@dataclass
+class StartedStep:
+    """The groups of one step, started: running, or queued for ``max_concurrent``'s slots."""
+
+    runs: list[asyncio.Future]  # one per group, each giving its rollouts
+    weight_step: int  # the weights served when they started: the oldest that can have sampled their tokens
+    start: float  # time.perf_counter() when they started
+    wait_s: float  # seconds waited for the trainer's weights before they could start
+    reload_s: float  # seconds the servers took to load those weights
+
+    def cancel(self) -> None:
+        for run in self.runs:
+            run.cancel()
+
+
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig):
         self.config = config
@@ -108,6 +124,8 @@ class Orchestrator:
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.served_step = 0
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
+        self.next_step: asyncio.Task | None = None  # the next step's StartedStep, started during this step
+        self.written_at: float | None = None  # time.perf_counter() when the last batch was written
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -142,29 +160,53 @@ class Orchestrator:
         self.served_step = newest
         return waited, reload_s
 
-    async def step_surviving_outage(self, step: int) -> None:
+    async def step_surviving_outage(self, step: int, start_next: bool = False) -> None:
         """Run a step; if no server answers, wait for one (``client.server_timeout_s``, backing off), bring it to
         this run's weights and run the step once more."""
         try:
-            await self.step(step)
+            await self.step(step, start_next)
         except NoServer as e:
             timeout = self.config.client.server_timeout_s
             logger.warning(f"step {step}: {e}; waiting up to {timeout:.0f}s for one")
             await self.servers.wait_any(timeout)
-            await self.step(step)
+            await self.step(step, start_next)
 
-    async def step(self, step: int) -> None:
+    async def start_groups(self, step: int) -> StartedStep:
+        """Bring the servers to weights that step ``step`` may use (waiting for the trainer's), then start its
+        groups."""
         served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
         await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
         wait_s, reload_s = await self.update_weights(step)
-        start = time.perf_counter()
         runs = [asyncio.ensure_future(self.run_group(env, task)) for env, task in self.batch_tasks(step)]
+        return StartedStep(runs, self.served_step, time.perf_counter(), wait_s, reload_s)
+
+    def cancel_next_step(self) -> None:
+        """Stop the next step's groups, started early (this step failed, or the run stops)."""
+        early, self.next_step = self.next_step, None
+        if early is None:
+            return
+        if not early.done():
+            early.cancel()
+        elif not early.cancelled() and early.exception() is None:
+            early.result().cancel()
+
+    async def step(self, step: int, start_next: bool = False) -> None:
+        """Sample, score and write the batch of step ``step``. With ``start_next``, step ``step + 1``'s groups
+        start as soon as the servers serve weights it may use, to run while this step's last rollouts finish."""
+        early, self.next_step = self.next_step, None
+        started = None
         try:
-            groups = await asyncio.gather(*runs)
+            started = await (early if early is not None else self.start_groups(step))
+            if start_next:
+                self.next_step = asyncio.create_task(self.start_groups(step + 1))
+            groups = await asyncio.gather(*started.runs)
         except BaseException:  # no server left (or interrupted): the other groups of the step stop too
-            for run in runs:
-                run.cancel()
+            if started is not None:
+                started.cancel()
+            self.cancel_next_step()
             raise
+        weight_step, start = started.weight_step, started.start
+        started_early_s = max(0.0, self.written_at - start) if self.written_at is not None else 0.0
         generated = time.perf_counter()
         generate_s = generated - start
         per_server = self.servers.reset_counts()
@@ -179,7 +221,7 @@ class Orchestrator:
             logger.warning(f"step {step}: {count} rollouts failed in {error}")
         samples, rewards, advantages = build_samples(
             groups,
-            self.served_step,
+            weight_step,
             mask_truncated=self.config.mask_truncated_completions,
             zero_truncated=self.config.zero_truncated_completions,
             advantage=self.config.advantage,
@@ -203,7 +245,8 @@ class Orchestrator:
             "empty_samples": empty,
             "overlong_samples": overlong,
             **({"probe_gap": self.probe_gap} if self.probe_gap is not None else {}),
-            "staleness": step - self.served_step,
+            "staleness": step - weight_step,
+            "started_early_s": started_early_s,
         }
         info = BatchInfo(
             step=step,
@@ -212,16 +255,17 @@ class Orchestrator:
             num_loss_tokens=sum(sum(s.loss_mask) for s in samples),
             reward_mean=metrics.pop("reward_mean"),
             temperature=self.config.sampling.temperature,
-            weight_steps=[self.served_step],
+            weight_steps=[weight_step],
             metrics=metrics,
             samples=[sample_summary(s) for b in bins for s in b],
         )
         write_batch(self.output_dir, info, micro_batches)
-        timings = {"wait_weights_s": wait_s, "reload_s": reload_s, "generate_s": generate_s,
-                   "write_s": time.perf_counter() - generated}  # fmt: skip
+        self.written_at = time.perf_counter()
+        timings = {"wait_weights_s": started.wait_s, "reload_s": started.reload_s, "generate_s": generate_s,
+                   "write_s": self.written_at - generated}  # fmt: skip
         self.metrics.write(
             {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
-             "tokens": info.num_tokens, "weight_step": self.served_step, **timings}
+             "tokens": info.num_tokens, "weight_step": weight_step, **timings}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
         if every and step % every == 0:
@@ -229,8 +273,9 @@ class Orchestrator:
             self.metrics.write_table("sample_rollouts", step, rows)
         logger.info(
             f"step {step} | reward {info.reward_mean:.4f} | samples {info.num_samples} | tokens {info.num_tokens} "
-            f"| truncated {metrics['truncated_rate']:.0%} | weights step {self.served_step} "
+            f"| truncated {metrics['truncated_rate']:.0%} | weights step {weight_step} "
             f"| generate {generate_s:.2f}s"
+            + (f" (started {started_early_s:.2f}s early)" if started_early_s else "")
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
 
@@ -281,9 +326,11 @@ class Orchestrator:
             stack.callback(watch.cancel)
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
+            stack.callback(self.cancel_next_step)
+            overlap = self.config.overlap_steps and self.config.async_level > 0
             for step in range(self.start_step(), self.config.max_steps):
                 self.save_checkpoint(step)
-                await self.step_surviving_outage(step)
+                await self.step_surviving_outage(step, start_next=overlap and step + 1 < self.config.max_steps)
             self.save_checkpoint(self.config.max_steps)
         await self.servers.close()
         self.metrics.close()

@@ -43,3 +43,8 @@ def test_async_level_bounds_the_staleness_of_every_batch(tmp_path, inference_ser
         assert weight_steps == list(range(STEPS))  # on-policy: each batch from the weights just trained
     staleness = [record["staleness"] for record in read_metrics(tmp_path, "orchestrator")]
     assert staleness == [step - weight_step for step, weight_step in enumerate(weight_steps)]
+    started_early = [record["started_early_s"] for record in read_metrics(tmp_path, "orchestrator")]
+    if async_level == 0:
+        assert started_early == [0.0] * STEPS  # each step needs the one before trained: nothing overlaps
+    else:
+        assert started_early[1] > 0, started_early  # step 1 may use the base weights: it ran beside step 0

@@ -155,7 +155,7 @@ def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_p
     assert response.status_code == 200, response.text  # the base the adapters apply to (other tests change it)
     token_ids = tokenizer.encode(PROBE_TEXT)
     base = probe_logprobs(original, token_ids)
-    adapters = {step: write_adapter(tiny_model_path, tmp_path / f"step_{step}", seed=step) for step in (1, 2)}
+    adapters = {step: write_adapter(tiny_model_path, tmp_path / f"step_{step}", seed=step) for step in (1, 2, 3)}
 
     async def served_logprobs(model: str) -> list[float]:
         client = InferenceClient(inference_server, timeout_s=60, model=model)
@@ -177,9 +177,12 @@ def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_p
         logprobs = asyncio.run(served_logprobs(adapter_name(step)))
         assert gap(logprobs, probe_logprobs(model, token_ids)) < 1e-4  # the server applies exactly this adapter
         assert gap(logprobs, base) > 1e-2
-    # step 1's name is gone: a request naming it cannot get a stale adapter
+    # step 2's adapter still serves under its name (rollouts started on it finish on it); step 1's name is gone,
+    # so a request naming it cannot get an adapter two swaps old
     names = [m["id"] for m in httpx.get(f"{inference_server}/v1/models").json()["data"]]
-    assert adapter_name(2) in names and adapter_name(1) not in names
+    assert adapter_name(3) in names and adapter_name(2) in names and adapter_name(1) not in names
+    previous = asyncio.run(served_logprobs(adapter_name(2)))
+    assert gap(previous, probe_logprobs(adapters[2], token_ids)) < 1e-4
     body = {"model": adapter_name(1), "token_ids": token_ids, "sampling_params": {"max_tokens": 1}}
     assert httpx.post(f"{inference_server}/inference/v1/generate", json=body, timeout=60).status_code == 404
     assert gap(asyncio.run(served_logprobs("trident/tiny-qwen3")), base) < 1e-4  # the base model is untouched

@@ -1,9 +1,13 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
+from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
+from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, weights_router
 from rl.protocol import ADAPTER_CONFIG, adapter_name, mark_stable
 
@@ -42,40 +46,46 @@ class FakeEngine:
         return call
 
 
-class FakeAdapters:
-    """Records the adapter operations in order; ``load`` of a folder named ``broken`` fails like vLLM."""
+class FakeModels:
+    """vLLM's registry of served adapter names, as :class:`Adapters` uses it; ``calls`` records loads and
+    unloads in order. A folder named ``broken`` fails to load as vLLM's does."""
 
     def __init__(self):
         self.calls = []
+        self.lora_requests = {}
+        self.next_id = 1
 
-    async def load(self, name, path):
-        if path.endswith("broken"):
-            raise HTTPException(400, f"loading adapter {name}: not a peft adapter")
-        self.calls.append(("load", name))
+    async def load_lora_adapter(self, request):
+        if request.lora_path.endswith("broken"):
+            return ErrorResponse(error=ErrorInfo(message="not a peft adapter", type="BadRequestError", code=400))
+        self.lora_requests[request.lora_name] = SimpleNamespace(lora_int_id=self.next_id)
+        self.next_id += 1
+        self.calls.append(("load", request.lora_name))
 
-    async def retire(self, name):
-        self.calls.append(("retire", name))
-
-    async def remove_retired(self):
-        self.calls.append(("remove_retired",))
+    async def unload_lora_adapter(self, request):
+        del self.lora_requests[request.lora_name]
+        self.calls.append(("retire", request.lora_name))
 
 
 BASE = "/models/base"  # the model the fake server started with
 
 
-def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeAdapters | None]:
+def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeModels | None]:
+    """The weight routes on a fake engine; with ``lora``, real :class:`Adapters` on a fake registry of names
+    (returned, its ``calls`` recording each adapter loaded and retired)."""
     app = FastAPI()
     app.include_router(weights_router(root, BASE))
     app.state.engine_client = FakeEngine()
-    app.state.trident_adapters = FakeAdapters() if lora else None
+    models = FakeModels() if lora else None
+    app.state.trident_adapters = Adapters(models, app.state.engine_client) if lora else None
     app.state.trident_weights = {"step": 0, "path": BASE, "adapter": None}
-    return TestClient(app), app.state.engine_client, app.state.trident_adapters
+    return TestClient(app), app.state.engine_client, models
 
 
 @pytest.fixture
 def root(tmp_path):
     """Complete adapter folders step_1..3 and broken, full weights in full_1 and full_2, an incomplete one."""
-    for name in ["step_1", "step_2", "step_3", "broken", "full_1", "full_2", "unstable"]:
+    for name in ["step_1", "step_2", "step_3", "step_4", "broken", "full_1", "full_2", "unstable"]:
         (tmp_path / name).mkdir()
         if name.startswith("full"):  # the fake served model has no files: any readable weights fit it
             save_file({"w": torch.zeros(2)}, tmp_path / name / "model.safetensors")
@@ -86,20 +96,31 @@ def root(tmp_path):
     return tmp_path
 
 
-def test_load_adapter_serves_the_new_name_then_retires_the_old(root):
+def test_load_adapter_serves_the_new_name_and_the_previous_until_the_next_swap(root):
     client, engine, adapters = weights_app(root)
     response = client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
     assert response.status_code == 200
     assert response.json()["adapter"] == adapter_name(1)
-    assert adapters.calls == [("remove_retired",), ("load", adapter_name(1))]
+    assert adapters.calls == [("load", adapter_name(1))]
     assert ("update_weight_version", "1") in engine.calls
     assert client.get("/weights").json() == {"step": 1, "path": str(root / "step_1"), "adapter": adapter_name(1)}
 
-    adapters.calls.clear()
-    assert client.post("/load_adapter", json={"path": str(root / "step_2"), "step": 2}).status_code == 200
-    # the old adapter serves until the new one is loaded
-    assert adapters.calls == [("remove_retired",), ("load", adapter_name(2)), ("retire", adapter_name(1))]
-    assert client.get("/weights").json()["adapter"] == adapter_name(2)
+    def swap(step: int) -> None:
+        adapters.calls.clear()
+        engine.calls.clear()
+        assert client.post("/load_adapter", json={"path": str(root / f"step_{step}"), "step": step}).status_code == 200
+        assert client.get("/weights").json()["adapter"] == adapter_name(step)
+
+    swap(2)  # step 1's adapter keeps its name: rollouts started on it finish their turns on it
+    assert adapters.calls == [("load", adapter_name(2))]
+    assert set(adapters.lora_requests) == {adapter_name(1), adapter_name(2)}
+    swap(3)  # the new one is loaded before the oldest loses its name, which stays resident
+    assert adapters.calls == [("load", adapter_name(3)), ("retire", adapter_name(1))]
+    assert set(adapters.lora_requests) == {adapter_name(2), adapter_name(3)}
+    assert "remove_lora" not in [c[0] for c in engine.calls]
+    swap(4)  # step 1's adapter is freed at the swap after it lost its name
+    assert ("remove_lora", 1) in engine.calls
+    assert adapters.calls == [("load", adapter_name(4)), ("retire", adapter_name(2))]
     assert "pause_generation" not in [c[0] for c in engine.calls]  # generation never stops for an adapter
 
 
@@ -128,9 +149,10 @@ def test_load_adapter_without_lora_is_refused(root):
     assert "[lora]" in response.text
 
 
-def test_reload_weights_swaps_paused_and_retires_the_adapter(root):
+def test_reload_weights_swaps_paused_and_retires_the_adapters(root):
     client, engine, adapters = weights_app(root)
     client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
+    client.post("/load_adapter", json={"path": str(root / "step_3"), "step": 3})
     engine.calls.clear()
     response = client.post("/reload_weights", json={"path": str(root / "full_2"), "step": 2})
     assert response.status_code == 200
@@ -138,7 +160,9 @@ def test_reload_weights_swaps_paused_and_retires_the_adapter(root):
         "pause_generation", "collective_rpc", "reset_prefix_cache", "update_weight_version", "resume_generation"
     ]  # fmt: skip
     assert engine.calls[1] == ("collective_rpc", "reload_weights_from")
-    assert adapters.calls[-1] == ("retire", adapter_name(1))  # trained on the old base weights
+    # both named adapters were trained on the old base weights
+    assert adapters.calls[-2:] == [("retire", adapter_name(1)), ("retire", adapter_name(3))]
+    assert adapters.lora_requests == {}
     assert client.get("/weights").json() == {"step": 2, "path": str(root / "full_2"), "adapter": None}
     assert client.post("/reload_weights", json={"path": str(root / "step_3"), "step": 3}).status_code == 400
     assert client.post("/reload_weights", json={"path": str(root / "unstable"), "step": 3}).status_code == 400

@@ -1,0 +1,187 @@
+"""Benchmark: seconds per RL step with the next step's groups started while this step's slowest rollouts finish
+(``overlap_steps = true``, the default) and without, at ``async_level = 1``, side by side against one server.
+
+``uv run --no-sync python benchmarks/step_overlap.py`` (``--smoke`` for a short run; ``--server URL`` to use a
+running server of the tiny model instead of starting one).
+
+The workload has a tail, as real ones do: each batch mixes a one-turn environment (char-target) with a multi-turn
+one (customer-service with its scripted customer, ``max_turns`` agent turns), half the prompts each. The one-turn
+rollouts finish early; the multi-turn ones are the step's tail, during which the server's batch is half empty
+unless the next step's groups fill it. Trainer and orchestrator run as separate processes (as ``rl`` starts them)
+with full-weight updates (the CPU debug configs' trainer); runs alternate between the two settings
+(off, on, on, off, ...) against the same server, which serves its base model again between runs.
+
+A step's wall time is the trainer's cycle (waiting for and reading the batch, training, writing the weights) over
+the steps after the first ``warmup_steps``. Reported per setting: the median step, the orchestrator's median
+``generate_s`` and ``started_early_s``; and on / off for each pair of neighbouring runs, with their median.
+"""
+
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common import (
+    DEBUG_CONFIGS,
+    TRAINER_PHASES,
+    benchmark_parser,
+    exit_on_sigterm,
+    machine_info,
+    model_summary,
+    report,
+    serve_base_model,
+    served_model,
+    server_for,
+    utc_now,
+    wait_all,
+)
+
+from rl.launcher import child_env
+from rl.metrics import read_metrics
+from rl.process import Child
+from rl.tiny_model import TINY_MODEL_ID
+
+ASYNC_LEVEL = 1
+SEQ_LEN = 4096  # a multi-turn customer-service rollout of the tiny model's tokens fits
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    batch_size: int  # prompts per step, half of them multi-turn
+    rollouts_per_example: int
+    max_tokens: int  # sampled tokens per model call, at most
+    max_turns: int  # agent turns of a multi-turn rollout
+    steps: int  # trainer steps per run
+    warmup_steps: int  # first steps of each run left out (process start-up, the first batches)
+    overlap: tuple[bool, ...]  # overlap_steps of each run, in this order
+
+
+FULL = BenchmarkConfig(
+    batch_size=8, rollouts_per_example=8, max_tokens=32, max_turns=4, steps=10, warmup_steps=3,
+    overlap=(False, True, True, False, False, True),
+)  # fmt: skip
+SMOKE = BenchmarkConfig(
+    batch_size=2, rollouts_per_example=2, max_tokens=8, max_turns=2, steps=3, warmup_steps=1, overlap=(False, True)
+)
+
+
+def orchestrator_config(bench: BenchmarkConfig, model: str, folder: Path) -> Path:
+    """The orchestrator's config file of the workload: the two environments, half the prompts each."""
+    path = folder / "orch.toml"
+    path.write_text(
+        f'async_level = {ASYNC_LEVEL}\nseq_len = {SEQ_LEN}\nbatch_size = {bench.batch_size}\n'
+        f'rollouts_per_example = {bench.rollouts_per_example}\nsample_rollouts_every = 0\n'
+        f'[model]\nname = "{model}"\n[sampling]\ntemperature = 1.0\nmax_tokens = {bench.max_tokens}\n'
+        f'[[env]]\nid = "char-target"\n[[env]]\nid = "customer-service"\nmax_turns = {bench.max_turns}\n'
+    )  # fmt: skip
+    return path
+
+
+def start_processes(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str, output_dir: Path):
+    """Start trainer and orchestrator for one run, their logs in ``output_dir/logs/``."""
+    output_dir.mkdir(parents=True)
+    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seq-len", str(SEQ_LEN)]
+    trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG_CONFIGS / "train.toml"), *shared,
+               "--model.name", model]  # fmt: skip
+    orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(orchestrator_config(bench, model, output_dir)),
+                    *shared, "--client.base-url", server_url, "--overlap-steps", str(overlap).lower()]  # fmt: skip
+    logs = output_dir / "logs"
+    return [Child(name, argv, logs / f"{name}.log", child_env({}))
+            for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
+
+
+def run_once(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str, output_dir: Path) -> dict:
+    """Train ``bench.steps`` steps; the run's step times and the orchestrator's phases over the steady steps."""
+    try:
+        wait_all(start_processes(bench, overlap, server_url, model, output_dir))
+    finally:
+        serve_base_model(server_url)
+    trainer = read_metrics(output_dir, "trainer")[bench.warmup_steps :]
+    orchestrator = read_metrics(output_dir, "orchestrator")
+    steady = orchestrator[bench.warmup_steps :]
+    step_seconds = [sum(r[key] for key in TRAINER_PHASES) for r in trainer]
+    return {
+        "overlap_steps": overlap,
+        "step_seconds": step_seconds,
+        "seconds_per_step": statistics.median(step_seconds),
+        "generate_s": statistics.median(r["generate_s"] for r in steady),
+        "started_early_s": statistics.median(r["started_early_s"] for r in steady),
+        "turns_mean": statistics.median(r["turns_mean"] for r in steady),
+        "reward_mean": [r["reward_mean"] for r in orchestrator],
+        "staleness": [r["staleness"] for r in orchestrator],
+    }
+
+
+def pair_ratios(runs: list[dict]) -> list[float]:
+    """On / off step time of each pair of neighbouring runs (first and second, third and fourth, ...)."""
+    ratios = []
+    for first, second in zip(runs[::2], runs[1::2], strict=False):
+        seconds = {run["overlap_steps"]: run["seconds_per_step"] for run in (first, second)}
+        if seconds.keys() == {False, True}:
+            ratios.append(seconds[True] / seconds[False])
+    return ratios
+
+
+def compare(runs: list[dict]) -> dict:
+    """Each setting's median step and phases over its runs, and the on / off ratios with their spread."""
+    sides = {}
+    for overlap in (False, True):
+        chosen = [run for run in runs if run["overlap_steps"] == overlap]
+        sides["on" if overlap else "off"] = {
+            "seconds_per_step": statistics.median(s for run in chosen for s in run["step_seconds"]),
+            **{key: statistics.median(run[key] for run in chosen) for key in ("generate_s", "started_early_s")},
+        }
+    ratios = pair_ratios(runs)
+    return {
+        **sides,
+        "pair_ratios_on_over_off": ratios,
+        "ratio_on_over_off": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+    }
+
+
+def run_benchmark(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:
+    model, model_folder = served_model(server_url)
+    runs = []
+    for index, overlap in enumerate(bench.overlap):
+        summary = run_once(bench, overlap, server_url, model, work_dir / f"run_{index}")
+        print(f"run {index}: overlap_steps {overlap}: {summary['seconds_per_step']:.3f} s/step", flush=True)
+        runs.append(summary)
+    return {
+        "benchmark": "step_overlap",
+        "date": utc_now(),
+        "machine": machine_info(),
+        "config": asdict(bench) | {"async_level": ASYNC_LEVEL, "envs": ["char-target", "customer-service"]},
+        "model": model_summary(model_folder),
+        "runs": runs,
+        **compare(runs),
+    }
+
+
+def summary_table(result: dict) -> str:
+    rows = [f"{'':16}{'s/step':>10}{'generate_s':>12}{'started early s':>17}"]
+    for side in ("off", "on"):
+        summary = result[side]
+        rows.append(
+            f"overlap_steps {side:<3}{summary['seconds_per_step']:>9.3f}{summary['generate_s']:>12.3f}"
+            f"{summary['started_early_s']:>17.3f}"
+        )
+    ratio = result["ratio_on_over_off"]
+    pairs = ", ".join(f"{r:.2f}" for r in result["pair_ratios_on_over_off"])
+    rows.append(f"step time on / off: {ratio['median']:.2f} (pairs: {pairs})")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
+    parser = benchmark_parser(__doc__, "step_overlap", "a short run: 3 tiny steps with each setting", server=True)
+    args = parser.parse_args(argv)
+    bench = SMOKE if args.smoke else FULL
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-overlap-") as tmp:
+        with server_for(args.server, TINY_MODEL_ID, None) as server_url:
+            result = run_benchmark(bench, server_url, Path(tmp))
+    return report(args.output, result, summary_table(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""overlap_steps: the next step's groups start while this step's slowest group runs, once the server serves weights
+that step may use, and never before."""
+
+import asyncio
+import json
+import time
+
+import httpx
+
+import orchestrator.orchestrator as orchestrator_module
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout
+from orchestrator.orchestrator import Orchestrator
+from rl.metrics import read_metrics
+from rl.protocol import mark_stable, weights_dir
+
+
+class FakeServer:
+    """Answers the weight routes like an inference server; ``steps`` records each reload."""
+
+    def __init__(self):
+        self.step, self.steps = 0, []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/reload_weights":
+            self.step = json.loads(request.content)["step"]
+            self.steps.append(self.step)
+            return httpx.Response(200, json={"seconds": 0.01})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+
+
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_are_served(tmp_path, monkeypatch):
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, async_level=1,
+                                sample_rollouts_every=0, max_steps=3)  # fmt: skip
+    orchestrator = Orchestrator(config)
+    server = FakeServer()
+    client = orchestrator.servers.servers[0].client
+    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
+    started = []  # the weights step served as each group started
+    slowest = asyncio.Event()
+
+    async def run_group(env, task, n, ctx, limit):
+        started.append(server.step)
+        if len(started) == 1:
+            await slowest.wait()  # step 1's first group is its slowest
+        branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
+        return [Rollout(reward=float(i), branches=[branch], ok=True) for i in range(n)]
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+
+    async def steps():
+        step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # on the base weights (step 0)
+        await until(lambda: len(started) == 2)
+        await asyncio.sleep(0.3)
+        assert len(started) == 2  # step 2 may use weights 1 at the oldest: none yet, so its groups wait
+        weights = weights_dir(tmp_path, 1)
+        weights.mkdir(parents=True)
+        mark_stable(weights)
+        await until(lambda: len(started) == 4)  # the server loads them, and step 2's groups start ...
+        assert not step_1.done()  # ... while step 1's slowest group still runs
+        slowest.set()
+        await step_1
+        await orchestrator.step(2)
+
+    asyncio.run(steps())
+    assert started == [0, 0, 1, 1] and server.steps == [1]
+    metrics = read_metrics(tmp_path, "orchestrator")
+    assert [m["weight_step"] for m in metrics] == [0, 1]
+    assert metrics[0]["started_early_s"] == 0 and metrics[1]["started_early_s"] > 0
+    for step, weight_step in [(1, 0), (2, 1)]:  # every sample records the weights its group started on
+        batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
+        assert {sample["weight_step"] for sample in batch["samples"]} == {weight_step}
