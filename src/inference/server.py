@@ -7,6 +7,7 @@ import torch
 
 from inference.adapters import Adapters
 from inference.config import InferenceConfig
+from inference.exclusive import PromptLogprobsAlone
 from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
@@ -74,8 +75,10 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     app.include_router(weights_router(config.weights_root, base_path))
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
+    app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request
+    if config.lora is not None:
+        app.add_middleware(PromptLogprobsAlone)
     if api_key is not None:
-        app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request
         app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
     await init_app_state(engine_client, app.state, args, supported_tasks)
     app.state.trident_weights = {"step": 0, "path": base_path, "adapter": None}

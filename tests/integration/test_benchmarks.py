@@ -32,6 +32,25 @@ def test_async_overlap_smoke_run(benchmarks, inference_server, tmp_path):
     assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the base model serves again
 
 
+def test_step_overlap_smoke_run(benchmarks, inference_server, tmp_path):
+    output = tmp_path / "step_overlap.json"
+    benchmarks("step_overlap").main(["--smoke", "--server", inference_server, "--output", str(output)])
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "model", "runs", "on", "off", "ratio_on_over_off"} <= result.keys()
+    config = result["config"]
+    assert [run["overlap_steps"] for run in result["runs"]] == list(config["overlap"])
+    for run in result["runs"]:
+        assert len(run["step_seconds"]) == config["steps"] - config["warmup_steps"]
+        assert all(seconds > 0 for seconds in run["step_seconds"])
+        assert all(0 <= staleness <= config["async_level"] for staleness in run["staleness"])
+        assert run["turns_mean"] > 1  # the multi-turn environment's rollouts took several turns
+        # the setting reached the orchestrator: only with it do steps start before the previous batch is written
+        assert (run["started_early_s"] > 0) == run["overlap_steps"]
+    assert result["ratio_on_over_off"]["median"] > 0
+    assert httpx.get(f"{inference_server}/weights").json()["step"] == 0  # the base model serves again
+
+
 def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
     output = tmp_path / "reload_latency.json"
     benchmarks("reload_latency").main(["--smoke", "--server", inference_server, "--output", str(output)])

@@ -188,6 +188,33 @@ def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_p
     assert gap(asyncio.run(served_logprobs("trident/tiny-qwen3")), base) < 1e-4  # the base model is untouched
 
 
+def test_a_probe_sent_among_generating_requests_gets_exact_logprobs_and_the_server_survives(
+    inference_server, tiny_model_path
+):
+    """The orchestrator probes a reload while the next step's rollouts generate: on a server with LoRA, vLLM would
+    map the probe's prompt rows wrongly in a shared batch (on CPU its engine died); the server runs it alone."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    token_ids = tokenizer.encode(PROBE_TEXT)
+    expected = probe_logprobs(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32), token_ids)
+    rollout = {"model": "trident/tiny-qwen3", "token_ids": token_ids[:5], "sampling_params": {"max_tokens": 64}}
+
+    async def probe_among_rollouts() -> tuple[list[int], list[float]]:
+        client = InferenceClient(inference_server, timeout_s=120, model="trident/tiny-qwen3")
+        try:
+            rollouts = [asyncio.ensure_future(client.http.post("/inference/v1/generate", json=rollout))
+                        for _ in range(16)]  # fmt: skip
+            await asyncio.sleep(0.5)  # generating
+            served = await client.prompt_logprobs(token_ids)
+            return [response.status_code for response in await asyncio.gather(*rollouts)], served
+        finally:
+            await client.close()
+
+    statuses, served = asyncio.run(probe_among_rollouts())
+    assert statuses == [200] * 16
+    assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) < 1e-4
+    assert httpx.get(f"{inference_server}/health", timeout=10).status_code == 200
+
+
 def greedy_reply(base_url: str) -> list:
     """The tokens and logprobs of a greedy completion of the probe text: they change with any loaded weights."""
     body = {"model": "trident/tiny-qwen3", "prompt": PROBE_TEXT, "max_tokens": 4, "temperature": 0, "logprobs": 1}
