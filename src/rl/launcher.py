@@ -280,7 +280,19 @@ def run(config: RLConfig) -> int:
         logger.info("all processes stopped")
         status = {0: "finished", 130: "interrupted"}.get(code, "failed")
         logger.info(f"summary: {write_summary(output_dir, status, time.perf_counter() - start)}")
+    if code == 0:
+        write_plots_or_warn(output_dir)
     return code
+
+
+def write_plots_or_warn(output_dir: Path) -> None:
+    """The finished run's plots and ``report.html`` (``trident-plot``); failing to draw them never fails the run."""
+    try:
+        from rl.plots import plot_runs  # matplotlib is imported only once a run has finished
+
+        logger.info(f"plots and report: {plot_runs([output_dir])}")
+    except Exception as e:  # anything (matplotlib, a tokenizer, the disk): a warning, the run has succeeded
+        logger.warning(f"could not write the run's plots and report: {type(e).__name__}: {e}")
 
 
 def main(argv: list[str] | None = None) -> None:
