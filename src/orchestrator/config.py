@@ -21,6 +21,8 @@ from rl.shared_config import (
     WandbSection,
 )
 
+MaxConcurrent = Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")]
+
 
 class OrchestratorModelConfig(ModelConfig):
     renderer: Annotated[
@@ -107,6 +109,25 @@ class EnvConfig(StrictModel):
     ] = 1.0
 
 
+class EvalConfig(StrictModel):
+    """Held-out evaluation during training: the base model's (step 0), every ``interval`` steps', and the final
+    weights' scores, on the run's servers while training goes on."""
+
+    env: Annotated[
+        list[EnvConfig],
+        Field(min_length=1, description="Held-out environments, [[eval.env]] tables like [[env]] (e.g. the "
+                                        "training environment with another seed or split in its args)."),
+    ]  # fmt: skip
+    interval: Annotated[
+        int, Field(ge=1, description="Evaluate the served weights once they reach each multiple of this step.")
+    ] = 10
+    num_examples: Annotated[int, Field(ge=1, description="Tasks of each environment: the first of its taskset.")] = 16
+    rollouts_per_example: Annotated[int, Field(ge=1, description="k: rollouts per task, for pass@k and avg@k.")] = 4
+    pass_reward: Annotated[
+        float, Field(description="A rollout passes (pass@k, avg@k) when its reward is at least this.")
+    ] = 1.0
+
+
 class ClientConfig(StrictModel):
     base_url: Annotated[
         str | list[str],
@@ -166,7 +187,7 @@ class OrchestratorConfig(BaseConfig):
     rollouts_per_example: Annotated[
         int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
     ] = 8
-    max_concurrent: Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")] = 64
+    max_concurrent: MaxConcurrent = 64
     overlap_steps: Annotated[
         bool,
         Field(description="Start the next step's groups while this step's last rollouts finish, once the servers "
@@ -195,6 +216,10 @@ class OrchestratorConfig(BaseConfig):
     weights_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
     ] = 600.0
+    eval: Annotated[
+        EvalConfig | None,
+        Field(description="Held-out evaluation during training (absent: none); scores in metrics/eval.jsonl."),
+    ] = None
 
     @model_validator(mode="after")
     def _every_env_gets_prompts(self):
@@ -215,3 +240,28 @@ class OrchestratorConfig(BaseConfig):
                 "a full reply could not fit in a training sample"
             )
         return self
+
+
+class EvalRunConfig(BaseConfig):
+    """``uv run eval @ eval.toml``: score a model or a run's weights on held-out tasks, once."""
+
+    model: OrchestratorModelConfig = OrchestratorModelConfig()
+    client: ClientConfig = ClientConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    eval: EvalConfig
+    weights: Annotated[
+        Path | None,
+        Field(description="A run's weights/step_N folder (full weights or a LoRA adapter) to load into the server "
+                          "first; absent: the model the server started with."),
+    ] = None  # fmt: skip
+    output_dir: OutputDir = Path("outputs/eval")
+    max_concurrent: MaxConcurrent = 64
+    log: LogConfig = LogConfig()
+
+    def orchestrator_config(self) -> OrchestratorConfig:
+        """The orchestrator's config that runs these evaluations (its environments are the held-out ones)."""
+        return OrchestratorConfig(
+            model=self.model, client=self.client, sampling=self.sampling, env=self.eval.env, eval=self.eval,
+            output_dir=self.output_dir, max_concurrent=self.max_concurrent, batch_size=len(self.eval.env),
+            sample_rollouts_every=0, log=self.log,
+        )  # fmt: skip

@@ -15,13 +15,14 @@ from orchestrator.advantage import group_advantages, uniform_groups
 from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, task_id
+from orchestrator.evaluation import eval_scores, load_eval_sets
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.servers import NoServer, ServerDown, Servers
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
-from rl.metrics import MetricsWriter
+from rl.metrics import MetricsWriter, eval_line
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -125,6 +126,9 @@ class Orchestrator:
         self.served_step = 0
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
         self.next_step: asyncio.Task | None = None  # the next step's StartedStep, started during this step
+        self.eval_sets = load_eval_sets(config.eval) if config.eval else []
+        self.evaluation: asyncio.Task | None = None  # the evaluation of the served weights, while it runs
+        self.next_eval = 0  # the weights step from which the next evaluation is due
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
 
     def batch_tasks(self, step: int) -> list:
@@ -146,6 +150,7 @@ class Orchestrator:
         newest = latest_stable_weights(self.output_dir)
         if newest <= self.served_step:
             return waited, 0.0
+        await self.finish_evaluation()  # its rollouts all sample from the weights it is logged under
         path = weights_dir(self.output_dir, newest)
         reload_s, gap = await self.servers.reload_weights(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
@@ -178,7 +183,44 @@ class Orchestrator:
         await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
         wait_s, reload_s = await self.update_weights(step)
         runs = [asyncio.ensure_future(self.run_group(env, task)) for env, task in self.batch_tasks(step)]
+        self.start_evaluation_if_due()
         return StartedStep(runs, self.served_step, time.perf_counter(), wait_s, reload_s)
+
+    def start_evaluation_if_due(self) -> None:
+        """Evaluate the served weights in the background once they reach the next multiple of ``eval.interval``
+        (step 0 first)."""
+        if not self.eval_sets or self.evaluation is not None or self.served_step < self.next_eval:
+            return
+        interval = self.config.eval.interval
+        self.next_eval = (self.served_step // interval + 1) * interval
+        self.evaluation = asyncio.create_task(self.evaluate(self.served_step))
+
+    async def finish_evaluation(self) -> None:
+        """Wait for the evaluation in flight, if any."""
+        evaluation, self.evaluation = self.evaluation, None
+        if evaluation is not None:
+            await evaluation
+
+    async def evaluate(self, weight_step: int) -> dict:
+        """Score the served weights (``weight_step``) on every held-out task, k rollouts each; log the scores and
+        return their record."""
+        start = time.perf_counter()
+        config = self.config.eval
+        runs = [[self.run_group(s.env, task, config.rollouts_per_example) for task in s.tasks] for s in self.eval_sets]
+        groups = await asyncio.gather(*(asyncio.gather(*env_runs) for env_runs in runs))
+        scores = {}
+        for eval_set, env_groups in zip(self.eval_sets, groups, strict=True):
+            scores |= eval_scores(eval_set.name, env_groups, config.pass_reward)
+        record = {"step": weight_step, **scores, "eval/seconds": time.perf_counter() - start}
+        self.metrics.write_eval(record)
+        logger.info(eval_line(record))
+        return record
+
+    async def evaluate_final_weights(self) -> None:
+        """Wait for the trainer's last weights, serve them, and evaluate them."""
+        await self.update_weights(self.config.max_steps + self.config.async_level)
+        await self.finish_evaluation()
+        await self.evaluate(self.served_step)
 
     def cancel_next_step(self) -> None:
         """Stop the next step's groups, started early (this step failed, or the run stops)."""
@@ -279,10 +321,11 @@ class Orchestrator:
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
 
-    async def run_group(self, env, task) -> list[Rollout]:
-        """One group of rollouts of ``task``, on the least loaded server; run again on another if that server is
-        set aside before the group ends, or fails rollouts and then does not answer."""
-        n = self.config.rollouts_per_example
+    async def run_group(self, env, task, n: int | None = None) -> list[Rollout]:
+        """One group of ``n`` rollouts of ``task`` (default ``rollouts_per_example``), on the least loaded server;
+        run again on another if that server is set aside before the group ends, or fails rollouts and then does not
+        answer."""
+        n = n or self.config.rollouts_per_example
         while True:
             async with self.servers.lease() as server:
                 try:
@@ -327,11 +370,14 @@ class Orchestrator:
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
             stack.callback(self.cancel_next_step)
+            stack.callback(lambda: self.evaluation and self.evaluation.cancel())
             overlap = self.config.overlap_steps and self.config.async_level > 0
             for step in range(self.start_step(), self.config.max_steps):
                 self.save_checkpoint(step)
                 await self.step_surviving_outage(step, start_next=overlap and step + 1 < self.config.max_steps)
             self.save_checkpoint(self.config.max_steps)
+            if self.eval_sets:
+                await self.evaluate_final_weights()
         await self.servers.close()
         self.metrics.close()
         logger.info(f"wrote {self.config.max_steps} batches")

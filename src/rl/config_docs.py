@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from inference.config import InferenceConfig
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import EvalRunConfig, OrchestratorConfig
 from trainer.config import SFTConfig, TrainerConfig
 
 INTRO = """\
@@ -59,6 +59,7 @@ def render() -> str:
         ("Trainer", TrainerConfig, "trainer @ train.toml"),
         ("Orchestrator", OrchestratorConfig, "orchestrator @ orch.toml"),
         ("Inference", InferenceConfig, "inference @ infer.toml"),
+        ("Evaluation", EvalRunConfig, "eval @ eval.toml"),
         ("SFT", SFTConfig, "sft @ sft.toml"),
     ]:
         parts.append(f"## {title} (`{command}`)\n")

@@ -20,7 +20,7 @@ from rich.console import Console
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
 from rl.lifeline import launcher_env
-from rl.metrics import read_metrics, setup_logging, write_summary
+from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
 from rl.preflight import (
     check_envs_installed,
     check_memory,
@@ -177,10 +177,14 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
     """Wait for trainer and orchestrator to finish, printing each trainer step; return the exit code."""
     output_dir, max_steps = Path(config.trainer.output_dir), config.trainer.max_steps
     printed = first = len(read_metrics(output_dir, "trainer"))  # steps before a resume are already done
+    evaluations = len(read_metrics(output_dir, "eval"))
     start = last = time.perf_counter()
 
     def print_new_steps() -> None:
-        nonlocal printed, last
+        nonlocal printed, last, evaluations
+        for record in read_metrics(output_dir, "eval")[evaluations:]:
+            print(eval_line(record), flush=True)
+            evaluations += 1
         records = read_metrics(output_dir, "trainer")[printed:]
         if not records:
             return

@@ -24,12 +24,24 @@ class MetricsWriter:
         self.path = metrics_path(output_dir, process)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.run = start_wandb(wandb, Path(output_dir), process) if wandb else None
+        self.last_step = 0  # the step of the last record written
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        self.last_step = record["step"]
         if self.run is not None:
             self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def write_eval(self, record: dict) -> None:
+        """Append an evaluation's scores (``step``: the weights step evaluated) to ``metrics/eval.jsonl``; with W&B,
+        log them beside the last step written, charted against ``eval/step``."""
+        with metrics_path(self.output_dir, "eval").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.run is not None:
+            self.run.define_metric("eval/*", step_metric="eval/step")
+            scores = {k: v for k, v in record.items() if k != "step"}
+            self.run.log({**scores, "eval/step": record["step"]}, step=self.last_step)
 
     def write_table(self, name: str, step: int, rows: list[dict]) -> None:
         """Append ``rows`` to ``metrics/<name>.jsonl`` and, with W&B, log them as the table ``name`` at ``step``."""
@@ -64,6 +76,16 @@ def start_wandb(config: WandbConfig, output_dir: Path, process: str):
         mode="offline" if offline else "online",
         settings=wandb.Settings(console="off", silent=True),
     )
+
+
+def eval_line(record: dict) -> str:
+    """The line an evaluation's scores (a record of ``metrics/eval.jsonl``) are shown as, in the logs and by ``rl``."""
+    scores = " | ".join(
+        f"{key.removeprefix('eval/')} {value:.4f}"
+        for key, value in record.items()
+        if key.startswith("eval/") and key != "eval/seconds" and not key.endswith("/failed")
+    )
+    return f"eval of weights step {record['step']} | {scores} | {record['eval/seconds']:.1f}s"
 
 
 def read_metrics(output_dir: Path, process: str) -> list[dict]:

@@ -10,12 +10,14 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 from procs import group_running, run_processes, wait_gone
 
-from rl.metrics import read_metrics
+from rl.metrics import eval_line, read_metrics
 from rl.protocol import complete_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -75,12 +77,39 @@ def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     assert [r["weight_step"] for r in orchestrator] == [0] + list(range(19))
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     reloaded = [int(s) for s in re.findall(r"server now serves weights step (\d+)", orchestrator_log)]
-    assert reloaded == list(range(1, 19))
+    assert reloaded == list(range(1, 19)) + [20]  # and the final weights, for their evaluation
+
+    # held-out evaluation of the base model, mid-run and of the final weights, shown as it came; it learned too
+    evals = read_metrics(tmp_path, "eval")
+    assert [e["step"] for e in evals] == [0, 10, 20], evals
+    assert [line for line in result.stdout.splitlines() if line.startswith("eval of weights step ")] == [
+        eval_line(e) for e in evals
+    ]
+    # 64 rollouts each: a standard error of ~0.012 on the mean reward, ~0.017 on a difference
+    assert evals[-1]["eval/char-target/reward_mean"] - evals[0]["eval/char-target/reward_mean"] > 0.05, evals
+    assert all(e["eval/char-target/failed"] == 0 for e in evals)
+    # `eval` alone on the run's last weights, with the run's [eval] as it is: the final scores, within noise
+    rescored = standalone_eval(tmp_path, inference_server, tmp_path / "weights" / "step_20")
+    assert abs(rescored["eval/char-target/reward_mean"] - evals[-1]["eval/char-target/reward_mean"]) < 0.06
     assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 19
     assert_process_groups_gone(started_pids(tmp_path))
+
+
+def standalone_eval(run_dir: Path, server_url: str, weights: Path) -> dict:
+    """``eval`` on ``weights`` with the debug configs' [eval], against ``server_url``; its record of scores."""
+    config = run_dir / "eval.toml"
+    debug_eval = tomllib.loads((DEBUG / "orch.toml").read_text())["eval"]
+    config.write_text(tomli_w.dumps({"weights": str(weights), "output_dir": str(run_dir / "eval"),
+                                     "client": {"base_url": server_url}, "eval": debug_eval}))  # fmt: skip
+    argv = [sys.executable, "-m", "orchestrator.eval_main", "@", str(config)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [record] = read_metrics(run_dir / "eval", "eval")
+    assert record["step"] == 20 and "eval of weights step 20 | char-target/reward_mean" in result.stderr
+    return record
 
 
 def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):

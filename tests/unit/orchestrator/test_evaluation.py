@@ -1,0 +1,107 @@
+"""[eval]: scores of held-out tasks at step 0, every interval and on the final weights, each on the weights it is
+logged under."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+import orchestrator.orchestrator as orchestrator_module
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout
+from orchestrator.evaluation import eval_scores
+from orchestrator.orchestrator import Orchestrator
+from rl.config import ConfigError, parse_config
+from rl.metrics import read_metrics
+from rl.protocol import mark_stable, weights_dir
+from rl.shared_config import WandbConfig
+
+
+def rollout(reward: float, ok: bool = True) -> Rollout:
+    return Rollout(reward=reward, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=ok)
+
+
+def test_eval_scores_pass_at_k_and_avg_at_k():
+    groups = [
+        [rollout(1.0), rollout(0.0), rollout(0.0), rollout(0.0)],  # one of four passes
+        [rollout(0.0), rollout(0.2), rollout(0.0), rollout(0.0)],  # none
+        [
+            rollout(1.0),
+            rollout(1.0),
+            rollout(1.0, ok=False),
+            rollout(0.5),
+        ],  # a failed one: no score, no pass
+    ]
+    scores = eval_scores("env", groups, pass_reward=0.9)
+    assert scores["eval/env/pass@4"] == pytest.approx(2 / 3)
+    assert scores["eval/env/avg@4"] == pytest.approx((1 / 4 + 0 + 2 / 4) / 3)
+    assert scores["eval/env/reward_mean"] == pytest.approx((1.0 + 0.2 + 2.0 + 0.5) / 12)
+    assert scores["eval/env/failed"] == 1
+
+
+def test_eval_needs_an_env_table():
+    with pytest.raises(ConfigError, match="eval.env"):
+        parse_config(OrchestratorConfig, ["--eval.interval", "5"])
+
+
+class FakeServer:
+    """Answers the weight routes like an inference server serving weights ``step``."""
+
+    def __init__(self):
+        self.step = 0
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/reload_weights":
+            self.step = json.loads(request.content)["step"]
+            return httpx.Response(200, json={"seconds": 0.01})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+
+
+def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_on_its_weights(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = OrchestratorConfig(
+        output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0, max_steps=4,
+        env=[{"id": "char-target"}],
+        eval={"env": [{"id": "char-target", "args": {"seed": 1}}], "interval": 2, "num_examples": 3,
+              "rollouts_per_example": 2, "pass_reward": 2.0},
+        wandb=WandbConfig(name="run", offline=True),  # the scores go to W&B too, against their own step
+    )  # fmt: skip
+    orchestrator = Orchestrator(config)
+    assert len(orchestrator.eval_sets[0].tasks) == 3
+    server = FakeServer()
+    client = orchestrator.servers.servers[0].client
+    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
+
+    async def run_group(env, task, n, ctx, limit):
+        # each rollout scores the weights step it sampled from, at its start and at its end: an evaluation that a
+        # reload overtook would log rewards of two steps
+        first = server.step
+        await asyncio.sleep(0.05 if n == 2 and env is orchestrator.eval_sets[0].env else 0)
+        return [rollout(float(first + server.step) / 2) for _ in range(n)]
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+
+    async def run():
+        for step in range(config.max_steps):
+            for weights in range(1, step + 1):  # the trainer keeps up
+                if not weights_dir(tmp_path, weights).exists():
+                    weights_dir(tmp_path, weights).mkdir(parents=True)
+                    mark_stable(weights_dir(tmp_path, weights))
+            await orchestrator.step(step)
+        final = weights_dir(tmp_path, config.max_steps)
+        final.mkdir(parents=True)
+        mark_stable(final)
+        await orchestrator.evaluate_final_weights()
+        orchestrator.metrics.close()
+
+    asyncio.run(run())
+    evals = read_metrics(tmp_path, "eval")
+    assert [e["step"] for e in evals] == [0, 2, 4]  # step 0, each interval reached, the final weights
+    for record in evals:  # every rollout of an evaluation sampled from the weights it is logged under
+        assert record["eval/char-target/reward_mean"] == record["step"]
+        assert record["eval/char-target/pass@2"] == (record["step"] >= 2)
+        assert record["eval/seconds"] > 0
+    assert len(read_metrics(tmp_path, "orchestrator")) == config.max_steps  # training's records are apart
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    assert all(key.encode() in run_file.read_bytes() for key in ("eval/char-target/pass@2", "eval/step"))
