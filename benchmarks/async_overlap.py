@@ -100,7 +100,7 @@ def start_processes(
         shared,
         ["--async-level", str(async_level), "--client.base-url", server_url,
          "--batch-size", str(bench.batch_size), "--rollouts-per-example", str(bench.rollouts_per_example),
-         "--sampling.max-tokens", str(bench.max_tokens), "--sample-rollouts-every", "0"],
+         "--sampling.max-tokens", str(bench.max_tokens), "--sample-rollouts-every", "0", "--no-eval"],
     )  # fmt: skip
     logs = output_dir / "logs"
     return [Child(name, argv, logs / f"{name}.log", child_env({}))

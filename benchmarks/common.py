@@ -215,7 +215,7 @@ def inference_server(model: str, lora_rank: int | None, log_dir: Path, max_model
 
 
 @contextmanager
-def server_for(url: str | None, model: str | None, lora_rank: int | None) -> Iterator[str]:
+def server_for(url: str | None, model: str | None, lora_rank: int | None, max_model_len: int = 1024) -> Iterator[str]:
     """The server at ``url`` when given (it must serve LoRA adapters of ``lora_rank``), else one started for
     the duration of the block to serve ``model`` (adapters up to ``lora_rank``; None: none), with its log in a
     temporary folder."""
@@ -223,7 +223,7 @@ def server_for(url: str | None, model: str | None, lora_rank: int | None) -> Ite
         yield url.rstrip("/")
         return
     with tempfile.TemporaryDirectory(prefix="trident-bench-server-") as tmp:
-        with inference_server(model, lora_rank, Path(tmp)) as base_url:
+        with inference_server(model, lora_rank, Path(tmp), max_model_len) as base_url:
             yield base_url
 
 

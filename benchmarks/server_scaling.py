@@ -56,7 +56,7 @@ SMOKE = BenchmarkConfig(prompts=2, group_size=2, repetitions=1)
 def orchestrator_for(urls: list[str], bench: BenchmarkConfig, output_dir: Path) -> Orchestrator:
     flags = ["@", str(ORCH_TOML), "--client.base-url", ",".join(urls), "--output-dir", str(output_dir),
              "--batch-size", str(bench.prompts), "--rollouts-per-example", str(bench.group_size),
-             "--sample-rollouts-every", "0"]  # fmt: skip
+             "--sample-rollouts-every", "0", "--no-eval"]  # fmt: skip
     return Orchestrator(parse_config(OrchestratorConfig, flags))
 
 

@@ -2,7 +2,7 @@
 (``overlap_steps = true``, the default) and without, at ``async_level = 1``, side by side against one server.
 
 ``uv run --no-sync python benchmarks/step_overlap.py`` (``--smoke`` for a short run; ``--server URL`` to use a
-running server of the tiny model instead of starting one).
+running server of the tiny model, with a context of at least 4,096 tokens, instead of starting one).
 
 The workload has a tail, as real ones do: each batch mixes a one-turn environment (char-target) with a multi-turn
 one (customer-service with its scripted customer, ``max_turns`` agent turns), half the prompts each. The one-turn
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
     with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-overlap-") as tmp:
-        with server_for(args.server, TINY_MODEL_ID, None) as server_url:
+        with server_for(args.server, TINY_MODEL_ID, None, max_model_len=SEQ_LEN) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))
     return report(args.output, result, summary_table(result))
 

@@ -151,7 +151,7 @@ def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, outpu
         "orchestrator": [
             "--client.base-url", server_url, "--batch-size", str(bench.batch_size),
             "--rollouts-per-example", str(bench.group_size), "--sampling.max-tokens", str(bench.max_tokens),
-            "--sampling.temperature", str(bench.temperature), "--sample-rollouts-every", "0",
+            "--sampling.temperature", str(bench.temperature), "--sample-rollouts-every", "0", "--no-eval",
         ],
     }  # fmt: skip
     children = []

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from orchestrator.renderer import known_renderer
 from orchestrator.tasks import prompts_per_env
@@ -218,8 +218,10 @@ class OrchestratorConfig(BaseConfig):
     ] = 600.0
     eval: Annotated[
         EvalConfig | None,
-        Field(description="Held-out evaluation during training (absent: none); scores in metrics/eval.jsonl."),
-    ] = None
+        BeforeValidator(lambda value: None if value is False else value),  # --no-eval turns a file's [eval] off
+        Field(description="Held-out evaluation during training (absent or --no-eval: none); scores in "
+                          "metrics/eval.jsonl."),
+    ] = None  # fmt: skip
 
     @model_validator(mode="after")
     def _every_env_gets_prompts(self):

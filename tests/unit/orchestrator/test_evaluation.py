@@ -3,6 +3,7 @@ logged under."""
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,9 +41,12 @@ def test_eval_scores_pass_at_k_and_avg_at_k():
     assert scores["eval/env/failed"] == 1
 
 
-def test_eval_needs_an_env_table():
+def test_eval_needs_an_env_table_and_no_eval_turns_a_files_eval_off():
     with pytest.raises(ConfigError, match="eval.env"):
         parse_config(OrchestratorConfig, ["--eval.interval", "5"])
+    debug = ["@", str(Path(__file__).parents[3] / "configs" / "debug" / "rl" / "orch.toml")]
+    assert parse_config(OrchestratorConfig, debug).eval.env[0].args == {"seed": 1}
+    assert parse_config(OrchestratorConfig, [*debug, "--no-eval"]).eval is None
 
 
 class FakeServer:
