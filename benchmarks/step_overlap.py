@@ -11,8 +11,10 @@ unless the next step's groups fill it. Trainer and orchestrator run as separate 
 with full-weight updates (the CPU debug configs' trainer); runs alternate between the two settings
 (off, on, on, off, ...) against the same server, which serves its base model again between runs.
 
-A step's wall time is the trainer's cycle (waiting for and reading the batch, training, writing the weights) over
-the steps after the first ``warmup_steps``. Reported per setting: the median step, the orchestrator's median
+A step's wall time is the trainer's cycle (waiting for and reading the batch, training, writing the weights); a
+run's seconds per step is their mean over the steps after the first ``warmup_steps``: its throughput. (With
+overlap, steps alternate short and long, as two batches come close together and the next one later: a median
+would pick the short ones.) Reported per setting: the mean step over its runs, the orchestrator's median
 ``generate_s`` and ``started_early_s``; and on / off for each pair of neighbouring runs, with their median.
 """
 
@@ -53,12 +55,13 @@ class BenchmarkConfig:
     max_tokens: int  # sampled tokens per model call, at most
     max_turns: int  # agent turns of a multi-turn rollout
     steps: int  # trainer steps per run
-    warmup_steps: int  # first steps of each run left out (process start-up, the first batches)
+    warmup_steps: int  # first steps of each run left out (process start-up, the first batches); an even number
+    # of steps left, as overlapped steps alternate short and long
     overlap: tuple[bool, ...]  # overlap_steps of each run, in this order
 
 
 FULL = BenchmarkConfig(
-    batch_size=8, rollouts_per_example=8, max_tokens=32, max_turns=4, steps=10, warmup_steps=3,
+    batch_size=8, rollouts_per_example=8, max_tokens=32, max_turns=4, steps=11, warmup_steps=3,
     overlap=(False, True, True, False, False, True),
 )  # fmt: skip
 SMOKE = BenchmarkConfig(
@@ -104,7 +107,7 @@ def run_once(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str,
     return {
         "overlap_steps": overlap,
         "step_seconds": step_seconds,
-        "seconds_per_step": statistics.median(step_seconds),
+        "seconds_per_step": statistics.fmean(step_seconds),
         "generate_s": statistics.median(r["generate_s"] for r in steady),
         "started_early_s": statistics.median(r["started_early_s"] for r in steady),
         "turns_mean": statistics.median(r["turns_mean"] for r in steady),
@@ -129,7 +132,7 @@ def compare(runs: list[dict]) -> dict:
     for overlap in (False, True):
         chosen = [run for run in runs if run["overlap_steps"] == overlap]
         sides["on" if overlap else "off"] = {
-            "seconds_per_step": statistics.median(s for run in chosen for s in run["step_seconds"]),
+            "seconds_per_step": statistics.fmean(s for run in chosen for s in run["step_seconds"]),
             **{key: statistics.median(run[key] for run in chosen) for key in ("generate_s", "started_early_s")},
         }
     ratios = pair_ratios(runs)

@@ -28,7 +28,9 @@ machine's cores (Trident's three processes one torch thread each, as ``rl`` runs
 and stays up; its start-up is reported on its own.
 
 Per run: the wall time of each step (Trident: the trainer's cycle, waiting for the batch included; TRL: between
-the ends of consecutive steps), the median over the steps after ``warmup_steps``, and the start-up (all the
+the ends of consecutive steps), their mean over the steps after ``warmup_steps`` (the run's throughput: with
+``overlap_steps`` Trident's steps alternate short and long, and a median would pick the short), and the
+start-up (all the
 wall time not in those steps: process start, imports, model loading, the warm-up steps); the CPU seconds per
 step over the same steps (Trident: trainer, orchestrator and the server's processes; TRL: its process, all
 threads); the reward of each step's batch, and the final reward, the mean over the last ``final_steps`` steps.
@@ -48,7 +50,7 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -93,6 +95,7 @@ class BenchmarkConfig:
     lr: float = 3e-3  # the CPU debug config's
     temperature: float = 1.0
     seed: int = 0
+    overlap_steps: bool = True  # Trident's orchestrator starts a step's groups during the step before (its default)
 
 
 FULL = BenchmarkConfig(
@@ -123,7 +126,7 @@ def run_summary(
     steady = step_seconds[bench.warmup_steps :]
     return {
         "step_seconds": step_seconds,
-        "seconds_per_step": statistics.median(steady),
+        "seconds_per_step": statistics.fmean(steady),
         "cpu_s_per_step": steady_cpu_s / len(steady),
         "startup_s": wall_s - sum(steady),
         "wall_s": wall_s,
@@ -152,6 +155,7 @@ def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, outpu
             "--client.base-url", server_url, "--batch-size", str(bench.batch_size),
             "--rollouts-per-example", str(bench.group_size), "--sampling.max-tokens", str(bench.max_tokens),
             "--sampling.temperature", str(bench.temperature), "--sample-rollouts-every", "0", "--no-eval",
+            "--overlap-steps", str(bench.overlap_steps).lower(),
         ],
     }  # fmt: skip
     children = []
@@ -400,8 +404,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--trl-threads", type=int, default=os.cpu_count(), help="torch threads of TRL's process (default: all cores)"
     )
     parser.add_argument("--larger", action="store_true", help="a random model of hidden 512 sampling 128 tokens")
+    parser.add_argument("--no-overlap", action="store_true", help="Trident with overlap_steps = false")
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else LARGER if args.larger else FULL
+    bench = replace(bench, overlap_steps=not args.no_overlap)
     if args.larger and args.output == RESULTS_DIR / "trl_grpo.json":
         args.output = RESULTS_DIR / "trl_grpo_larger.json"
     with tempfile.TemporaryDirectory(prefix="trident-bench-trl-") as tmp:
