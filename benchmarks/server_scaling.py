@@ -60,15 +60,16 @@ def orchestrator_for(urls: list[str], bench: BenchmarkConfig, output_dir: Path) 
     return Orchestrator(parse_config(OrchestratorConfig, flags))
 
 
-async def batch(orchestrator: Orchestrator, step: int) -> tuple[float, int, int]:
-    """One step's groups, generated; (seconds, rollouts, sampled tokens)."""
+async def batch(orchestrator: Orchestrator, step: int) -> tuple[float, int, int, list[int]]:
+    """One step's groups, generated; (seconds, rollouts, sampled tokens, rollouts per server)."""
     start = time.perf_counter()
     tasks = orchestrator.batch_tasks(step)
-    groups = await asyncio.gather(*(orchestrator.run_group(env, task) for env, task in tasks))
+    per_server = [0] * len(orchestrator.servers.servers)
+    groups = await asyncio.gather(*(orchestrator.run_group(env, task, per_server=per_server) for env, task in tasks))
     seconds = time.perf_counter() - start
     rollouts = [r for group in groups for r in group]
     tokens = sum(sum(mask) for r in rollouts for _, mask, _ in r.branches)
-    return seconds, len(rollouts), tokens
+    return seconds, len(rollouts), tokens, per_server
 
 
 def run_benchmark(bench: BenchmarkConfig, urls: list[str], groups: list[int], work_dir: Path) -> dict:
@@ -80,8 +81,7 @@ def run_benchmark(bench: BenchmarkConfig, urls: list[str], groups: list[int], wo
         for repetition in range(bench.repetitions + 1):
             for side in SIDES if repetition % 2 else SIDES[::-1]:
                 cpu = process_group_cpu_s(groups)
-                seconds, rollouts, tokens = await batch(orchestrators[side], repetition)  # the same prompts
-                per_server = orchestrators[side].servers.reset_counts()
+                seconds, rollouts, tokens, per_server = await batch(orchestrators[side], repetition)  # same prompts
                 cpu = process_group_cpu_s(groups) - cpu
                 if repetition == 0:
                     continue  # warm-up

@@ -89,6 +89,7 @@ class StartedStep:
     """The groups of one step, started: running, or queued for ``max_concurrent``'s slots."""
 
     runs: list[asyncio.Future]  # one per group, each giving its rollouts
+    per_server: list[int]  # rollouts each server finished for the step
     weight_step: int  # the weights served when they started: the oldest that can have sampled their tokens
     start: float  # time.perf_counter() when they started
     wait_s: float  # seconds waited for the trainer's weights before they could start
@@ -182,9 +183,11 @@ class Orchestrator:
         served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
         await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
         wait_s, reload_s = await self.update_weights(step)
-        runs = [asyncio.ensure_future(self.run_group(env, task)) for env, task in self.batch_tasks(step)]
+        per_server = [0] * len(self.servers.servers)
+        tasks = self.batch_tasks(step)
+        runs = [asyncio.ensure_future(self.run_group(env, task, per_server=per_server)) for env, task in tasks]
         self.start_evaluation_if_due()
-        return StartedStep(runs, self.served_step, time.perf_counter(), wait_s, reload_s)
+        return StartedStep(runs, per_server, self.served_step, time.perf_counter(), wait_s, reload_s)
 
     def start_evaluation_if_due(self) -> None:
         """Evaluate the served weights in the background once they reach the next multiple of ``eval.interval``
@@ -251,7 +254,7 @@ class Orchestrator:
         started_early_s = max(0.0, self.written_at - start) if self.written_at is not None else 0.0
         generated = time.perf_counter()
         generate_s = generated - start
-        per_server = self.servers.reset_counts()
+        per_server = started.per_server
         rollouts = [r for group in groups for r in group]
         failed = [r for r in rollouts if not r.ok]
         if len(failed) == len(rollouts):
@@ -321,10 +324,10 @@ class Orchestrator:
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
 
-    async def run_group(self, env, task, n: int | None = None) -> list[Rollout]:
+    async def run_group(self, env, task, n: int | None = None, per_server: list[int] | None = None) -> list[Rollout]:
         """One group of ``n`` rollouts of ``task`` (default ``rollouts_per_example``), on the least loaded server;
         run again on another if that server is set aside before the group ends, or fails rollouts and then does not
-        answer."""
+        answer. ``per_server`` counts the rollouts each server finished (by its place in ``client.base_url``)."""
         n = n or self.config.rollouts_per_example
         while True:
             async with self.servers.lease() as server:
@@ -334,7 +337,8 @@ class Orchestrator:
                 except ServerDown:
                     rollouts = None
                 if rollouts is not None and (all(r.ok for r in rollouts) or await self.servers.answers(server)):
-                    server.rollouts += n
+                    if per_server is not None:
+                        per_server[self.servers.servers.index(server)] += n
                     return rollouts
             logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
 

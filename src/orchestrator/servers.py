@@ -44,7 +44,6 @@ class Server:
     ctx: vf.ModelContext  # how verifiers samples from this server (see :meth:`Servers.context`)
     up: bool = True
     in_flight: int = 0  # groups running on it
-    rollouts: int = 0  # rollouts it finished since the last :meth:`Servers.reset_counts`
     lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set when it is set aside
 
     @property
@@ -80,13 +79,6 @@ class Servers:
             yield server
         finally:
             server.in_flight -= 1
-
-    def reset_counts(self) -> list[int]:
-        """Rollouts each server finished since the last call."""
-        counts = [server.rollouts for server in self.servers]
-        for server in self.servers:
-            server.rollouts = 0
-        return counts
 
     def set_aside(self, server: Server, reason: str) -> None:
         """Give ``server`` no more work and cancel what runs on it (:meth:`guard`)."""

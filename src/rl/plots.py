@@ -1,6 +1,6 @@
 """``uv run trident-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out DIR]``: a run's metrics as PNGs and one HTML page.
 
-Reads each run's ``metrics/{trainer,orchestrator}.jsonl`` and draws one PNG per quantity (reward, eval scores,
+Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, eval scores,
 loss, entropy, mismatch, lengths, truncation, throughput) against the training step, every run on the same axes,
 labelled by its folder name; then writes ``report.html`` beside them (:mod:`rl.report`). Without ``--out`` both
 go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of every finished run.
@@ -20,7 +20,7 @@ from rl.metrics import read_metrics, setup_logging
 from rl.protocol import metrics_path
 from rl.report import write_report
 
-PROCESSES = ("trainer", "orchestrator")
+PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl
 LINE_STYLES = ("-", "--", ":", "-.")  # one per key of a plot; colours tell the runs apart
 EVAL_PREFIX = "eval/"
 
@@ -117,10 +117,15 @@ def is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def is_score(key: str) -> bool:
+    """An evaluation's score (``eval/<env>/<metric>``), not its count of failed rollouts or its seconds."""
+    return key.startswith(EVAL_PREFIX) and key.count("/") == 2 and not key.endswith("/failed")
+
+
 def eval_spec(runs: list[RunMetrics]) -> PlotSpec:
-    """The plot of every ``eval/...`` key found in either process's metrics of any run (none: an empty plot)."""
-    found = {key: process for run in runs for process, records in run.records.items() for r in records for key in r}
-    return PlotSpec("eval", "eval scores", "score", {k: found[k] for k in sorted(found) if k.startswith(EVAL_PREFIX)})
+    """The plot of every evaluation score in any run's ``metrics/eval.jsonl`` (none: an empty plot)."""
+    found = {key for run in runs for record in run.records["eval"] for key in record if is_score(key)}
+    return PlotSpec("eval", "eval scores", "score", dict.fromkeys(sorted(found), "eval"))
 
 
 def series_label(run: RunMetrics, key: str, several_runs: bool, several_keys: bool) -> str:

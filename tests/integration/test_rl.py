@@ -184,7 +184,7 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
     steps, batch_size = 8, 4
     # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
     flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size),
-             "--orchestrator.rollouts-per-example", "2"]  # fmt: skip
+             "--orchestrator.rollouts-per-example", "2", "--no-orchestrator.eval"]  # fmt: skip
     running_server = ["--orchestrator.client.base-url", inference_server]
     own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8013"]
     resumed_from = []
@@ -258,7 +258,7 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
     steps, batch_size = 8, 4
     # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
     flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size),
-             "--orchestrator.rollouts-per-example", "2"]  # fmt: skip
+             "--orchestrator.rollouts-per-example", "2", "--no-orchestrator.eval"]  # fmt: skip
     uv_rl = [shutil.which("uv"), "run", "--no-sync", "rl", *rl_argv(tmp_path, *flags, inference=False)[3:]]
 
     def start(*extra: str) -> subprocess.Popen:

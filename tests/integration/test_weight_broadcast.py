@@ -25,7 +25,7 @@ def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_se
     trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG / "train.toml"), *shared,
                "--weight-broadcast.port", str(free_port())]  # fmt: skip
     orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(DEBUG / "orch.toml"), *shared,
-                    "--client.base-url", inference_server, "--async-level", "0",
+                    "--client.base-url", inference_server, "--async-level", "0", "--no-eval",
                     "--batch-size", "2", "--rollouts-per-example", "4"]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     processes = [subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -31,9 +31,10 @@ def fake_run(output_dir: Path, reward_start: float, with_entropy: bool = True, w
                   "sampled_tokens_per_s": 100.0 + step}  # fmt: skip
         if step > 0:
             record["probe_gap"] = 0.01 / step  # absent until the first reload
-        if with_evals and step % 2 == 0:
-            record["eval/gsm8k"] = 0.2 + 0.05 * step
         orchestrator.write(record)
+        if with_evals and step % 2 == 0:  # the scores are plotted, not the failures or the seconds
+            orchestrator.write_eval({"step": step, "eval/gsm8k/reward_mean": 0.2 + 0.05 * step,
+                                     "eval/gsm8k/failed": 1, "eval/seconds": 30.0})  # fmt: skip
         trained = {"step": step, "loss": 0.3 - 0.1 * step, "mismatch_kl": 1e-3, "tokens_per_s": 500.0 - step}
         if with_entropy:
             trained["entropy"] = 2.0 - 0.2 * step
@@ -75,6 +76,7 @@ def test_plots_of_two_runs_have_content_and_the_metrics_range(runs, tmp_path):
         f"{run} {key}" for run in ("run_a", "run_b") for key in ("sampled_tokens_per_s", "tokens_per_s")
     }
     assert plots["eval"].series["run_b"][0] == [0, 2, 4]  # one key: labelled by run
+    assert len(plots["eval"].series) == 2  # a line per run: neither failures nor seconds are scores
 
 
 def test_a_plot_without_data_is_not_written(tmp_path):
