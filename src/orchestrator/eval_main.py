@@ -8,7 +8,6 @@ to ``output_dir/metrics/eval.jsonl``.
 """
 
 import asyncio
-import re
 from pathlib import Path
 
 from orchestrator.config import EvalRunConfig
@@ -16,17 +15,17 @@ from orchestrator.orchestrator import Orchestrator
 from rl.config import run_cli
 from rl.errors import TridentError, exit_on_user_error
 from rl.metrics import setup_logging
-from rl.protocol import is_stable
+from rl.protocol import is_stable, step_of
 
 
 def weights_step(folder: Path) -> int:
     """The trainer step of a run's ``weights/step_N`` folder, checked to be complete."""
-    match = re.fullmatch(r"step_(\d+)", folder.name)
-    if not folder.is_dir() or match is None:
+    step = step_of(folder)
+    if not folder.is_dir() or step is None:
         raise TridentError(f"weights = {str(folder)!r}: not a run's weights/step_N folder")
     if not is_stable(folder):
         raise TridentError(f"weights = {str(folder)!r}: incomplete (no STABLE marker; the trainer is still writing)")
-    return int(match.group(1))
+    return step
 
 
 async def evaluate(config: EvalRunConfig) -> dict:

@@ -27,8 +27,7 @@ class MetricsWriter:
         self.last_step = 0  # the step of the last record written
 
     def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_records(self.path, [record])
         self.last_step = record["step"]
         if self.run is not None:
             self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
@@ -36,8 +35,7 @@ class MetricsWriter:
     def write_eval(self, record: dict) -> None:
         """Append an evaluation's scores (``step``: the weights step evaluated) to ``metrics/eval.jsonl``; with W&B,
         log them beside the last step written, charted against ``eval/step``."""
-        with metrics_path(self.output_dir, "eval").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_records(metrics_path(self.output_dir, "eval"), [record])
         if self.run is not None:
             self.run.define_metric("eval/*", step_metric="eval/step")
             scores = {k: v for k, v in record.items() if k != "step"}
@@ -45,8 +43,7 @@ class MetricsWriter:
 
     def write_table(self, name: str, step: int, rows: list[dict]) -> None:
         """Append ``rows`` to ``metrics/<name>.jsonl`` and, with W&B, log them as the table ``name`` at ``step``."""
-        with metrics_path(self.output_dir, name).open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
+        append_records(metrics_path(self.output_dir, name), rows)
         if self.run is not None and rows:
             import wandb
 
@@ -56,6 +53,12 @@ class MetricsWriter:
     def close(self) -> None:
         if self.run is not None:
             self.run.finish()
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append ``records`` to the JSON-lines file ``path``, one line each."""
+    with path.open("a") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
 
 
 def start_wandb(config: WandbConfig, output_dir: Path, process: str):

@@ -18,6 +18,7 @@ step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -405,10 +406,16 @@ def is_stable(folder: Path) -> bool:
     return (folder / STABLE).exists()
 
 
+def step_of(folder: Path) -> int | None:
+    """The step N of a ``step_N`` folder (of rollouts, weights or checkpoints); None for another name."""
+    match = re.fullmatch(r"step_(\d+)", Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
 def latest_stable_weights(output_dir: Path) -> int:
     """The newest weights step with a ``STABLE`` marker, or 0 (the initial model) when there is none."""
-    steps = [int(p.name.split("_")[1]) for p in (Path(output_dir) / "weights").glob("step_*") if is_stable(p)]
-    return max(steps, default=0)
+    steps = [step_of(p) for p in (Path(output_dir) / "weights").glob("step_*") if is_stable(p)]
+    return max((step for step in steps if step is not None), default=0)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
