@@ -23,6 +23,7 @@ from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter, eval_line
+from rl.progress import Progress
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -124,6 +125,7 @@ class Orchestrator:
         self.servers = Servers(client.base_urls, client.timeout_s, config.model.name, self.ctx, client.stall_timeout_s)
         self.limit = asyncio.Semaphore(config.max_concurrent)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
+        self.progress = Progress(self.output_dir, "orchestrator")
         self.served_step = 0
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
         self.next_step: asyncio.Task | None = None  # the next step's StartedStep, started during this step
@@ -141,19 +143,22 @@ class Orchestrator:
         needed = step - self.config.async_level
         start = time.perf_counter()
         if needed > self.served_step:
-            await asyncio.to_thread(
-                wait_for,
-                lambda: latest_stable_weights(self.output_dir) >= needed,
-                self.config.weights_timeout_s,
-                f"the trainer's weights {weights_dir(self.output_dir, needed)}/STABLE",
-            )
+            with self.progress.doing(f"waiting for the trainer's weights step {needed}"):
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: latest_stable_weights(self.output_dir) >= needed,
+                    self.config.weights_timeout_s,
+                    f"the trainer's weights {weights_dir(self.output_dir, needed)}/STABLE",
+                )
         waited = time.perf_counter() - start
         newest = latest_stable_weights(self.output_dir)
         if newest <= self.served_step:
             return waited, 0.0
-        await self.finish_evaluation()  # its rollouts all sample from the weights it is logged under
+        with self.progress.doing(f"waiting for the evaluation of weights step {self.served_step} to end"):
+            await self.finish_evaluation()  # its rollouts all sample from the weights it is logged under
         path = weights_dir(self.output_dir, newest)
-        reload_s, gap = await self.servers.reload_weights(path, newest, self.config.client.probe_tolerance)
+        with self.progress.doing(f"loading weights step {newest} into the server"):
+            reload_s, gap = await self.servers.reload_weights(path, newest, self.config.client.probe_tolerance)
         self.probe_gap = gap
         count = len(self.servers.up)
         which = "server now serves" if len(self.servers.servers) == 1 else f"all {count} servers serve"
@@ -174,7 +179,8 @@ class Orchestrator:
         except NoServer as e:
             timeout = self.config.client.server_timeout_s
             logger.warning(f"step {step}: {e}; waiting up to {timeout:.0f}s for one")
-            await self.servers.wait_any(timeout)
+            with self.progress.doing(f"waiting up to {timeout:.0f}s for an inference server to answer"):
+                await self.servers.wait_any(timeout)
             await self.step(step, start_next)
 
     async def start_groups(self, step: int) -> StartedStep:
@@ -186,6 +192,7 @@ class Orchestrator:
         per_server = [0] * len(self.servers.servers)
         tasks = self.batch_tasks(step)
         runs = [asyncio.ensure_future(self.run_group(env, task, per_server=per_server)) for env, task in tasks]
+        self.track(f"sampling step {step + 1}", runs)
         self.start_evaluation_if_due()
         return StartedStep(runs, per_server, self.served_step, time.perf_counter(), wait_s, reload_s)
 
@@ -209,7 +216,11 @@ class Orchestrator:
         return their record."""
         start = time.perf_counter()
         config = self.config.eval
-        runs = [[self.run_group(s.env, task, config.rollouts_per_example) for task in s.tasks] for s in self.eval_sets]
+        runs = [
+            [asyncio.ensure_future(self.run_group(s.env, task, config.rollouts_per_example)) for task in s.tasks]
+            for s in self.eval_sets
+        ]
+        self.track(f"evaluating weights step {weight_step}", [run for env_runs in runs for run in env_runs])
         groups = await asyncio.gather(*(asyncio.gather(*env_runs) for env_runs in runs))
         scores = {}
         for eval_set, env_groups in zip(self.eval_sets, groups, strict=True):
@@ -224,6 +235,12 @@ class Orchestrator:
         await self.update_weights(self.config.max_steps + self.config.async_level)
         await self.finish_evaluation()
         await self.evaluate(self.served_step)
+
+    def track(self, text: str, runs: list[asyncio.Future]) -> None:
+        """Show ``text`` with how many of ``runs`` are done in ``progress/orchestrator.json``, until all are."""
+        activity = self.progress.begin(text, total=len(runs), unit="groups")
+        for run in runs:
+            run.add_done_callback(lambda _: self.progress.advance(activity))
 
     def cancel_next_step(self) -> None:
         """Stop the next step's groups, started early (this step failed, or the run stops)."""

@@ -31,12 +31,11 @@ from rl.preflight import (
     placement_lines,
 )
 from rl.process import Child, command, stop_all
+from rl.progress import Activity, read_progress
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
 from rl.rl_config import RLConfig, resolve_shared, servers, sub_configs
 
 logger = logging.getLogger("rl")
-
-WAIT_NOTICE_S = 30.0  # without a terminal, how often to say what the run waits for before its first step
 
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
 
@@ -135,13 +134,20 @@ def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: 
     )
 
 
-class WaitNotice:
-    """What the run is waiting for: a spinner on a terminal; elsewhere (a log file, CI) a printed line every
-    ``WAIT_NOTICE_S``."""
+def progress_line(head: str, activities: list[Activity]) -> str:
+    """``head``, then what each process is doing and for how long (``progress/``)."""
+    now = time.time()
+    return " · ".join([head, *(activity.describe(now) for activity in activities)])
 
-    def __init__(self):
+
+class WaitNotice:
+    """What the run is doing while a step runs long: a spinner on a terminal, updated every second; elsewhere (a
+    log file, CI) a printed line every ``every_s``."""
+
+    def __init__(self, every_s: float):
         console = Console()
         self.status = console.status("waiting for step 1") if console.is_terminal else None
+        self.every_s = every_s
         self.shown = time.perf_counter()
 
     def __enter__(self) -> "WaitNotice":
@@ -153,15 +159,12 @@ class WaitNotice:
         if self.status is not None:
             self.status.stop()
 
-    @property
-    def live(self) -> bool:
-        return self.status is not None
-
-    def due(self) -> bool:
-        """Whether the first step's notice should be refreshed now (then it counts as shown): every second on a
-        terminal, every ``WAIT_NOTICE_S`` elsewhere."""
+    def due(self, running_s: float) -> bool:
+        """Whether to show the notice now, ``running_s`` into what it is about (then it counts as shown): every
+        second on a terminal; elsewhere every ``every_s``, once that has run ``every_s``."""
         now = time.perf_counter()
-        if now - self.shown < (1.0 if self.live else WAIT_NOTICE_S):
+        every = 1.0 if self.status is not None else self.every_s
+        if now - self.shown < every or running_s < every:
             return False
         self.shown = now
         return True
@@ -198,17 +201,18 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
     server_names = set(servers(config))
     several = server_names if len(server_names) > 1 else set()  # a run goes on without one of several servers
     failed, lost = None, set()
-    with WaitNotice() as notice:
+    with WaitNotice(config.progress_every_s) as notice:
         while failed is None and not all(children[name].poll() == 0 for name in ("trainer", "orchestrator")):
             print_new_steps()
             now = time.perf_counter()
-            if printed == first:
-                if notice.due():
-                    url, started = config.orchestrator.client.base_urls[0], config.inference is not None
-                    phase = first_step_phase(output_dir, url, first, started)
-                    notice.show(f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)")
-            elif notice.live and printed < max_steps:
-                notice.show(f"step {printed + 1}/{max_steps} ({now - last:.0f}s)")
+            if printed == first and notice.due(now - start):
+                url, started = config.orchestrator.client.base_urls[0], config.inference is not None
+                phase = first_step_phase(output_dir, url, first, started)
+                head = f"waiting for step {first + 1}: {phase} ({now - start:.0f}s)"
+                notice.show(progress_line(head, read_progress(output_dir)))
+            elif printed > first and notice.due(now - last):
+                head = f"step {printed + 1}/{max_steps}" if printed < max_steps else "after the last step"
+                notice.show(progress_line(f"{head} ({now - last:.0f}s)", read_progress(output_dir)))
             exited = (name for name, child in children.items() if name not in lost and child.poll() not in (None, 0))
             failed = next(exited, None)
             if failed in several and any(children[name].poll() is None for name in several - lost - {failed}):

@@ -9,7 +9,8 @@ Under ``output_dir``::
     checkpoints/step_N/{trainer,orchestrator}/   state to resume from after N steps (each part ``STABLE``)
     logs/{rl,trainer,orchestrator,inference}.log
     configs/{trainer,orchestrator,inference}.toml   the resolved configs ``rl`` started the processes with
-    metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl)
+    metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl, eval.jsonl)
+    progress/{trainer,orchestrator}.json   what each process is doing now, for the console
 
 Weights ``step_0`` are the initial model: the server starts with them, nothing is written. The rollouts of
 step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
@@ -111,11 +112,16 @@ def metrics_path(output_dir: Path, process: str) -> Path:
     return Path(output_dir) / "metrics" / f"{process}.jsonl"
 
 
+def progress_dir(output_dir: Path) -> Path:
+    """``progress/<process>.json``: what each process is doing now (:mod:`rl.progress`)."""
+    return Path(output_dir) / "progress"
+
+
 def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
     was deleted. A run resuming after ``resume_from`` steps keeps the metrics of the steps before.
     Logs are overwritten by the new run; checkpoints are kept."""
-    stale = [Path(output_dir) / name for name in ("rollouts", "weights")]
+    stale = [Path(output_dir) / name for name in ("rollouts", "weights", "progress")]
     stale = [path for path in stale if path.exists()]
     for path in stale:
         shutil.rmtree(path)

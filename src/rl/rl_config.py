@@ -73,6 +73,14 @@ class RLConfig(BaseConfig):
             "read from the GPUs, and without GPUs the plan is for the CPU and refuses nothing.",
         ),
     ] = None
+    progress_every_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Without a terminal (a log file, CI), how often rl prints what the run is doing while a step "
+            "(or the wait for the first) runs longer than this; on a terminal a spinner shows it every second.",
+        ),
+    ] = 30.0
     dry_run: Annotated[
         bool, Field(description="Write the resolved configs to output_dir/configs, print the memory plan and exit.")
     ] = False

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from rl.broadcast import Sender
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
+from rl.progress import Progress
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -151,6 +152,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
+    progress = Progress(config.output_dir if world.is_main else None, "trainer")
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"  # full weights
     dtype = compute_dtype(config.model.dtype, world.device)  # of the weights the server loads
     sender = weight_sender(config, world)
@@ -165,7 +167,8 @@ def run_training(config: TrainerConfig, world: World) -> None:
     for step in range(start, config.max_steps):
         wait_start = time.perf_counter()
         batch_dir = rollouts_dir(config.output_dir, step)
-        wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
+        with progress.doing(f"waiting for the batch of step {step + 1}"):
+            wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
@@ -176,15 +179,18 @@ def run_training(config: TrainerConfig, world: World) -> None:
             )
         train_start = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
+        with progress.doing(f"training step {step + 1}"):
+            record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
         scheduler.step()
         save_start = time.perf_counter()
         last = step + 1 == config.max_steps  # no one samples from the last weights: files, the run's model
-        save_weights(
-            model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender, dtype
-        )
+        with progress.doing(f"writing weights step {step + 1}"):
+            save_weights(
+                model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender, dtype
+            )
         if config.ckpt and ((step + 1) % config.ckpt.interval == 0 or step + 1 == config.max_steps):
-            save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
+            with progress.doing(f"writing checkpoint step {step + 1}"):
+                save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
             if world.is_main:
                 prune_checkpoints(config.output_dir, config.ckpt.keep)
 

@@ -18,6 +18,7 @@ import tomli_w
 from procs import group_running, run_processes, wait_gone
 
 from rl.metrics import eval_line, read_metrics
+from rl.progress import read_progress
 from rl.protocol import complete_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -57,11 +58,18 @@ def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> N
 def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     """The debug configs on the session's server (rl starting its own is the swe-grep test's and the two-server
     test's)."""
-    result = run_rl(tmp_path, "--orchestrator.client.base-url", inference_server, inference=False)
+    result = run_rl(
+        tmp_path, "--orchestrator.client.base-url", inference_server, "--progress-every-s", "1", inference=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
-    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
+    steps = [line for line in result.stdout.splitlines() if line.startswith("step ") and " | reward " in line]
     assert len(steps) == 20 and steps[-1].startswith("step 20/20 | reward")
+    # a step running over a second: what each process was doing, and for how long; all of it ended
+    activity = r" · (orchestrator|trainer): [a-z].* \(\d+s\)"
+    shown = [line for line in result.stdout.splitlines() if re.fullmatch(rf"step \d+/20 \(\d+s\)({activity})+", line)]
+    assert shown, result.stdout
+    assert read_progress(tmp_path) == []
     for name in ("rl", "orchestrator", "trainer"):
         assert (tmp_path / "logs" / f"{name}.log").stat().st_size > 0
 
@@ -122,9 +130,9 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
             "--inference.port", "8015"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [line.split(" |")[0] for line in result.stdout.splitlines() if line.startswith("step ")] == [
-        f"step {i}/5" for i in range(1, 6)
-    ]
+    assert [
+        line.split(" |")[0] for line in result.stdout.splitlines() if line.startswith("step ") and " | " in line
+    ] == [f"step {i}/5" for i in range(1, 6)]
     # the server takes well over 30 s to start: the user is told what the run waits for
     assert "waiting for step 1: starting the inference server" in result.stdout
     orchestrator = read_metrics(tmp_path, "orchestrator")
@@ -227,9 +235,9 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
     )  # fmt: skip
     assert resumed.returncode == 0, f"seed {seed}: {resumed.stdout + resumed.stderr}"
     last = resumed_from[-1]
-    assert [line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")] == [
-        f"step {i}/{steps}" for i in range(last + 1, steps + 1)
-    ], f"seed {seed}"
+    assert [
+        line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
+    ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
     # each step trained exactly once across the four runs, on the prompts an uninterrupted run would have used
     assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
     assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
@@ -313,9 +321,9 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
     last = complete_checkpoints(tmp_path)[-1]
     resumed = subprocess.run([*uv_rl, *resume], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert [line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ")] == [
-        f"step {i}/{steps}" for i in range(last + 1, steps + 1)
-    ]
+    assert [
+        line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
+    ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)]
     assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps))
     assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps))
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()

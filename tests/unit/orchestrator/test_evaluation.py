@@ -15,6 +15,7 @@ from orchestrator.evaluation import eval_scores
 from orchestrator.orchestrator import Orchestrator
 from rl.config import ConfigError, parse_config
 from rl.metrics import read_metrics
+from rl.progress import read_progress
 from rl.protocol import mark_stable, weights_dir
 from rl.shared_config import WandbConfig
 
@@ -81,6 +82,9 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
         # each rollout scores the weights step it sampled from, at its start and at its end: an evaluation that a
         # reload overtook would log rewards of two steps
         first = server.step
+        if env is orchestrator.eval_sets[0].env:  # the console is told what runs and how far it got
+            shown = [a for a in read_progress(tmp_path) if a.text == f"evaluating weights step {first}"]
+            assert len(shown) == 1 and shown[0].total == 3 and shown[0].process == "orchestrator"
         await asyncio.sleep(0.05 if n == 2 and env is orchestrator.eval_sets[0].env else 0)
         return [rollout(float(first + server.step) / 2) for _ in range(n)]
 
@@ -100,6 +104,7 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
         orchestrator.metrics.close()
 
     asyncio.run(run())
+    assert read_progress(tmp_path) == []  # every step and evaluation ended
     evals = read_metrics(tmp_path, "eval")
     assert [e["step"] for e in evals] == [0, 2, 4]  # step 0, each interval reached, the final weights
     for record in evals:  # every rollout of an evaluation sampled from the weights it is logged under

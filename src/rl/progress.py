@@ -1,0 +1,97 @@
+"""What each process is doing right now, for the person watching ``rl``: ``progress/<process>.json``.
+
+The trainer and the orchestrator each keep the activities they are in (training step 12, evaluating weights
+step 10: 40/64 rollouts, writing a checkpoint, ...) with the time each began, in one small JSON file rewritten
+in one step whenever an activity begins or ends (and at most once a second as its count moves). ``rl`` reads
+the files while a step runs long and shows what it is waiting on and for how long.
+"""
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl.protocol import progress_dir
+
+COUNT_WRITE_S = 1.0  # a moving count rewrites the file at most this often
+
+
+@dataclass
+class Activity:
+    """One thing a process is doing: ``text``, since ``since`` (epoch seconds), ``done`` of ``total`` if counted."""
+
+    process: str
+    text: str
+    since: float
+    done: int = 0
+    total: int | None = None
+    unit: str = ""  # what it counts
+
+    def describe(self, now: float) -> str:
+        count = f", {self.done}/{self.total} {self.unit} done" if self.total is not None else ""
+        return f"{self.process}: {self.text}{count} ({now - self.since:.0f}s)"
+
+
+class Progress:
+    """The activities of one process, written to ``progress/<process>.json`` (nothing is written when
+    ``output_dir`` is None: a trainer rank other than the first)."""
+
+    def __init__(self, output_dir: str | Path | None, process: str):
+        self.path = progress_dir(output_dir) / f"{process}.json" if output_dir is not None else None
+        self.process = process
+        self.activities: dict[int, Activity] = {}
+        self.written = 0.0
+        self.write()
+
+    def begin(self, text: str, total: int | None = None, unit: str = "") -> Activity:
+        """Mark ``text`` as under way; with ``total``, it counts its parts (``unit``, :meth:`advance`) and ends with
+        the last."""
+        activity = Activity(self.process, text, time.time(), total=total, unit=unit)
+        self.activities[id(activity)] = activity
+        self.write()
+        return activity
+
+    def end(self, activity: Activity) -> None:
+        if self.activities.pop(id(activity), None) is not None:
+            self.write()
+
+    def advance(self, activity: Activity, parts: int = 1) -> None:
+        """``parts`` more of ``activity`` are done."""
+        activity.done += parts
+        if activity.total is not None and activity.done >= activity.total:
+            self.end(activity)
+        elif time.monotonic() - self.written >= COUNT_WRITE_S:
+            self.write()
+
+    @contextmanager
+    def doing(self, text: str) -> Iterator[Activity]:
+        """Mark ``text`` as under way for the ``with`` block."""
+        activity = self.begin(text)
+        try:
+            yield activity
+        finally:
+            self.end(activity)
+
+    def write(self) -> None:
+        self.written = time.monotonic()
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        records = [vars(a) for a in self.activities.values()]
+        tmp.write_text(json.dumps(records))
+        tmp.replace(self.path)
+
+
+def read_progress(output_dir: str | Path) -> list[Activity]:
+    """Every process's activities under way, the longest-running first."""
+    activities = []
+    for path in sorted(progress_dir(output_dir).glob("*.json")):
+        try:
+            activities += [Activity(**record) for record in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError):  # gone with its process, or from another version
+            continue
+    return sorted(activities, key=lambda a: a.since)

@@ -1,0 +1,92 @@
+"""progress/<process>.json: what each process is doing now, and what ``rl`` prints from it while a step runs long."""
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rl.launcher import supervise
+from rl.process import Child
+from rl.progress import Progress, read_progress
+from rl.protocol import clear_run_state
+from rl.rl_config import RLConfig, resolve_shared
+
+
+def test_activities_are_written_as_they_begin_count_and_end(tmp_path, monkeypatch):
+    trainer = Progress(tmp_path, "trainer")
+    orchestrator = Progress(tmp_path, "orchestrator")
+    assert read_progress(tmp_path) == []
+    with trainer.doing("writing checkpoint step 4"):
+        sampling = orchestrator.begin("sampling step 5", total=3, unit="groups")
+        now = time.time()
+        assert [a.describe(now) for a in read_progress(tmp_path)] == [
+            "trainer: writing checkpoint step 4 (0s)",  # the longest-running first
+            "orchestrator: sampling step 5, 0/3 groups done (0s)",
+        ]
+        monkeypatch.setattr("rl.progress.COUNT_WRITE_S", 0.0)
+        orchestrator.advance(sampling)
+        assert read_progress(tmp_path)[1].done == 1
+        monkeypatch.setattr("rl.progress.COUNT_WRITE_S", 3600.0)
+        orchestrator.advance(sampling)  # a count moving fast is written at most every COUNT_WRITE_S
+        assert read_progress(tmp_path)[1].done == 1
+        orchestrator.advance(sampling)  # its last part ends it
+    assert read_progress(tmp_path) == []
+    with pytest.raises(RuntimeError), trainer.doing("training step 5"):
+        raise RuntimeError  # a failure ends the activity too
+    assert read_progress(tmp_path) == []
+
+
+def test_only_the_first_rank_writes_and_a_new_run_starts_without_the_last_ones(tmp_path):
+    Progress(None, "trainer").begin("training step 1")  # another rank: nothing on disk
+    assert not (tmp_path / "progress").exists()
+    Progress(tmp_path, "trainer").begin("training step 1")  # then killed: it never ends
+    assert len(read_progress(tmp_path)) == 1
+    assert tmp_path / "progress" in clear_run_state(tmp_path)
+    assert read_progress(tmp_path) == []
+
+
+FAKE_PROCESS = """
+import json, sys, time
+from rl.progress import Progress
+output_dir, name, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+progress = Progress(output_dir, name)
+if name == "trainer":
+    with progress.doing("writing checkpoint step 1"):
+        time.sleep(seconds)
+    with open(f"{output_dir}/metrics/trainer.jsonl", "a") as f:
+        f.write(json.dumps({"step": 0, "reward_mean": 0.5, "loss": 0.1, "tokens": 10}) + "\\n")
+    with progress.doing("training step 2"):
+        time.sleep(seconds)
+else:
+    evaluation = progress.begin("evaluating weights step 0", total=4, unit="groups")
+    time.sleep(1.1)
+    progress.advance(evaluation)  # written: the count was last written over a second ago
+    time.sleep(2 * seconds)
+"""
+
+
+def test_rl_prints_what_each_process_does_while_a_step_runs_long(tmp_path, capsys):
+    """Two processes that write progress as the trainer and the orchestrator do; without a terminal, rl prints
+    their activities every progress_every_s while a step runs longer than that."""
+    (tmp_path / "metrics").mkdir()
+    script = tmp_path / "fake_process.py"
+    script.write_text(textwrap.dedent(FAKE_PROCESS))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[3] / "src"))
+    children = {
+        name: Child(name, [sys.executable, str(script), str(tmp_path), name, "2.5"], tmp_path / f"{name}.log", env)
+        for name in ("trainer", "orchestrator")
+    }
+    config = resolve_shared(RLConfig(output_dir=tmp_path, max_steps=2, progress_every_s=1.0))
+    assert supervise(children, config) == 0
+    lines = capsys.readouterr().out.splitlines()
+    waiting = [line for line in lines if line.startswith("waiting for step 1: ")]
+    assert any("· trainer: writing checkpoint step 1 (" in line for line in waiting), lines
+    assert any("· orchestrator: evaluating weights step 0, 0/4 groups done (" in line for line in waiting), lines
+    assert any(line.startswith("step 1/2 | reward 0.5000") for line in lines)
+    second = [line for line in lines if line.startswith("step 2/2 (")]
+    assert any("· trainer: training step 2 (" in line for line in second), lines
+    # its count moved once more than a second after it was last written
+    assert any("· orchestrator: evaluating weights step 0, 1/4 groups done (" in line for line in second), lines
