@@ -45,7 +45,7 @@ from common import (
 from torch import nn
 from transformers import AutoTokenizer
 
-from rl.protocol import auth_headers
+from rl.protocol import auth_headers, is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world
@@ -150,7 +150,7 @@ def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict
                 timings[kind].append(seconds)
     serve_base_model(server_url)  # retire the last adapter
     kinds = {kind: stats(*zip(*timings[kind], strict=True)) for kind in KINDS}
-    adapter = next(folder for folder in work_dir.glob("step_*") if (folder / "adapter_config.json").exists())
+    adapter = next(folder for folder in step_dirs(work_dir).values() if is_adapter(folder))
     return {
         "model": model_summary(model_folder) | {"adapter_bytes": adapter_bytes(adapter)},
         **kinds,

@@ -7,14 +7,13 @@ the files while a step runs long and shows what it is waiting on and for how lon
 """
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl.protocol import progress_dir
+from rl.protocol import atomic_file, progress_dir
 
 COUNT_WRITE_S = 1.0  # a moving count rewrites the file at most this often
 
@@ -79,11 +78,7 @@ class Progress:
         self.written = time.monotonic()
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        records = [vars(a) for a in self.activities.values()]
-        tmp.write_text(json.dumps(records))
-        tmp.replace(self.path)
+        atomic_file(self.path, json.dumps([vars(a) for a in self.activities.values()]))
 
 
 def read_progress(output_dir: str | Path) -> list[Activity]:

@@ -78,11 +78,12 @@ def checkpoint_dir(output_dir: Path, step: int) -> Path:
 
 def complete_checkpoints(output_dir: Path) -> list[int]:
     """Steps whose checkpoint is complete (both parts ``STABLE``), oldest first."""
-    steps = []
-    for folder in (Path(output_dir) / "checkpoints").glob("step_*"):
-        if all(is_stable(folder / part) for part in ("trainer", "orchestrator")):
-            steps.append(int(folder.name.removeprefix("step_")))
-    return sorted(steps)
+    folders = step_dirs(Path(output_dir) / "checkpoints")
+    return [
+        step
+        for step, folder in folders.items()
+        if all(is_stable(folder / part) for part in ("trainer", "orchestrator"))
+    ]
 
 
 def resume_step(output_dir: Path, requested: int) -> int:
@@ -151,22 +152,28 @@ def disk_full(path: Path) -> bool:
 
 
 @contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it is renamed to ``final`` in one step.
 
     Readers never see a partial folder: it has a hidden temporary name until complete. A failure (or a
     kill) leaves only a ``.tmp`` folder that no reader looks at. A write that fails for lack of space (whatever
     the writing library raises: OSError, safetensors' or torch's own errors) becomes a one-line
-    :class:`DiskFullError`, with the partial folder removed.
+    :class:`DiskFullError`, with the partial folder removed. With ``replace`` False, a ``final`` that another
+    writer completed meanwhile is kept and this folder dropped.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
         os.chmod(tmp, 0o755)
-        if final.exists():
+        if replace and final.exists():
             shutil.rmtree(final)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:
+            if replace or not final.exists():
+                raise
+            shutil.rmtree(tmp)  # another writer finished first
     except BaseException as e:
         full = isinstance(e, Exception) and disk_full(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -176,6 +183,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
                 "and what was written before is intact (free space, then resume with --ckpt.resume-step -1)"
             ) from e
         raise
+
+
+def atomic_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary sibling renamed over it: readers see the old or the new text."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 @dataclass
@@ -214,6 +229,8 @@ MICRO_BATCH_DTYPES = {  # the tensors of a micro-batch file; all but sample_leng
     "inference_logprobs": torch.float32,
     "sample_lengths": torch.long,
 }
+MICRO_BATCH_TENSORS = tuple(MICRO_BATCH_DTYPES)
+PER_TOKEN_TENSORS = tuple(name for name in MICRO_BATCH_TENSORS if name != "sample_lengths")
 
 
 @dataclass
@@ -271,7 +288,7 @@ class MicroBatch:
     def problem(self) -> str | None:
         """What makes these tensors inconsistent (lengths, positions, non-finite values), or None."""
         tokens, lengths = len(self.input_ids), self.sample_lengths
-        for name in MICRO_BATCH_DTYPES.keys() - {"sample_lengths"}:
+        for name in PER_TOKEN_TENSORS:
             if len(getattr(self, name)) != tokens:
                 return f"{name} has {len(getattr(self, name))} entries for {tokens} tokens"
         if len(lengths) == 0 or (lengths <= 0).any() or lengths.sum() != tokens:
@@ -418,10 +435,16 @@ def step_of(folder: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def step_dirs(parent: Path) -> dict[int, Path]:
+    """The ``step_N`` entries of ``rollouts/``, ``weights/`` or ``checkpoints/`` by step, ascending (others skipped)."""
+    steps = {step_of(path): path for path in Path(parent).glob("step_*")}
+    return {step: steps[step] for step in sorted(step for step in steps if step is not None)}
+
+
 def latest_stable_weights(output_dir: Path) -> int:
     """The newest weights step with a ``STABLE`` marker, or 0 (the initial model) when there is none."""
-    steps = [step_of(p) for p in (Path(output_dir) / "weights").glob("step_*") if is_stable(p)]
-    return max((step for step in steps if step is not None), default=0)
+    folders = step_dirs(Path(output_dir) / "weights")
+    return max((step for step, folder in folders.items() if is_stable(folder)), default=0)
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:

@@ -39,9 +39,8 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from rl.errors import TridentError
-from rl.protocol import configs_dir, micro_batch_paths, rollouts_dir
+from rl.protocol import MICRO_BATCH_TENSORS, PER_TOKEN_TENSORS, configs_dir, micro_batch_paths, rollouts_dir, step_dirs
 
-TENSORS = ("input_ids", "position_ids", "loss_mask", "advantages", "inference_logprobs", "sample_lengths")
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
 # the <|im_end|> (or, in a reply, <|endoftext|>) closing the content; SEPARATOR the template after it: the newline,
@@ -116,12 +115,7 @@ class StepRollouts:
 
 def rollout_steps(output_dir: Path) -> list[int]:
     """Steps with a complete ``rollouts/step_N/`` folder, ascending."""
-    steps = []
-    for path in (Path(output_dir) / "rollouts").glob("step_*"):
-        suffix = path.name.removeprefix("step_")
-        if path.is_dir() and suffix.isdigit():
-            steps.append(int(suffix))
-    return sorted(steps)
+    return [step for step, path in step_dirs(Path(output_dir) / "rollouts").items() if path.is_dir()]
 
 
 def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
@@ -164,8 +158,8 @@ def _split_micro_batch(
     k: int, tensors: dict, first_index: int, summaries: list, problems: list[Problem]
 ) -> list[SampleRecord]:
     name = f"micro_batch_{k}"
-    values = {key: tensors[key].flatten().tolist() for key in TENSORS if key in tensors}
-    missing = [key for key in TENSORS if key not in values]
+    values = {key: tensors[key].flatten().tolist() for key in MICRO_BATCH_TENSORS if key in tensors}
+    missing = [key for key in MICRO_BATCH_TENSORS if key not in values]
     if missing:
         problems.append(Problem("missing_tensor", f"{name} has no {', '.join(missing)} tensor"))
     input_ids = values.get("input_ids", [])
@@ -181,7 +175,7 @@ def _split_micro_batch(
                 f"{name}: sample_lengths sum to {sum(lengths)} but input_ids has {len(input_ids)} tokens",
             )
         )
-    for key in ("position_ids", "loss_mask", "advantages", "inference_logprobs"):
+    for key in PER_TOKEN_TENSORS[1:]:  # each against input_ids
         if key in values and len(values[key]) != len(input_ids):
             problems.append(
                 Problem("length_mismatch", f"{name}: {key} has {len(values[key])} entries, input_ids {len(input_ids)}")

@@ -16,13 +16,12 @@ Configs name them by id; :func:`resolve_model_path` builds one on first use. Bui
 
 import os
 import random
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rl import tiny_templates
+from rl.protocol import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 4
@@ -172,9 +171,7 @@ def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
     """Build the tiny model ``model_id`` into ``path``; the folder appears complete or not at all."""
     if (path / "config.json").exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
+    with atomic_dir(path, replace=False) as tmp:  # another process that finished first keeps its build
         family = TINY_MODELS[model_id]
         tokenizer = build_tokenizer(family)
         model = build_model(family, tokenizer)
@@ -182,14 +179,6 @@ def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
-        os.chmod(tmp, 0o755)
-        try:
-            tmp.rename(path)
-        except OSError:  # another process finished first: keep its build
-            shutil.rmtree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 

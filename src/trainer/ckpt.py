@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl.errors import TridentError
-from rl.protocol import checkpoint_dir, complete_checkpoints, mark_stable
+from rl.protocol import checkpoint_dir, complete_checkpoints, mark_stable, step_dirs
 from trainer.parallel import World
 
 logger = logging.getLogger("trainer")
@@ -94,7 +94,7 @@ def prune_checkpoints(output_dir: Path, keep: int | None) -> list[Path]:
     if keep is None or len(steps) <= keep:
         return []
     oldest_kept = steps[-keep]
-    removed = [p for p in (Path(output_dir) / "checkpoints").glob("step_*") if int(p.name[5:]) < oldest_kept]
+    removed = [path for step, path in step_dirs(Path(output_dir) / "checkpoints").items() if step < oldest_kept]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed

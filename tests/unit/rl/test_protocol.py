@@ -6,12 +6,14 @@ from rl.protocol import (
     MicroBatch,
     Sample,
     atomic_dir,
+    atomic_file,
     clear_run_state,
     latest_stable_weights,
     mark_stable,
     pack_samples,
     read_batch,
     rollouts_dir,
+    step_dirs,
     weights_dir,
     write_batch,
 )
@@ -73,6 +75,32 @@ def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
             raise RuntimeError("killed mid-write")
     assert not final.exists()
     assert list(final.parent.iterdir()) == []
+
+
+def test_atomic_dir_keeps_a_folder_another_writer_finished(tmp_path):
+    final = tmp_path / "model"
+    with atomic_dir(final, replace=False) as tmp:
+        (tmp / "mine").write_text("x")
+        final.mkdir()
+        (final / "theirs").write_text("y")
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+    assert [p.name for p in final.iterdir()] == ["theirs"]
+
+
+def test_atomic_file_replaces_whole(tmp_path):
+    path = tmp_path / "progress" / "trainer.json"
+    atomic_file(path, "old")
+    atomic_file(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in path.parent.iterdir()] == ["trainer.json"]
+
+
+def test_step_dirs_in_step_order(tmp_path):
+    for name in ("step_10", "step_2", "step_x", ".step_3.tmp-1", "other"):
+        (tmp_path / name).mkdir()
+    assert step_dirs(tmp_path) == {2: tmp_path / "step_2", 10: tmp_path / "step_10"}
+    assert list(step_dirs(tmp_path)) == [2, 10]
+    assert step_dirs(tmp_path / "missing") == {}
 
 
 def test_latest_stable_weights_ignores_unfinished(tmp_path):
