@@ -22,9 +22,9 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from rl.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
 from rl.launcher import child_env, log_tail
 from rl.process import Child, stop_all
-from rl.protocol import auth_headers
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -176,7 +176,7 @@ def wait_healthy(base_url: str, server: Child, timeout_s: float = SERVER_TIMEOUT
         if server.poll() is not None:
             raise RuntimeError(f"the inference server exited with code {server.poll()}; log: {server.log_path}")
         try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{base_url}{HEALTH}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -246,7 +246,7 @@ def wait_all(children: list[Child], timeout_s: float = RUN_TIMEOUT_S) -> None:
 
 def served_model(base_url: str) -> tuple[str, Path]:
     """The name and the folder of the base model a server serves (the first model in ``/v1/models``)."""
-    response = httpx.get(f"{base_url}/v1/models", headers=auth_headers(), timeout=30)
+    response = httpx.get(f"{base_url}{MODELS}", headers=auth_headers(), timeout=30)
     response.raise_for_status()
     model = response.json()["data"][0]
     return model["id"], Path(model["root"])
@@ -254,6 +254,6 @@ def served_model(base_url: str) -> tuple[str, Path]:
 
 def serve_base_model(base_url: str) -> None:
     """Make the server serve its base model's own weights again, and no adapter (as when it started)."""
-    response = httpx.post(f"{base_url}/reset_weights", headers=auth_headers(), timeout=300)
+    response = httpx.post(f"{base_url}{RESET_WEIGHTS}", headers=auth_headers(), timeout=300)
     if response.status_code != 200:
         raise RuntimeError(f"resetting the server to its base model: {response.status_code} {response.text}")

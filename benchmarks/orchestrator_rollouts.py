@@ -39,6 +39,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
+from rl.inference_api import GENERATE, MODELS
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 BENCHMARKS = Path(__file__).parent
@@ -104,14 +105,14 @@ class ScriptedHandler(BaseHTTPRequestHandler):
     server: ScriptedServer
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == MODELS:
             self.respond(200, self.server.models)
         else:
             self.respond(404, b"{}")
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path != "/inference/v1/generate":
+        if self.path != GENERATE:
             self.respond(404, b"{}")
             return
         self.respond(200, self.server.reply(body["token_ids"]))

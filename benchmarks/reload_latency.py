@@ -45,7 +45,8 @@ from common import (
 from torch import nn
 from transformers import AutoTokenizer
 
-from rl.protocol import auth_headers, is_adapter, step_dirs
+from rl.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
+from rl.protocol import is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world
@@ -53,7 +54,7 @@ from trainer.train import build_model
 
 LORA_RANK = 8
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the trainer's default target modules
-KINDS = {"full": "/reload_weights", "lora": "/load_adapter"}
+KINDS = {"full": RELOAD_WEIGHTS, "lora": LOAD_ADAPTER}
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -107,11 +108,11 @@ def adapter_bytes(folder: Path) -> int:
 def reload(http: httpx.Client, kind: str, folder: Path, step: int) -> tuple[float, float]:
     """Ask the server to load ``folder`` as weights ``step``; returns (server seconds, client round trip)."""
     start = time.perf_counter()
-    response = http.post(KINDS[kind], json={"path": str(folder.resolve()), "step": step})
+    response = http.post(KINDS[kind], json=WeightsRequest(path=str(folder.resolve()), step=step).model_dump())
     round_trip = time.perf_counter() - start
     if response.status_code != 200:
         raise RuntimeError(f"{KINDS[kind]} {folder}: {response.status_code} {response.text}")
-    return response.json()["seconds"], round_trip
+    return WeightsChange.model_validate(response.json()).seconds, round_trip
 
 
 def interleaved(reloads: int) -> list[str]:

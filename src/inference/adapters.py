@@ -1,4 +1,4 @@
-"""LoRA adapters loaded into the running engine, each under its step's name (``rl.protocol.adapter_name``)."""
+"""LoRA adapters loaded into the running engine, each under its step's name (``rl.inference_api.adapter_name``)."""
 
 from typing import Any
 

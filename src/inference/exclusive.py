@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-GENERATION_PATHS = frozenset({"/inference/v1/generate", "/v1/completions", "/v1/chat/completions"})
+from rl.inference_api import GENERATION_ROUTES
 
 
 class ExclusiveGate:
@@ -81,7 +81,7 @@ class PromptLogprobsAlone:
         self.gate = ExclusiveGate()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_PATHS:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_ROUTES:
             await self.app(scope, receive, send)
             return
         messages = [await receive()]

@@ -6,32 +6,28 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
 from starlette.datastructures import State
 
 from inference.security import check_full_weights, checked_weights_path
+from rl import inference_api as api
 from rl.broadcast import read_manifest
-from rl.protocol import ADAPTER_CONFIG, adapter_name, is_adapter
+from rl.protocol import ADAPTER_CONFIG, is_adapter
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
 logger = logging.getLogger("vllm.trident")
 
 
-class WeightsRequest(BaseModel):
-    path: str
-    step: Annotated[int, Field(ge=0)]
-
-
 def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
-    """``POST /reload_weights`` and ``POST /load_adapter`` (both ``{path, step}``), ``POST /reset_weights``
-    (serve ``base_path``, the model the server started with, again), ``GET /weights``.
+    """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~rl.inference_api.WeightsRequest`),
+    ``POST /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``.
 
-    Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served) and ``trident_adapters``
+    Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served, a
+    :class:`~rl.inference_api.Served` as a dict) and ``trident_adapters``
     (an :class:`~inference.adapters.Adapters`, None when the server runs without LoRA).
     """
     router = APIRouter()
@@ -62,11 +58,11 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             await state.trident_adapters.retire_all()
         return serving(state, step, path, None, start)
 
-    @router.post("/reload_weights")
-    async def reload_weights(request: WeightsRequest, raw_request: Request) -> JSONResponse:
+    @router.post(api.RELOAD_WEIGHTS)
+    async def reload_weights(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         path = str(checked_weights_path(request.path, weights_root))
         if is_adapter(path):
-            raise HTTPException(400, f"{path} holds a LoRA adapter: load it with /load_adapter")
+            raise HTTPException(400, f"{path} holds a LoRA adapter: load it with {api.LOAD_ADAPTER}")
         try:
             manifest = read_manifest(path)  # sent by the trainer over the broadcast, or files
         except ValueError as e:
@@ -76,7 +72,7 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
         async with lock:
             return await load_full_weights(raw_request.app.state, path, request.step, manifest)
 
-    @router.post("/reset_weights")
+    @router.post(api.RESET_WEIGHTS)
     async def reset_weights(raw_request: Request) -> JSONResponse:
         """Serve the model the server started with, as step 0 and no adapter: a new run on a server that an
         earlier run used starts where a fresh server would."""
@@ -85,23 +81,23 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             served = state.trident_weights
             if full_weights["path"] != base_path:  # full weights of a run: read the base model's own again
                 return await load_full_weights(state, base_path, 0)
-            if served == {"step": 0, "path": base_path, "adapter": None}:
-                return JSONResponse({**served, "seconds": 0.0})  # as a fresh server: nothing to change
+            if served == api.Served(step=0, path=base_path, adapter=None).model_dump():
+                return JSONResponse(api.WeightsChange(**served, seconds=0.0).model_dump())  # as a fresh server
             if state.trident_adapters is not None:
                 await state.trident_adapters.retire_all()
             await state.engine_client.update_weight_version("0")
             return serving(state, 0, base_path, None, time.perf_counter())
 
-    @router.post("/load_adapter")
-    async def load_adapter(request: WeightsRequest, raw_request: Request) -> JSONResponse:
+    @router.post(api.LOAD_ADAPTER)
+    async def load_adapter(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         state = raw_request.app.state
         adapters = state.trident_adapters
         if adapters is None:
             raise HTTPException(400, "this server was started without [lora]: it cannot load adapters")
         path = str(checked_weights_path(request.path, weights_root))
         if not is_adapter(path):
-            raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with /reload_weights")
-        name = adapter_name(request.step)
+            raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with {api.RELOAD_WEIGHTS}")
+        name = api.adapter_name(request.step)
         async with lock:
             previous = state.trident_weights["adapter"]
             if name == previous:
@@ -111,7 +107,7 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             await state.engine_client.update_weight_version(str(request.step))
             return serving(state, request.step, path, name, start)
 
-    @router.get("/weights")
+    @router.get(api.WEIGHTS)
     async def weights(raw_request: Request) -> JSONResponse:
         return JSONResponse(raw_request.app.state.trident_weights)
 
@@ -120,11 +116,11 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
 
 def serving(state: State, step: int, path: str, adapter: str | None, start: float) -> JSONResponse:
     """Record what the server now serves; the answer to a weights change."""
-    state.trident_weights = {"step": step, "path": path, "adapter": adapter}
+    state.trident_weights = api.Served(step=step, path=path, adapter=adapter).model_dump()
     seconds = time.perf_counter() - start
     what = f"adapter {adapter}" if adapter else "weights"
     logger.info(f"serving {what} of step {step} from {path} (loaded in {seconds:.3f}s)")
-    return JSONResponse({**state.trident_weights, "seconds": round(seconds, 4)})
+    return JSONResponse(api.WeightsChange(**state.trident_weights, seconds=round(seconds, 4)).model_dump())
 
 
 def token_id_logprobs(data: Any) -> Any:
@@ -155,7 +151,7 @@ def patch_generate_route(app: FastAPI) -> bool:
         (
             i
             for i, route in enumerate(routes)
-            if isinstance(route, APIRoute) and route.path == "/inference/v1/generate" and "POST" in route.methods
+            if isinstance(route, APIRoute) and route.path == api.GENERATE and "POST" in route.methods
         ),
         None,
     )
@@ -182,9 +178,7 @@ def patch_generate_route(app: FastAPI) -> bool:
         return response
 
     del routes[index]
-    app.add_api_route(
-        "/inference/v1/generate", generate, methods=["POST"], dependencies=[Depends(validate_json_request)]
-    )
+    app.add_api_route(api.GENERATE, generate, methods=["POST"], dependencies=[Depends(validate_json_request)])
     routes.insert(index, routes.pop())  # back in its place, before any mounts
     app.openapi_schema = None
     return True

@@ -12,9 +12,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from rl.errors import TridentError
-from rl.protocol import API_KEY_ENV, STABLE
-
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes that need no key
+from rl.inference_api import API_KEY_ENV, OPEN_ROUTES
+from rl.protocol import STABLE
 
 
 def is_loopback(host: str) -> bool:
@@ -40,7 +39,7 @@ def api_key_for(host: str) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Refuse every request but :data:`OPEN_PATHS` unless it carries ``Authorization: Bearer <key>``.
+    """Refuse every request but :data:`~rl.inference_api.OPEN_ROUTES` unless it carries ``Authorization: Bearer <key>``.
 
     Deny by default: it also covers vLLM's own routes, whichever a vLLM version or its env vars add.
     """
@@ -54,7 +53,7 @@ class ApiKeyMiddleware:
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self.authorized(scope):
+        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_ROUTES or self.authorized(scope):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
             await WebSocketClose(code=1008)(scope, receive, send)

@@ -13,6 +13,7 @@ from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
 from rl.chat_family import model_family
+from rl.inference_api import Served
 from rl.tiny_model import resolve_model_path
 
 KEEP_ALIVE_S = 600
@@ -81,7 +82,7 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
     await init_app_state(engine_client, app.state, args, supported_tasks)
-    app.state.trident_weights = {"step": 0, "path": base_path, "adapter": None}
+    app.state.trident_weights = Served(step=0, path=base_path, adapter=None).model_dump()
     app.state.trident_adapters = (
         Adapters(app.state.openai_serving_models, engine_client) if config.lora is not None else None
     )

@@ -8,7 +8,22 @@ from pathlib import Path
 import httpx
 
 from rl.errors import TridentError
-from rl.protocol import adapter_name, auth_headers, is_adapter, read_probe
+from rl.inference_api import (
+    GENERATE,
+    HEALTH,
+    LOAD_ADAPTER,
+    RELOAD_WEIGHTS,
+    RESET_WEIGHTS,
+    WEIGHTS,
+    Served,
+    WeightsChange,
+    WeightsRequest,
+    adapter_name,
+    auth_headers,
+    probe_logprobs,
+    probe_request,
+)
+from rl.protocol import is_adapter, read_probe
 
 logger = logging.getLogger("orchestrator")
 
@@ -30,7 +45,7 @@ class InferenceClient:
         delay = 1.0
         while True:
             try:
-                if (await self.http.get("/health")).status_code == 200:
+                if (await self.http.get(HEALTH)).status_code == 200:
                     logger.info(f"inference server ready after {time.monotonic() - start:.0f}s")
                     return
             except httpx.TransportError:
@@ -44,50 +59,48 @@ class InferenceClient:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
-    async def served(self, timeout_s: float | None = None) -> dict:
-        """What the server says it serves (``GET /weights``: step, path, adapter); an ``httpx.HTTPError`` when it
-        cannot be reached or stays silent for ``timeout_s`` (the client's timeout by default)."""
+    async def served(self, timeout_s: float | None = None) -> Served:
+        """What the server says it serves (``GET /weights``); an ``httpx.HTTPError`` when it cannot be reached or
+        stays silent for ``timeout_s`` (the client's timeout by default)."""
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
-        return (await self.http.get("/weights", timeout=timeout)).raise_for_status().json()
+        return Served.model_validate((await self.http.get(WEIGHTS, timeout=timeout)).raise_for_status().json())
 
     async def reset_weights(self) -> None:
         """Make the server serve the model it started with, no adapter, as step 0: a server that an earlier run
         left on its own weights or adapter serves what a fresh one would."""
-        response = await self.http.post("/reset_weights")
+        response = await self.http.post(RESET_WEIGHTS)
         if response.status_code != 200:
             raise TridentError(f"inference server failed to serve its base model again: {response.text}")
-        self.use(response.json())
+        self.use(WeightsChange.model_validate(response.json()))
 
-    def use(self, served: dict) -> None:
+    def use(self, served: Served) -> None:
         """Name what ``served`` reports in requests from now on: its adapter, or the base model."""
-        self.model = served.get("adapter") or self.base_model
+        self.model = served.adapter or self.base_model
 
     async def reload_weights(self, path: Path, step: int) -> float:
         """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
         swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken."""
         adapter = adapter_name(step) if is_adapter(path) else None
-        route = "/load_adapter" if adapter else "/reload_weights"
-        response = await self.http.post(route, json={"path": str(path.resolve()), "step": step})
+        route = LOAD_ADAPTER if adapter else RELOAD_WEIGHTS
+        body = WeightsRequest(path=str(path.resolve()), step=step)
+        response = await self.http.post(route, json=body.model_dump())
         if response.status_code != 200:
             raise TridentError(f"inference server failed to load {path} ({route}): {response.text}")
-        served = (await self.http.get("/weights")).json()
-        if (served.get("step"), served.get("adapter")) != (step, adapter):
+        served = await self.served()
+        if (served.step, served.adapter) != (step, adapter):
             raise TridentError(
-                f"inference server reports step {served.get('step')} (adapter {served.get('adapter')}) after "
+                f"inference server reports step {served.step} (adapter {served.adapter}) after "
                 f"loading step {step} (adapter {adapter})"
             )
         self.use(served)
-        return response.json()["seconds"]
+        return WeightsChange.model_validate(response.json()).seconds
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The server's logprob of each token given the ones before it (temperature 1; 0.0 at position 0)."""
-        request = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        body = {"model": self.model, "token_ids": token_ids, "sampling_params": request}
-        response = await self.http.post("/inference/v1/generate", json=body)
+        response = await self.http.post(GENERATE, json=probe_request(self.model, token_ids))
         if response.status_code != 200:
             raise TridentError(f"inference server refused the probe request: {response.text}")
-        per_position = response.json()["prompt_logprobs"]
-        return [0.0] + [per_position[i][str(token)]["logprob"] for i, token in enumerate(token_ids) if i > 0]
+        return probe_logprobs(response.json(), token_ids)
 
     async def check_probe(self, path: Path, step: int, tolerance: float) -> float | None:
         """Compare the server's logprobs of the probe with the trainer's for the weights in ``path``.

@@ -16,7 +16,7 @@ from orchestrator.harness import HARNESS_ID
 from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
 from rl.errors import TridentError
-from rl.protocol import API_KEY_ENV
+from rl.inference_api import API_KEY_ENV
 
 logger = logging.getLogger("orchestrator")
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn

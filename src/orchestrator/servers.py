@@ -23,6 +23,7 @@ import verifiers.v1 as vf
 
 from orchestrator.client import InferenceClient
 from rl.errors import TridentError
+from rl.inference_api import HEALTH
 
 logger = logging.getLogger("orchestrator")
 
@@ -126,7 +127,7 @@ class Servers:
     async def answers(self, server: Server) -> bool:
         """Whether ``server`` replies to ``/health`` within ``stall_timeout_s``; one that does not is set aside."""
         try:
-            (await server.client.http.get("/health", timeout=self.stall_timeout_s)).raise_for_status()
+            (await server.client.http.get(HEALTH, timeout=self.stall_timeout_s)).raise_for_status()
         except httpx.HTTPError as e:
             self.set_aside(server, self.why(e))
             return False
@@ -171,11 +172,11 @@ class Servers:
             except httpx.HTTPError as e:
                 self.set_aside(server, self.why(e))
                 return
-            if served["step"] == step:
+            if served.step == step:
                 server.client.use(served)
             else:
                 logger.warning(
-                    f"inference server at {server.url} serves weights step {served['step']}, not {step}: "
+                    f"inference server at {server.url} serves weights step {served.step}, not {step}: "
                     f"loading step {step}"
                 )
                 try:

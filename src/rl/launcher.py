@@ -19,6 +19,7 @@ from rich.console import Console
 
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
+from rl.inference_api import HEALTH
 from rl.lifeline import launcher_env
 from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
 from rl.preflight import (
@@ -118,7 +119,7 @@ def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_s
     if len(read_metrics(output_dir, "orchestrator")) > done:
         return f"training step {done + 1}"
     try:
-        if httpx.get(f"{server_url}/health", timeout=1).status_code == 200:
+        if httpx.get(f"{server_url}{HEALTH}", timeout=1).status_code == 200:
             return "sampling the first batch"
     except httpx.TransportError:
         pass

@@ -45,30 +45,12 @@ def weights_dir(output_dir: Path, step: int) -> Path:
     return Path(output_dir) / "weights" / f"step_{step}"
 
 
-API_KEY_ENV = "TRIDENT_API_KEY"  # the server's key; clients send it as 'Authorization: Bearer <key>'
-
-
-def auth_headers() -> dict[str, str]:
-    """The header a client of the inference server sends: the key from ``$TRIDENT_API_KEY``, if set."""
-    key = os.environ.get(API_KEY_ENV)
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 ADAPTER_CONFIG = "adapter_config.json"
 
 
 def is_adapter(folder: Path) -> bool:
     """Whether a weights folder holds a LoRA adapter (peft's ``save_pretrained``) rather than full weights."""
     return (Path(folder) / ADAPTER_CONFIG).exists()
-
-
-def adapter_name(step: int) -> str:
-    """The model name the inference server serves the adapter of weights ``step_N`` under.
-
-    A new name per step: vLLM keys loaded adapters and cached KV by name, so a reused name could serve a stale
-    adapter. Requests send it as ``model``.
-    """
-    return f"lora-step-{step}"
 
 
 def checkpoint_dir(output_dir: Path, step: int) -> Path:

@@ -18,7 +18,8 @@ from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.orchestrator import build_samples
 from rl.errors import TridentError
-from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, adapter_name, mark_stable
+from rl.inference_api import adapter_name
+from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, mark_stable
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import packed_logprobs, use_packed_forward
 

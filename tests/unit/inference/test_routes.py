@@ -9,7 +9,8 @@ from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
 from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, weights_router
-from rl.protocol import ADAPTER_CONFIG, adapter_name, mark_stable
+from rl.inference_api import adapter_name
+from rl.protocol import ADAPTER_CONFIG, mark_stable
 
 
 def test_token_id_logprobs_adds_token_field_everywhere():

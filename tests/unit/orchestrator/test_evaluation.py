@@ -59,8 +59,7 @@ class FakeServer:
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/reload_weights":
             self.step = json.loads(request.content)["step"]
-            return httpx.Response(200, json={"seconds": 0.01})
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
 
 
 def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_on_its_weights(tmp_path, monkeypatch):

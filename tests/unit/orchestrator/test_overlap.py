@@ -25,8 +25,7 @@ class FakeServer:
         if request.url.path == "/reload_weights":
             self.step = json.loads(request.content)["step"]
             self.steps.append(self.step)
-            return httpx.Response(200, json={"seconds": 0.01})
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:

@@ -60,8 +60,7 @@ class FakeServer:
             raise httpx.ReadTimeout("timed out", request=request)
         if request.url.path == "/reload_weights":
             self.step = json.loads(request.content)["step"]
-            return httpx.Response(200, json={"seconds": 0.01})
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None})
+        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
 
 
 def two_server_orchestrator(tmp_path, monkeypatch) -> tuple[Orchestrator, list[FakeServer]]:

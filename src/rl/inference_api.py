@@ -1,0 +1,77 @@
+"""The inference server's HTTP API, defined once: its routes, the bodies and answers of Trident's own routes, the
+key clients send, the names adapters are served under, and the probe request that checks what is served.
+
+The server (``inference.routes``, ``inference.security``), its client (``orchestrator.client``) and the benchmarks
+use these names; ``docs/protocol.md`` describes each route.
+"""
+
+import os
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+HEALTH = "/health"
+METRICS = "/metrics"
+MODELS = "/v1/models"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+GENERATE = "/inference/v1/generate"  # token in, token out: what verifiers' training client calls
+RELOAD_WEIGHTS = "/reload_weights"  # POST WeightsRequest -> WeightsChange: full weights
+LOAD_ADAPTER = "/load_adapter"  # POST WeightsRequest -> WeightsChange: a LoRA adapter, served as adapter_name(step)
+RESET_WEIGHTS = "/reset_weights"  # POST -> WeightsChange: the model the server started with, as step 0
+WEIGHTS = "/weights"  # GET -> Served
+
+OPEN_ROUTES = frozenset({HEALTH, METRICS})  # answered without the API key
+GENERATION_ROUTES = frozenset({GENERATE, COMPLETIONS, CHAT_COMPLETIONS})
+
+API_KEY_ENV = "TRIDENT_API_KEY"  # the server's key; clients send it as 'Authorization: Bearer <key>'
+
+
+def auth_headers() -> dict[str, str]:
+    """The header a client of the inference server sends: the key from ``$TRIDENT_API_KEY``, if set."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def adapter_name(step: int) -> str:
+    """The model name the inference server serves the adapter of weights ``step_N`` under.
+
+    A new name per step: vLLM keys loaded adapters and cached KV by name, so a reused name could serve a stale
+    adapter. Requests send it as ``model``.
+    """
+    return f"lora-step-{step}"
+
+
+class WeightsRequest(BaseModel):
+    """The body of ``POST /reload_weights`` and ``POST /load_adapter``: serve the weights in ``path`` as ``step``."""
+
+    path: str
+    step: Annotated[int, Field(ge=0)]
+
+
+class Served(BaseModel):
+    """What the server serves (``GET /weights``): weights ``step`` from ``path``, through ``adapter`` (None: the
+    base model's name)."""
+
+    step: int
+    path: str
+    adapter: str | None
+
+
+class WeightsChange(Served):
+    """The answer to a change of weights: what is served now, and the seconds the change took."""
+
+    seconds: float
+
+
+def probe_request(model: str, token_ids: list[int]) -> dict:
+    """The body of ``POST /inference/v1/generate`` that asks for the logprob of each of ``token_ids`` given the
+    ones before it (temperature 1), under ``model``."""
+    return {"model": model, "token_ids": token_ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0,
+                                                                        "prompt_logprobs": 0}}  # fmt: skip
+
+
+def probe_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
+    """The logprobs of ``token_ids`` in the answer to :func:`probe_request` (0.0 at position 0, which has none)."""
+    per_position = answer["prompt_logprobs"]
+    return [0.0] + [per_position[i][str(token)]["logprob"] for i, token in enumerate(token_ids) if i > 0]
