@@ -42,9 +42,9 @@ from common import (
     wait_all,
 )
 
-from rl.launcher import child_env
+from rl.launch.launcher import child_env
+from rl.launch.process import Child
 from rl.metrics import read_metrics
-from rl.process import Child
 
 LORA_RANK = 8  # the trainer's default adapter rank; the server must accept it
 

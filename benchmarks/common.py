@@ -23,8 +23,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rl.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
-from rl.launcher import child_env, log_tail
-from rl.process import Child, stop_all
+from rl.launch.launcher import child_env, log_tail
+from rl.launch.process import Child, stop_all
 from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"

@@ -10,7 +10,7 @@ first 16 under the loss mask. Its resident memory is read from ``/proc/self/stat
 once the model is built, so loading it does not count). glibc is told to give freed blocks of 64 KiB or more
 back at once (``MALLOC_MMAP_THRESHOLD_``), so that resident memory follows the live tensors, as a GPU's
 allocated-memory counter does, instead of the allocator's cache. The measured figure is that peak above the baseline;
-the plan's is ``rl.memory_plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
+the plan's is ``rl.launch.memory_plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
 from the truth; on GPU the plan adds the CUDA context.
 """
 
@@ -75,7 +75,7 @@ def measure(case: Case, model_dir: str, queue) -> None:
 
 
 def run_case(case: Case, tmp: Path) -> dict:
-    from rl.memory_plan import model_shape, trainer_plan
+    from rl.launch.memory_plan import model_shape, trainer_plan
     from rl.tiny_model import TINY_MODEL_ID
     from trainer.config import TrainerConfig
 

@@ -108,7 +108,7 @@ def sample(output_dir: Path, processes: dict[str, int], step: int, start: float)
 def run_soak(server_url: str, steps: int, work_dir: Path) -> list[dict]:
     """Run ``rl`` for ``steps`` steps against the server, sampling every ``SAMPLE_S``; the samples."""
     output_dir = work_dir / "run"
-    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
             "--orchestrator", "@", str(DEBUG_CONFIGS / "orch.toml"), "--orchestrator.client.base-url", server_url,
             "--max-steps", str(steps), "--ckpt.interval", str(CKPT_INTERVAL),
             "--output-dir", str(output_dir)]  # fmt: skip

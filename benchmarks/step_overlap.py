@@ -39,9 +39,9 @@ from common import (
     wait_all,
 )
 
-from rl.launcher import child_env
+from rl.launch.launcher import child_env
+from rl.launch.process import Child
 from rl.metrics import read_metrics
-from rl.process import Child
 from rl.tiny_model import TINY_MODEL_ID
 
 ASYNC_LEVEL = 1

@@ -21,8 +21,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from rl.launcher import child_env
-from rl.process import Child, command, stop_all
+from rl.launch.launcher import child_env
+from rl.launch.process import Child, command, stop_all
 from rl.protocol import configs_dir, logs_dir
 
 DONE = "multinode_done"  # written by the orchestrator's node with the run's exit code
@@ -72,7 +72,7 @@ def placement_flags(args: argparse.Namespace) -> list[str]:
 def resolve(args: argparse.Namespace) -> int:
     """``rl --dry-run``: check the configs and write each process's to ``<output-dir>/configs/``."""
     (args.output_dir / DONE).unlink(missing_ok=True)  # an earlier run's
-    argv = [sys.executable, "-m", "rl.launcher", *args.rl_args, *placement_flags(args), "--dry-run"]
+    argv = [sys.executable, "-m", "rl.launch.launcher", *args.rl_args, *placement_flags(args), "--dry-run"]
     return subprocess.run(argv).returncode
 
 

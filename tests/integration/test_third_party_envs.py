@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import harness_for, load_env, model_context, run_group
 from rl.metrics import read_metrics
-from rl.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
 def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
-    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", inference_server,
             "--max-steps", "2", "--output-dir", str(tmp_path), "--orchestrator.env", json.dumps(env),
             "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2"]  # fmt: skip

@@ -18,7 +18,7 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from orchestrator import harness
 from rl.config import parse_config
-from rl.rl_config import RLConfig, resolve_shared
+from rl.launch.rl_config import RLConfig, resolve_shared
 
 
 def taskset(**config) -> list[customer_service.CustomerServiceTask]:

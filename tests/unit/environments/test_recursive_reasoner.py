@@ -27,7 +27,7 @@ from verifiers.v1.trace import AgentInfo, ModelCall, TraceTask
 from orchestrator.config import EnvConfig
 from orchestrator.envs import load_env
 from rl.config import parse_config
-from rl.rl_config import RLConfig, resolve_shared
+from rl.launch.rl_config import RLConfig, resolve_shared
 
 BASE = "base/model"
 DIRECT = {"should_decompose": False, "subproblems": [], "plan": "Multiply, then subtract."}

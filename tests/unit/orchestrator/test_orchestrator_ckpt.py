@@ -5,9 +5,9 @@ import pytest
 from orchestrator.ckpt import check_resumable, data_state, save_state
 from rl.config import parse_config
 from rl.errors import TridentError
-from rl.launcher import resume_point
+from rl.launch.launcher import resume_point
+from rl.launch.rl_config import RLConfig, resolve_shared
 from rl.protocol import checkpoint_dir, clear_run_state, complete_checkpoints
-from rl.rl_config import RLConfig, resolve_shared
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):

@@ -2,7 +2,7 @@ import pytest
 
 from orchestrator.config import OrchestratorConfig
 from rl.config import ConfigError, parse_config
-from rl.rl_config import RLConfig, resolve_shared, sub_configs
+from rl.launch.rl_config import RLConfig, resolve_shared, sub_configs
 from trainer.config import TrainerConfig
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.memory_plan import KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory
+from rl.launch.memory_plan import KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.model import load_model
 
@@ -29,7 +29,7 @@ def test_parameter_counts_are_the_models(tiny_model_path):
 
 
 def rl_dry_run(tmp_path, *flags):
-    argv = [sys.executable, "-m", "rl.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
+    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
             "--orchestrator", "@", str(SWE_GREP / "orch.toml"), "--inference", "@", str(SWE_GREP / "infer.toml"),
             "--output-dir", str(tmp_path), "--dry-run", *flags]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -2,9 +2,9 @@ import json
 import time
 
 from rl.config import parse_config
-from rl.launcher import step_line
+from rl.launch.launcher import step_line
+from rl.launch.rl_config import RLConfig, resolve_shared
 from rl.metrics import MetricsWriter, read_metrics, write_summary
-from rl.rl_config import RLConfig, resolve_shared
 from rl.shared_config import WandbConfig
 
 

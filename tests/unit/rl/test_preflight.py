@@ -9,7 +9,7 @@ import pytest
 
 from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
-from rl.preflight import (
+from rl.launch.preflight import (
     check_envs_installed,
     check_model,
     check_port_free,
@@ -18,8 +18,8 @@ from rl.preflight import (
     placement,
     placement_lines,
 )
-from rl.process import command
-from rl.rl_config import RLConfig, resolve_shared, sub_configs
+from rl.launch.process import command
+from rl.launch.rl_config import RLConfig, resolve_shared, sub_configs
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
 

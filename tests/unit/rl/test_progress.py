@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rl.launcher import supervise
-from rl.process import Child
+from rl.launch.launcher import supervise
+from rl.launch.process import Child
+from rl.launch.rl_config import RLConfig, resolve_shared
 from rl.progress import Progress, read_progress
 from rl.protocol import clear_run_state
-from rl.rl_config import RLConfig, resolve_shared
 
 
 def test_activities_are_written_as_they_begin_count_and_end(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rl.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
-from rl.rollout_check import ChatFormat, check_step, read_step, segment
+from rl.tools.rollout_check import ChatFormat, check_step, read_step, segment
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 TOOLS = [

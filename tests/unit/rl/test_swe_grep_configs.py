@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.config import OrchestratorConfig
 from rl.config import ConfigError, parse_config
-from rl.rl_config import RLConfig, resolve_shared
+from rl.launch.rl_config import RLConfig, resolve_shared
 
 CONFIGS = Path(__file__).parents[3] / "configs" / "swe-grep" / "rl"
 FILES = ["--trainer", "@", str(CONFIGS / "train.toml"), "--orchestrator", "@", str(CONFIGS / "orch.toml")]

@@ -12,8 +12,8 @@ from typing import IO
 import torch
 
 from rl.errors import TridentError
-from rl.memory_plan import MemoryPlan, plan_memory
-from rl.rl_config import RLConfig, servers
+from rl.launch.memory_plan import MemoryPlan, plan_memory
+from rl.launch.rl_config import RLConfig, servers
 from rl.tiny_model import resolve_model_path
 
 logger = logging.getLogger("rl")

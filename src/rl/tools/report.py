@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rl.metrics import read_metrics
 from rl.protocol import configs_dir, rollouts_dir
-from rl.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
+from rl.tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
-logger = logging.getLogger("rl.report")
+logger = logging.getLogger("rl.tools.report")
 
 CONFIG_NAMES = ("trainer", "orchestrator", "inference")
 ROLLOUT_STEPS = 2  # the last logged steps of sample rollouts shown

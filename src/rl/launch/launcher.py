@@ -20,9 +20,7 @@ from rich.console import Console
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
 from rl.errors import TridentError, exit_on_user_error
 from rl.inference_api import HEALTH
-from rl.lifeline import launcher_env
-from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
-from rl.preflight import (
+from rl.launch.preflight import (
     check_envs_installed,
     check_memory,
     check_model,
@@ -31,10 +29,12 @@ from rl.preflight import (
     lock_output_dir,
     placement_lines,
 )
-from rl.process import Child, command, stop_all
+from rl.launch.process import Child, command, stop_all
+from rl.launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
+from rl.lifeline import launcher_env
+from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
 from rl.progress import Activity, read_progress
 from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
-from rl.rl_config import RLConfig, resolve_shared, servers, sub_configs
 
 logger = logging.getLogger("rl")
 
@@ -297,7 +297,7 @@ def run(config: RLConfig) -> int:
 def write_plots_or_warn(output_dir: Path) -> None:
     """The finished run's plots and ``report.html`` (``trident-plot``); failing to draw them never fails the run."""
     try:
-        from rl.plots import plot_runs  # matplotlib is imported only once a run has finished
+        from rl.tools.plots import plot_runs  # matplotlib is imported only once a run has finished
 
         logger.info(f"plots and report: {plot_runs([output_dir])}")
     except Exception as e:  # anything (matplotlib, a tokenizer, the disk): a warning, the run has succeeded

@@ -1,0 +1,73 @@
+"""The floors of ``src/``: the contracts (``rl.*``) at the bottom, the three processes on them, the operator tools
+(``rl.tools``) and the launcher (``rl.launch``) above. No module imports from a floor above its own (lazy imports
+inside functions included), and the three processes import nothing from each other."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).parents[3] / "src"
+PROCESSES = {"trainer", "orchestrator", "inference"}
+FLOORS = ["contracts", "processes", "tools", "launch"]  # bottom first
+
+
+def floor(module: str) -> int | None:
+    """The floor of a module of ``src/`` by its dotted name; None for one from outside (stdlib, third party)."""
+    parts = module.split(".")
+    if parts[0] in PROCESSES:
+        return FLOORS.index("processes")
+    if parts[0] != "rl":
+        return None
+    if parts[1:2] in (["tools"], ["launch"]):
+        return FLOORS.index(parts[1])
+    return FLOORS.index("contracts")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """Every module a file imports (``from rl import x`` counts as ``rl.x``), with its line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def source_files() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_src_holds_only_the_floors_packages():
+    assert {path.relative_to(SRC).parts[0] for path in source_files()} == PROCESSES | {"rl"}
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    wrong = []
+    for path in source_files():
+        name = module_name(path)
+        for line, target in imported(path):
+            if floor(target) is not None and floor(target) > floor(name):
+                wrong.append(f"{path.relative_to(SRC)}:{line} ({FLOORS[floor(name)]}) imports {target} "
+                             f"({FLOORS[floor(target)]})")  # fmt: skip
+    assert wrong == []
+
+
+def test_the_processes_import_nothing_from_each_other():
+    wrong = []
+    for path in source_files():
+        package = module_name(path).split(".")[0]
+        for line, target in imported(path):
+            other = target.split(".")[0]
+            if package in PROCESSES and other in PROCESSES and other != package:
+                wrong.append(f"{path.relative_to(SRC)}:{line} imports {target}")
+    assert wrong == []
+
+
+def test_the_walk_sees_imports_of_every_floor():
+    floors = {floor(target) for path in source_files() for _, target in imported(path)}
+    assert floors >= set(range(len(FLOORS)))
