@@ -76,7 +76,7 @@ def measure(case: Case, model_dir: str, queue) -> None:
 
 def run_case(case: Case, tmp: Path) -> dict:
     from rl.launch.memory_plan import model_shape, trainer_plan
-    from rl.tiny_model import TINY_MODEL_ID
+    from rl.model_path import TINY_MODEL_ID
     from trainer.config import TrainerConfig
 
     model_dir = str(build_random_model(tmp / case.name, case.shape)) if case.shape else TINY_MODEL_ID

@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from rl.inference_api import GENERATE, MODELS
-from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
+from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
 BENCHMARKS = Path(__file__).parent
 SIDES = ("trident", "stock")

@@ -36,7 +36,7 @@ from common import (
 from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
 from rl.config import parse_config
-from rl.tiny_model import TINY_MODEL_ID
+from rl.model_path import TINY_MODEL_ID
 
 ORCH_TOML = Path(__file__).parents[1] / "configs" / "debug" / "rl" / "orch.toml"
 SIDES = ("one", "two")

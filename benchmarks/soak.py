@@ -30,7 +30,7 @@ import psutil
 from common import benchmark_parser, exit_on_sigterm, machine_info, report, server_for, utc_now
 
 from rl.metrics import read_metrics
-from rl.tiny_model import TINY_MODEL_ID
+from rl.model_path import TINY_MODEL_ID
 
 ROOT = Path(__file__).parents[1]
 DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"

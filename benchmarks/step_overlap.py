@@ -42,7 +42,7 @@ from common import (
 from rl.launch.launcher import child_env
 from rl.launch.process import Child
 from rl.metrics import read_metrics
-from rl.tiny_model import TINY_MODEL_ID
+from rl.model_path import TINY_MODEL_ID
 
 ASYNC_LEVEL = 1
 SEQ_LEN = 4096  # a multi-turn customer-service rollout of the tiny model's tokens fits

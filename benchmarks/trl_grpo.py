@@ -75,7 +75,7 @@ from common import (
 from rl.launch.launcher import child_env
 from rl.launch.process import Child
 from rl.metrics import read_metrics
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 
 SIDES = ("trident", "trl")
 

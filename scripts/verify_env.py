@@ -20,7 +20,7 @@ from rich.table import Table
 
 from rl.errors import TridentError, exit_on_user_error
 from rl.metrics import setup_logging
-from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
+from rl.model_path import TINY_MODEL_ID, resolve_model_path
 from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample
 from rl.tools.rollout_view import conversation_view
 

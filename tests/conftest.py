@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import renderers.client
 
-from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
+from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
 from rl.chat_family import model_family
 from rl.inference_api import Served
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 
 KEEP_ALIVE_S = 600
 

@@ -20,8 +20,8 @@ from rl.inference_api import (
     WeightsRequest,
     adapter_name,
     auth_headers,
-    probe_logprobs,
     probe_request,
+    served_probe_logprobs,
 )
 from rl.protocol import is_adapter, read_probe
 
@@ -100,7 +100,7 @@ class InferenceClient:
         response = await self.http.post(GENERATE, json=probe_request(self.model, token_ids))
         if response.status_code != 200:
             raise TridentError(f"inference server refused the probe request: {response.text}")
-        return probe_logprobs(response.json(), token_ids)
+        return served_probe_logprobs(response.json(), token_ids)
 
     async def check_probe(self, path: Path, step: int, tolerance: float) -> float | None:
         """Compare the server's logprobs of the probe with the trainer's for the weights in ``path``.

@@ -23,6 +23,7 @@ from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter, eval_line
+from rl.model_path import resolve_model_path
 from rl.progress import Progress
 from rl.protocol import (
     BatchInfo,
@@ -36,7 +37,6 @@ from rl.protocol import (
     weights_dir,
     write_batch,
 )
-from rl.tiny_model import resolve_model_path
 
 logger = logging.getLogger("orchestrator")
 

@@ -71,7 +71,7 @@ def probe_request(model: str, token_ids: list[int]) -> dict:
                                                                         "prompt_logprobs": 0}}  # fmt: skip
 
 
-def probe_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
+def served_probe_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
     """The logprobs of ``token_ids`` in the answer to :func:`probe_request` (0.0 at position 0, which has none)."""
     per_position = answer["prompt_logprobs"]
     return [0.0] + [per_position[i][str(token)]["logprob"] for i, token in enumerate(token_ids) if i > 0]

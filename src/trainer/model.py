@@ -7,8 +7,8 @@ from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rl.model_path import resolve_model_path
 from rl.protocol import MicroBatch
-from rl.tiny_model import resolve_model_path
 from trainer.attention import sample_bounds, use_packed_attention
 from trainer.config import LoraConfig, TrainerModelConfig
 from trainer.scoring import Entropy, ScoringHead, scoring, use_scoring_head

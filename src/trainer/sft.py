@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
 from rl.metrics import MetricsWriter
+from rl.model_path import resolve_model_path
 from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
-from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig
 from trainer.export import save_weights
 from trainer.model import packed_logprobs

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from rl.broadcast import Sender
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
+from rl.model_path import resolve_model_path
 from rl.progress import Progress
 from rl.protocol import (
     BatchInfo,
@@ -24,7 +25,6 @@ from rl.protocol import (
     wait_for,
     weights_dir,
 )
-from rl.tiny_model import resolve_model_path
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from rl.metrics import read_metrics
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from inference.config import InferenceConfig
 from rl.errors import TridentError
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 from trainer.config import TrainerConfig
 from trainer.scoring import CHUNK_ELEMENTS, chunk_rows
 

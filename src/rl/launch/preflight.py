@@ -14,7 +14,7 @@ import torch
 from rl.errors import TridentError
 from rl.launch.memory_plan import MemoryPlan, plan_memory
 from rl.launch.rl_config import RLConfig, servers
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 
 logger = logging.getLogger("rl")
 

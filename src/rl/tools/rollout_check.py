@@ -218,7 +218,7 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
     """The tokenizer of ``model``, else of the run's model; a one-line :class:`RolloutReadError` if neither loads."""
     from transformers import AutoTokenizer
 
-    from rl.tiny_model import resolve_model_path
+    from rl.model_path import resolve_model_path
 
     name = model or run_model_name(output_dir)
     if name is None:

@@ -17,8 +17,8 @@ from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
 from orchestrator.orchestrator import Orchestrator
 from rl.errors import TridentError
+from rl.model_path import resolve_model_path
 from rl.protocol import rollouts_dir
-from rl.tiny_model import resolve_model_path
 
 # verifiers imports an environment by id: this module is the `trident-test-faults` environment.
 ENV_ID = "trident-test-faults"

@@ -10,7 +10,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
 from rl.chat_family import model_family
 from rl.errors import TridentError
-from rl.tiny_model import resolve_model_path
+from rl.model_path import resolve_model_path
 
 # tiny model -> (chat family, renderer picked by "auto", vLLM tool-call parser)
 EXPECTED = {

@@ -13,8 +13,8 @@ from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
 from rl.config import ConfigError, parse_config
 from rl.metrics import read_metrics
+from rl.model_path import TINY_MODEL_ID, resolve_model_path
 from rl.protocol import mark_stable, weights_dir
-from rl.tiny_model import TINY_MODEL_ID, resolve_model_path
 
 
 def test_base_url_takes_one_server_or_several():

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 
 from rl.launch.launcher import write_plots_or_warn
 from rl.metrics import MetricsWriter
+from rl.model_path import TINY_MODEL_ID
 from rl.protocol import BatchInfo, MicroBatch, Sample, configs_dir, sample_summary, write_batch
-from rl.tiny_model import TINY_MODEL_ID
 from rl.tools.plots import load_run, plot_runs, write_plots
 from rl.tools.report import write_report
 

@@ -478,7 +478,7 @@ def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
 
 
 def test_llama3_turns_are_read_and_checked(tmp_path):
-    from rl.tiny_model import resolve_model_path
+    from rl.model_path import resolve_model_path
 
     path = resolve_model_path("trident/tiny-llama3")
     tokenizer = AutoTokenizer.from_pretrained(path)

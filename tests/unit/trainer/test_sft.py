@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.config import parse_config
 from rl.metrics import read_metrics
+from rl.model_path import resolve_model_path
 from rl.protocol import is_stable, weights_dir
-from rl.tiny_model import resolve_model_path
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, train_sft
