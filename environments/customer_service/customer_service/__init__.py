@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 import verifiers.v1 as vf
 from pydantic import Field, model_validator
+from reward_weights import with_reward_weights
 
 from customer_service import rewards
 from customer_service.scenarios import GOAL_KINDS, GoalKind, Scenario, generate_scenarios
@@ -149,8 +150,7 @@ class CustomerServiceTaskset(vf.Taskset[CustomerServiceTask, CustomerServiceConf
             "politeness": config.politeness_weight,
             "brevity": config.brevity_weight,
         }
-        plugged = {name: vf.RewardFunctionConfig(weight=weight) for name, weight in weights.items()}
-        return config.task.model_copy(update={"rewards": plugged | config.task.rewards})
+        return with_reward_weights(config.task, weights)
 
 
 __all__ = ["CustomerServiceConfig", "CustomerServiceData", "CustomerServiceTask", "CustomerServiceTaskset"]

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import verifiers.v1 as vf
 from pydantic import Field
+from reward_weights import with_reward_weights
 
 from gsm8k_calc.answers import is_correct, parse_final_answer
 from gsm8k_calc.problems import Problem, generate_problems, load_gsm8k
@@ -111,8 +112,7 @@ class Gsm8kCalcTaskset(vf.Taskset[Gsm8kCalcTask, Gsm8kCalcConfig]):
         self.problems = self._problems()
         # The reward weights of the config, unless the run plugs its own under task.rewards.
         weights = {"correct_answer": config.correct_answer_weight, "tool_use": config.tool_use_weight}
-        rewards = {name: vf.RewardFunctionConfig(weight=weight) for name, weight in weights.items()}
-        self.task_config = config.task.model_copy(update={"rewards": rewards | dict(config.task.rewards)})
+        self.task_config = with_reward_weights(config.task, weights)
 
     def _problems(self) -> list[Problem]:
         if self.config.dataset_path is not None:

@@ -25,6 +25,7 @@ from typing import Annotated
 import verifiers.v1 as vf
 from gsm8k_calc.problems import Problem, generate_problems, load_gsm8k
 from pydantic import Field
+from reward_weights import with_reward_weights
 
 from recursive_reasoner.independence import independence_measure
 from recursive_reasoner.outcome import Outcome, evaluate
@@ -206,8 +207,7 @@ class RecursiveReasonerTaskset(vf.Taskset[RecursiveReasonerTask, RecursiveReason
             "token_efficiency": config.token_weight,
             "independence": config.independence_weight,
         }
-        plugged = {name: vf.RewardFunctionConfig(weight=weight) for name, weight in weights.items()}
-        return config.task.model_copy(update={"rewards": plugged | config.task.rewards})
+        return with_reward_weights(config.task, weights)
 
 
 __all__ = ["RecursiveReasonerConfig", "RecursiveReasonerData", "RecursiveReasonerTask", "RecursiveReasonerTaskset"]

@@ -25,6 +25,7 @@ from typing import Annotated
 
 import verifiers.v1 as vf
 from pydantic import Field
+from reward_weights import with_reward_weights
 
 from swe_grep_oss_env import rewards, swebench, synthetic
 from swe_grep_oss_env.tools import REPO_DIR
@@ -195,8 +196,7 @@ class SweGrepTaskset(vf.Taskset[SweGrepTask, SweGrepConfig]):
             "max_tool_calls_penalty": config.max_tool_calls_weight,
             "completion_bonus": config.completion_weight,
         }
-        plugged = {name: vf.RewardFunctionConfig(weight=weight) for name, weight in weights.items()}
-        return config.task.model_copy(update={"rewards": plugged | config.task.rewards})
+        return with_reward_weights(config.task, weights)
 
 
 __all__ = ["SweGrepConfig", "SweGrepData", "SweGrepTask", "SweGrepTaskset"]
