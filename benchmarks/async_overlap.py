@@ -25,25 +25,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import (
-    DEBUG_CONFIGS,
-    ORCHESTRATOR_PHASES,
-    TRAINER_PHASES,
-    benchmark_model,
-    benchmark_parser,
-    exit_on_sigterm,
-    machine_info,
-    model_summary,
-    report,
-    serve_base_model,
-    served_model,
-    server_for,
-    utc_now,
-    wait_all,
-)
+import common
 
-from rl.launch.launcher import child_env
-from rl.launch.process import Child
 from rl.metrics import read_metrics
 
 LORA_RANK = 8  # the trainer's default adapter rank; the server must accept it
@@ -84,14 +67,12 @@ SMOKE = BenchmarkConfig(
 
 def process_argv(module: str, config_file: str, shared: list[str], extra: list[str]) -> list[str]:
     """``python -m <module> @ configs/debug/rl/<config_file>`` with flags."""
-    return [sys.executable, "-m", module, "@", str(DEBUG_CONFIGS / config_file), *shared, *extra]
+    return [sys.executable, "-m", module, "@", str(common.DEBUG_CONFIGS / config_file), *shared, *extra]
 
 
-def start_processes(
-    bench: BenchmarkConfig, async_level: int, server_url: str, model: str, output_dir: Path
-) -> list[Child]:
-    """Start trainer and orchestrator for one run on ``model`` (the name the server serves it under), their logs
-    in ``output_dir/logs/``."""
+def run_once(bench: BenchmarkConfig, async_level: int, server_url: str, model: str, output_dir: Path) -> dict:
+    """Train ``bench.steps`` steps at ``async_level`` against the server on ``model`` (the name the server serves it
+    under); the run's summary."""
     shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--model.name", model]
     trainer = process_argv("trainer.main", "train.toml", shared, ["--model.experimental.lora.rank", str(LORA_RANK)])
     orchestrator = process_argv(
@@ -102,9 +83,8 @@ def start_processes(
          "--batch-size", str(bench.batch_size), "--rollouts-per-example", str(bench.rollouts_per_example),
          "--sampling.max-tokens", str(bench.max_tokens), "--sample-rollouts-every", "0", "--no-eval"],
     )  # fmt: skip
-    logs = output_dir / "logs"
-    return [Child(name, argv, logs / f"{name}.log", child_env({}))
-            for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
+    common.train_run(trainer, orchestrator, output_dir, server_url)
+    return summarize_run(output_dir, bench, async_level)
 
 
 def medians(records: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
@@ -117,9 +97,9 @@ def summarize_run(output_dir: Path, bench: BenchmarkConfig, async_level: int) ->
     trainer = read_metrics(output_dir, "trainer")
     orchestrator = read_metrics(output_dir, "orchestrator")
     steady_trainer, steady_orchestrator = trainer[bench.warmup_steps :], orchestrator[bench.warmup_steps :]
-    step_seconds = [sum(r[key] for key in TRAINER_PHASES) for r in steady_trainer]
-    orchestrator_phases = medians(steady_orchestrator, ORCHESTRATOR_PHASES)
-    trainer_phases = medians(steady_trainer, TRAINER_PHASES)
+    step_seconds = [sum(r[key] for key in common.TRAINER_PHASES) for r in steady_trainer]
+    orchestrator_phases = medians(steady_orchestrator, common.ORCHESTRATOR_PHASES)
+    trainer_phases = medians(steady_trainer, common.TRAINER_PHASES)
     # the work each process does per step, its waiting left out
     orchestrator_busy = sum(orchestrator_phases[key] for key in ("reload_s", "generate_s", "write_s"))
     trainer_busy = trainer_phases["train_s"] + trainer_phases["save_s"]
@@ -141,16 +121,6 @@ def summarize_run(output_dir: Path, bench: BenchmarkConfig, async_level: int) ->
     }
 
 
-def run_once(bench: BenchmarkConfig, async_level: int, server_url: str, model: str, output_dir: Path) -> dict:
-    """Train ``bench.steps`` steps at ``async_level`` against the server; the run's summary. The server serves its
-    base model again afterwards (no adapter), as a fresh server would: the next run starts from the same state."""
-    try:
-        wait_all(start_processes(bench, async_level, server_url, model, output_dir))
-    finally:
-        serve_base_model(server_url)
-    return summarize_run(output_dir, bench, async_level)
-
-
 def level_summary(runs: list[dict]) -> dict:
     """The runs at one async level: the median step over all their steady steps, and the median over runs of
     their phases."""
@@ -169,17 +139,6 @@ def level_summary(runs: list[dict]) -> dict:
     }
 
 
-def pair_ratios(runs: list[dict]) -> list[float]:
-    """Level 1 / level 0 step time of each pair of consecutive runs (the first and second, the third and
-    fourth, ...): the two runs of a pair ran at about the same machine load."""
-    ratios = []
-    for first, second in zip(runs[::2], runs[1::2], strict=False):
-        seconds = {run["async_level"]: run["seconds_per_step"] for run in (first, second)}
-        if seconds.keys() == {0, 1}:
-            ratios.append(seconds[1] / seconds[0])
-    return ratios
-
-
 def compare(runs: list[dict]) -> dict:
     """Step time at async level 1 against level 0, and against the bounds set by level 0's phases: their sum
     (no overlap) and their maximum (perfect overlap)."""
@@ -191,7 +150,7 @@ def compare(runs: list[dict]) -> dict:
         "async_level_0": levels[0],
         "async_level_1": levels[1],
         "step_ratio_1_over_0": overlapped / serial,
-        "pair_ratios_1_over_0": pair_ratios(runs),
+        "pair_ratios_1_over_0": common.pair_ratios(runs, "async_level", 0, 1),
         "phase_sum_s": sum(phases),
         "phase_max_s": best,
         "best_ratio": best / sum(phases),  # what perfect overlap of level 0's phases would give
@@ -204,21 +163,11 @@ def compare(runs: list[dict]) -> dict:
 
 def run_benchmark(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:
     """Every run of ``bench`` in turn against the server; the results as a JSON-able dict."""
-    model, model_folder = served_model(server_url)
-    runs = []
-    for index, async_level in enumerate(bench.async_levels):
-        summary = run_once(bench, async_level, server_url, model, work_dir / f"run_{index}_async_{async_level}")
-        print(f"run {index}: async_level {async_level}: {summary['seconds_per_step']:.3f} s/step", flush=True)
-        runs.append(summary)
-    return {
-        "benchmark": "async_overlap",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(bench) | {"lora_rank": LORA_RANK, "env": "char-target"},
-        "model": model_summary(model_folder),
-        "runs": runs,
-        **compare(runs),
-    }
+    config = asdict(bench) | {"lora_rank": LORA_RANK, "env": "char-target"}
+    return common.alternating_runs(
+        "async_overlap", config, "async_level", bench.async_levels, server_url, work_dir,
+        lambda level, model, folder: run_once(bench, level, server_url, model, folder), compare,
+    )  # fmt: skip
 
 
 def summary_table(result: dict) -> str:
@@ -244,14 +193,14 @@ def summary_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
-    parser = benchmark_parser(__doc__, "async_overlap", "a short run: 3 tiny steps at each level", server=True)
+    parser = common.benchmark_parser(__doc__, "async_overlap", "a short run: 3 tiny steps at each level", server=True)
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
-    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-") as tmp:
-        model = None if args.server else benchmark_model(bench.model_shape, Path(tmp) / "model")
-        with server_for(args.server, model, LORA_RANK) as server_url:
+    with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-") as tmp:
+        model = None if args.server else common.benchmark_model(bench.model_shape, Path(tmp) / "model")
+        with common.server_for(args.server, model, LORA_RANK) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))
-    return report(args.output, result, summary_table(result))
+    return common.report(args.output, result, summary_table(result))
 
 
 if __name__ == "__main__":

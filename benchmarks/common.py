@@ -1,5 +1,5 @@
 """What the benchmarks share: the machine they ran on, random models larger than the tiny one, an inference
-server to run against, and writing their results."""
+server to run against, training runs alternating between two settings, and writing their results."""
 
 import argparse
 import json
@@ -11,7 +11,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +77,11 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def benchmark_result(name: str, **fields) -> dict:
+    """A benchmark's results: its name, when and on what machine it ran, then ``fields``."""
+    return {"benchmark": name, "date": utc_now(), "machine": machine_info(), **fields}
+
+
 def benchmark_parser(doc: str, name: str, smoke_help: str, server: bool = False) -> argparse.ArgumentParser:
     """The flags every benchmark takes: ``--smoke``, ``--output`` (default ``results/<name>.json``) and, for one
     that runs against an inference server, ``--server``. ``doc``: the script's docstring."""
@@ -96,6 +101,16 @@ def report(output: Path, result: dict, table: str) -> dict:
     print(table)
     print(f"results: {output}")
     return result
+
+
+def run_and_report(
+    argv: list[str] | None, doc: str, name: str, smoke_help: str, run: Callable[[bool], dict], table: Callable
+) -> dict:
+    """The ``main`` of a benchmark with no flags of its own: ``run(smoke)``, write its result to ``--output`` and
+    print ``table(result)``; returns the result."""
+    args = benchmark_parser(doc, name, smoke_help).parse_args(argv)
+    result = run(args.smoke)
+    return report(args.output, result, table(result))
 
 
 def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
@@ -257,3 +272,50 @@ def serve_base_model(base_url: str) -> None:
     response = httpx.post(f"{base_url}{RESET_WEIGHTS}", headers=auth_headers(), timeout=300)
     if response.status_code != 200:
         raise RuntimeError(f"resetting the server to its base model: {response.status_code} {response.text}")
+
+
+def train_run(trainer: list[str], orchestrator: list[str], output_dir: Path, server_url: str) -> None:
+    """Run a trainer and an orchestrator (their argv) to the end, their logs in ``output_dir/logs/``; then the server
+    serves its base model again (no adapter), as a fresh server would: the next run starts from the same state."""
+    logs = output_dir / "logs"
+    children = [Child(name, argv, logs / f"{name}.log", child_env({}))
+                for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
+    try:
+        wait_all(children)
+    finally:
+        serve_base_model(server_url)
+
+
+def alternating_runs(
+    name: str,
+    config: dict,
+    key: str,
+    settings: Sequence,
+    server_url: str,
+    work_dir: Path,
+    run_once: Callable[[object, str, Path], dict],
+    compare: Callable[[list[dict]], dict],
+) -> dict:
+    """A benchmark of training runs against the server, one per entry of ``settings`` in this order (alternating
+    between two settings, so that drift in the machine's load hits both): ``run_once(setting, model, folder)`` runs
+    one on ``model`` (the name the server serves its model under) and summarizes it, naming its setting under
+    ``key`` and giving its ``seconds_per_step``. The result: ``config``, the served model, the runs and
+    ``compare(runs)``."""
+    model, model_folder = served_model(server_url)
+    runs = []
+    for index, setting in enumerate(settings):
+        summary = run_once(setting, model, work_dir / f"run_{index}")
+        print(f"run {index}: {key} {setting}: {summary['seconds_per_step']:.3f} s/step", flush=True)
+        runs.append(summary)
+    return benchmark_result(name, config=config, model=model_summary(model_folder), runs=runs, **compare(runs))
+
+
+def pair_ratios(runs: list[dict], key: str, base: object, other: object) -> list[float]:
+    """Step time of setting ``other`` over ``base`` (the runs' ``key``) in each pair of neighbouring runs (the first
+    and second, the third and fourth, ...): the two runs of a pair ran at about the same machine load."""
+    ratios = []
+    for first, second in zip(runs[::2], runs[1::2], strict=False):
+        seconds = {run[key]: run["seconds_per_step"] for run in (first, second)}
+        if seconds.keys() == {base, other}:
+            ratios.append(seconds[other] / seconds[base])
+    return ratios

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from common import benchmark_parser, machine_info, report, reset_peak_rss, rss_mib, utc_now
+from common import benchmark_result, reset_peak_rss, rss_mib, run_and_report
 
 from trainer.scoring import ScoreRequest, chunk_rows, chunked_scores
 
@@ -107,16 +107,14 @@ def run_benchmark(config: BenchmarkConfig) -> dict:
         name: (outputs["chunked"][name] - outputs["unchunked"][name]).abs().max().item() for name in outputs["chunked"]
     }
     logits_mib = config.tokens * config.vocab_size * 4 / 2**20
-    return {
-        "benchmark": "logprob_memory",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(config) | {"chunk_rows": chunk_rows(config.vocab_size), "one_fp32_logits_mib": logits_mib},
+    return benchmark_result(
+        "logprob_memory",
+        config=asdict(config) | {"chunk_rows": chunk_rows(config.vocab_size), "one_fp32_logits_mib": logits_mib},
         **sides,
-        "unchunked_over_chunked_peak": max(sides["unchunked"]["peak_mib"], 1) / max(sides["chunked"]["peak_mib"], 1),
-        "max_abs_gap": gaps,
-        "same_values": all(gap <= 1e-4 for gap in gaps.values()),
-    }
+        unchunked_over_chunked_peak=max(sides["unchunked"]["peak_mib"], 1) / max(sides["chunked"]["peak_mib"], 1),
+        max_abs_gap=gaps,
+        same_values=all(gap <= 1e-4 for gap in gaps.values()),
+    )
 
 
 def summary_table(result: dict) -> str:
@@ -128,10 +126,10 @@ def summary_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = benchmark_parser(__doc__, "logprob_memory", "a small vocabulary and 512 tokens")
-    args = parser.parse_args(argv)
-    result = run_benchmark(SMOKE if args.smoke else FULL)
-    return report(args.output, result, summary_table(result))
+    return run_and_report(
+        argv, __doc__, "logprob_memory", "a small vocabulary and 512 tokens",
+        lambda smoke: run_benchmark(SMOKE if smoke else FULL), summary_table,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

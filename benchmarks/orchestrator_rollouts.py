@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import verifiers.v1 as vf
-from common import benchmark_parser, machine_info, report, utc_now
+from common import benchmark_result, run_and_report
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
@@ -237,11 +237,9 @@ def run_benchmark(bench: BenchmarkConfig) -> dict:
         requests = server.requests
     per_batch = bench.tasks * bench.group_size
     sides = {name: side_summary(seconds[name], rollouts[name], per_batch) for name in SIDES}
-    return {
-        "benchmark": "orchestrator_rollouts",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(bench)
+    return benchmark_result(
+        "orchestrator_rollouts",
+        config=asdict(bench)
         | {
             "model": TINY_MODEL_ID,
             "env": "gsm8k-calc",
@@ -249,12 +247,12 @@ def run_benchmark(bench: BenchmarkConfig) -> dict:
             "rollouts_per_batch": per_batch,
         },
         **sides,
-        "server_requests": requests,
-        "trident_over_stock_rollouts_per_s": speed_ratio(seconds),
-        "same_outcome": all(
+        server_requests=requests,
+        trident_over_stock_rollouts_per_s=speed_ratio(seconds),
+        same_outcome=all(
             sides["trident"][key] == sides["stock"][key] for key in ("ok_share", "turns_mean", "reward_mean")
         ),
-    }
+    )
 
 
 def summary_table(result: dict) -> str:
@@ -277,10 +275,10 @@ def summary_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
-    parser = benchmark_parser(__doc__, "orchestrator_rollouts", "a tiny run: one batch of 2 rollouts per side")
-    args = parser.parse_args(argv)
-    result = run_benchmark(SMOKE if args.smoke else FULL)
-    return report(args.output, result, summary_table(result))
+    return run_and_report(
+        argv, __doc__, "orchestrator_rollouts", "a tiny run: one batch of 2 rollouts per side",
+        lambda smoke: run_benchmark(SMOKE if smoke else FULL), summary_table,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

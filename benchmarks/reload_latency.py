@@ -33,14 +33,13 @@ import transformers
 from common import (
     benchmark_model,
     benchmark_parser,
+    benchmark_result,
     exit_on_sigterm,
-    machine_info,
     model_summary,
     report,
     serve_base_model,
     served_model,
     server_for,
-    utc_now,
 )
 from torch import nn
 from transformers import AutoTokenizer
@@ -177,13 +176,11 @@ def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path) ->
             results[name] = measure_model(shape, server, bench.reloads, work_dir / name, world)
     finally:
         close_world()
-    return {
-        "benchmark": "reload_latency",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(bench) | {"lora_rank": LORA_RANK, "lora_targets": LORA_TARGETS, "server": server},
-        "models": results,
-    }
+    return benchmark_result(
+        "reload_latency",
+        config=asdict(bench) | {"lora_rank": LORA_RANK, "lora_targets": LORA_TARGETS, "server": server},
+        models=results,
+    )
 
 
 def summary_table(result: dict) -> str:

@@ -24,23 +24,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from common import (
-    DEBUG_CONFIGS,
-    TRAINER_PHASES,
-    benchmark_parser,
-    exit_on_sigterm,
-    machine_info,
-    model_summary,
-    report,
-    serve_base_model,
-    served_model,
-    server_for,
-    utc_now,
-    wait_all,
-)
+import common
 
-from rl.launch.launcher import child_env
-from rl.launch.process import Child
 from rl.metrics import read_metrics
 from rl.model_path import TINY_MODEL_ID
 
@@ -81,29 +66,22 @@ def orchestrator_config(bench: BenchmarkConfig, model: str, folder: Path) -> Pat
     return path
 
 
-def start_processes(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str, output_dir: Path):
-    """Start trainer and orchestrator for one run, their logs in ``output_dir/logs/``."""
-    output_dir.mkdir(parents=True)
-    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seq-len", str(SEQ_LEN)]
-    trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG_CONFIGS / "train.toml"), *shared,
-               "--model.name", model]  # fmt: skip
-    orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(orchestrator_config(bench, model, output_dir)),
-                    *shared, "--client.base-url", server_url, "--overlap-steps", str(overlap).lower()]  # fmt: skip
-    logs = output_dir / "logs"
-    return [Child(name, argv, logs / f"{name}.log", child_env({}))
-            for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
-
-
 def run_once(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str, output_dir: Path) -> dict:
     """Train ``bench.steps`` steps; the run's step times and the orchestrator's phases over the steady steps."""
-    try:
-        wait_all(start_processes(bench, overlap, server_url, model, output_dir))
-    finally:
-        serve_base_model(server_url)
+    output_dir.mkdir(parents=True)
+    shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seq-len", str(SEQ_LEN)]
+    common.train_run(
+        [sys.executable, "-m", "trainer.main", "@", str(common.DEBUG_CONFIGS / "train.toml"), *shared,
+         "--model.name", model],
+        [sys.executable, "-m", "orchestrator.main", "@", str(orchestrator_config(bench, model, output_dir)), *shared,
+         "--client.base-url", server_url, "--overlap-steps", str(overlap).lower()],
+        output_dir,
+        server_url,
+    )  # fmt: skip
     trainer = read_metrics(output_dir, "trainer")[bench.warmup_steps :]
     orchestrator = read_metrics(output_dir, "orchestrator")
     steady = orchestrator[bench.warmup_steps :]
-    step_seconds = [sum(r[key] for key in TRAINER_PHASES) for r in trainer]
+    step_seconds = [sum(r[key] for key in common.TRAINER_PHASES) for r in trainer]
     return {
         "overlap_steps": overlap,
         "step_seconds": step_seconds,
@@ -116,16 +94,6 @@ def run_once(bench: BenchmarkConfig, overlap: bool, server_url: str, model: str,
     }
 
 
-def pair_ratios(runs: list[dict]) -> list[float]:
-    """On / off step time of each pair of neighbouring runs (first and second, third and fourth, ...)."""
-    ratios = []
-    for first, second in zip(runs[::2], runs[1::2], strict=False):
-        seconds = {run["overlap_steps"]: run["seconds_per_step"] for run in (first, second)}
-        if seconds.keys() == {False, True}:
-            ratios.append(seconds[True] / seconds[False])
-    return ratios
-
-
 def compare(runs: list[dict]) -> dict:
     """Each setting's median step and phases over its runs, and the on / off ratios with their spread."""
     sides = {}
@@ -135,7 +103,7 @@ def compare(runs: list[dict]) -> dict:
             "seconds_per_step": statistics.fmean(s for run in chosen for s in run["step_seconds"]),
             **{key: statistics.median(run[key] for run in chosen) for key in ("generate_s", "started_early_s")},
         }
-    ratios = pair_ratios(runs)
+    ratios = common.pair_ratios(runs, "overlap_steps", False, True)
     return {
         **sides,
         "pair_ratios_on_over_off": ratios,
@@ -144,21 +112,11 @@ def compare(runs: list[dict]) -> dict:
 
 
 def run_benchmark(bench: BenchmarkConfig, server_url: str, work_dir: Path) -> dict:
-    model, model_folder = served_model(server_url)
-    runs = []
-    for index, overlap in enumerate(bench.overlap):
-        summary = run_once(bench, overlap, server_url, model, work_dir / f"run_{index}")
-        print(f"run {index}: overlap_steps {overlap}: {summary['seconds_per_step']:.3f} s/step", flush=True)
-        runs.append(summary)
-    return {
-        "benchmark": "step_overlap",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(bench) | {"async_level": ASYNC_LEVEL, "envs": ["char-target", "customer-service"]},
-        "model": model_summary(model_folder),
-        "runs": runs,
-        **compare(runs),
-    }
+    config = asdict(bench) | {"async_level": ASYNC_LEVEL, "envs": ["char-target", "customer-service"]}
+    return common.alternating_runs(
+        "step_overlap", config, "overlap_steps", bench.overlap, server_url, work_dir,
+        lambda overlap, model, folder: run_once(bench, overlap, server_url, model, folder), compare,
+    )  # fmt: skip
 
 
 def summary_table(result: dict) -> str:
@@ -177,13 +135,15 @@ def summary_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
-    parser = benchmark_parser(__doc__, "step_overlap", "a short run: 3 tiny steps with each setting", server=True)
+    parser = common.benchmark_parser(
+        __doc__, "step_overlap", "a short run: 3 tiny steps with each setting", server=True
+    )
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
-    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-overlap-") as tmp:
-        with server_for(args.server, TINY_MODEL_ID, None, max_model_len=SEQ_LEN) as server_url:
+    with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-overlap-") as tmp:
+        with common.server_for(args.server, TINY_MODEL_ID, None, max_model_len=SEQ_LEN) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))
-    return report(args.output, result, summary_table(result))
+    return common.report(args.output, result, summary_table(result))
 
 
 if __name__ == "__main__":

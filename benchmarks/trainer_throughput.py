@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from common import benchmark_parser, build_random_model, machine_info, report, utc_now
+from common import benchmark_parser, benchmark_result, build_random_model, report
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -319,20 +319,18 @@ def run_benchmark(bench: BenchmarkConfig, model_dir: Path) -> dict:
             "cpu_seconds_per_step": statistics.median(cpu),
             "tokens_per_cpu_s": info.num_tokens / statistics.median(cpu),
         }
-    return {
-        "benchmark": "trainer_throughput",
-        "date": utc_now(),
-        "machine": machine_info(),
-        "config": asdict(bench)
+    return benchmark_result(
+        "trainer_throughput",
+        config=asdict(bench)
         | {"model": model_summary(model_dir), "threads": torch.get_num_threads(), "lr": config.optim.lr},
-        "data": {"samples": info.num_samples, "tokens": info.num_tokens, "loss_tokens": info.num_loss_tokens},
+        data={"samples": info.num_samples, "tokens": info.num_tokens, "loss_tokens": info.num_loss_tokens},
         **sides,
-        "trident_over_plain": {
+        trident_over_plain={
             "tokens_per_s": speed_ratio(seconds["wall"]),
             "tokens_per_cpu_s": speed_ratio(seconds["cpu"]),
         },
-        "first_step": agreement(first),
-    }
+        first_step=agreement(first),
+    )
 
 
 TABLE_COLUMNS = {  # title: (key of a side's results, format)
