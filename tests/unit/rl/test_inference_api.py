@@ -1,0 +1,32 @@
+"""The inference server's HTTP API is defined once, in rl.inference_api: no other module of src/ or benchmarks/
+spells a route, and its models accept what the server answers."""
+
+import ast
+from pathlib import Path
+
+from rl import inference_api
+
+ROOT = Path(__file__).parents[3]
+ROUTES = {value for name, value in vars(inference_api).items() if name.isupper() and isinstance(value, str)} - {
+    inference_api.API_KEY_ENV
+}
+
+
+def test_no_module_but_the_contract_spells_a_route():
+    spelled = []
+    for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+        if path == Path(inference_api.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in ROUTES:
+                spelled.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value}")
+    assert ROUTES >= {"/health", "/weights", "/reload_weights", "/load_adapter", "/reset_weights"}
+    assert spelled == []
+
+
+def test_a_weights_change_answer_is_what_is_served_and_its_seconds():
+    answer = {"step": 3, "path": "/run/weights/step_3", "adapter": inference_api.adapter_name(3), "seconds": 0.5}
+    change = inference_api.WeightsChange.model_validate(answer)
+    assert change.model_dump() == answer
+    served = {key: value for key, value in answer.items() if key != "seconds"}
+    assert inference_api.Served.model_validate(answer).model_dump() == served
