@@ -1,5 +1,6 @@
 """Benchmark: seconds per RL step with the next step's groups started while this step's slowest rollouts finish
-(``overlap_steps = true``, the default) and without, at ``async_level = 1``, side by side against one server.
+(``overlap_steps = true``, the default, with the default ``overlap_tail``) and without, at ``async_level = 1``,
+side by side against one server.
 
 ``uv run --no-sync python benchmarks/step_overlap.py`` (``--smoke`` for a short run; ``--server URL`` to use a
 running server of the tiny model, with a context of at least 4,096 tokens, instead of starting one).

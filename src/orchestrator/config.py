@@ -194,6 +194,11 @@ class OrchestratorConfig(BaseConfig):
                           "serve weights that step may use (async_level >= 1; at 0 the next step needs this one "
                           "trained first). They queue behind this step's rollouts for max_concurrent's slots."),
     ] = True  # fmt: skip
+    overlap_tail: Annotated[
+        float,
+        Field(ge=0, le=1, description="With overlap_steps, the next step's groups start once at most this share of "
+                                      "this step's groups are still running (its tail); 1 starts them with the step."),
+    ] = 0.5  # fmt: skip
     mask_truncated_completions: Annotated[
         bool, Field(description="Rollouts cut off by max_tokens train no token (their loss mask is all False).")
     ] = False

@@ -196,6 +196,16 @@ class Orchestrator:
         self.start_evaluation_if_due()
         return StartedStep(runs, per_server, self.served_step, time.perf_counter(), wait_s, reload_s)
 
+    async def start_groups_in_tail(self, step: int, running: list[asyncio.Future]) -> StartedStep:
+        """Start step ``step``'s groups once at most ``overlap_tail`` of the step before's groups (``running``) are
+        left: the server's batch has room then. Sooner, they would only share the batch with this step's rollouts,
+        the step's batch would come later, and so would the weights the step after next waits for."""
+        left = int(self.config.overlap_tail * len(running))
+        pending = [run for run in running if not run.done()]
+        while len(pending) > left:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        return await self.start_groups(step)
+
     def start_evaluation_if_due(self) -> None:
         """Evaluate the served weights in the background once they reach the next multiple of ``eval.interval``
         (step 0 first)."""
@@ -254,13 +264,14 @@ class Orchestrator:
 
     async def step(self, step: int, start_next: bool = False) -> None:
         """Sample, score and write the batch of step ``step``. With ``start_next``, step ``step + 1``'s groups
-        start as soon as the servers serve weights it may use, to run while this step's last rollouts finish."""
+        start in this step's tail, once the servers serve weights it may use, to run while this step's last
+        rollouts finish."""
         early, self.next_step = self.next_step, None
         started = None
         try:
             started = await (early if early is not None else self.start_groups(step))
             if start_next:
-                self.next_step = asyncio.create_task(self.start_groups(step + 1))
+                self.next_step = asyncio.create_task(self.start_groups_in_tail(step + 1, started.runs))
             groups = await asyncio.gather(*started.runs)
         except BaseException:  # no server left (or interrupted): the other groups of the step stop too
             if started is not None:

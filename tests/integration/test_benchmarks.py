@@ -45,8 +45,10 @@ def test_step_overlap_smoke_run(benchmarks, inference_server, tmp_path):
         assert all(seconds > 0 for seconds in run["step_seconds"])
         assert all(0 <= staleness <= config["async_level"] for staleness in run["staleness"])
         assert run["turns_mean"] > 1  # the multi-turn environment's rollouts took several turns
-        # the setting reached the orchestrator: only with it do steps start before the previous batch is written
-        assert (run["started_early_s"] > 0) == run["overlap_steps"]
+        if not run["overlap_steps"]:  # without it no step starts before the previous batch is written
+            assert run["started_early_s"] == 0
+    # the setting reached the orchestrator: with it, steps started in the one-turn group's wake (overlap_tail)
+    assert any(run["started_early_s"] > 0 for run in result["runs"] if run["overlap_steps"])
     assert result["ratio_on_over_off"]["median"] > 0
     assert httpx.get(f"{inference_server}/weights").json()["step"] == 0  # the base model serves again
 

@@ -1,5 +1,5 @@
-"""overlap_steps: the next step's groups start while this step's slowest group runs, once the server serves weights
-that step may use, and never before."""
+"""overlap_steps: the next step's groups start while this step's slowest groups run (its tail, overlap_tail), once
+the server serves weights that step may use, and never before."""
 
 import asyncio
 import json
@@ -37,7 +37,7 @@ async def until(condition, timeout_s: float = 10.0) -> None:
 
 def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_are_served(tmp_path, monkeypatch):
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, async_level=1,
-                                sample_rollouts_every=0, max_steps=3)  # fmt: skip
+                                sample_rollouts_every=0, max_steps=3, overlap_tail=0.5)  # fmt: skip
     orchestrator = Orchestrator(config)
     server = FakeServer()
     client = orchestrator.servers.servers[0].client
@@ -58,7 +58,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
         step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # on the base weights (step 0)
         await until(lambda: len(started) == 2)
         await asyncio.sleep(0.3)
-        assert len(started) == 2  # step 2 may use weights 1 at the oldest: none yet, so its groups wait
+        assert len(started) == 2  # in the tail (1 group of 2 left), but step 2 needs weights 1: none yet
         weights = weights_dir(tmp_path, 1)
         weights.mkdir(parents=True)
         mark_stable(weights)
@@ -76,3 +76,41 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
     for step, weight_step in [(1, 0), (2, 1)]:  # every sample records the weights its group started on
         batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
         assert {sample["weight_step"] for sample in batch["samples"]} == {weight_step}
+
+
+def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch):
+    """With weights at hand, the next step's groups still wait until at most overlap_tail of this step's groups run:
+    sooner they would only share the server's batch with them."""
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=4, rollouts_per_example=1, async_level=2,
+                                sample_rollouts_every=0, max_steps=3, overlap_tail=0.25)  # fmt: skip
+    orchestrator = Orchestrator(config)
+    server = FakeServer()
+    client = orchestrator.servers.servers[0].client
+    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
+    finish = [asyncio.Event() for _ in range(4)]  # step 0's groups end when told; step 1's at once
+    started = []
+
+    async def run_group(env, task, n, ctx, limit):
+        started.append(len(started))
+        if len(started) <= 4:
+            await finish[len(started) - 1].wait()
+        return [Rollout(reward=1.0, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True)]
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+
+    async def steps():
+        step_0 = asyncio.create_task(orchestrator.step(0, start_next=True))  # step 1 may use weights 0: served
+        await until(lambda: len(started) == 4)
+        for group in range(2):
+            finish[group].set()
+            await asyncio.sleep(0.2)
+            assert len(started) == 4  # 2, then 3 groups of 4 left: more than a quarter
+        finish[2].set()
+        await until(lambda: len(started) == 8)  # 1 of 4 left: step 1's groups start ...
+        assert not step_0.done()  # ... beside step 0's last
+        finish[3].set()
+        await step_0
+        await orchestrator.step(1)
+
+    asyncio.run(steps())
+    assert [m["weight_step"] for m in read_metrics(tmp_path, "orchestrator")] == [0, 0]
