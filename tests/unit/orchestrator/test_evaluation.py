@@ -2,17 +2,14 @@
 logged under."""
 
 import asyncio
-import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 import orchestrator.orchestrator as orchestrator_module
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.evaluation import eval_scores
-from orchestrator.orchestrator import Orchestrator
 from rl.config import ConfigError, parse_config
 from rl.metrics import read_metrics
 from rl.progress import read_progress
@@ -50,19 +47,9 @@ def test_eval_needs_an_env_table_and_no_eval_turns_a_files_eval_off():
     assert parse_config(OrchestratorConfig, [*debug, "--no-eval"]).eval is None
 
 
-class FakeServer:
-    """Answers the weight routes like an inference server serving weights ``step``."""
-
-    def __init__(self):
-        self.step = 0
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/reload_weights":
-            self.step = json.loads(request.content)["step"]
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
-
-
-def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_on_its_weights(tmp_path, monkeypatch):
+def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_on_its_weights(
+    tmp_path, monkeypatch, on_weights_server
+):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     config = OrchestratorConfig(
         output_dir=tmp_path, batch_size=1, rollouts_per_example=2, sample_rollouts_every=0, max_steps=4,
@@ -71,11 +58,8 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
               "rollouts_per_example": 2, "pass_reward": 2.0},
         wandb=WandbConfig(name="run", offline=True),  # the scores go to W&B too, against their own step
     )  # fmt: skip
-    orchestrator = Orchestrator(config)
+    orchestrator, server = on_weights_server(config)
     assert len(orchestrator.eval_sets[0].tasks) == 3
-    server = FakeServer()
-    client = orchestrator.servers.servers[0].client
-    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
 
     async def run_group(env, task, n, ctx, limit):
         # each rollout scores the weights step it sampled from, at its start and at its end: an evaluation that a

@@ -5,27 +5,11 @@ import asyncio
 import json
 import time
 
-import httpx
-
 import orchestrator.orchestrator as orchestrator_module
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
-from orchestrator.orchestrator import Orchestrator
 from rl.metrics import read_metrics
 from rl.protocol import mark_stable, weights_dir
-
-
-class FakeServer:
-    """Answers the weight routes like an inference server; ``steps`` records each reload."""
-
-    def __init__(self):
-        self.step, self.steps = 0, []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/reload_weights":
-            self.step = json.loads(request.content)["step"]
-            self.steps.append(self.step)
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:
@@ -35,13 +19,12 @@ async def until(condition, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_are_served(tmp_path, monkeypatch):
+def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_are_served(
+    tmp_path, monkeypatch, on_weights_server
+):
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, async_level=1,
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.5)  # fmt: skip
-    orchestrator = Orchestrator(config)
-    server = FakeServer()
-    client = orchestrator.servers.servers[0].client
-    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
+    orchestrator, server = on_weights_server(config)
     started = []  # the weights step served as each group started
     slowest = asyncio.Event()
 
@@ -78,15 +61,12 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
         assert {sample["weight_step"] for sample in batch["samples"]} == {weight_step}
 
 
-def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch):
+def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, on_weights_server):
     """With weights at hand, the next step's groups still wait until at most overlap_tail of this step's groups run:
     sooner they would only share the server's batch with them."""
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=4, rollouts_per_example=1, async_level=2,
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.25)  # fmt: skip
-    orchestrator = Orchestrator(config)
-    server = FakeServer()
-    client = orchestrator.servers.servers[0].client
-    client.http = httpx.AsyncClient(base_url=client.base_url, transport=httpx.MockTransport(server.handle))
+    orchestrator, server = on_weights_server(config)
     finish = [asyncio.Event() for _ in range(4)]  # step 0's groups end when told; step 1's at once
     started = []
 
