@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 from rl.launch.launcher import child_env
-from rl.launch.process import Child, command, stop_all
+from rl.launch.process import Child, command, shell_line, stop_all
 from rl.protocol import configs_dir, logs_dir
 
 DONE = "multinode_done"  # written by the orchestrator's node with the run's exit code
@@ -64,8 +64,12 @@ def placement_flags(args: argparse.Namespace) -> list[str]:
              "--inference.tensor-parallel-size", str(args.tensor_parallel_size),
              "--orchestrator.client.base-url", ",".join(urls)]  # fmt: skip
     if args.gpus_per_node:
-        gpus = ",".join(map(str, range(args.gpus_per_node)))
-        flags += ["--inference-gpu-ids", gpus, "--trainer-gpu-ids", gpus]
+        # rl plans one machine: the training nodes' GPUs are numbered after an inference node's, so that its plan
+        # puts no trainer rank beside a server and splits FSDP over every training GPU (each node starts its
+        # processes with its own GPUs, see node_processes)
+        per_node, training = args.gpus_per_node, len(args.nodes) - args.inference_nodes
+        ids = lambda first, count: ",".join(map(str, range(first, first + count)))  # noqa: E731
+        flags += ["--inference-gpu-ids", ids(0, per_node), "--trainer-gpu-ids", ids(per_node, training * per_node)]
     return flags
 
 
@@ -106,8 +110,7 @@ def run_node(args: argparse.Namespace) -> int:
     processes = node_processes(args)
     if args.dry_run:
         for name, (argv, env) in processes.items():
-            print(f"node {args.node_rank} ({args.nodes[args.node_rank]}) {name}: "
-                  f"{' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(argv)}")  # fmt: skip
+            print(f"node {args.node_rank} ({args.nodes[args.node_rank]}) {name}: {shell_line(argv, env)}")
         return 0
     log_dir = logs_dir(args.output_dir) / f"node-{args.node_rank}"
     children = [Child(name, argv, log_dir / f"{name}.log", child_env(env)) for name, (argv, env) in processes.items()]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import tomli_w
-import torch
 from rich.console import Console
 
 from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
@@ -22,14 +21,16 @@ from rl.errors import TridentError, exit_on_user_error
 from rl.inference_api import HEALTH
 from rl.launch.preflight import (
     check_envs_installed,
+    check_gpus,
     check_memory,
     check_model,
     check_port_free,
     gpu_env,
     lock_output_dir,
+    note_enforce_eager,
     placement_lines,
 )
-from rl.launch.process import Child, command, stop_all
+from rl.launch.process import Child, command, shell_line, stop_all
 from rl.launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
 from rl.lifeline import launcher_env
 from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
@@ -46,9 +47,18 @@ def module_of(name: str, config: RLConfig) -> str:
     return MODULES["inference"] if name in servers(config) else MODULES[name]
 
 
-def trainer_ranks(config: RLConfig) -> int:
+def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
     """How many trainer processes ``rl`` starts: one per trainer GPU (torchrun, FSDP2), or one on CPU."""
-    return len(config.trainer_gpu_ids) if torch.cuda.is_available() else 1
+    return len(config.trainer_gpu_ids) if on_gpu else 1
+
+
+def process_commands(config: RLConfig, paths: dict[str, Path], on_gpu: bool) -> dict[str, tuple[list[str], dict]]:
+    """What ``rl`` starts, by process name: the command line and the placement (``CUDA_VISIBLE_DEVICES``)."""
+    placement, ranks = gpu_env(config, on_gpu), {"trainer": trainer_ranks(config, on_gpu)}
+    return {
+        name: (command(module_of(name, config), path, ranks.get(name, 1)), placement[name])
+        for name, path in paths.items()
+    }
 
 
 def resume_point(config: RLConfig) -> int:
@@ -239,15 +249,22 @@ def run(config: RLConfig) -> int:
     check_envs_installed(config)
     check_model(config.trainer.model.name)
     plan = check_memory(config)
+    on_gpu = plan.gpu_gib is not None
+    check_gpus(config, on_gpu)
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
     paths = write_configs(config)
+    processes = process_commands(config, paths, on_gpu)
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
-        print("\n".join(placement_lines(config, on_gpu=plan.gpu_gib is not None)))
+        print("\n".join(placement_lines(config, on_gpu)))
+        print("commands:")
+        for name, (argv, placement) in processes.items():
+            print(f"  {name}: {shell_line(argv, placement)}")
         print("\n".join(plan.lines()))
+        note_enforce_eager(config, on_gpu)
         return 0
     for server in servers(config).values():
         check_port_free(server.host, server.port)
@@ -258,6 +275,7 @@ def run(config: RLConfig) -> int:
         handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
     for line in plan.lines():
         logger.info(line)
+    note_enforce_eager(config, on_gpu)
     if config.inference is None:
         urls = ", ".join(config.orchestrator.client.base_urls)
         logger.info(f"no --inference given: using the inference server at {urls}")
@@ -266,18 +284,13 @@ def run(config: RLConfig) -> int:
     for path in clear_run_state(output_dir, resume_from):
         logger.info(f"deleted {path} of a previous run")
 
-    placement = gpu_env(config)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _interrupt)
     children: dict[str, Child] = {}
     start, code = time.perf_counter(), 1
     try:
-        for name in paths:
-            log_path = log_dir / f"{name}.log"
-            argv = command(
-                module_of(name, config), paths[name], nproc=trainer_ranks(config) if name == "trainer" else 1
-            )
-            children[name] = Child(name, argv, log_path, child_env(placement[name]))
+        for name, (argv, placement) in processes.items():
+            children[name] = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
             logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         code = supervise(children, config)
     except KeyboardInterrupt:

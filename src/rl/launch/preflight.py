@@ -111,23 +111,13 @@ def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
     return lines
 
 
-def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
-    """Environment overrides placing each process: its GPUs, or the CPU when the machine has none."""
-    count = torch.cuda.device_count()
+def gpu_env(config: RLConfig, on_gpu: bool) -> dict[str, dict[str, str]]:
+    """Environment overrides placing each process: ``CUDA_VISIBLE_DEVICES``, its GPUs or none on the CPU."""
     where = placement(config)
-    if count == 0:
+    if not on_gpu:
         logger.info("no GPU found: inference and trainer run on the CPU")
         return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in where}
-    for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
-        if not ids or any(not 0 <= i < count for i in ids):
-            raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
-    for name, server in servers(config).items():
-        if len(where[name]) != server.tensor_parallel_size:
-            raise TridentError(
-                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = "
-                f"{server.tensor_parallel_size} GPUs, it has {where[name]}"
-            )
-    shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids)
+    shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids if config.inference else [])
     logger.info(
         f"inference on GPU {config.inference_gpu_ids}, trainer on GPU {config.trainer_gpu_ids}"
         + (f" (sharing GPU {sorted(shared)}: keep gpu_memory_utilization low enough)" if shared else "")
@@ -135,16 +125,73 @@ def gpu_env(config: RLConfig) -> dict[str, dict[str, str]]:
     return {name: {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} for name, ids in where.items()}
 
 
+def check_gpus(config: RLConfig, on_gpu: bool) -> None:
+    """On GPUs, refuse a placement that cannot start: a server without its ``tensor_parallel_size`` GPUs, an NCCL
+    weight broadcast between two processes on one GPU, or (unless a dry run plans for another machine) GPU ids
+    this machine lacks."""
+    if not on_gpu:
+        return
+    where = placement(config)
+    for name, server in servers(config).items():
+        if len(where[name]) != server.tensor_parallel_size:
+            raise TridentError(
+                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = "
+                f"{server.tensor_parallel_size} GPUs, it has {where[name]}"
+            )
+    check_broadcast_devices(config)
+    if not config.dry_run:
+        check_gpus_exist(config)
+
+
+def check_broadcast_devices(config: RLConfig) -> None:
+    """NCCL (the broadcast's backend for a trainer on GPU) cannot pair two ranks on one device."""
+    broadcast = config.trainer.weight_broadcast
+    if broadcast is None or broadcast.backend == "gloo" or config.inference is None:
+        return
+    shared = sorted(set(config.trainer_gpu_ids) & set(config.inference_gpu_ids))
+    if shared:
+        raise TridentError(
+            f"trainer.weight_broadcast: trainer and inference server share GPU {shared}, where NCCL cannot pair "
+            "two ranks on one device; leave weight_broadcast out (weights then go through output_dir/weights)"
+        )
+
+
+def check_gpus_exist(config: RLConfig) -> None:
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise TridentError(
+            f"--gpu-memory-gib {config.gpu_memory_gib:g}: plans a GPU run, and this machine has no GPU; "
+            "use it with --dry-run"
+        )
+    for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
+        if not ids or any(i >= count for i in ids):
+            raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
+
+
+def note_enforce_eager(config: RLConfig, on_gpu: bool) -> None:
+    """A user's ``enforce_eager`` is kept, with one line on what it costs on a GPU."""
+    if on_gpu and config.inference is not None and config.inference.model.enforce_eager:
+        logger.warning(
+            "inference.model.enforce_eager = true turns vLLM's CUDA graphs off, which slows decoding; "
+            "leave it out of infer.toml to keep them"
+        )
+
+
+def gpu_memory_gib(config: RLConfig) -> float | None:
+    """GiB of each GPU the run is planned for: ``--gpu-memory-gib``, else the smallest GPU of this machine; None
+    when there is neither. The one place that decides whether the run is on GPUs."""
+    if config.gpu_memory_gib is not None:
+        return config.gpu_memory_gib
+    count = torch.cuda.device_count()
+    return min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / 2**30 if count else None
+
+
 def check_memory(config: RLConfig) -> MemoryPlan:
     """The run's memory plan (each process's share of each GPU); a TridentError names what does not fit.
 
-    GPU memory is ``--gpu-memory-gib`` if given, else the smallest of the run's GPUs; with neither the plan is
-    for the CPU and refuses nothing.
+    With no GPU (:func:`gpu_memory_gib`) the plan is for the CPU and refuses nothing.
     """
-    gpu_gib = config.gpu_memory_gib
-    if gpu_gib is None and torch.cuda.is_available():
-        ids = set(config.trainer_gpu_ids) | set(config.inference_gpu_ids if config.inference else [])
-        gpu_gib = min(torch.cuda.get_device_properties(i).total_memory for i in ids) / 2**30
+    gpu_gib = gpu_memory_gib(config)
     plan = plan_memory(config.trainer, config.inference, config.trainer_gpu_ids, config.inference_gpu_ids, gpu_gib)
     problems = plan.problems()
     if problems:

@@ -1,6 +1,7 @@
 """Child processes of ``rl``: started in their own process group, logged to a file, stopped as a tree."""
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,11 @@ def command(module: str, config_path: Path, nproc: int = 1) -> list[str]:
     """``python -m <module> @ <config>``, under ``torchrun`` with ``nproc`` processes when there are several."""
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
     return [sys.executable, *launcher, "-m", module, "@", str(config_path)]
+
+
+def shell_line(argv: list[str], env: dict[str, str]) -> str:
+    """``argv`` with the environment overrides before it, as a shell would run them."""
+    return shlex.join([f"{key}={value}" for key, value in env.items()] + argv)
 
 
 class Child:

@@ -87,8 +87,25 @@ class RLConfig(BaseConfig):
 
     @field_validator("trainer_gpu_ids", "inference_gpu_ids", mode="before")
     @classmethod
-    def _comma_separated(cls, value):
-        return [int(v) for v in value.split(",")] if isinstance(value, str) else value
+    def _gpu_id_list(cls, value):
+        """GPU ids as people type them: a bare id (``0``, which the CLI reads as a number), ``0,1`` or ``[0, 1]``."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return [value]
+        if not isinstance(value, str):
+            return value
+        try:
+            return [int(v) for v in value.split(",")]
+        except ValueError:
+            raise ValueError(f"{value!r} is not a GPU id, a comma list (0,1) or a JSON list ([0, 1])") from None
+
+    @field_validator("trainer_gpu_ids", "inference_gpu_ids")
+    @classmethod
+    def _distinct_gpu_ids(cls, ids: list[int]) -> list[int]:
+        if any(i < 0 for i in ids):
+            raise ValueError(f"{ids}: GPU ids are 0 or more")
+        if len(set(ids)) < len(ids):
+            raise ValueError(f"{ids}: each GPU may be named once")
+        return ids
 
 
 def _get(obj: Any, dotted: str) -> Any:

@@ -46,7 +46,7 @@ def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
     config = parse_config(RLConfig, ["--trainer-gpu-ids", "0,1", "--inference-gpu-ids", "[0]"])
     assert config.trainer_gpu_ids == [0, 1] and config.inference_gpu_ids == [0]
     with caplog.at_level("INFO"):
-        placement = gpu_env(config)
+        placement = gpu_env(config, on_gpu=False)
     assert all(env == {"CUDA_VISIBLE_DEVICES": ""} for env in placement.values())
     assert "no GPU found: inference and trainer run on the CPU" in caplog.text
 
