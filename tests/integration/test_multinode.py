@@ -53,14 +53,20 @@ def fake_slurm(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_sbatch_script_places_inference_on_the_first_node_and_training_on_the_second(fake_slurm):
-    output_dir = fake_slurm / "run"
+def sbatch(output_dir: Path, *flags: str) -> str:
+    """``rl.sbatch`` on the debug configs with ``flags`` added; returns what it printed."""
     argv = ["bash", "scripts/slurm/rl.sbatch", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
-            "--output-dir", str(output_dir)]  # fmt: skip
+            "--output-dir", str(output_dir), *flags]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "placement:" in result.stdout  # rl --dry-run resolved the configs
+    return result.stdout
+
+
+def test_sbatch_script_places_inference_on_the_first_node_and_training_on_the_second(fake_slurm):
+    output_dir = fake_slurm / "run"
+    out = sbatch(output_dir)
+    assert "placement:" in out  # rl --dry-run resolved the configs
 
     configs = output_dir / "configs"
     inference = (configs / "inference.toml").read_text()
@@ -74,9 +80,8 @@ def test_sbatch_script_places_inference_on_the_first_node_and_training_on_the_se
 
     node0 = (fake_slurm / "node-0.out").read_text()
     node1 = (fake_slurm / "node-1.out").read_text()
-    assert re.search(
-        rf"node 0 \(localhost\) inference: CUDA_VISIBLE_DEVICES= .* -m inference.main @ {configs}/inference.toml", node0
-    )
+    server = rf"\S+ -m inference.main @ {configs}/inference.toml"
+    assert re.search(rf"node 0 \(localhost\) inference: CUDA_VISIBLE_DEVICES= {server}", node0)
     assert "trainer" not in node0 and "orchestrator" not in node0
     trainer_line = re.search(r"node 1 \(127.0.0.1\) trainer: .*", node1)[0]
     assert "-m torch.distributed.run --nnodes=1 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d" in trainer_line
@@ -84,3 +89,28 @@ def test_sbatch_script_places_inference_on_the_first_node_and_training_on_the_se
     assert re.search(
         rf"node 1 \(127.0.0.1\) orchestrator: .* -m orchestrator.main @ {configs}/orchestrator.toml", node1
     )
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_two_nodes_of_gpus_put_a_server_on_each_gpu_of_node_0_and_a_trainer_rank_on_each_of_node_1(
+    fake_slurm, monkeypatch, gpus
+):
+    monkeypatch.setenv("GPUS_PER_NODE", str(gpus))
+    output_dir = fake_slurm / "run"
+    out = sbatch(output_dir, "--model.name", "Qwen/Qwen3-0.6B", "--gpu-memory-gib", "80")  # planned for 80 GB GPUs
+    # rl's plan: node 0's GPUs serve, node 1's (numbered after them) train, one FSDP rank each, and it fits
+    assert "memory plan (GPUs of 80.0 GiB):" in out
+    for gpu in range(2 * gpus):
+        assert f"  GPU {gpu}: {'inference' if gpu < gpus else 'trainer'} = " in out
+
+    configs = output_dir / "configs"
+    node0 = (fake_slurm / "node-0.out").read_text().splitlines()
+    servers = ["inference"] if gpus == 1 else [f"inference-{i}" for i in range(gpus)]
+    assert [line.split(": ")[0] for line in node0] == [f"node 0 (localhost) {name}" for name in servers]
+    for gpu, (name, line) in enumerate(zip(servers, node0, strict=True)):
+        assert re.fullmatch(rf".*: CUDA_VISIBLE_DEVICES={gpu} \S+ -m inference.main @ {configs}/{name}.toml", line)
+    node1 = (fake_slurm / "node-1.out").read_text()
+    visible = ",".join(map(str, range(gpus)))
+    assert re.search(rf"node 1 \(127.0.0.1\) trainer: CUDA_VISIBLE_DEVICES={visible} \S+ -m torch.distributed.run "
+                     rf"--nnodes=1 --node-rank=0 --nproc-per-node={gpus} ", node1)  # fmt: skip
+    assert re.search(r"node 1 \(127.0.0.1\) orchestrator: CUDA_VISIBLE_DEVICES= \S+ -m orchestrator.main", node1)
