@@ -1,0 +1,401 @@
+"""GPU check: the trainer's own code on random Qwen3-shaped models, each model in its own process.
+
+    uv run python benchmarks/gpu_check.py                 # on a GPU machine: writes results/gpu_check.json
+    uv run python benchmarks/gpu_check.py --smoke         # the same path on CPU with tiny shapes (CI)
+    python3 benchmarks/gpu_check.py --baseline-src OLD/src   # also runs an older trainer, alternated with this one
+
+Each model is built once as random weights on disk; a case process then runs what the trainer runs per step
+(``init_world``, ``build_model``, ``build_optimizer``, samples packed by ``pack_samples`` into one micro-batch,
+``train_step``) on each of its batch sizes, small first: two warm-up steps, then timed steps. It reports seconds
+per step, tokens/s, model FLOP/s against the chip's measured bf16 matrix-product rate (MFU: 6·N per token for full
+training, 4·N for LoRA, attention left out), peak allocated and reserved memory and the device memory in use,
+against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under LoRA, full
+weights otherwise). A last process pair hands a model's bf16 weights from one process to another through
+``torch.multiprocessing`` (CUDA IPC handles on GPU, shared memory on CPU) and copies them into the receiver's own
+tensors: the same-device weight handover, timed.
+
+With ``--baseline-src`` every case runs twice, in alternating order, once importing ``trainer`` and ``rl`` from
+that folder (an older checkout's ``src``): old and new measured side by side on the same machine.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+RESULT_PREFIX = "GPU_CHECK_RESULT "
+WARMUP_STEPS, TIMED_STEPS = 2, 5
+HANDOVERS = 4  # the first also starts the receiver's CUDA context and allocates its weights
+ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model and how it trains, with the batches it is timed on: (samples, tokens per sample) each, packed
+    into one micro-batch."""
+
+    shape: str  # a key of rl.launch.memory_plan.KNOWN_SHAPES, or "tiny" (the tiny model's own shape)
+    batches: list[tuple[int, int]]
+    lora_rank: int | None = None  # LoRA on all seven linears; None: full fine-tune
+    ac_freq: int | None = None  # activation checkpointing every ac_freq layers; None: off
+    extra: dict = field(default_factory=dict)  # more TrainerModelConfig fields (e.g. a speed switch)
+
+    def model_config(self, model_dir: str) -> dict:
+        config = {"name": model_dir, **self.extra}
+        if self.lora_rank is not None:
+            config["experimental"] = {"lora": {"rank": self.lora_rank, "target_modules": ALL_LINEARS}}
+        if self.ac_freq is not None:
+            config["ac"] = {"freq": self.ac_freq}
+        return config
+
+
+CASES = {
+    "qwen3-0.6b-full": Case("Qwen3-0.6B", [(8, 1024), (64, 128)]),
+    "qwen3-8b-lora": Case("Qwen3-8B", [(4, 2048), (8, 2048)], lora_rank=4, ac_freq=1),  # seed 004's layout
+}
+SMOKE_CASES = {
+    "tiny-full": Case("tiny", [(4, 64), (16, 16)]),
+    "tiny-lora": Case("tiny", [(4, 64)], lora_rank=4, ac_freq=1),
+}
+HANDOVER_SHAPES = {"full": ["Qwen3-0.6B", "Qwen3-8B"], "smoke": ["tiny"]}
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# --- in a case process -------------------------------------------------------------------------------------------
+
+
+def qwen3_config(shape: str):
+    """A transformers Qwen3 config of ``shape`` (a known hub model's, or the tiny model's own)."""
+    from transformers import AutoConfig, Qwen3Config
+
+    from rl.launch.memory_plan import KNOWN_SHAPES
+    from rl.model_path import TINY_MODEL_ID, resolve_model_path
+
+    if shape == "tiny":
+        return AutoConfig.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+    s = KNOWN_SHAPES[shape]
+    return Qwen3Config(
+        vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
+        num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim, tie_word_embeddings=s.tie_word_embeddings,
+        max_position_embeddings=40_960,
+    )  # fmt: skip
+
+
+def make_model(shape: str, folder: Path) -> dict:
+    """Save random weights of ``shape`` (bf16, made on the GPU when there is one) with the tiny model's tokenizer
+    into ``folder``; also time bf16 matrix products, the rate MFU is measured against."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl.model_path import TINY_MODEL_ID, resolve_model_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID)).save_pretrained(folder)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_tflops": matmul_tflops(device)}
+
+
+def matmul_tflops(device: str) -> float | None:
+    """Measured bf16 TFLOP/s of a large matrix product on the GPU (None on CPU)."""
+    import torch
+
+    if device != "cuda":
+        return None
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 10 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12
+
+
+def random_samples(count: int, length: int, vocab_size: int, seed: int):
+    """``count`` samples of ``length`` tokens: a quarter prompt, the rest a completion under the loss mask with
+    logprobs near a random model's."""
+    import math
+
+    import torch
+
+    from rl.protocol import Sample
+
+    generator = torch.Generator().manual_seed(seed)
+    prompt = length // 4
+    samples = []
+    for _ in range(count):
+        tokens = torch.randint(0, vocab_size, (length,), generator=generator).tolist()
+        logprobs = (-math.log(vocab_size) + 0.05 * torch.randn(length - prompt, generator=generator)).tolist()
+        advantage = float(torch.randn(1, generator=generator))
+        samples.append(Sample(tokens, [False] * prompt + [True] * (length - prompt), [0.0] * prompt + logprobs,
+                              advantage, 0.0, 0))  # fmt: skip
+    return samples
+
+
+def memory_now(device) -> dict:
+    """Peak allocated and reserved memory since the last reset, and what the device has in use (GiB)."""
+    import torch
+
+    if device.type != "cuda":
+        from trainer.train import peak_memory_gib
+
+        return {"peak_rss_gib": peak_memory_gib(device)}
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        "device_used_gib": (total - free) / 2**30,
+    }
+
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(case: Case, model_dir: str) -> dict:
+    """Train ``case``'s model on each of its batches with the trainer's own functions; time steps and export."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl.protocol import BatchInfo, MicroBatch, pack_samples
+    from trainer.config import TrainerConfig
+    from trainer.export import save_weights
+    from trainer.optim import build_optimizer
+    from trainer.parallel import close_world, init_world, rank_share
+    from trainer.train import build_model, compute_dtype, train_step
+
+    world = init_world()
+    try:
+        config = TrainerConfig(
+            model=case.model_config(model_dir), seq_len=max(n * length for n, length in case.batches)
+        )
+        start = time.perf_counter()
+        torch.manual_seed(0)
+        model = build_model(config.model, world, config.optim.offload)
+        optimizer, _ = build_optimizer(model, config.optim, 1000)
+        sync(world.device)
+        result = {"build_s": time.perf_counter() - start, "batches": []}
+        for count, length in case.batches:
+            samples = random_samples(count, length, model.config.vocab_size, seed=count)
+            micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, count * length)]
+            tokens = count * length
+            info = BatchInfo(0, count, tokens, sum(sum(s.loss_mask) for s in samples), 0.0, 1.0)
+            if world.device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(world.device)
+            seconds, metrics = [], {}
+            for step in range(WARMUP_STEPS + TIMED_STEPS):
+                sync(world.device)
+                start = time.perf_counter()
+                metrics = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world)
+                sync(world.device)
+                if step >= WARMUP_STEPS:
+                    seconds.append(time.perf_counter() - start)
+            step_s = statistics.median(seconds)
+            result["batches"].append({"samples": count, "tokens_per_sample": length, "tokens": tokens,
+                                      "step_seconds": seconds, "s_per_step": step_s, "tokens_per_s": tokens / step_s,
+                                      "loss": metrics["loss"], **memory_now(world.device)})  # fmt: skip
+        export = "adapter" if case.lora_rank is not None else "merged"
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with tempfile.TemporaryDirectory(prefix="gpu-check-weights-") as folder:
+            sync(world.device)
+            start = time.perf_counter()
+            save_weights(model, tokenizer, Path(folder) / "step_1", export, None, compute_dtype("auto", world.device))
+            result["export"] = {"kind": export, "seconds": time.perf_counter() - start}
+        result["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        result["device"] = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu"
+        return result
+    finally:
+        close_world()
+
+
+def handover_receive(queue, done) -> None:
+    """The receiving end (the server's worker): for each message, open the sender's tensors (IPC handles or
+    shared memory) and copy them into its own weights, allocated at the first; report each handover's seconds."""
+    import torch
+
+    own, seconds = None, []
+    while True:
+        start = time.perf_counter()
+        received = queue.get()
+        if received is None:
+            break
+        if own is None:
+            own = {name: torch.empty_like(tensor) for name, tensor in received.items()}
+        for name, tensor in received.items():
+            own[name].copy_(tensor)
+        sync(next(iter(own.values())).device)
+        seconds.append(time.perf_counter() - start)
+    done.put({"handover_s": seconds})
+
+
+def run_handover(shape: str) -> dict:
+    """The bf16 weights of ``shape`` handed from this process to a second one and copied into its tensors."""
+    import torch
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.bfloat16)
+    weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    context = mp.get_context("spawn")
+    queue, done = context.Queue(), context.Queue()
+    receiver = context.Process(target=handover_receive, args=(queue, done))
+    receiver.start()
+    for _ in range(HANDOVERS):
+        queue.put(weights)
+    queue.put(None)
+    timings = done.get(timeout=600)
+    receiver.join(timeout=60)
+    size = sum(t.numel() * t.element_size() for t in weights.values())
+    return {"shape": shape, "tensors": len(weights), "gib": size / 2**30,
+            "transport": "CUDA IPC" if device == "cuda" else "shared memory", **timings}  # fmt: skip
+
+
+def case_main(argv: list[str]) -> None:
+    """``gpu_check.py case|make|handover ...`` in a child process: print one result line."""
+    action, payload = argv[0], json.loads(argv[1])
+    if action == "make":
+        result = make_model(payload["shape"], Path(payload["folder"]))
+    elif action == "handover":
+        result = run_handover(payload["shape"])
+    else:
+        result = run_case(Case(**payload["case"]), payload["model_dir"])
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# --- the parent ----------------------------------------------------------------------------------------------------
+
+
+def child(action: str, payload: dict, src: Path, timeout_s: float) -> dict:
+    """Run one action of this script in a fresh process with ``src`` first on its path; its result line."""
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env.setdefault("OMP_NUM_THREADS", "1" if not _has_gpu() else "8")
+    argv = [sys.executable, __file__, action, json.dumps(payload)]
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
+        raise RuntimeError(f"{action} {payload} failed (exit {done.returncode}):\n{tail}")
+    return json.loads(lines[-1][len(RESULT_PREFIX) :]) | {"process_s": time.perf_counter() - started}
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def planned(case: Case, model_dir: str, tokens: int, gpu: bool) -> dict:
+    """``rl``'s memory plan of the trainer for this case at ``tokens`` per micro-batch (GiB)."""
+    from rl.launch.memory_plan import model_shape, trainer_plan
+    from trainer.config import TrainerConfig
+
+    config = TrainerConfig(model=case.model_config(model_dir), seq_len=tokens)
+    return trainer_plan(model_shape(model_dir), config, ranks=1, gpu=gpu)
+
+
+def summarise(case: Case, result: dict, parameters: int, matmul: float | None, model_dir: str, gpu: bool) -> None:
+    """Add MFU and the memory plan to each of a case's batches, in place."""
+    flops_per_token = (4 if case.lora_rank is not None else 6) * parameters
+    for batch in result["batches"]:
+        batch["model_tflops"] = flops_per_token * batch["tokens_per_s"] / 1e12
+        if matmul:
+            batch["mfu"] = batch["model_tflops"] / matmul
+        plan = planned(case, model_dir, batch["tokens"], gpu)
+        batch["plan_gib"] = plan["total"]
+        if gpu:
+            batch["plan_over_device_used"] = plan["total"] / batch["device_used_gib"]
+            batch["plan_over_reserved_plus_context"] = plan["total"] / (batch["peak_reserved_gib"] + plan["cuda"])
+
+
+def table(results: dict) -> str:
+    rows = [f"{'case':24}{'side':10}{'tokens':>8}{'s/step':>9}{'tokens/s':>10}{'MFU':>7}{'peak GiB':>10}"
+            f"{'used GiB':>10}{'plan GiB':>10}"]  # fmt: skip
+    for name, sides in results["cases"].items():
+        for side, result in sides.items():
+            for b in result["batches"]:
+                mfu = f"{b['mfu']:.0%}" if "mfu" in b else "-"
+                peak, used = b.get("peak_allocated_gib", b.get("peak_rss_gib")), b.get("device_used_gib", 0)
+                rows.append(f"{name:24}{side:10}{b['tokens']:>8}{b['s_per_step']:>9.3f}{b['tokens_per_s']:>10.0f}"
+                            f"{mfu:>7}{peak:>10.1f}{used:>10.1f}{b['plan_gib']:>10.1f}")  # fmt: skip
+            rows.append(f"{'':34}export {result['export']['kind']}: {result['export']['seconds']:.2f}s")
+    for handover in results["handover"]:
+        rows.append(f"handover {handover['shape']} ({handover['gib']:.1f} GiB, {handover['tensors']} tensors, "
+                    f"{handover['transport']}): {min(handover['handover_s'][1:]):.3f}s a handover after the first "
+                    f"({handover['handover_s'][0]:.2f}s)")  # fmt: skip
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is (CI)")
+    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "gpu_check.json")
+    parser.add_argument("--baseline-src", type=Path, help="an older checkout's src/, run alternated with this one")
+    parser.add_argument("--cases", nargs="*", help="run only these cases")
+    parser.add_argument("--no-handover", action="store_true", help="skip the weight handover between processes")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per child process")
+    args = parser.parse_args(argv)
+    cases = SMOKE_CASES if args.smoke else CASES
+    cases = {name: case for name, case in cases.items() if not args.cases or name in args.cases}
+    sides = {"new": SRC} | ({"baseline": args.baseline_src.resolve()} if args.baseline_src else {})
+    gpu = _has_gpu()
+    results = {"benchmark": "gpu_check", "date": utc_now(), "host": platform.node(), "smoke": args.smoke,
+               "warmup_steps": WARMUP_STEPS, "timed_steps": TIMED_STEPS, "cases": {}, "handover": []}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="gpu-check-models-") as tmp:
+        models = {}
+        for shape in sorted({case.shape for case in cases.values()}):
+            folder = Path(tmp) / shape
+            models[shape] = child("make", {"shape": shape, "folder": str(folder)}, SRC, args.timeout_s)
+            models[shape]["folder"] = str(folder)
+            print(f"model {shape}: {models[shape]['parameters'] / 1e9:.2f}B parameters", flush=True)
+        for i, (name, case) in enumerate(cases.items()):
+            order = list(sides) if i % 2 == 0 else list(reversed(sides))  # alternate which side goes first
+            results["cases"][name] = {}
+            for side in order:
+                model = models[case.shape]
+                payload = {"case": asdict(case), "model_dir": model["folder"]}
+                result = child("case", payload, sides[side], args.timeout_s)
+                summarise(case, result, model["parameters"], model["matmul_tflops"], model["folder"], gpu)
+                results["cases"][name][side] = result
+                print(f"{name} ({side}): " + ", ".join(f"{b['tokens']} tokens {b['s_per_step']:.3f} s/step"
+                                                       for b in result["batches"]), flush=True)  # fmt: skip
+        results["matmul_tflops"] = next(iter(models.values()))["matmul_tflops"]
+        results["device"] = next(iter(next(iter(results["cases"].values())).values()))["device"]
+    if not args.no_handover:
+        for shape in HANDOVER_SHAPES["smoke" if args.smoke else "full"]:
+            results["handover"].append(child("handover", {"shape": shape}, SRC, args.timeout_s))
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1) + "\n")
+    print(table(results))
+    print(f"results: {args.output}")
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] in ("case", "make", "handover"):
+        case_main(sys.argv[1:])
+    else:
+        main()
