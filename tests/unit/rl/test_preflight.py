@@ -41,7 +41,6 @@ def test_port_in_use_is_reported_with_the_flag_to_change():
             check_port_free("127.0.0.1", port)
 
 
-@pytest.mark.skipif(bool(__import__("torch").cuda.device_count()), reason="checks the CPU placement")
 def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
     config = parse_config(RLConfig, ["--trainer-gpu-ids", "0,1", "--inference-gpu-ids", "[0]"])
     assert config.trainer_gpu_ids == [0, 1] and config.inference_gpu_ids == [0]
