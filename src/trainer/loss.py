@@ -8,7 +8,8 @@ from trainer.config import LossConfig
 
 
 def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " seq"]:
-    """The index of the sample each packed token belongs to: ``[0] * len_0 + [1] * len_1 + ...``."""
+    """The index of the sample each packed token belongs to: ``[0] * len_0 + [1] * len_1 + ...``, on the lengths'
+    device (the host's, in the trainer: on a GPU its output size would have to be read back first)."""
     return torch.repeat_interleave(torch.arange(len(sample_lengths), device=sample_lengths.device), sample_lengths)
 
 
@@ -28,6 +29,7 @@ def policy_loss(
     num_samples: int,
     entropy: Float[Tensor, " seq"] | None = None,
     reference_logprobs: Float[Tensor, " seq"] | None = None,
+    entropy_mask: Bool[Tensor, " seq"] | None = None,
 ) -> tuple[Float[Tensor, ""], dict[str, Tensor]]:
     """The importance-weighted policy-gradient loss of one packed micro-batch (formulas in docs/losses.md).
 
@@ -40,8 +42,12 @@ def policy_loss(
     Each loss token also gets ``- entropy_coef * entropy`` (an entropy bonus) and, given the frozen reference
     model's logprobs, ``+ kl_coef * k3`` with ``k3 = exp(ref - logprobs) - (ref - logprobs) - 1`` (a KL penalty
     towards the reference), normalized like the policy term.
+
+    ``sample_lengths`` stay on the host (all the rest is on the device): nothing here waits for the device. The
+    ``entropy`` metric sums the entropy over ``entropy_mask`` (the loss tokens when None), counted in
+    ``entropy_tokens``.
     """
-    segment = sample_segments(sample_lengths.to(logprobs.device))
+    segment = sample_segments(sample_lengths.cpu()).to(logprobs.device, non_blocking=True)
     token_log_ratio = (logprobs - inference_logprobs) * loss_mask
     tokens_per_sample = sample_sums(loss_mask.float(), segment, len(sample_lengths))
     log_ratio = token_log_ratio
@@ -77,7 +83,9 @@ def policy_loss(
             "mismatch_kl": ((log_ratio64.exp() - 1 - log_ratio64) * loss_mask).sum(),
         }
         if entropy is not None:
-            metrics["entropy"] = (entropy * loss_mask).sum()
+            entropy_mask = loss_mask if entropy_mask is None else entropy_mask
+            metrics["entropy"] = (entropy * entropy_mask).sum()
+            metrics["entropy_tokens"] = entropy_mask.sum()
         if reference_logprobs is not None:
             metrics["reference_kl"] = reference_kl.sum()
     return loss, metrics

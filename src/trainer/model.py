@@ -1,5 +1,7 @@
 """Loading the policy and its forward pass over packed micro-batches (writing weights: ``trainer.export``)."""
 
+from typing import NamedTuple
+
 import torch
 from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
@@ -9,9 +11,9 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rl.model_path import resolve_model_path
 from rl.protocol import MicroBatch
-from trainer.attention import sample_bounds, use_packed_attention
+from trainer.attention import packing, use_packed_attention
 from trainer.config import LoraConfig, TrainerModelConfig
-from trainer.scoring import Entropy, ScoringHead, scoring, use_scoring_head
+from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
 
 
 def load_model(
@@ -66,44 +68,62 @@ def use_packed_forward(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+class Scores(NamedTuple):
+    """What :func:`packed_scores` returns, per token of the row."""
+
+    logprobs: Float[Tensor, " seq"]
+    entropy: Float[Tensor, " seq"]  # 0 where not computed
+    entropy_mask: Bool[Tensor, " seq"]  # where ``entropy`` was computed (on the model's device)
+
+
 def packed_scores(
     model: nn.Module,
     micro_batch: MicroBatch,
     temperature: float,
     positions: Bool[Tensor, " seq"] | None = None,
     entropy: Entropy = "off",
-) -> tuple[Float[Tensor, " seq"], Float[Tensor, " seq"]]:
+) -> Scores:
     """Logprob of each token given the ones before it in its sample, after temperature, and the entropy of the
-    distribution it was drawn from (0 unless asked), at ``positions`` (all when None) and 0 elsewhere.
+    distribution it was drawn from, at ``positions`` (all when None) and 0 elsewhere. The entropy is computed at
+    every position for ``trained``, at a strided subset of them for ``logged`` (``entropy_mask`` says where).
 
     A sample's first token has no context and always gets 0. Only the kept positions go through the output
     layer, in chunks: no ``[tokens × vocab]`` tensor is made. Naive equivalent: ``log_softmax(logits[i - 1] /
     T)[input_ids[i]]`` with ``logits`` from a forward of the sample alone.
+
+    Everything decided from the micro-batch (which positions, the attention mask) is computed on the host from
+    its CPU tensors and copied without waiting: nothing here waits for the device.
     """
     if not any(isinstance(module, ScoringHead) for module in model.modules()):
         raise TypeError("packed_scores needs a model prepared by use_packed_forward (load_model does it)")
     device = next(model.parameters()).device
-    bounds = sample_bounds(micro_batch.sample_lengths)
-    keep = torch.ones_like(micro_batch.loss_mask) if positions is None else positions.clone()
-    keep[list(bounds[:-1])] = False  # sample starts
+    lengths = micro_batch.sample_lengths
+    keep = torch.ones_like(micro_batch.loss_mask) if positions is None else positions.cpu().clone()
+    keep[torch.cumsum(lengths, 0) - lengths] = False  # sample starts
     index, weight = keep.nonzero()[:, 0], 1.0
     if len(index) == 0:  # score one token with weight 0: backward (and FSDP's collectives in it) still runs
         index, weight = torch.tensor([len(keep) - 1]), 0.0
-    input_ids, index = micro_batch.input_ids.to(device), index.to(device)
+    entropy_index = index if entropy == "trained" else index[logged_entropy_rows(len(index))]
+    entropy_mask = torch.zeros_like(keep).index_fill(0, entropy_index, entropy != "off") & keep
+    input_ids, index = micro_batch.input_ids.to(device, non_blocking=True), index.to(device, non_blocking=True)
     with scoring(input_ids[index], temperature, entropy):
         scores = model(
             input_ids=input_ids[None],
-            position_ids=micro_batch.position_ids[None].to(device),
-            sample_bounds=bounds,
+            position_ids=micro_batch.position_ids[None].to(device, non_blocking=True),
+            packing=packing(lengths, device),
             logits_to_keep=index - 1,
         ).logits[0]
     scores = scores * weight
     zeros = scores.new_zeros(len(input_ids))
-    return zeros.index_put((index,), scores[:, 0]), zeros.index_put((index,), scores[:, 1])
+    return Scores(
+        zeros.index_put((index,), scores[:, 0]),
+        zeros.index_put((index,), scores[:, 1]),
+        entropy_mask.to(device, non_blocking=True),
+    )
 
 
 def packed_logprobs(
     model: nn.Module, micro_batch: MicroBatch, temperature: float, positions: Bool[Tensor, " seq"] | None = None
 ) -> Float[Tensor, " seq"]:
     """Per-token logprobs (after temperature) of a packed micro-batch, as in :func:`packed_scores`."""
-    return packed_scores(model, micro_batch, temperature, positions)[0]
+    return packed_scores(model, micro_batch, temperature, positions).logprobs

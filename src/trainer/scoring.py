@@ -28,13 +28,17 @@ if TYPE_CHECKING:  # transformers takes seconds to import; the launcher's memory
 # Elements of one chunk's logits: 2**25 fp32 values are 128 MiB (220 positions at a 152k vocabulary).
 CHUNK_ELEMENTS = 2**25
 
+# Positions per micro-batch whose entropy is computed when it is only logged (``logged`` mode), not trained on.
+LOGGED_ENTROPY_POSITIONS = 128
+
 Entropy = Literal["off", "logged", "trained"]
 
 
 @dataclass(frozen=True)
 class ScoreRequest:
     """What the head scores: the target token of each kept position, the sampling temperature, and whether the
-    entropy is computed (``logged``: without gradient; ``trained``: with)."""
+    entropy is computed (``logged``: at :func:`logged_entropy_rows` only, without gradient; ``trained``: at every
+    position, with gradient)."""
 
     targets: Int[Tensor, " positions"]
     temperature: float
@@ -83,20 +87,45 @@ def chunk_scores(
     return torch.stack([logprobs, entropies], -1)
 
 
+def logged_entropy_rows(positions: int) -> slice:
+    """The positions (of ``positions`` scored ones) whose entropy ``logged`` mode computes: every ``stride``-th
+    from the first, at most :data:`LOGGED_ENTROPY_POSITIONS` of them, spread over the whole row."""
+    return slice(0, None, max(1, -(-positions // LOGGED_ENTROPY_POSITIONS)))
+
+
 def chunked_scores(
     hidden: Float[Tensor, "... positions hidden"], weight: Tensor, bias: Tensor | None, request: ScoreRequest
 ) -> Float[Tensor, "... positions 2"]:
     """:func:`chunk_scores` over ``hidden`` in chunks of :func:`chunk_rows` positions (the request's targets in
-    the same layout); under autograd each chunk's logits are recomputed in the backward pass instead of kept."""
-    rows = chunk_rows(weight.shape[0])
+    the same layout); under autograd each chunk's logits are recomputed in the backward pass instead of kept.
+
+    In ``logged`` mode the entropy is computed, without gradient, at the :func:`logged_entropy_rows` only (0
+    elsewhere): an estimate for the metric at the cost of fewer than one chunk's logits, instead of a softmax over
+    every position's logits, twice (forward and recomputation).
+    """
     targets = request.targets.reshape(hidden.shape[:-1])
+    if request.entropy != "logged":
+        return _chunked(hidden, weight, bias, targets, request.temperature, request.entropy)
+    scores = _chunked(hidden, weight, bias, targets, request.temperature, "off")
+    rows = logged_entropy_rows(hidden.shape[-2])
+    with torch.no_grad():
+        logged = _chunked(hidden[..., rows, :], weight, bias, targets[..., rows], request.temperature, "logged")
+    entropies = torch.zeros_like(scores[..., 1])
+    entropies[..., rows] = logged[..., 1]
+    return torch.stack([scores[..., 0], entropies], -1)
+
+
+def _chunked(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, entropy: Entropy
+) -> Tensor:
+    rows = chunk_rows(weight.shape[0])
     pieces = []
     for start in range(0, hidden.shape[-2], rows):
         args = (hidden[..., start : start + rows, :], weight, bias, targets[..., start : start + rows])
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(chunk_scores, *args, request.temperature, request.entropy, use_reentrant=False))
+            pieces.append(checkpoint(chunk_scores, *args, temperature, entropy, use_reentrant=False))
         else:
-            pieces.append(chunk_scores(*args, request.temperature, request.entropy))
+            pieces.append(chunk_scores(*args, temperature, entropy))
     return torch.cat(pieces, dim=-2)
 
 

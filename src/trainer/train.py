@@ -88,36 +88,43 @@ def train_step(
     reference: ReferenceLogprobs | None = None,
 ) -> dict[str, float]:
     """One optimizer step over this rank's (micro-batch, loss weight) pairs; returns the step's metrics, summed
-    over all ranks and averaged over the step's loss tokens where they are per-token."""
+    over all ranks and averaged over the step's loss tokens where they are per-token.
+
+    The micro-batches' metrics add up on the device; the host reads them once, after the optimizer step, so it
+    never waits for the device within the step (the gradient norm excepted: ``clip_gradients`` reads it).
+    """
     optimizer.zero_grad(set_to_none=True)
-    sums = dict.fromkeys(["loss", "bounded_tokens", "mismatch_kl", "entropy", "reference_kl"], 0.0)
+    entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
+    sums: dict[str, Tensor] = {}
     for micro_batch, weight in micro_batches:
-        entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # the metric needs it either way
-        logprobs, entropy = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
+        scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
         loss, stats = policy_loss(
-            logprobs,
-            micro_batch.inference_logprobs.to(world.device),
-            micro_batch.advantages.to(world.device),
-            micro_batch.loss_mask.to(world.device),
+            scores.logprobs,
+            micro_batch.inference_logprobs.to(world.device, non_blocking=True),
+            micro_batch.advantages.to(world.device, non_blocking=True),
+            micro_batch.loss_mask.to(world.device, non_blocking=True),
             micro_batch.sample_lengths,
             config.loss,
             num_loss_tokens=info.num_loss_tokens,
             num_samples=info.num_samples,
-            entropy=entropy,
+            entropy=scores.entropy,
             reference_logprobs=reference(micro_batch, info.temperature) if reference else None,
+            entropy_mask=scores.entropy_mask,
         )
         (loss * weight).backward()
-        sums["loss"] += weight * loss.item()
-        for name, value in stats.items():
-            sums[name] += weight * value.item()
-    sums = sum_over_ranks(sums, world.device)
+        for name, value in {"loss": loss.detach(), **stats}.items():
+            sums[name] = sums.get(name, 0) + weight * value.double()
     grad_norm = clip_gradients(model, config.optim.max_norm)
     optimizer.step()
-    metrics = {"loss": sums.pop("loss"), "grad_norm": grad_norm}
-    metrics |= {name: value / info.num_loss_tokens for name, value in sums.items()}
+    totals = sum_over_ranks(dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)), world.device)
+    entropy_tokens = totals.pop("entropy_tokens")
+    metrics = {
+        "loss": totals.pop("loss"),
+        "grad_norm": grad_norm,
+        "entropy": totals.pop("entropy") / max(entropy_tokens, 1),
+    }
+    metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
-    if reference is None:
-        del metrics["reference_kl"]
     return metrics
 
 

@@ -5,6 +5,7 @@ import torch
 
 from rl.protocol import MicroBatch, Sample
 from trainer import scoring
+from trainer.attention import packing
 from trainer.config import TrainerModelConfig
 from trainer.model import load_model, packed_scores
 from trainer.scoring import ScoreRequest, chunk_scores, chunked_scores
@@ -32,6 +33,7 @@ def naive_scores(hidden, weight, bias, targets, temperature):
 @pytest.mark.parametrize("entropy", ["trained", "logged"])
 def test_chunked_scores_equal_the_naive_ones_in_values_and_gradients(monkeypatch, entropy):
     monkeypatch.setattr(scoring, "CHUNK_ELEMENTS", 3 * 50)  # 3 positions a chunk: 4 chunks, the last short
+    monkeypatch.setattr(scoring, "LOGGED_ENTROPY_POSITIONS", 4)  # logged: positions 0, 3, 6, 9
     generator = torch.Generator().manual_seed(0)
     hidden, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((10, 8), (50, 8), (50,)))
     targets = torch.randint(0, 50, (10,), generator=generator)
@@ -49,7 +51,8 @@ def test_chunked_scores_equal_the_naive_ones_in_values_and_gradients(monkeypatch
 
     def naive(h, w, b):
         logprobs, entropies = naive_scores(h, w, b, targets, 0.7)
-        return logprobs, entropies if entropy == "trained" else entropies.detach()
+        logged = torch.zeros(10, dtype=torch.bool).index_fill(0, torch.tensor([0, 3, 6, 9]), True)
+        return logprobs, entropies if entropy == "trained" else entropies.detach() * logged
 
     got, expected = gradients(chunked), gradients(naive)
     for g, e in zip(got[:2] + tuple(got[2]), expected[:2] + tuple(expected[2]), strict=True):
@@ -80,7 +83,7 @@ def test_packed_scores_hold_no_vocabulary_wide_tensor_and_match_full_logits(tiny
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logprobs, entropies = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "trained")
+        logprobs, entropies, entropy_mask = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "trained")
     (logprobs + entropies).sum().backward()
     tokens, vocab = len(micro_batch.input_ids), model.config.vocab_size
     assert max(saved) < tokens * vocab // 4, "a vocabulary-wide tensor of the whole row was kept for backward"
@@ -88,8 +91,9 @@ def test_packed_scores_hold_no_vocabulary_wide_tensor_and_match_full_logits(tiny
 
     model.zero_grad()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    row = packing(micro_batch.sample_lengths, torch.device("cpu"))
     hidden = base.model(input_ids=micro_batch.input_ids[None], position_ids=micro_batch.position_ids[None],
-                        sample_bounds=(0, 12, 21, 36)).last_hidden_state[0]  # fmt: skip
+                        packing=row).last_hidden_state[0]  # fmt: skip
     head = base.get_output_embeddings()
     logp = torch.log_softmax(torch.nn.functional.linear(hidden[:-1], head.weight) / 0.7, -1)
     expected_logprobs = torch.cat([torch.zeros(1), logp.gather(-1, micro_batch.input_ids[1:, None])[:, 0]])
@@ -98,5 +102,23 @@ def test_packed_scores_hold_no_vocabulary_wide_tensor_and_match_full_logits(tiny
     ((expected_logprobs + expected_entropies) * mask).sum().backward()
     torch.testing.assert_close(logprobs, expected_logprobs * mask, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropies, expected_entropies * mask, atol=1e-5, rtol=1e-5)
+    assert torch.equal(entropy_mask, mask & (micro_batch.position_ids > 0))
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_logged_entropy_is_the_trained_one_on_a_strided_subset_without_gradient(tiny_model_path, monkeypatch):
+    """With ``entropy_coef`` 0 the head computes the entropy (for the metric) at every ``stride``-th scored
+    position only, spread over the row, equal there to the trained mode's values, and 0 elsewhere."""
+    monkeypatch.setattr(scoring, "LOGGED_ENTROPY_POSITIONS", 5)
+    model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
+    micro_batch = tiny_micro_batch((12, 9, 15), loss_from=3)  # 9 + 6 + 12 = 27 scored positions: stride 6
+    trained = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "trained")
+    logged = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "logged")
+    scored = trained.entropy_mask.nonzero()[:, 0]
+    assert len(scored) == 27 and torch.equal(logged.entropy_mask.nonzero()[:, 0], scored[::6])
+    torch.testing.assert_close(logged.logprobs, trained.logprobs)
+    torch.testing.assert_close(logged.entropy, trained.entropy.detach() * logged.entropy_mask)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    gradients = torch.autograd.grad(logged.entropy.sum(), parameters, allow_unused=True)
+    assert all(g is None or not g.any() for g in gradients), "the logged entropy is off the graph"
