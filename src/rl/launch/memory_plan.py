@@ -1,13 +1,16 @@
 """A memory plan for a run: what the trainer and the inference server need on each GPU, before anything starts.
 
-The plan is arithmetic on the model's shape (its ``config.json``) and the configs: no weights are loaded. The
-trainer's share is its weights (float32 master weights, or under LoRA the frozen base in the compute dtype and a
-float32 adapter), gradients and AdamW's two moments of what trains (each split over the FSDP ranks), the working
-copies FSDP gathers (the model's root and two decoder layers at a time), the activations kept for the backward
-pass of one packed micro-batch of ``seq_len`` tokens under the configured activation checkpointing, the chunked
-logits (``trainer.scoring``), and the CUDA context. The server's share is what vLLM claims up front:
-``gpu_memory_utilization`` of the GPU, which must hold its weights and one ``max_model_len`` context of KV cache.
-``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU.
+The plan is arithmetic on the model's shape (its ``config.json``, mixture-of-experts layers included) and the
+configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the
+frozen base in the compute dtype and a float32 adapter), gradients and AdamW's two moments of what trains (each
+split over the FSDP ranks), the working copies FSDP gathers (the model's root and two decoder layers at a time),
+the activations kept for the backward pass of one packed micro-batch of ``seq_len`` tokens under the configured
+activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
+decoder layer with its gradients), the weight broadcast's send buffer, and the CUDA context. The server's share is
+what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one
+``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
+``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
+to peaks measured on an H200.
 """
 
 import json
@@ -19,25 +22,36 @@ from inference.config import InferenceConfig
 from rl.errors import TridentError
 from rl.model_path import resolve_model_path
 from trainer.config import TrainerConfig
-from trainer.scoring import CHUNK_ELEMENTS, chunk_rows
+from trainer.scoring import chunk_rows
 
 GIB = 2**30
 CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspaces and the caching allocator's slack, per process
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+# Bytes per logit at the peak of one chunk's backward (bf16 logits, their float32 copy and scaled copy, the
+# softmax terms and the logits' gradient), measured on CPU with trainer.scoring.chunked_scores.
+LOGIT_BYTES = 20
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the plan needs of a decoder-only transformer (Qwen2/3 and Llama layouts)."""
+    """What the plan needs of a decoder-only transformer: Qwen2/3 and Llama layouts, and their mixture-of-experts
+    variants (Qwen2-MoE, Qwen3-MoE), where ``sparse_layers`` of the layers have ``num_experts`` routed experts of
+    ``moe_intermediate_size`` (``num_experts_per_tok`` of them per token), a router, and maybe a shared expert."""
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int  # of the dense layers' MLP
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
     tie_word_embeddings: bool
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    sparse_layers: int = 0
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
@@ -51,18 +65,38 @@ class ModelShape:
             num_key_value_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
             tie_word_embeddings=config.get("tie_word_embeddings", False),
+            **experts_of(config),
         )
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear layer of a decoder layer."""
+        """(in, out) features of each linear layer of a dense decoder layer."""
         h, i = self.hidden_size, self.intermediate_size
         q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
 
     @property
+    def attention_parameters(self) -> int:
+        """A decoder layer's attention and its two norms (Qwen3's q/k norms, 2 × head_dim, left out)."""
+        linears = self.linear_shapes()
+        return sum(n_in * n_out for name, (n_in, n_out) in linears.items() if name not in MLP_LINEARS) + (
+            2 * self.hidden_size
+        )
+
+    @property
+    def sparse_mlp_parameters(self) -> int:
+        """A mixture-of-experts MLP: every routed expert, the router (hidden × experts), the shared expert and its
+        gate (hidden × 1)."""
+        h, shared = self.hidden_size, self.shared_expert_intermediate_size
+        experts = self.num_experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        return experts + (3 * h * shared + h if shared else 0)
+
+    @property
     def layer_parameters(self) -> int:
-        return sum(n_in * n_out for n_in, n_out in self.linear_shapes().values()) + 2 * self.hidden_size
+        """The largest decoder layer's parameters."""
+        dense = 3 * self.hidden_size * self.intermediate_size
+        return self.attention_parameters + max(dense if self.sparse_layers < self.num_hidden_layers else 0,
+                                               self.sparse_mlp_parameters if self.sparse_layers else 0)  # fmt: skip
 
     @property
     def root_parameters(self) -> int:
@@ -71,7 +105,46 @@ class ModelShape:
 
     @property
     def parameters(self) -> int:
-        return self.root_parameters + self.num_hidden_layers * self.layer_parameters
+        """All parameters, every expert counted."""
+        dense_layers = self.num_hidden_layers - self.sparse_layers
+        mlps = dense_layers * 3 * self.hidden_size * self.intermediate_size
+        mlps += self.sparse_layers * self.sparse_mlp_parameters
+        return self.root_parameters + self.num_hidden_layers * self.attention_parameters + mlps
+
+    @property
+    def largest_tensor(self) -> int:
+        """Elements of the largest weight tensor: the embeddings, a dense MLP's matrix, or a MoE layer's fused
+        gate-and-up experts (experts × 2 · moe_intermediate_size × hidden, transformers' layout)."""
+        h = self.hidden_size
+        return max(self.vocab_size * h, h * self.intermediate_size if self.sparse_layers < self.num_hidden_layers
+                   else 0, self.num_experts * 2 * self.moe_intermediate_size * h)  # fmt: skip
+
+
+def experts_of(config: dict) -> dict[str, int]:
+    """The mixture-of-experts fields of a ``config.json`` (none for a dense model): Qwen-MoE's names
+    (``num_local_experts`` as transformers writes ``num_experts``; Mixtral's experts are ``intermediate_size``
+    wide), or DeepSeek's ``n_routed_experts`` and ``n_shared_experts`` (each ``moe_intermediate_size`` wide)."""
+    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+    if not experts:
+        return {}
+    size = config.get("moe_intermediate_size") or config["intermediate_size"]
+    shared = config.get("shared_expert_intermediate_size") or (config.get("n_shared_experts") or 0) * size
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": config["num_experts_per_tok"],
+        "moe_intermediate_size": size,
+        "shared_expert_intermediate_size": shared,
+        "sparse_layers": len(sparse_layer_ids(config)),
+    }
+
+
+def sparse_layer_ids(config: dict) -> list[int]:
+    """The decoder layers of a mixture-of-experts ``config`` whose MLP is sparse: Qwen-MoE's every
+    ``decoder_sparse_step``-th layer but its ``mlp_only_layers``, after DeepSeek's ``first_k_dense_replace``."""
+    step, dense = config.get("decoder_sparse_step") or 1, set(config.get("mlp_only_layers") or [])
+    first = config.get("first_k_dense_replace") or 0
+    layers = range(config["num_hidden_layers"])
+    return [i for i in layers if i >= first and i not in dense and (i + 1) % step == 0]
 
 
 # Shapes of common hub models, for planning where the hub cannot be reached (keyed by the id's last part).
@@ -81,6 +154,20 @@ KNOWN_SHAPES = {
     "Qwen3-4B": ModelShape(151_936, 2560, 9728, 36, 32, 8, 128, True),
     "Qwen3-8B": ModelShape(151_936, 4096, 12_288, 36, 32, 8, 128, False),
     "Qwen3-14B": ModelShape(151_936, 5120, 17_408, 40, 40, 8, 128, False),
+    "Qwen3-30B-A3B": ModelShape(
+        151_936,
+        2048,
+        6144,
+        48,
+        32,
+        4,
+        128,
+        False,
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+        sparse_layers=48,
+    ),  # fmt: skip
     "Qwen2.5-7B-Instruct": ModelShape(152_064, 3584, 18_944, 28, 28, 4, 128, False),
     "Llama-3.1-8B-Instruct": ModelShape(128_256, 4096, 14_336, 32, 32, 8, 128, False),
 }
@@ -107,20 +194,88 @@ def dtype_bytes(dtype: str, gpu: bool) -> int:
 
 
 def lora_parameters(shape: ModelShape, targets: list[str], rank: int) -> int:
-    """Parameters of a LoRA adapter of ``rank`` on the ``targets`` linear layers of every decoder layer."""
-    linears = shape.linear_shapes()
-    return shape.num_hidden_layers * sum(rank * sum(linears[t]) for t in targets if t in linears)
+    """Parameters of a LoRA adapter of ``rank`` on the ``targets`` linear layers of every decoder layer.
+
+    In a mixture-of-experts layer the MLP targets adapt the shared expert's linears and, as peft converts them
+    for transformers' fused experts (Qwen3-MoE), each routed expert: gate and up together at twice the rank
+    (``2·rank × (hidden + 2·moe_intermediate_size)`` each), down at the rank. For MoE models whose experts peft
+    leaves alone (Qwen2-MoE) this is an upper bound.
+    """
+    linears, h = shape.linear_shapes(), shape.hidden_size
+    attention = sum(rank * sum(linears[t]) for t in targets if t in linears and t not in MLP_LINEARS)
+    dense = sum(rank * sum(linears[t]) for t in targets if t in MLP_LINEARS)
+    experts, size, shared = shape.num_experts, shape.moe_intermediate_size, shape.shared_expert_intermediate_size
+    sparse = sum(rank * (h + shared) for t in targets if t in MLP_LINEARS and shared)
+    if "gate_proj" in targets and "up_proj" in targets:
+        sparse += experts * 2 * rank * (h + 2 * size)
+    if "down_proj" in targets:
+        sparse += experts * rank * (size + h)
+    dense_layers = shape.num_hidden_layers - shape.sparse_layers
+    return shape.num_hidden_layers * attention + dense_layers * dense + shape.sparse_layers * sparse
 
 
-def activation_bytes_per_token(shape: ModelShape, compute: int) -> int:
-    """Bytes one token keeps for the backward pass of one decoder layer (no checkpointing): the inputs of its
-    norms (upcast to float32), matmuls, rotary embedding and attention, the attention output and the MLP's."""
-    h, i = shape.hidden_size, shape.intermediate_size
+def mlp_width(shape: ModelShape, sparse: bool) -> int:
+    """Intermediate features one token goes through in a layer's MLP: its routed experts' and the shared
+    expert's in a sparse layer."""
+    if not sparse:
+        return shape.intermediate_size
+    return shape.num_experts_per_tok * shape.moe_intermediate_size + shape.shared_expert_intermediate_size
+
+
+def layer_activation_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool) -> int:
+    """Bytes one token keeps for the backward pass of one decoder layer (no checkpointing), as autograd saves
+    them (read with ``saved_tensors_hooks`` on Qwen3 and Qwen3-MoE layers in bf16): the float32 inputs of the
+    RMSNorms (and, when the norms train, their outputs) with their reciprocal RMS, the inputs of the linear layers
+    (one each for q/k/v, o and the MLP), the rotated q and k, v, cos and sin, the attention's log-sum-exp (its
+    output is o's input), and the MLP's gate, up, activation and product; a sparse layer keeps these per routed
+    expert with the expert's copies of its input and output, and the router's float32 probabilities."""
+    h, c = shape.hidden_size, compute
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
-    norms = 2 * h * 4 + 2 * h * compute + (q + kv) * 4  # two RMSNorms' fp32 inputs and outputs; q/k norms (Qwen3)
-    attention = compute * (3 * q + 3 * kv)  # q, k, v; rotated q, k; output (SDPA's saved tensors)
-    mlp = compute * 4 * i  # gate and up outputs, the activation, their product
+    norm_width = 2 * h + q + kv  # the two layer norms, and Qwen3's q and k norms
+    norms = norm_width * (4 + (c if full else 0)) + 4 * (2 + shape.num_attention_heads + shape.num_key_value_heads)
+    attention = c * (h + 2 * q + 2 * kv + 2 * shape.head_dim) + 4 * shape.num_attention_heads
+    mlp = c * (h + 4 * mlp_width(shape, sparse))
+    if sparse:
+        mlp += shape.num_experts_per_tok * 2 * h * c + 4 * shape.num_experts
     return norms + attention + mlp
+
+
+def layer_gradient_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool) -> int:
+    """Bytes per token of the gradients alive at the peak of one decoder layer's backward pass: the MLP's gate and
+    up outputs' and the layer input's (and, when the norms train, the residual stream's), measured on CPU."""
+    return compute * (2 * mlp_width(shape, sparse) + (2 if full else 1) * shape.hidden_size)
+
+
+def layer_kinds(shape: ModelShape) -> dict[bool, int]:
+    """How many decoder layers are dense (False) and sparse (True)."""
+    kinds = {False: shape.num_hidden_layers - shape.sparse_layers, True: shape.sparse_layers}
+    return {sparse: count for sparse, count in kinds.items() if count}
+
+
+def activation_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> tuple[float, float]:
+    """Bytes of one micro-batch's activations: those kept through the backward pass (a checkpointed layer keeps
+    its input, any other layer all it saves), and the working memory at the backward pass's peak, the larger of
+    one chunk of logits and one layer's recomputed activations (checkpointing) with its gradients."""
+    full, tokens, layers = trainer.model.experimental.lora is None, trainer.seq_len, shape.num_hidden_layers
+    kinds = layer_kinds(shape)
+    saved = sum(count * layer_activation_bytes(shape, compute, full, sparse) for sparse, count in kinds.items())
+    checkpointed = 0 if trainer.model.ac is None else math.ceil(layers / trainer.model.ac.freq)
+    kept = checkpointed * shape.hidden_size * compute + (layers - checkpointed) / layers * saved
+    recomputed = max(
+        (layer_activation_bytes(shape, compute, full, sparse) if checkpointed else 0)
+        + layer_gradient_bytes(shape, compute, full, sparse)
+        for sparse in kinds
+    )
+    logits = LOGIT_BYTES * min(tokens, chunk_rows(shape.vocab_size)) * shape.vocab_size
+    return kept * tokens, max(recomputed * tokens, logits)
+
+
+def broadcast_backend(trainer: TrainerConfig, gpu: bool) -> str | None:
+    """The weight broadcast's backend (``trainer.weight_broadcast``; ``auto``: NCCL on GPU), None when it is off."""
+    broadcast = trainer.weight_broadcast
+    if broadcast is None:
+        return None
+    return ("nccl" if gpu else "gloo") if broadcast.backend == "auto" else broadcast.backend
 
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
@@ -132,21 +287,20 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
     else:
         trainable = lora_parameters(shape, lora.target_modules, lora.rank)
         frozen_bytes = shape.parameters * compute
-    layers, tokens = shape.num_hidden_layers, trainer.seq_len
-    per_layer = activation_bytes_per_token(shape, compute) * tokens
-    checkpointed = 0 if trainer.model.ac is None else math.ceil(layers / trainer.model.ac.freq)
-    # a checkpointed layer keeps its input; one layer at a time is recomputed in full, with its gradients
-    activations = checkpointed * tokens * shape.hidden_size * compute + (layers - checkpointed) * per_layer
-    activations += 2 * per_layer if checkpointed else per_layer
-    logits = 3 * 4 * min(tokens, chunk_rows(shape.vocab_size)) * shape.vocab_size  # fp32 logits, softmax, gradient
+    activations, backward = activation_bytes(shape, trainer, compute)
     plan = {
         "weights": (frozen_bytes + trainable * 4) / ranks,
         "gradients": trainable * 4 / ranks,
         "optimizer": 2 * trainable * 4 / ranks,
         "gathered": (shape.root_parameters + 2 * shape.layer_parameters) * compute,
         "activations": activations,
-        "logits": min(logits, 3 * 4 * CHUNK_ELEMENTS),
+        "backward": backward,
     }
+    backend = broadcast_backend(trainer, gpu)
+    if backend is not None and (backend == "nccl" or not gpu):
+        # rank 0 sends while the next step runs: over NCCL one tensor at a time from the GPU; on the CPU it holds
+        # the full weights in the compute dtype until the server took them (over gloo from a GPU: host memory)
+        plan["broadcast"] = (shape.largest_tensor if gpu else shape.parameters) * compute
     plan = {name: value / GIB for name, value in plan.items()}
     if gpu:
         plan["cuda"] = CUDA_CONTEXT_GIB
@@ -154,24 +308,30 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
     return plan
 
 
-def inference_plan(shape: ModelShape, inference: InferenceConfig, gpu_gib: float | None) -> dict[str, float]:
+def inference_plan(
+    shape: ModelShape, inference: InferenceConfig, gpu_gib: float | None, broadcast: str | None = None
+) -> dict[str, float]:
     """GiB of an inference server: on each of its GPUs what vLLM claims up front (``gpu_memory_utilization`` of
     it), with what its share of the weights and of one full context's KV cache take of that (tensor parallelism
-    splits both); on the CPU its weights and KV cache space."""
+    splits both); on the CPU its weights and KV cache space. Over the weight ``broadcast`` (its backend) the
+    server receives every tensor before it loads them: a full copy in the trainer's dtype (bf16 on GPU), beside
+    vLLM's share on its GPU over NCCL, in host memory otherwise."""
     weight_bytes = 4 if inference.model.dtype == "float32" or gpu_gib is None else 2
     shards = inference.tensor_parallel_size if gpu_gib is not None else 1
     weights = shape.parameters * weight_bytes / GIB / shards
+    held_here = broadcast == "nccl" if gpu_gib is not None else broadcast is not None
+    received = {"broadcast": shape.parameters * weight_bytes / GIB} if held_here else {}
     if gpu_gib is None:
-        return {
-            "weights": weights,
-            "kv_cache": inference.kv_cache_space_gib,
-            "total": weights + inference.kv_cache_space_gib,
-        }
+        plan = {"weights": weights, "kv_cache": inference.kv_cache_space_gib, **received}
+        return plan | {"total": sum(plan.values())}
     kv_per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * weight_bytes
+    claimed = inference.gpu_memory_utilization * gpu_gib
     return {
         "weights": weights,
         "kv_one_context": inference.model.max_model_len * kv_per_token / GIB / shards,
-        "total": inference.gpu_memory_utilization * gpu_gib,
+        "claimed": claimed,
+        **received,
+        "total": claimed + sum(received.values()),
     }
 
 
@@ -194,9 +354,9 @@ class MemoryPlan:
         if self.gpu_gib is None:
             return []
         found = []
-        if self.inference and self.inference["weights"] + self.inference["kv_one_context"] > self.inference["total"]:
+        if self.inference and self.inference["weights"] + self.inference["kv_one_context"] > self.inference["claimed"]:
             found.append(
-                f"inference: vLLM's share ({size(self.inference['total'])}, inference.gpu_memory_utilization of "
+                f"inference: vLLM's share ({size(self.inference['claimed'])}, inference.gpu_memory_utilization of "
                 f"{size(self.gpu_gib)}) cannot hold its weights ({size(self.inference['weights'])}) and one "
                 f"max_model_len context of KV cache ({size(self.inference['kv_one_context'])})"
             )
@@ -212,15 +372,19 @@ class MemoryPlan:
 
     def describe(self, process: str) -> str:
         parts = getattr(self, process)
-        return ", ".join(f"{name} {size(value)}" for name, value in parts.items() if name != "total")
+        return ", ".join(f"{name} {size(value)}" for name, value in parts.items() if name not in ("total", "claimed"))
 
     def lines(self) -> list[str]:
         """The plan for a person to read."""
         lines = [f"memory plan ({'CPU' if self.gpu_gib is None else f'GPUs of {size(self.gpu_gib)}'}):"]
         lines.append(f"  trainer, per rank: {size(self.trainer['total'])} ({self.describe('trainer')})")
         if self.inference:
-            claimed = "" if self.gpu_gib is None else " claimed by vLLM"
-            lines.append(f"  inference: {size(self.inference['total'])}{claimed} ({self.describe('inference')})")
+            parts, total = self.describe("inference"), size(self.inference["total"])
+            if self.gpu_gib is None:
+                lines.append(f"  inference: {total} ({parts})")
+            else:
+                in_all = f", {total} in all" if "broadcast" in self.inference else ""
+                lines.append(f"  inference: {size(self.inference['claimed'])} claimed by vLLM ({parts}){in_all}")
         for gpu, processes in self.gpus.items():
             used = sum(getattr(self, process)["total"] for process in processes)
             lines.append(f"  GPU {gpu}: {' + '.join(processes)} = {size(used)}, free {size(self.gpu_gib - used)}")
@@ -239,7 +403,8 @@ def plan_memory(
     shape = model_shape(trainer.model.name)
     gpu = gpu_gib is not None
     trainer_part = trainer_plan(shape, trainer, len(trainer_gpus) if gpu else 1, gpu)
-    inference_part = inference_plan(shape, inference, gpu_gib) if inference is not None else None
+    broadcast = broadcast_backend(trainer, gpu)
+    inference_part = inference_plan(shape, inference, gpu_gib, broadcast) if inference is not None else None
     gpus: dict[int, list[str]] = {}
     if gpu:
         for gpu_id in trainer_gpus:
