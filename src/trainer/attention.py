@@ -1,14 +1,16 @@
-"""Attention for packed micro-batches: one kernel call per layer, each sample attending causally to itself alone.
+"""Attention for packed micro-batches: each sample of the row attends causally to itself alone.
 
 A packed micro-batch is one row of several samples. The model runs with :data:`PACKED_ATTENTION`, registered
 with transformers' attention interface; transformers builds no mask for an attention implementation it has no
 mask function for, and hands the ``packing`` keyword of the model's forward to every attention call. That
 keyword is a :class:`Packing`, built once per micro-batch by :func:`packing` and shared by all layers:
 
-- on GPU a FlexAttention ``BlockMask`` for the document-causal mask (``causal & same_sample``): the compiled
-  flex kernel skips the blocks that cross samples, so the work is about ``Σ len(sample)²`` query-key pairs;
-- on CPU a ``[tokens, tokens]`` boolean block-causal mask for SDPA: one call per layer instead of one per
-  sample is faster on the small rows the CPU trains on, and FlexAttention would have to compile first.
+- on GPU (``flex``) a FlexAttention ``BlockMask`` for the document-causal mask (``causal & same_sample``): one
+  compiled flex kernel call per layer, which skips the blocks across samples (about ``Σ len(sample)²`` pairs);
+- on CPU (``per_sample``) the sample bounds: causal SDPA once per sample, no mask tensor. FlexAttention has no
+  backward on CPU, and one SDPA call with a ``[tokens × tokens]`` block-causal mask was 3-4× slower than the
+  per-sample calls on 1,000-token rows of 4-7 samples (it computes every pair of the row, and the mask keeps
+  SDPA off its causal kernel); only rows of dozens of very short samples favour one call.
 
 Without ``packing`` (a plain, unpacked forward) it is causal SDPA over the whole row.
 """
@@ -18,9 +20,9 @@ from functools import cache
 from typing import Literal
 
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Int
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -28,28 +30,21 @@ from trainer.loss import sample_segments
 
 PACKED_ATTENTION = "trident_packed"
 
-Kernel = Literal["sdpa", "flex"]
+Kernel = Literal["flex", "per_sample"]
 
 
 @dataclass(frozen=True)
 class Packing:
-    """Where the samples of a packed row are: in the form the attention kernel takes, a boolean ``[tokens, tokens]``
-    mask (SDPA) or a ``BlockMask`` (FlexAttention), and as the samples' start offsets and the row's length
-    (``0, len_0, len_0 + len_1, ..., tokens``)."""
+    """Where the samples of a packed row are: as the samples' start offsets and the row's length (``0, len_0,
+    len_0 + len_1, ..., tokens``), and for FlexAttention as a ``BlockMask`` (None: SDPA per sample)."""
 
-    mask: Bool[Tensor, "tokens tokens"] | BlockMask
+    mask: BlockMask | None
     sample_bounds: tuple[int, ...]
 
 
-def block_causal_mask(document: Int[Tensor, " tokens"]) -> Bool[Tensor, "tokens tokens"]:
-    """``mask[q, k]``: query ``q`` may attend to key ``k`` (same sample, not later). Naive equivalent:
-    ``[[document[q] == document[k] and k <= q for k in range(L)] for q in range(L)]``."""
-    position = torch.arange(len(document), device=document.device)
-    return (document[:, None] == document[None, :]) & (position[None, :] <= position[:, None])
-
-
 def document_causal(document: Int[Tensor, " tokens"]):
-    """FlexAttention's ``mask_mod`` for :func:`block_causal_mask`: same sample, key not after query."""
+    """FlexAttention's ``mask_mod`` of a packed row: same sample, key not after query. Naive equivalent: the
+    ``[tokens × tokens]`` mask ``(document[:, None] == document[None, :]) & (key <= query)``."""
 
     def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
         return (document[query] == document[key]) & (key <= query)
@@ -57,22 +52,46 @@ def document_causal(document: Int[Tensor, " tokens"]):
     return mask_mod
 
 
-def document_block_mask(document: Int[Tensor, " tokens"]) -> BlockMask:
-    """The FlexAttention ``BlockMask`` of :func:`block_causal_mask`, built on ``document``'s device (no host
-    synchronisation). Blocks wholly inside one sample's causal part are full, blocks across samples empty."""
+def document_block_mask(document: Int[Tensor, " tokens"], device: torch.device, block: int = 128) -> BlockMask:
+    """The FlexAttention ``BlockMask`` of :func:`document_causal` for attention on ``device``, from the sample
+    ids ``document`` on the host. Naive equivalent: ``create_block_mask(document_causal(document), None, None,
+    tokens, tokens)``, which evaluates the mask at every query-key pair (``tokens²`` memory on the device).
+
+    Here the blocks come from each ``block``-token block's first and last sample id (ids only grow along the
+    row): a key block before a query block is in the mask when they share a sample, and full when both lie in
+    one sample; diagonal blocks are partial. The host computes ``[blocks × blocks]`` flags and copies them
+    without waiting; only partial blocks call the ``mask_mod``, which reads a device copy of ``document``.
+    """
     tokens = len(document)
-    return create_block_mask(document_causal(document), None, None, tokens, tokens, device=document.device)
+    starts = torch.arange(0, tokens, block)
+    first, last = document[starts], document[(starts + block).clamp(max=tokens) - 1]
+    query, key = torch.arange(len(starts))[:, None], torch.arange(len(starts))[None, :]
+    before = key < query
+    shared = (key == query) | (before & (last[None, :] >= first[:, None]))
+    one_sample = (first == last)[:, None] & (first == last)[None, :] & (first[:, None] == first[None, :])
+    full = before & one_sample & (starts + block <= tokens)[:, None]  # a short last query block stays partial
+
+    def ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:  # per query block: how many key blocks, which first
+        counts, indices = blocks.sum(-1, dtype=torch.int32), torch.argsort((~blocks).int(), dim=-1, stable=True).int()
+        return counts[None, None].to(device, non_blocking=True), indices[None, None].to(device, non_blocking=True)
+
+    return BlockMask.from_kv_blocks(
+        *ordered(shared & ~full),
+        *ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=document_causal(document.to(device, non_blocking=True)),
+        seq_lengths=(tokens, tokens),
+    )
 
 
 def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device, kernel: Kernel | None = None) -> Packing:
     """The :class:`Packing` of a row of samples of ``sample_lengths`` (a CPU tensor) for attention on ``device``,
-    built once per micro-batch: FlexAttention on CUDA and SDPA elsewhere, unless ``kernel`` says which."""
-    kernel = kernel or ("flex" if device.type == "cuda" else "sdpa")
+    built once per micro-batch: FlexAttention on CUDA, SDPA per sample elsewhere, unless ``kernel`` says which."""
+    kernel = kernel or ("flex" if device.type == "cuda" else "per_sample")
     bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
-    document = sample_segments(sample_lengths).to(device, non_blocking=True)
     if kernel == "flex":
-        return Packing(document_block_mask(document), bounds)
-    return Packing(block_causal_mask(document), bounds)
+        return Packing(document_block_mask(sample_segments(sample_lengths), device), bounds)
+    return Packing(None, bounds)
 
 
 @cache
@@ -90,9 +109,9 @@ def packed_attention(
     packing: Packing | None = None,
     **kwargs,
 ) -> tuple[Tensor, None]:
-    """Attention within each sample of a packed row, one kernel call: ``query`` is ``[1, heads, tokens,
-    head_dim]`` (keys and values may have fewer heads), the result ``[1, tokens, heads, head_dim]`` as
-    transformers expects. Naive equivalent: causal SDPA on each sample alone, concatenated."""
+    """Attention within each sample of a packed row: ``query`` is ``[1, heads, tokens, head_dim]`` (keys and
+    values may have fewer heads), the result ``[1, tokens, heads, head_dim]`` as transformers expects. Naive
+    equivalent: causal SDPA on each sample alone, concatenated (what it does without a ``BlockMask``)."""
     if attention_mask is not None:
         raise ValueError(f"{PACKED_ATTENTION} attends within packed samples and takes no attention mask")
     if packing is None:
@@ -108,7 +127,14 @@ def packed_attention(
             enable_gqa=key.shape[1] != query.shape[1],
         )
         return output.transpose(1, 2).contiguous(), None
-    return sdpa_attention_forward(module, query, key, value, packing.mask[None, None], is_causal=False, **kwargs)
+    bounds = packing.sample_bounds
+    outputs = [
+        sdpa_attention_forward(
+            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True, **kwargs
+        )[0]
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return torch.cat(outputs, dim=1), None
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)

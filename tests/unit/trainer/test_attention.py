@@ -4,14 +4,14 @@ import functools
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import BlockMask
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rl.protocol import MicroBatch, Sample
 from trainer import attention
 from trainer import model as trainer_model
-from trainer.attention import PACKED_ATTENTION, block_causal_mask, document_block_mask, packing
+from trainer.attention import PACKED_ATTENTION, document_block_mask, document_causal, packing
 from trainer.config import LossConfig, TrainerModelConfig
 from trainer.loss import policy_loss, sample_segments
 from trainer.model import decoder_layers, load_model, packed_scores
@@ -37,26 +37,41 @@ def set_attention(model, name: str) -> None:
     base.set_attn_implementation(name)
 
 
-def test_block_causal_mask_hand_made():
+def test_document_causal_mask_hand_made():
     document = sample_segments(torch.tensor([2, 3]))
     assert document.tolist() == [0, 0, 1, 1, 1]
     expected = torch.tensor(
         [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.bool
     )
-    assert torch.equal(block_causal_mask(document), expected)
+    assert torch.equal(create_mask(document_causal(document), None, None, 5, 5, device="cpu")[0, 0], expected)
 
 
 def test_document_block_mask_skips_the_blocks_across_samples():
     """Two samples of 256 tokens, 128-token blocks: the second sample's queries see none of the first's keys."""
-    mask = document_block_mask(sample_segments(torch.tensor([256, 256])))
+    mask = document_block_mask(sample_segments(torch.tensor([256, 256])), torch.device("cpu"))
     expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
     assert torch.equal(mask.to_dense()[0, 0].bool(), expected)
 
 
+@pytest.mark.parametrize("lengths", [(256, 256), (100, 200, 37), (5, 1, 130, 64), (300,), (128, 128, 1, 400)])
+def test_document_block_mask_equals_flex_attentions_own(lengths):
+    """The blocks computed from the samples' ids equal those ``create_block_mask`` finds by evaluating the mask at
+    every query-key pair: which are partial, which full, and in what order."""
+    document = sample_segments(torch.tensor(lengths))
+    got = document_block_mask(document, torch.device("cpu"))
+    expected = create_block_mask(document_causal(document), None, None, len(document), len(document), device="cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), msg=name)
+    for name, counts in (("kv_indices", "kv_num_blocks"), ("full_kv_indices", "full_kv_num_blocks")):
+        for row, count in enumerate(getattr(expected, counts)[0, 0].tolist()):
+            assert getattr(got, name)[0, 0, row, :count].tolist() == getattr(expected, name)[0, 0, row, :count].tolist()
+    assert got.seq_lengths == expected.seq_lengths
+
+
 @pytest.mark.parametrize("lengths", [(100, 200, 37), (5, 1, 130, 64)])
-def test_flex_and_sdpa_packed_kernels_equal_the_per_sample_loop(lengths):
-    """The GPU's kernel (FlexAttention with the document BlockMask, run uncompiled here) and the CPU's (SDPA with
-    a block-causal mask) against the loop, with grouped-query attention (4 query heads, 2 key/value heads) and
+def test_flex_and_per_sample_kernels_equal_the_reference_loop(lengths):
+    """The GPU's kernel (FlexAttention with the document BlockMask, run uncompiled here) and the CPU's (SDPA per
+    sample) against the reference loop, with grouped-query attention (4 query heads, 2 key/value heads) and
     samples that straddle the 128-token blocks."""
     generator = torch.Generator().manual_seed(0)
     tokens = sum(lengths)
@@ -66,7 +81,7 @@ def test_flex_and_sdpa_packed_kernels_equal_the_per_sample_loop(lengths):
     module.num_key_value_groups, module.is_causal = 2, True
     sample_lengths = torch.tensor(lengths)
     expected = per_sample_sdpa(module, query, key, value, None, packing(sample_lengths, torch.device("cpu")))[0]
-    for kernel in ("sdpa", "flex"):
+    for kernel in ("per_sample", "flex"):
         packed = packing(sample_lengths, torch.device("cpu"), kernel)
         got = attention.packed_attention(module, query, key, value, None, packed, scaling=16**-0.5)[0]
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -98,7 +113,7 @@ def loss_and_gradients(model, micro_batch, backward: bool = True):
     return scores.logprobs.detach(), loss.detach(), gradients
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "flex"])
+@pytest.mark.parametrize("kernel", ["per_sample", "flex"])
 @pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}])
 def test_packed_forward_gives_the_per_sample_loops_logprobs_loss_and_gradients(
     tiny_model_path, monkeypatch, kernel, lora
@@ -113,18 +128,19 @@ def test_packed_forward_gives_the_per_sample_loops_logprobs_loss_and_gradients(
             if "lora_B" in name:
                 torch.nn.init.normal_(parameter, std=0.1)
     micro_batch = tiny_micro_batch()
-    got = loss_and_gradients(model, micro_batch, backward=kernel == "sdpa")
+    got = loss_and_gradients(model, micro_batch, backward=kernel == "per_sample")
     set_attention(model, REFERENCE)
-    expected = loss_and_gradients(model, micro_batch, backward=kernel == "sdpa")
+    expected = loss_and_gradients(model, micro_batch, backward=kernel == "per_sample")
     torch.testing.assert_close(got[0], expected[0], atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-3)
-    assert got[2].keys() == expected[2].keys() and (bool(got[2]) == (kernel == "sdpa"))
+    assert got[2].keys() == expected[2].keys() and (bool(got[2]) == (kernel == "per_sample"))
     for name in expected[2]:
         torch.testing.assert_close(got[2][name], expected[2][name], atol=1e-3, rtol=1e-3)
 
 
 def test_attention_runs_once_per_layer_per_micro_batch(tiny_model_path, monkeypatch):
-    """One attention call per layer, one SDPA kernel call in it, and the mask built once for all layers."""
+    """With FlexAttention (the GPU's path; forward only on CPU): one attention call per layer, one flex kernel
+    call in it, and the BlockMask built once for all layers."""
     calls = {"attention": 0, "kernel": 0, "mask": 0}
 
     def counting(name, function):
@@ -137,10 +153,12 @@ def test_attention_runs_once_per_layer_per_micro_batch(tiny_model_path, monkeypa
     monkeypatch.setitem(
         AttentionInterface._global_mapping, PACKED_ATTENTION, counting("attention", attention.packed_attention)
     )
-    monkeypatch.setattr(attention, "sdpa_attention_forward", counting("kernel", sdpa_attention_forward))
-    monkeypatch.setattr(attention, "block_causal_mask", counting("mask", attention.block_causal_mask))
+    monkeypatch.setattr(attention, "flex_attention", counting("kernel", attention.flex_attention))
+    monkeypatch.setattr(attention, "document_block_mask", counting("mask", attention.document_block_mask))
+    monkeypatch.setattr(trainer_model, "packing", functools.partial(packing, kernel="flex"))
     model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
-    packed_scores(model, tiny_micro_batch(), 1.0).logprobs.sum().backward()
+    with torch.no_grad():
+        packed_scores(model, tiny_micro_batch(), 1.0)
     layers = len(decoder_layers(model))
     assert calls == {"attention": layers, "kernel": layers, "mask": 1}
 
