@@ -271,11 +271,23 @@ def activation_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) ->
 
 
 def broadcast_backend(trainer: TrainerConfig, gpu: bool) -> str | None:
-    """The weight broadcast's backend (``trainer.weight_broadcast``; ``auto``: NCCL on GPU), None when it is off."""
+    """The weight broadcast's backend (``trainer.weight_broadcast``, None when it is off): ``auto`` is what ``rl``
+    settled it to (``shared`` or ``nccl``) or, for a server ``rl`` does not start, the trainer's own pick."""
     broadcast = trainer.weight_broadcast
     if broadcast is None:
         return None
     return ("nccl" if gpu else "gloo") if broadcast.backend == "auto" else broadcast.backend
+
+
+def trainer_broadcast_bytes(shape: ModelShape, backend: str, compute: int, gpu: bool) -> int:
+    """Bytes the trainer's rank 0 holds for the weight broadcast, on its GPU (or the CPU): a shared buffer of the
+    full weights in the compute dtype; over NCCL one tensor at a time moved to the GPU (the largest) while the next
+    step runs; over gloo the full weights in host memory until the server took them."""
+    if backend == "shared":
+        return shape.parameters * compute
+    if backend == "nccl":
+        return shape.largest_tensor * compute
+    return 0 if gpu else shape.parameters * compute
 
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
@@ -297,10 +309,9 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         "backward": backward,
     }
     backend = broadcast_backend(trainer, gpu)
-    if backend is not None and (backend == "nccl" or not gpu):
-        # rank 0 sends while the next step runs: over NCCL one tensor at a time from the GPU; on the CPU it holds
-        # the full weights in the compute dtype until the server took them (over gloo from a GPU: host memory)
-        plan["broadcast"] = (shape.largest_tensor if gpu else shape.parameters) * compute
+    held = trainer_broadcast_bytes(shape, backend, compute, gpu) if backend else 0
+    if held:
+        plan["broadcast"] = held
     plan = {name: value / GIB for name, value in plan.items()}
     if gpu:
         plan["cuda"] = CUDA_CONTEXT_GIB
@@ -313,13 +324,14 @@ def inference_plan(
 ) -> dict[str, float]:
     """GiB of an inference server: on each of its GPUs what vLLM claims up front (``gpu_memory_utilization`` of
     it), with what its share of the weights and of one full context's KV cache take of that (tensor parallelism
-    splits both); on the CPU its weights and KV cache space. Over the weight ``broadcast`` (its backend) the
-    server receives every tensor before it loads them: a full copy in the trainer's dtype (bf16 on GPU), beside
-    vLLM's share on its GPU over NCCL, in host memory otherwise."""
+    splits both); on the CPU its weights and KV cache space. Over the weight ``broadcast`` (its backend) by NCCL or
+    gloo the server receives every tensor before it loads them: a full copy in the trainer's dtype (bf16 on GPU),
+    beside vLLM's share on its GPU over NCCL, in host memory over gloo. From a ``shared`` buffer (the trainer's) it
+    copies straight into its parameters."""
     weight_bytes = 4 if inference.model.dtype == "float32" or gpu_gib is None else 2
     shards = inference.tensor_parallel_size if gpu_gib is not None else 1
     weights = shape.parameters * weight_bytes / GIB / shards
-    held_here = broadcast == "nccl" if gpu_gib is not None else broadcast is not None
+    held_here = broadcast == "nccl" if gpu_gib is not None else broadcast in ("nccl", "gloo")
     received = {"broadcast": shape.parameters * weight_bytes / GIB} if held_here else {}
     if gpu_gib is None:
         plan = {"weights": weights, "kv_cache": inference.kv_cache_space_gib, **received}

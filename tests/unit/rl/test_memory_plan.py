@@ -168,6 +168,12 @@ def test_the_weight_broadcast_buffers_are_planned_where_they_are_held():
     assert cpu.trainer["broadcast"] == pytest.approx(shape.parameters * 4 / GIB)  # float32 on the CPU
     assert cpu.inference["broadcast"] == pytest.approx(shape.parameters * 4 / GIB)
     assert "broadcast" not in plan_memory(TrainerConfig(model=trainer.model), inference, [0], [1], 80.0).trainer
+    # one GPU for both (rl settles 'auto' to 'shared'): the trainer's buffer of full bf16 weights, the server's
+    # worker copying from it into its parameters
+    shared = TrainerConfig(model=trainer.model, weight_broadcast={"backend": "shared"})
+    plan = plan_memory(shared, inference, [0], [0], gpu_gib=80.0)
+    assert plan.trainer["broadcast"] == pytest.approx(shape.parameters * 2 / GIB)
+    assert "broadcast" not in plan.inference
 
 
 def rl_dry_run(tmp_path, *flags):
