@@ -22,21 +22,35 @@ class WeightReloadExtension:
         return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
 
     def receive_weights(self, manifest: dict) -> dict[str, Any]:
-        """Receive the trainer's weights over the broadcast that ``manifest`` describes (``rl.broadcast``) and load
-        them in place; joins the trainer's group on the first call of each trainer session."""
+        """Receive the trainer's weights as ``manifest`` describes (``rl.broadcast``): over its broadcast group,
+        joined on the first call of each trainer session, or copied from its shared buffer, after which the trainer
+        hears that they were taken. Loads them in place."""
         import torch
 
-        from rl.broadcast import open_group, receive
+        from rl.broadcast import open_group, open_store, receive, taken_key
+        from rl.shared_weights import SharedBuffer
 
         start = time.perf_counter()
+        shared = manifest["backend"] == "shared"
         if getattr(self, "_trident_session", None) != manifest["session"]:
-            self._trident_group = open_group(manifest, rank=1)
+            if shared:
+                self._trident_buffer = SharedBuffer.attach(manifest["buffer"])
+                self._trident_store = open_store(manifest, rank=1)
+            else:
+                self._trident_group = open_group(manifest, rank=1)
             self._trident_session = manifest["session"]
-        nccl = manifest["backend"] == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-        tensors = receive(self._trident_group, manifest, device)
+        if shared:
+            tensors = self._trident_buffer.read(manifest["tensors"])
+        else:
+            nccl = manifest["backend"] == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+            tensors = receive(self._trident_group, manifest, device)
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         self._loaded()
+        if shared:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # copied out before the trainer may overwrite the buffer
+            self._trident_store.set(taken_key(manifest), "1")
         return {"tensors": len(tensors), "seconds": round(time.perf_counter() - start, 4)}
 
     def _loaded(self) -> None:

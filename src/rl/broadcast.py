@@ -1,12 +1,15 @@
 """Weights sent from the trainer to the inference server in memory: a two-rank process group of their own (the
 trainer rank 0, the server's worker rank 1), NCCL between GPUs and gloo otherwise, found through a TCP store the
-trainer hosts.
+trainer hosts; or, for a trainer and a server on one device, a buffer both map (``backend = "shared"``,
+:mod:`rl.shared_weights`: CUDA IPC on a GPU, ``/dev/shm`` on the CPU), the store then only carrying the server's
+word that it took the weights.
 
-The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the group's address and
-the tensors' names, shapes and dtypes in sending order) instead of weight files, then broadcasts the tensors; the
-server, asked to load that folder, joins the group (once per trainer session) and receives them in the same
-order. Imported by vLLM's worker process: keep its imports to torch, pydantic (vLLM's own), the standard library
-and rl.errors.
+The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the store's address and
+the tensors' names, shapes and dtypes in sending order, and for a shared buffer its handle and their offsets)
+instead of weight files, then broadcasts the tensors (or has written them into the buffer); the server, asked to
+load that folder, joins the group (once per trainer session) and receives them in the same order, or copies them
+from the buffer. Imported by vLLM's worker process: keep its imports to torch, pydantic (vLLM's own), the standard
+library and rl.errors.
 """
 
 import json
@@ -22,6 +25,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only on Python 3.12+
 
 from rl.errors import TridentError
+from rl.shared_weights import SharedBuffer, layout
 
 MANIFEST = "broadcast.json"  # in a weights folder: its tensors come over the process group, not from files
 
@@ -30,10 +34,7 @@ def open_group(manifest: dict, rank: int) -> dist.ProcessGroup:
     """Join the two-rank group that ``manifest`` names as ``rank`` (0: the trainer, which hosts the store).
     Blocks until both ranks are there, at most ``manifest["timeout_s"]``."""
     timeout = timedelta(seconds=manifest["timeout_s"])
-    store = dist.TCPStore(
-        manifest["host"], manifest["port"], world_size=2, is_master=rank == 0, timeout=timeout, wait_for_workers=False
-    )
-    prefixed = dist.PrefixStore(manifest["session"], store)
+    prefixed = dist.PrefixStore(manifest["session"], open_store(manifest, rank))
     if manifest["backend"] == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -63,6 +64,19 @@ def receive(group: dist.ProcessGroup, manifest: dict, device: torch.device) -> l
     return received
 
 
+def open_store(manifest: dict, rank: int) -> dist.TCPStore:
+    """The trainer's TCP store that ``manifest`` names: hosted by rank 0 (the trainer), joined by rank 1."""
+    timeout = timedelta(seconds=manifest["timeout_s"])
+    return dist.TCPStore(
+        manifest["host"], manifest["port"], world_size=2, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+    )
+
+
+def taken_key(manifest: dict) -> str:
+    """The store key the server sets once it has copied a shared buffer's weights out."""
+    return f"{manifest['session']}/taken/{manifest['sequence']}"
+
+
 def manifest_for(tensors: dict[str, torch.Tensor], host: str, port: int, session: str, backend: str, timeout_s: float):
     """The manifest of a broadcast of ``tensors`` over the group at ``host:port`` of trainer session ``session``."""
     return {
@@ -90,6 +104,19 @@ class Manifest(TypedDict):
     tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], str]]
 
 
+class SharedManifest(TypedDict):
+    """What :meth:`Sender.send` writes for a shared buffer: the buffer's handle and each tensor's byte offset."""
+
+    host: str
+    port: Annotated[int, Field(ge=1, le=65535)]
+    session: str
+    backend: Literal["shared"]
+    timeout_s: Annotated[float, Field(gt=0)]
+    sequence: Annotated[int, Field(ge=1)]
+    buffer: dict[str, str | int | bool | None]
+    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], str, Annotated[int, Field(ge=0)]]]
+
+
 def read_manifest(folder: str | Path) -> dict | None:
     """The broadcast manifest of a weights folder, or None when its weights are files; a ValueError names a
     manifest that is not one."""
@@ -98,36 +125,47 @@ def read_manifest(folder: str | Path) -> dict | None:
         return None
     text = path.read_bytes()
     try:
-        TypeAdapter(Manifest).validate_json(text, strict=True)
+        TypeAdapter(Manifest | SharedManifest).validate_json(text, strict=True)
     except ValidationError as e:
         raise ValueError(f"{path} is not a broadcast manifest: {e}") from None
     return json.loads(text)
 
 
 class Sender:
-    """The trainer's end of the broadcast (its rank 0 only): one group per trainer process, opened with the first
-    send. A send runs in the background until the server asks for those weights (the orchestrator asks for the
+    """The trainer's end (its rank 0 only): one group (or shared buffer) per trainer process, made with the first
+    send. A send goes on in the background until the server has taken those weights (the orchestrator asks for the
     newest); the trainer waits for it before it writes the next weights, so at most one is pending and it is the
-    newest. Weights the orchestrator never asks for (it finished first) are left unsent when the trainer exits."""
+    newest. Weights the orchestrator never asks for (it finished first) are left untaken when the trainer exits."""
 
     def __init__(self, host: str, port: int, timeout_s: float, backend: str, device: torch.device):
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
         self.address = {"host": host, "port": port, "session": uuid.uuid4().hex, "backend": backend}
         self.timeout_s = timeout_s
-        self.device = device if backend == "nccl" else torch.device("cpu")
+        self.device = device if backend in ("nccl", "shared") else torch.device("cpu")
         self.group: dist.ProcessGroup | None = None
+        self.store: dist.TCPStore | None = None
+        self.buffer: SharedBuffer | None = None
+        self.sequence = 0  # shared buffer: how many weights were written into it
         self.pending: threading.Thread | None = None
         self.error: Exception | None = None
 
     def manifest(self, tensors: dict[str, torch.Tensor]) -> dict:
         return manifest_for(tensors, **self.address, timeout_s=self.timeout_s)
 
-    def send(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Start broadcasting ``tensors`` (their manifest already written); :meth:`wait` for it before the next."""
+    def send(self, tensors: dict[str, torch.Tensor]) -> dict:
+        """Start sending ``tensors`` (a shared buffer holds them when this returns); returns the manifest for their
+        weights folder. :meth:`wait` for the send before the next."""
         self.wait()
-        self.pending = threading.Thread(target=self._send, args=(tensors,), name="weight-broadcast", daemon=True)
+        if self.address["backend"] == "shared":
+            manifest = self._share(tensors)
+            work, args = self._await_taken, (manifest,)
+        else:
+            manifest = self.manifest(tensors)
+            work, args = self._send, (tensors,)
+        self.pending = threading.Thread(target=self._run, args=(work, *args), name="weight-broadcast", daemon=True)
         self.pending.start()
+        return manifest
 
     def wait(self) -> None:
         """Block until the pending send has been received (at most ``timeout_s``); raise if it failed."""
@@ -142,10 +180,38 @@ class Sender:
                 f"({self.error})"
             )
 
-    def _send(self, tensors: dict[str, torch.Tensor]) -> None:
+    def close(self) -> None:
+        """Release the shared buffer (its ``/dev/shm`` file goes); the server keeps what it copied."""
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def _run(self, work, *args) -> None:
         try:
-            if self.group is None:
-                self.group = open_group(self.manifest({}), rank=0)
-            send(self.group, tensors, self.device)
+            work(*args)
         except RuntimeError as e:  # torch's DistBackendError and store timeouts
             self.error = e
+
+    def _send(self, tensors: dict[str, torch.Tensor]) -> None:
+        if self.group is None:
+            self.group = open_group(self.manifest({}), rank=0)
+        send(self.group, tensors, self.device)
+
+    def _share(self, tensors: dict[str, torch.Tensor]) -> dict:
+        """Write ``tensors`` into the shared buffer (made at the first call); their manifest."""
+        entries, nbytes = layout(tensors)
+        if self.buffer is None:
+            self.buffer = SharedBuffer.create(nbytes, self.device, self.address["session"])
+        elif len(self.buffer.data) != nbytes:
+            held = len(self.buffer.data)
+            raise TridentError(f"weight broadcast: weights of {nbytes} bytes, the shared buffer holds {held}")
+        self.buffer.write(tensors, entries)
+        self.sequence += 1
+        return self.manifest({}) | {"sequence": self.sequence, "buffer": self.buffer.handle, "tensors": entries}
+
+    def _await_taken(self, manifest: dict) -> None:
+        """Wait until the server has copied the buffer's weights out (it sets :func:`taken_key`)."""
+        if self.store is None:
+            self.store = open_store(manifest, rank=0)
+        self.store.wait([taken_key(manifest)])
+        self.buffer.unlink()  # the server has mapped it for the session: no file is left behind if either dies

@@ -80,9 +80,8 @@ CkptSection = Annotated[CkptConfig | None, Field(description="Checkpoints for re
 
 
 class WeightBroadcastConfig(StrictModel):
-    """Send each step's weights to the inference server in memory instead of through files: NCCL when trainer
-    and server are on different GPUs, gloo otherwise. Present (a [weight_broadcast] table or any
-    --weight-broadcast.* flag) means on."""
+    """Send each step's weights to the inference server in memory instead of through files. Present (a
+    [weight_broadcast] table or any --weight-broadcast.* flag) means on."""
 
     host: Annotated[str, Field(description="Address the server reaches the trainer at (the trainer listens).")] = (
         "127.0.0.1"
@@ -92,10 +91,13 @@ class WeightBroadcastConfig(StrictModel):
         float, Field(gt=0, description="Seconds a broadcast may wait for the server to receive the weights.")
     ] = 600.0
     backend: Annotated[
-        Literal["auto", "nccl", "gloo"],
+        Literal["auto", "shared", "nccl", "gloo"],
         Field(
-            description="'auto': NCCL when the trainer runs on GPU, else gloo. NCCL needs the server on other GPUs "
-            "than the trainer; gloo sends through CPU memory and works anywhere."
+            description="'shared': trainer and server on one device (the same GPU, or the CPU) map one buffer, the "
+            "trainer writes the weights in and the server copies them out (CUDA IPC, or /dev/shm); 'nccl': between "
+            "two GPUs (NCCL cannot pair two ranks on one device); 'gloo': through CPU memory, anywhere. 'auto': under "
+            "rl, 'shared' when trainer and server share a device and 'nccl' between GPUs; a trainer started alone "
+            "takes NCCL on GPU, else gloo."
         ),
     ] = "auto"
 

@@ -92,9 +92,9 @@ def save_weights(
     writes its adapter merged into the base weights (``export = "merged"``: full weights any server can load) or
     the adapter alone (``"adapter"``: peft's format, for a server that swaps adapters; only the adapter is
     gathered). With a ``sender`` (rank 0's end of the weight broadcast) the folder holds the broadcast's manifest
-    instead of full weights, and the weights are sent in the background once it is complete (after the previous
-    weights were received). The probe's logprobs under these weights go with them, so that whoever loads them can
-    check it serves exactly these weights.
+    instead of full weights, and the weights are sent in the background (after the previous weights were received;
+    a shared buffer holds them before the folder is stable). The probe's logprobs under these weights go with them,
+    so that whoever loads them can check it serves exactly these weights.
     """
     adapter = isinstance(model, PeftModel) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
@@ -102,11 +102,11 @@ def save_weights(
     probe = probe_logprobs(model, probe_ids)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    if sender is not None:
-        sender.wait()  # the server took the previous weights: these become the newest
+    if sender is not None:  # once the server took the previous weights, these become the newest
+        manifest = sender.send(weights)
     with atomic_dir(folder) as tmp:
         if sender is not None:
-            write_manifest(tmp, sender.manifest(weights))
+            write_manifest(tmp, manifest)
         else:
             owner.save_pretrained(tmp, state_dict=weights)  # a PeftModel saves its adapter's weights only
             if not adapter:
@@ -114,8 +114,6 @@ def save_weights(
         tokenizer.save_pretrained(tmp)
         write_probe(tmp, probe_ids, probe)
         mark_stable(tmp)
-    if sender is not None:
-        sender.send(weights)
 
 
 def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tuple[PreTrainedModel, dict]:

@@ -1,5 +1,6 @@
 """The training loop: wait for a batch, compute the loss, step, write weights for inference."""
 
+import atexit
 import logging
 import resource
 import time
@@ -145,11 +146,14 @@ def train(config: TrainerConfig) -> None:
 
 
 def weight_sender(config: TrainerConfig, world: World) -> Sender | None:
-    """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on."""
+    """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on; closed when the trainer
+    exits (a shared buffer's ``/dev/shm`` file goes)."""
     broadcast = config.weight_broadcast
     if broadcast is None or not world.is_main:
         return None
-    return Sender(broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device)
+    sender = Sender(broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device)
+    atexit.register(sender.close)
+    return sender
 
 
 def run_training(config: TrainerConfig, world: World) -> None:

@@ -1,6 +1,7 @@
-"""In-memory weight broadcast (``[weight_broadcast]``, gloo on CPU): trainer and orchestrator against the session's
-server; the server receives every step's full weights over the trainer's process group, never from files, and
-serves exactly them (the probe)."""
+"""In-memory weights (``[weight_broadcast]``): trainer and orchestrator against the session's server; the server
+gets every step's full weights over the trainer's process group (gloo on CPU) or from a shared buffer in /dev/shm
+(``backend = "shared"``, as ``rl`` picks for a trainer and a server on one device), never from files, and serves
+exactly them (the probe)."""
 
 import os
 import re
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.broadcast import MANIFEST
+from rl.broadcast import read_manifest
 from rl.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -20,10 +21,11 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 STEPS = 3
 
 
-def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_server, free_port):
+@pytest.mark.parametrize("backend", ["gloo", "shared"])
+def test_every_step_reaches_the_server_in_memory(tmp_path, inference_server, free_port, backend):
     shared = ["--output-dir", str(tmp_path), "--max-steps", str(STEPS)]
     trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG / "train.toml"), *shared,
-               "--weight-broadcast.port", str(free_port())]  # fmt: skip
+               "--weight-broadcast.port", str(free_port()), "--weight-broadcast.backend", backend]  # fmt: skip
     orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(DEBUG / "orch.toml"), *shared,
                     "--client.base-url", inference_server, "--async-level", "0", "--no-eval",
                     "--batch-size", "2", "--rollouts-per-example", "4"]  # fmt: skip
@@ -46,5 +48,7 @@ def test_every_step_reaches_the_server_over_the_broadcast(tmp_path, inference_se
     # are the run's model on disk
     for step in served:
         folder = tmp_path / "weights" / f"step_{step}"
-        assert (folder / MANIFEST).exists() and not list(folder.glob("*.safetensors"))
+        assert read_manifest(folder)["backend"] == backend and not list(folder.glob("*.safetensors"))
     assert list((tmp_path / "weights" / f"step_{STEPS}").glob("*.safetensors"))
+    if backend == "shared":  # the buffer's file went once the server had mapped it
+        assert not Path(read_manifest(folder)["buffer"]["path"]).exists()

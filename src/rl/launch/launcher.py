@@ -26,9 +26,11 @@ from rl.launch.preflight import (
     check_model,
     check_port_free,
     gpu_env,
+    gpu_memory_gib,
     lock_output_dir,
     note_enforce_eager,
     placement_lines,
+    settle_broadcast,
 )
 from rl.launch.process import Child, command, shell_line, stop_all
 from rl.launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
@@ -248,8 +250,9 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
     check_model(config.trainer.model.name)
+    on_gpu = gpu_memory_gib(config) is not None
+    settle_broadcast(config, on_gpu)
     plan = check_memory(config)
-    on_gpu = plan.gpu_gib is not None
     check_gpus(config, on_gpu)
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)

@@ -11,6 +11,7 @@ from typing import IO
 
 import torch
 
+from inference.security import is_loopback
 from rl.errors import TridentError
 from rl.launch.memory_plan import MemoryPlan, plan_memory
 from rl.launch.rl_config import RLConfig, servers
@@ -126,9 +127,8 @@ def gpu_env(config: RLConfig, on_gpu: bool) -> dict[str, dict[str, str]]:
 
 
 def check_gpus(config: RLConfig, on_gpu: bool) -> None:
-    """On GPUs, refuse a placement that cannot start: a server without its ``tensor_parallel_size`` GPUs, an NCCL
-    weight broadcast between two processes on one GPU, or (unless a dry run plans for another machine) GPU ids
-    this machine lacks."""
+    """On GPUs, refuse a placement that cannot start: a server without its ``tensor_parallel_size`` GPUs, or (unless
+    a dry run plans for another machine) GPU ids this machine lacks."""
     if not on_gpu:
         return
     where = placement(config)
@@ -138,21 +138,32 @@ def check_gpus(config: RLConfig, on_gpu: bool) -> None:
                 f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = "
                 f"{server.tensor_parallel_size} GPUs, it has {where[name]}"
             )
-    check_broadcast_devices(config)
     if not config.dry_run:
         check_gpus_exist(config)
 
 
-def check_broadcast_devices(config: RLConfig) -> None:
-    """NCCL (the broadcast's backend for a trainer on GPU) cannot pair two ranks on one device."""
+def settle_broadcast(config: RLConfig, on_gpu: bool) -> None:
+    """The weight broadcast's backend for a server ``rl`` starts on this machine: ``auto`` becomes ``shared`` (a
+    buffer both processes map: CUDA IPC, or ``/dev/shm`` on the CPU) when the trainer's first rank and the server
+    are on one device, NCCL between two GPUs. NCCL on one device and a shared buffer across two are refused."""
     broadcast = config.trainer.weight_broadcast
-    if broadcast is None or broadcast.backend == "gloo" or config.inference is None:
-        return
-    shared = sorted(set(config.trainer_gpu_ids) & set(config.inference_gpu_ids))
-    if shared:
+    if broadcast is None or config.inference is None or not is_loopback(config.inference.host):
+        return  # a server on another node: the trainer picks by its own device
+    trainer, server = config.trainer_gpu_ids[0], config.inference_gpu_ids[0]
+    same = not on_gpu or trainer == server
+    device = f"GPU {server}" if on_gpu else "the CPU"
+    key = "trainer.weight_broadcast.backend"
+    if broadcast.backend == "auto":
+        broadcast.backend = "shared" if same else "nccl"
+    elif broadcast.backend == "nccl" and same:
         raise TridentError(
-            f"trainer.weight_broadcast: trainer and inference server share GPU {shared}, where NCCL cannot pair "
-            "two ranks on one device; leave weight_broadcast out (weights then go through output_dir/weights)"
+            f"{key} = 'nccl': trainer and inference server share {device}, where NCCL cannot pair two ranks on one "
+            "device; use backend = 'shared' (or 'auto'), which hands the weights over in shared memory"
+        )
+    elif broadcast.backend == "shared" and not same:
+        raise TridentError(
+            f"{key} = 'shared': the trainer (GPU {trainer}) and the inference server (GPU {server}) are on two "
+            "devices; use backend = 'nccl' (or 'auto')"
         )
 
 

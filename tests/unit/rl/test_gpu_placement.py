@@ -10,7 +10,7 @@ import torch
 from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
 from rl.launch.launcher import run
-from rl.launch.preflight import check_gpus
+from rl.launch.preflight import check_gpus, settle_broadcast
 from rl.launch.rl_config import RLConfig, resolve_shared
 
 CONFIGS = Path(__file__).parents[3] / "configs"
@@ -91,18 +91,25 @@ def test_without_a_planned_gpu_everything_runs_on_the_cpu(capsys, tmp_path):
     assert "torch.distributed.run" not in started["trainer"] and "memory plan (CPU):" in out
 
 
-def test_an_nccl_broadcast_between_trainer_and_server_on_one_gpu_is_refused():
-    def checked(*flags: str) -> None:
+def test_the_broadcast_shares_memory_on_one_device_and_nccl_there_is_refused():
+    def settled(*flags: str, on_gpu: bool = True) -> str:
         flags = (*files("debug"), "--gpu-memory-gib", "80", "--trainer.weight-broadcast.port", "29510", *flags)
         config = resolve_shared(parse_config(RLConfig, [*flags, "--dry-run"]))
-        check_gpus(config, on_gpu=True)
+        settle_broadcast(config, on_gpu)
+        return config.trainer.weight_broadcast.backend
 
-    with pytest.raises(TridentError, match=r"^trainer.weight_broadcast: trainer and inference server share GPU \[0\], "
-                                           r"where NCCL cannot pair two ranks on one device; leave weight_broadcast "
-                                           r"out \(weights then go through output_dir/weights\)$"):  # fmt: skip
-        checked("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0")
-    checked("--trainer-gpu-ids", "1", "--inference-gpu-ids", "0")  # two GPUs: NCCL pairs them
-    checked("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0", "--trainer.weight-broadcast.backend", "gloo")
+    assert settled("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0") == "shared"  # one GPU: CUDA IPC
+    assert settled("--trainer-gpu-ids", "1", "--inference-gpu-ids", "0") == "nccl"  # two GPUs: NCCL pairs them
+    assert settled(on_gpu=False) == "shared"  # the CPU: /dev/shm
+    assert settled("--inference.host", "0.0.0.0") == "auto"  # a server for other nodes: the trainer decides
+    assert settled("--trainer.weight-broadcast.backend", "gloo") == "gloo"  # works anywhere, as asked
+    with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'nccl': trainer and inference server "
+                                           r"share GPU 0, where NCCL cannot pair two ranks on one device; use backend "
+                                           r"= 'shared' \(or 'auto'\)"):  # fmt: skip
+        settled("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0", "--trainer.weight-broadcast.backend", "nccl")
+    with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'shared': the trainer \(GPU 1\) and "
+                                           r"the inference server \(GPU 0\) are on two devices"):  # fmt: skip
+        settled("--trainer-gpu-ids", "1", "--inference-gpu-ids", "0", "--trainer.weight-broadcast.backend", "shared")
 
 
 def test_a_planned_gpu_run_on_a_machine_without_gpus_starts_nothing():
