@@ -10,9 +10,10 @@ Each model is built once as random weights on disk; a case process then runs wha
 per step, tokens/s, model FLOP/s against the chip's measured bf16 matrix-product rate (MFU: 6·N per token for full
 training, 4·N for LoRA, attention left out), peak allocated and reserved memory and the device memory in use,
 against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under LoRA, full
-weights otherwise). A last process pair hands a model's bf16 weights from one process to another through
-``torch.multiprocessing`` (CUDA IPC handles on GPU, shared memory on CPU) and copies them into the receiver's own
-tensors: the same-device weight handover, timed.
+weights otherwise). A last process pair hands a model's bf16 weights from one process to another as the trainer
+and the server's worker do on one device (``[weight_broadcast] backend = "shared"``: the trainer's ``Sender``
+writes them into a buffer the other process maps, by CUDA IPC on a GPU or in ``/dev/shm`` on the CPU, and that
+process copies them into its own tensors): the same-device weight handover, timed on both sides.
 
 With ``--baseline-src`` every case runs twice, in alternating order, once importing ``trainer`` and ``rl`` from
 that folder (an older checkout's ``src``): old and new measured side by side on the same machine.
@@ -34,7 +35,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 RESULT_PREFIX = "GPU_CHECK_RESULT "
 WARMUP_STEPS, TIMED_STEPS = 2, 5
-HANDOVERS = 4  # the first also starts the receiver's CUDA context and allocates its weights
+HANDOVERS = 4  # the first also attaches the receiver to the buffer and allocates its weights
 ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -223,54 +224,70 @@ def run_case(case: Case, model_dir: str) -> dict:
             save_weights(model, tokenizer, Path(folder) / "step_1", export, None, compute_dtype("auto", world.device))
             result["export"] = {"kind": export, "seconds": time.perf_counter() - start}
         result["trainable_parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        result["device"] = torch.cuda.get_device_name(world.device) if world.device.type == "cuda" else "cpu"
         return result
     finally:
         close_world()
 
 
-def handover_receive(queue, done) -> None:
-    """The receiving end (the server's worker): for each message, open the sender's tensors (IPC handles or
-    shared memory) and copy them into its own weights, allocated at the first; report each handover's seconds."""
+def handover_receive(manifests, port: int) -> None:
+    """The server's worker's side of the shared-buffer handover, as ``inference.worker`` does it: attach to the
+    buffer once, copy each step's tensors out of it into its own weights (allocated at the first), say so."""
     import torch
 
-    own, seconds = None, []
-    while True:
+    from rl.broadcast import open_store, taken_key
+    from rl.shared_weights import SharedBuffer
+
+    buffer = store = own = None
+    while (manifest := manifests.get()) is not None:
         start = time.perf_counter()
-        received = queue.get()
-        if received is None:
-            break
+        if buffer is None:
+            buffer, store = SharedBuffer.attach(manifest["buffer"]), open_store(manifest, rank=1)
+        tensors = buffer.read(manifest["tensors"])
         if own is None:
-            own = {name: torch.empty_like(tensor) for name, tensor in received.items()}
-        for name, tensor in received.items():
+            own = {name: torch.empty_like(tensor) for name, tensor in tensors}
+        for name, tensor in tensors:
             own[name].copy_(tensor)
         sync(next(iter(own.values())).device)
-        seconds.append(time.perf_counter() - start)
-    done.put({"handover_s": seconds})
+        store.set(taken_key(manifest), f"{time.perf_counter() - start:.6f}")
 
 
 def run_handover(shape: str) -> dict:
-    """The bf16 weights of ``shape`` handed from this process to a second one and copied into its tensors."""
+    """The bf16 weights of ``shape`` handed from this process (the trainer's ``Sender``, ``backend = "shared"``)
+    to a second one (the worker's side) through the shared buffer, :data:`HANDOVERS` times."""
+    import socket
+
     import torch
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
+    from rl.broadcast import Sender, taken_key
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    with device:
         model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.bfloat16)
     weights = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sender = Sender("127.0.0.1", port, 600.0, "shared", device)
     context = mp.get_context("spawn")
-    queue, done = context.Queue(), context.Queue()
-    receiver = context.Process(target=handover_receive, args=(queue, done))
+    manifests = context.Queue()
+    receiver = context.Process(target=handover_receive, args=(manifests, port))
     receiver.start()
+    write_s, take_s = [], []
     for _ in range(HANDOVERS):
-        queue.put(weights)
-    queue.put(None)
-    timings = done.get(timeout=600)
+        start = time.perf_counter()
+        manifest = sender.send(weights)  # after the previous weights were taken: written into the buffer
+        write_s.append(time.perf_counter() - start)
+        manifests.put(manifest)
+        sender.wait()
+        take_s.append(float(sender.store.get(taken_key(manifest))))
+    manifests.put(None)
     receiver.join(timeout=60)
+    sender.close()
     size = sum(t.numel() * t.element_size() for t in weights.values())
-    return {"shape": shape, "tensors": len(weights), "gib": size / 2**30,
-            "transport": "CUDA IPC" if device == "cuda" else "shared memory", **timings}  # fmt: skip
+    return {"shape": shape, "tensors": len(weights), "gib": size / 2**30, "transport": manifest["buffer"]["kind"],
+            "write_s": write_s, "take_s": take_s}  # fmt: skip
 
 
 def case_main(argv: list[str]) -> None:
@@ -308,6 +325,12 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
 def planned(case: Case, model_dir: str, tokens: int, gpu: bool) -> dict:
     """``rl``'s memory plan of the trainer for this case at ``tokens`` per micro-batch (GiB)."""
     from rl.launch.memory_plan import model_shape, trainer_plan
@@ -343,9 +366,11 @@ def table(results: dict) -> str:
                             f"{mfu:>7}{peak:>10.1f}{used:>10.1f}{b['plan_gib']:>10.1f}")  # fmt: skip
             rows.append(f"{'':34}export {result['export']['kind']}: {result['export']['seconds']:.2f}s")
     for handover in results["handover"]:
-        rows.append(f"handover {handover['shape']} ({handover['gib']:.1f} GiB, {handover['tensors']} tensors, "
-                    f"{handover['transport']}): {min(handover['handover_s'][1:]):.3f}s a handover after the first "
-                    f"({handover['handover_s'][0]:.2f}s)")  # fmt: skip
+        rows.append(
+            f"handover {handover['shape']} ({handover['gib']:.1f} GiB, {handover['tensors']} tensors, "
+            f"{handover['transport']}): write {statistics.median(handover['write_s']):.3f}s, "
+            f"take {statistics.median(handover['take_s'][1:]):.3f}s (first {handover['take_s'][0]:.2f}s)"
+        )
     return "\n".join(rows)
 
 
@@ -362,8 +387,9 @@ def main(argv: list[str] | None = None) -> dict:
     cases = {name: case for name, case in cases.items() if not args.cases or name in args.cases}
     sides = {"new": SRC} | ({"baseline": args.baseline_src.resolve()} if args.baseline_src else {})
     gpu = _has_gpu()
-    results = {"benchmark": "gpu_check", "date": utc_now(), "host": platform.node(), "smoke": args.smoke,
-               "warmup_steps": WARMUP_STEPS, "timed_steps": TIMED_STEPS, "cases": {}, "handover": []}  # fmt: skip
+    results = {"benchmark": "gpu_check", "date": utc_now(), "device": device_name(), "host": platform.node(),
+               "smoke": args.smoke, "warmup_steps": WARMUP_STEPS, "timed_steps": TIMED_STEPS, "cases": {},
+               "handover": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpu-check-models-") as tmp:
         models = {}
         for shape in sorted({case.shape for case in cases.values()}):
@@ -382,8 +408,7 @@ def main(argv: list[str] | None = None) -> dict:
                 results["cases"][name][side] = result
                 print(f"{name} ({side}): " + ", ".join(f"{b['tokens']} tokens {b['s_per_step']:.3f} s/step"
                                                        for b in result["batches"]), flush=True)  # fmt: skip
-        results["matmul_tflops"] = next(iter(models.values()))["matmul_tflops"]
-        results["device"] = next(iter(next(iter(results["cases"].values())).values()))["device"]
+        results["matmul_tflops"] = next((model["matmul_tflops"] for model in models.values()), None)
     if not args.no_handover:
         for shape in HANDOVER_SHAPES["smoke" if args.smoke else "full"]:
             results["handover"].append(child("handover", {"shape": shape}, SRC, args.timeout_s))

@@ -1,23 +1,26 @@
-"""Benchmark: how long the inference server takes to switch to new weights, full weights against a LoRA
-adapter, side by side against one server.
+"""Benchmark: how long the inference server takes to switch to new weights: full weights through files, full
+weights through a shared-memory buffer (``[weight_broadcast] backend = "shared"``) and a LoRA adapter, side by side
+against one server.
 
 ``uv run --no-sync python benchmarks/reload_latency.py`` (``--smoke`` for a short run on the tiny model;
 ``--server URL`` to measure a running server, which must serve LoRA adapters of rank 8, instead of starting one
 per model).
 
 For each model (the tiny model, and a larger random Qwen3 of the same vocabulary, where loading full weights
-costs more), one server serves it and gets ``reloads`` full-weight reloads (``POST /reload_weights``) and as
-many adapter loads (``POST /load_adapter``), interleaved in the order full, LoRA, LoRA, full, ... after one
+costs more), one server serves it and gets ``reloads`` full-weight reloads from files (``POST /reload_weights``),
+as many from the shared buffer (the same route on a folder holding the buffer's manifest) and as many adapter
+loads (``POST /load_adapter``), interleaved in the order full, LoRA, shared, shared, LoRA, full, ... after one
 untimed warm-up of each. Each folder is written just before, timed, by the trainer's own export
 (``trainer.export.save_weights``) from the trainer's model of the served model, built as the trainer builds it
-(a one-rank FSDP2 group): full training writes full weights, LoRA training (rank 8 on the attention
+(a one-rank FSDP2 group): full training writes full weights (to files, or into the shared buffer with the
+folder holding its manifest, after the server took the previous ones), LoRA training (rank 8 on the attention
 projections, the trainer's defaults, ``export = "adapter"``) its adapter alone. Loading costs the same whatever
 the values. Afterwards the server serves its base weights and no adapter. The server is otherwise idle: a full
 reload also waits for requests in flight, an adapter load does not.
 
 Reported per kind: the trainer's export seconds, the server's own seconds (the route's ``seconds``: from taking
 the weights lock to serving the new weights), the client's round trip, and end to end (export + round trip),
-their median and maximum, and the ratios full / LoRA of the medians.
+their median and maximum, and the ratios full / LoRA and shared / full of the medians.
 """
 
 import shutil
@@ -35,6 +38,7 @@ from common import (
     benchmark_parser,
     benchmark_result,
     exit_on_sigterm,
+    free_port,
     model_summary,
     report,
     serve_base_model,
@@ -44,6 +48,7 @@ from common import (
 from torch import nn
 from transformers import AutoTokenizer
 
+from rl.broadcast import Sender
 from rl.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
 from rl.protocol import is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
@@ -53,7 +58,8 @@ from trainer.train import build_model
 
 LORA_RANK = 8
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the trainer's default target modules
-KINDS = {"full": RELOAD_WEIGHTS, "lora": LOAD_ADAPTER}
+KINDS = {"full": RELOAD_WEIGHTS, "lora": LOAD_ADAPTER, "shared": RELOAD_WEIGHTS}
+COMPARED = {"full_over_lora": ("full", "lora"), "shared_over_full": ("shared", "full")}  # ratios of the medians
 REQUEST_TIMEOUT_S = 300.0
 
 
@@ -80,6 +86,7 @@ SMOKE = BenchmarkConfig(models={"tiny": {}}, reloads=2)
 
 TRAINER_MODELS = {  # the trainer's [model] section for each kind, beyond its name
     "full": {},
+    "shared": {},
     "lora": {"experimental": {"lora": {"rank": LORA_RANK, "alpha": 2 * LORA_RANK, "target_modules": LORA_TARGETS,
                                        "export": "adapter"}}},
 }  # fmt: skip
@@ -92,10 +99,13 @@ def trainer_model(model_folder: Path, kind: str, world: World) -> nn.Module:
     return build_model(config, world, offload=False)
 
 
-def export(model: nn.Module, tokenizer, kind: str, folder: Path) -> float:
-    """Write the weights of ``kind`` to ``folder`` with the trainer's export; returns its seconds."""
+def export(model: nn.Module, tokenizer, kind: str, folder: Path, sender: Sender) -> float:
+    """Write the weights of ``kind`` to ``folder`` with the trainer's export (through ``sender`` for the shared
+    buffer); returns its seconds."""
     start = time.perf_counter()
-    save_weights(model, tokenizer, folder, export="adapter" if kind == "lora" else "merged")
+    save_weights(
+        model, tokenizer, folder, "adapter" if kind == "lora" else "merged", sender if kind == "shared" else None
+    )
     return time.perf_counter() - start
 
 
@@ -133,29 +143,32 @@ def stats(export_s: list[float], server_s: list[float], round_trip_s: list[float
 
 
 def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict:
-    """Interleaved full and LoRA reloads against the server; timings of each kind and their ratio."""
+    """Interleaved full, LoRA and shared-buffer reloads against the server; timings of each kind and their ratios."""
     model_folder = served_model(server_url)[1]
     serve_base_model(server_url)  # adapter names start again at step 1: none of an earlier user's may be served
     models = {kind: trainer_model(model_folder, kind, world) for kind in KINDS}
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     timings: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
     warm_ups = list(KINDS)
+    sender = Sender("127.0.0.1", free_port(), REQUEST_TIMEOUT_S, "shared", torch.device("cpu"))
     with httpx.Client(base_url=server_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers()) as http:
         for step, kind in enumerate([*warm_ups, *interleaved(reloads)], start=1):  # a new adapter name per step
             folder = work_dir / f"step_{step}"
-            export_s = export(models[kind], tokenizer, kind, folder)
+            export_s = export(models[kind], tokenizer, kind, folder, sender)
             seconds = (export_s, *reload(http, kind, folder, step))
             shutil.rmtree(work_dir / f"step_{step - 2}", ignore_errors=True)  # the server has moved past it
             if step > len(warm_ups):
                 timings[kind].append(seconds)
+    sender.wait()
+    sender.close()
     serve_base_model(server_url)  # retire the last adapter
     kinds = {kind: stats(*zip(*timings[kind], strict=True)) for kind in KINDS}
     adapter = next(folder for folder in step_dirs(work_dir).values() if is_adapter(folder))
     return {
         "model": model_summary(model_folder) | {"adapter_bytes": adapter_bytes(adapter)},
         **kinds,
-        **{f"full_over_lora_{name}": kinds["full"][f"{name}_median_s"] / kinds["lora"][f"{name}_median_s"]
-           for name in ("export", "server", "round_trip", "end_to_end")},
+        **{f"{ratio}_{name}": kinds[top][f"{name}_median_s"] / kinds[bottom][f"{name}_median_s"]
+           for ratio, (top, bottom) in COMPARED.items() for name in ("export", "server", "round_trip", "end_to_end")},
     }  # fmt: skip
 
 
@@ -189,12 +202,13 @@ def summary_table(result: dict) -> str:
     rows = [f"{'model':8}{'kind':6}{'MB':>9}" + "".join(f"{name:>18}" for name in columns)]
     for name, model in result["models"].items():
         for kind in KINDS:
-            size = model["model"]["weights_bytes"] if kind == "full" else model["model"]["adapter_bytes"]
+            size = model["model"]["adapter_bytes"] if kind == "lora" else model["model"]["weights_bytes"]
             s = model[kind]
             times = "".join(f"{s[f'{c}_median_s']:>10.4f} ({s[f'{c}_max_s']:.3f})" for c in columns)
             rows.append(f"{name:8}{kind:6}{size / 1e6:>9.3f}{times}")
-        ratios = ", ".join(f"{c} {model[f'full_over_lora_{c}']:.2f}" for c in columns)
-        rows.append(f"{name:8}full / lora: {ratios}")
+        for ratio, (top, bottom) in COMPARED.items():
+            ratios = ", ".join(f"{c} {model[f'{ratio}_{c}']:.2f}" for c in columns)
+            rows.append(f"{name:8}{top} / {bottom}: {ratios}")
     return "\n".join(rows)
 
 

@@ -61,7 +61,7 @@ def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
     assert {"date", "machine", "config", "models"} <= result.keys()
     model = result["models"]["served"]
     assert model["model"]["weights_bytes"] > model["model"]["adapter_bytes"] > 0
-    for kind in ("full", "lora"):
+    for kind in ("full", "lora", "shared"):
         assert len(model[kind]["server_s"]) == len(model[kind]["round_trip_s"]) == result["config"]["reloads"]
         assert 0 < model[kind]["server_median_s"] <= model[kind]["server_max_s"]
         assert model[kind]["server_median_s"] <= model[kind]["round_trip_median_s"]
@@ -69,6 +69,7 @@ def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
         assert model[kind]["end_to_end_median_s"] > model[kind]["round_trip_median_s"]  # the trainer's export too
     assert model["full_over_lora_server"] > 0 and model["full_over_lora_round_trip"] > 0
     assert model["full_over_lora_end_to_end"] > 0
+    assert model["shared_over_full_server"] > 0 and model["shared_over_full_end_to_end"] > 0
     assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the base model serves again
 
 
