@@ -118,7 +118,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
             "loss": loss,
             "tokens": tokens,
             "loss_tokens": sum(sum(sample.loss_mask) for sample in batch),
-            "grad_norm": grad_norm,
+            "grad_norm": grad_norm.item(),
             "lr": lr,
             "tokens_per_s": tokens / train_s,
         }

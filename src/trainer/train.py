@@ -92,7 +92,7 @@ def train_step(
     over all ranks and averaged over the step's loss tokens where they are per-token.
 
     The micro-batches' metrics add up on the device; the host reads them once, after the optimizer step, so it
-    never waits for the device within the step (the gradient norm excepted: ``clip_gradients`` reads it).
+    never waits for the device within the step.
     """
     optimizer.zero_grad(set_to_none=True)
     entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
@@ -121,7 +121,7 @@ def train_step(
     entropy_tokens = totals.pop("entropy_tokens")
     metrics = {
         "loss": totals.pop("loss"),
-        "grad_norm": grad_norm,
+        "grad_norm": grad_norm.item(),
         "entropy": totals.pop("entropy") / max(entropy_tokens, 1),
     }
     metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
