@@ -390,32 +390,52 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"benchmark": "gpu_check", "date": utc_now(), "device": device_name(), "host": platform.node(),
                "smoke": args.smoke, "warmup_steps": WARMUP_STEPS, "timed_steps": TIMED_STEPS, "cases": {},
                "handover": []}  # fmt: skip
+    errors = []
+
+    def attempt(action: str, payload: dict, src: Path) -> dict | None:
+        """A child's result, or None with its failure kept (the check goes on with the other parts)."""
+        try:
+            return child(action, payload, src, args.timeout_s)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            errors.append(f"{action}: {e}")
+            print(f"FAILED {errors[-1]}", flush=True)
+            return None
+
+    def save() -> None:  # after each part: a check cut short still leaves what it measured
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(results | {"errors": errors}, indent=1) + "\n")
+
+    for shape in [] if args.no_handover else HANDOVER_SHAPES["smoke" if args.smoke else "full"]:
+        if handover := attempt("handover", {"shape": shape}, SRC):
+            results["handover"].append(handover)
+        save()
     with tempfile.TemporaryDirectory(prefix="gpu-check-models-") as tmp:
         models = {}
-        for shape in sorted({case.shape for case in cases.values()}):
-            folder = Path(tmp) / shape
-            models[shape] = child("make", {"shape": shape, "folder": str(folder)}, SRC, args.timeout_s)
-            models[shape]["folder"] = str(folder)
-            print(f"model {shape}: {models[shape]['parameters'] / 1e9:.2f}B parameters", flush=True)
         for i, (name, case) in enumerate(cases.items()):
+            if case.shape not in models:  # made just before its first case: a cut-short check has the cases before
+                folder = Path(tmp) / case.shape
+                models[case.shape] = attempt("make", {"shape": case.shape, "folder": str(folder)}, SRC) or {}
+                models[case.shape]["folder"] = str(folder)
+                results["matmul_tflops"] = results.get("matmul_tflops") or models[case.shape].get("matmul_tflops")
+            model = models[case.shape]
+            if "parameters" not in model:
+                continue
             order = list(sides) if i % 2 == 0 else list(reversed(sides))  # alternate which side goes first
             results["cases"][name] = {}
             for side in order:
-                model = models[case.shape]
-                payload = {"case": asdict(case), "model_dir": model["folder"]}
-                result = child("case", payload, sides[side], args.timeout_s)
+                result = attempt("case", {"case": asdict(case), "model_dir": model["folder"]}, sides[side])
+                if result is None:
+                    continue
                 summarise(case, result, model["parameters"], model["matmul_tflops"], model["folder"], gpu)
                 results["cases"][name][side] = result
+                save()
                 print(f"{name} ({side}): " + ", ".join(f"{b['tokens']} tokens {b['s_per_step']:.3f} s/step"
                                                        for b in result["batches"]), flush=True)  # fmt: skip
-        results["matmul_tflops"] = next((model["matmul_tflops"] for model in models.values()), None)
-    if not args.no_handover:
-        for shape in HANDOVER_SHAPES["smoke" if args.smoke else "full"]:
-            results["handover"].append(child("handover", {"shape": shape}, SRC, args.timeout_s))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=1) + "\n")
+    save()
     print(table(results))
     print(f"results: {args.output}")
+    if errors:
+        sys.exit(f"{len(errors)} part(s) of the check failed: see 'errors' in {args.output}")
     return results
 
 
