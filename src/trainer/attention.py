@@ -5,99 +5,84 @@ with transformers' attention interface; transformers builds no mask for an atten
 mask function for, and hands the ``packing`` keyword of the model's forward to every attention call. That
 keyword is a :class:`Packing`, built once per micro-batch by :func:`packing` and shared by all layers:
 
-- on GPU (``flex``) a FlexAttention ``BlockMask`` for the document-causal mask (``causal & same_sample``): one
-  compiled flex kernel call per layer, which skips the blocks across samples (about ``Σ len(sample)²`` pairs);
-- on CPU (``per_sample``) the sample bounds: causal SDPA once per sample, no mask tensor. FlexAttention has no
-  backward on CPU, and one SDPA call with a ``[tokens × tokens]`` block-causal mask was 3-4× slower than the
-  per-sample calls on 1,000-token rows of 4-7 samples (it computes every pair of the row, and the mask keeps
-  SDPA off its causal kernel); only rows of dozens of very short samples favour one call.
+- on a GPU in bf16 or fp16, the samples' cumulative lengths on the device: one varlen flash-attention call per
+  layer (``torch.nn.attention.varlen``) covers every sample of the row, each causal within itself, so the work is
+  ``Σ len(sample)²`` query-key pairs whatever the packing (64 samples of 128 tokens cost what they need);
+- elsewhere (the CPU, a GPU in fp32) the sample bounds: causal SDPA once per sample, no mask tensor. One SDPA
+  call with a ``[tokens × tokens]`` block-causal mask was 3-4× slower on the CPU (it computes every pair of the
+  row, and the mask keeps SDPA off its causal kernel), and FlexAttention has no backward on the CPU.
 
 Without ``packing`` (a plain, unpacked forward) it is causal SDPA over the whole row.
 """
 
+import inspect
 from dataclasses import dataclass
-from functools import cache
-from typing import Literal
 
 import torch
 from jaxtyping import Int
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from trainer.loss import sample_segments
+try:
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # torch < 2.10: per-sample SDPA everywhere
+    varlen_attn = None
 
 PACKED_ATTENTION = "trident_packed"
-
-Kernel = Literal["flex", "per_sample"]
+VARLEN_DTYPES = (torch.bfloat16, torch.float16)  # what flash attention computes in
+VARLEN_PARAMETERS = inspect.signature(varlen_attn).parameters if varlen_attn is not None else {}
 
 
 @dataclass(frozen=True)
 class Packing:
-    """Where the samples of a packed row are: as the samples' start offsets and the row's length (``0, len_0,
-    len_0 + len_1, ..., tokens``), and for FlexAttention as a ``BlockMask`` (None: SDPA per sample)."""
+    """Where the samples of a packed row are: their start offsets and the row's length (``0, len_0, len_0 + len_1,
+    ..., tokens``) on the host, and for varlen attention the same as int32 on the device (None: SDPA per sample)
+    with the longest sample's length."""
 
-    mask: BlockMask | None
     sample_bounds: tuple[int, ...]
+    cumulative: Int[Tensor, " samples_plus_one"] | None = None
+    longest: int = 0
 
 
-def document_causal(document: Int[Tensor, " tokens"]):
-    """FlexAttention's ``mask_mod`` of a packed row: same sample, key not after query. Naive equivalent: the
-    ``[tokens × tokens]`` mask ``(document[:, None] == document[None, :]) & (key <= query)``."""
-
-    def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        return (document[query] == document[key]) & (key <= query)
-
-    return mask_mod
-
-
-def document_block_mask(document: Int[Tensor, " tokens"], device: torch.device, block: int = 128) -> BlockMask:
-    """The FlexAttention ``BlockMask`` of :func:`document_causal` for attention on ``device``, from the sample
-    ids ``document`` on the host. Naive equivalent: ``create_block_mask(document_causal(document), None, None,
-    tokens, tokens)``, which evaluates the mask at every query-key pair (``tokens²`` memory on the device).
-
-    Here the blocks come from each ``block``-token block's first and last sample id (ids only grow along the
-    row): a key block before a query block is in the mask when they share a sample, and full when both lie in
-    one sample; diagonal blocks are partial. The host computes ``[blocks × blocks]`` flags and copies them
-    without waiting; only partial blocks call the ``mask_mod``, which reads a device copy of ``document``.
-    """
-    tokens = len(document)
-    starts = torch.arange(0, tokens, block)
-    first, last = document[starts], document[(starts + block).clamp(max=tokens) - 1]
-    query, key = torch.arange(len(starts))[:, None], torch.arange(len(starts))[None, :]
-    before = key < query
-    shared = (key == query) | (before & (last[None, :] >= first[:, None]))
-    one_sample = (first == last)[:, None] & (first == last)[None, :] & (first[:, None] == first[None, :])
-    full = before & one_sample & (starts + block <= tokens)[:, None]  # a short last query block stays partial
-
-    def ordered(blocks: Tensor) -> tuple[Tensor, Tensor]:  # per query block: how many key blocks, which first
-        counts, indices = blocks.sum(-1, dtype=torch.int32), torch.argsort((~blocks).int(), dim=-1, stable=True).int()
-        return counts[None, None].to(device, non_blocking=True), indices[None, None].to(device, non_blocking=True)
-
-    return BlockMask.from_kv_blocks(
-        *ordered(shared & ~full),
-        *ordered(full),
-        BLOCK_SIZE=block,
-        mask_mod=document_causal(document.to(device, non_blocking=True)),
-        seq_lengths=(tokens, tokens),
-    )
-
-
-def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device, kernel: Kernel | None = None) -> Packing:
+def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device) -> Packing:
     """The :class:`Packing` of a row of samples of ``sample_lengths`` (a CPU tensor) for attention on ``device``,
-    built once per micro-batch: FlexAttention on CUDA, SDPA per sample elsewhere, unless ``kernel`` says which."""
-    kernel = kernel or ("flex" if device.type == "cuda" else "per_sample")
+    built once per micro-batch; the device copy is made without waiting."""
     bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
-    if kernel == "flex":
-        return Packing(document_block_mask(sample_segments(sample_lengths), device), bounds)
-    return Packing(None, bounds)
+    if device.type != "cuda" or varlen_attn is None:
+        return Packing(bounds)
+    cumulative = torch.tensor(bounds, dtype=torch.int32).to(device, non_blocking=True)
+    return Packing(bounds, cumulative, int(sample_lengths.max()))
 
 
-@cache
-def compiled_flex_attention():
-    """``flex_attention`` compiled (uncompiled it is a slow reference that builds the whole score matrix)."""
-    return torch.compile(flex_attention, dynamic=None)
+def varlen_causal(query: Tensor, key: Tensor, value: Tensor, packing: Packing, scale: float | None) -> Tensor:
+    """Causal attention within each sample of a packed row in one flash-attention call: ``query`` is ``[tokens,
+    heads, head_dim]``, ``key`` and ``value`` may have fewer heads (GQA). Torch 2.12 and later take the causal
+    window, the scale and GQA; torch 2.10-2.11 a causal flag only, so the key and value heads are repeated and the
+    scale folded into the query."""
+    lengths = (packing.cumulative, packing.cumulative, packing.longest, packing.longest)
+    if "window_size" in VARLEN_PARAMETERS:
+        gqa = key.shape[1] != query.shape[1]
+        return varlen_attn(query, key, value, *lengths, scale=scale, window_size=(-1, 0), enable_gqa=gqa)
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    if scale is not None:
+        query = query * (scale * query.shape[-1] ** 0.5)  # the kernel's own scale is 1 / sqrt(head_dim)
+    return varlen_attn(query, key, value, *lengths, is_causal=True)
+
+
+def per_sample_causal(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packing: Packing, **kwargs):
+    """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``."""
+    bounds = packing.sample_bounds
+    return torch.cat(
+        [
+            sdpa_attention_forward(
+                module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True, **kwargs
+            )[0]
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ],
+        dim=1,
+    )
 
 
 def packed_attention(
@@ -111,30 +96,15 @@ def packed_attention(
 ) -> tuple[Tensor, None]:
     """Attention within each sample of a packed row: ``query`` is ``[1, heads, tokens, head_dim]`` (keys and
     values may have fewer heads), the result ``[1, tokens, heads, head_dim]`` as transformers expects. Naive
-    equivalent: causal SDPA on each sample alone, concatenated (what it does without a ``BlockMask``)."""
+    equivalent: causal SDPA on each sample alone, concatenated."""
     if attention_mask is not None:
         raise ValueError(f"{PACKED_ATTENTION} attends within packed samples and takes no attention mask")
     if packing is None:
         return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
-    if isinstance(packing.mask, BlockMask):
-        attend = compiled_flex_attention() if query.device.type == "cuda" else flex_attention
-        output = attend(
-            query,
-            key,
-            value,
-            block_mask=packing.mask,
-            scale=kwargs.get("scaling"),
-            enable_gqa=key.shape[1] != query.shape[1],
-        )
-        return output.transpose(1, 2).contiguous(), None
-    bounds = packing.sample_bounds
-    outputs = [
-        sdpa_attention_forward(
-            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True, **kwargs
-        )[0]
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-    ]
-    return torch.cat(outputs, dim=1), None
+    if packing.cumulative is None or query.dtype not in VARLEN_DTYPES:
+        return per_sample_causal(module, query, key, value, packing, **kwargs), None
+    rows = [tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value)]  # [tokens, heads, head_dim]
+    return varlen_causal(*rows, packing, kwargs.get("scaling"))[None], None
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)

@@ -1,19 +1,20 @@
-"""Packed attention: one kernel call per layer equals causal attention on each sample alone (the reference)."""
+"""Packed attention: one kernel call per layer equals causal attention on each sample alone (the reference).
 
-import functools
+Varlen flash attention runs on CUDA only: on the CPU its call is checked against a stand-in that computes what
+``torch.nn.attention.varlen.varlen_attn`` documents (each sequence of the cumulative lengths attends causally to
+itself), for both of torch's signatures; the gpu-marked test runs the real kernel."""
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, create_mask
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from rl.protocol import MicroBatch, Sample
 from trainer import attention
 from trainer import model as trainer_model
-from trainer.attention import PACKED_ATTENTION, document_block_mask, document_causal, packing
+from trainer.attention import PACKED_ATTENTION, Packing, packing
 from trainer.config import LossConfig, TrainerModelConfig
-from trainer.loss import policy_loss, sample_segments
+from trainer.loss import policy_loss
 from trainer.model import decoder_layers, load_model, packed_scores
 
 REFERENCE = "trident_per_sample_sdpa"
@@ -23,7 +24,9 @@ def per_sample_sdpa(module, query, key, value, attention_mask, packing=None, **k
     """The reference: causal SDPA on each sample of the row alone, in a Python loop, concatenated."""
     bounds = packing.sample_bounds if packing is not None else (0, query.shape[2])
     outputs = [
-        sdpa_attention_forward(module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True)[0]
+        sdpa_attention_forward(
+            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True, **kwargs
+        )[0]
         for a, b in zip(bounds[:-1], bounds[1:], strict=True)
     ]
     return torch.cat(outputs, dim=1), None
@@ -37,54 +40,75 @@ def set_attention(model, name: str) -> None:
     base.set_attn_implementation(name)
 
 
-def test_document_causal_mask_hand_made():
-    document = sample_segments(torch.tensor([2, 3]))
-    assert document.tolist() == [0, 0, 1, 1, 1]
-    expected = torch.tensor(
-        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=torch.bool
-    )
-    assert torch.equal(create_mask(document_causal(document), None, None, 5, 5, device="cpu")[0, 0], expected)
+def documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                      enable_gqa=False, is_causal=False):  # fmt: skip
+    """What varlen_attn computes, as torch documents it ([tokens, heads, head_dim] in and out), with plain SDPA."""
+    assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
+    assert max_q == int((cu_seq_q[1:] - cu_seq_q[:-1]).max())
+    causal = is_causal or tuple(window_size) == (-1, 0)
+    if key.shape[1] != query.shape[1]:
+        assert enable_gqa, "fewer key/value heads need enable_gqa"
+    bounds = cu_seq_q.tolist()
+    outputs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[a:b].transpose(0, 1), key[a:b].transpose(0, 1), value[a:b].transpose(0, 1), is_causal=causal,
+            scale=scale, enable_gqa=key.shape[1] != query.shape[1],
+        ).transpose(0, 1)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]  # fmt: skip
+    return torch.cat(outputs)
 
 
-def test_document_block_mask_skips_the_blocks_across_samples():
-    """Two samples of 256 tokens, 128-token blocks: the second sample's queries see none of the first's keys."""
-    mask = document_block_mask(sample_segments(torch.tensor([256, 256])), torch.device("cpu"))
-    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], dtype=torch.bool)
-    assert torch.equal(mask.to_dense()[0, 0].bool(), expected)
+def old_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    """torch 2.10-2.11's signature: a causal flag, no scale, no grouped-query attention."""
+    assert key.shape[1] == query.shape[1], "no grouped-query attention in this signature"
+    return documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
 
 
-@pytest.mark.parametrize("lengths", [(256, 256), (100, 200, 37), (5, 1, 130, 64), (300,), (128, 128, 1, 400)])
-def test_document_block_mask_equals_flex_attentions_own(lengths):
-    """The blocks computed from the samples' ids equal those ``create_block_mask`` finds by evaluating the mask at
-    every query-key pair: which are partial, which full, and in what order."""
-    document = sample_segments(torch.tensor(lengths))
-    got = document_block_mask(document, torch.device("cpu"))
-    expected = create_block_mask(document_causal(document), None, None, len(document), len(document), device="cpu")
-    for name in ("kv_num_blocks", "full_kv_num_blocks", "q_num_blocks", "full_q_num_blocks"):
-        torch.testing.assert_close(getattr(got, name), getattr(expected, name), msg=name)
-    for name, counts in (("kv_indices", "kv_num_blocks"), ("full_kv_indices", "full_kv_num_blocks")):
-        for row, count in enumerate(getattr(expected, counts)[0, 0].tolist()):
-            assert getattr(got, name)[0, 0, row, :count].tolist() == getattr(expected, name)[0, 0, row, :count].tolist()
-    assert got.seq_lengths == expected.seq_lengths
+def varlen_packing(sample_lengths: torch.Tensor, device: torch.device) -> Packing:
+    """The Packing ``packing`` makes for a CUDA device, made on the CPU."""
+    bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
+    return Packing(bounds, torch.tensor(bounds, dtype=torch.int32), int(sample_lengths.max()))
 
 
+@pytest.fixture
+def cpu_varlen(monkeypatch):
+    """Varlen attention on the CPU: the documented stand-in for the kernel, taken for fp32 too."""
+    monkeypatch.setattr(attention, "varlen_attn", documented_varlen)
+    monkeypatch.setattr(attention, "VARLEN_DTYPES", (torch.float32, torch.bfloat16))
+    monkeypatch.setattr(trainer_model, "packing", varlen_packing)
+
+
+def test_packing_keeps_the_bounds_on_the_host_and_the_cpu_needs_no_kernel_tensor():
+    packed = packing(torch.tensor([2, 3, 1]), torch.device("cpu"))
+    assert packed == Packing((0, 2, 5, 6)) and packed.cumulative is None
+    assert "window_size" in attention.VARLEN_PARAMETERS  # the pinned torch's signature: causal window, GQA, scale
+
+
+@pytest.mark.parametrize("signature", ["documented", "old"])
 @pytest.mark.parametrize("lengths", [(100, 200, 37), (5, 1, 130, 64)])
-def test_flex_and_per_sample_kernels_equal_the_reference_loop(lengths):
-    """The GPU's kernel (FlexAttention with the document BlockMask, run uncompiled here) and the CPU's (SDPA per
-    sample) against the reference loop, with grouped-query attention (4 query heads, 2 key/value heads) and
-    samples that straddle the 128-token blocks."""
+def test_varlen_and_per_sample_kernels_equal_the_reference_loop(monkeypatch, signature, lengths):
+    """One varlen call (torch's two signatures) and the per-sample loop against the reference, with grouped-query
+    attention (4 query heads, 2 key/value heads) and a scale other than the kernel's own."""
+    if signature == "old":
+        monkeypatch.setattr(attention, "varlen_attn", old_varlen)
+        monkeypatch.setattr(attention, "VARLEN_PARAMETERS", {"is_causal": None})
+    else:
+        monkeypatch.setattr(attention, "varlen_attn", documented_varlen)
     generator = torch.Generator().manual_seed(0)
     tokens = sum(lengths)
-    query = torch.randn(1, 4, tokens, 16, generator=generator)
-    key, value = (torch.randn(1, 2, tokens, 16, generator=generator) for _ in range(2))
+    query = torch.randn(1, 4, tokens, 16, generator=generator, dtype=torch.bfloat16)
+    key, value = (torch.randn(1, 2, tokens, 16, generator=generator, dtype=torch.bfloat16) for _ in range(2))
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True
     sample_lengths = torch.tensor(lengths)
-    expected = per_sample_sdpa(module, query, key, value, None, packing(sample_lengths, torch.device("cpu")))[0]
-    for kernel in ("per_sample", "flex"):
-        packed = packing(sample_lengths, torch.device("cpu"), kernel)
-        got = attention.packed_attention(module, query, key, value, None, packed, scaling=16**-0.5)[0]
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    scaling = 0.3
+    cpu = torch.device("cpu")
+    expected = per_sample_sdpa(module, query, key, value, None, packing(sample_lengths, cpu), scaling=scaling)[0]
+    for packed in (varlen_packing(sample_lengths, torch.device("cpu")), packing(sample_lengths, torch.device("cpu"))):
+        got = attention.packed_attention(module, query, key, value, None, packed, scaling=scaling)[0]
+        assert got.shape == (1, tokens, 4, 16)
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
 
 
 def tiny_micro_batch() -> MicroBatch:
@@ -102,10 +126,11 @@ def loss_and_gradients(model, micro_batch, backward: bool = True):
     model.zero_grad(set_to_none=True)
     with torch.set_grad_enabled(backward):
         scores = packed_scores(model, micro_batch, 0.8, micro_batch.loss_mask, "trained" if backward else "logged")
+    device = scores.logprobs.device
     loss, _ = policy_loss(
-        scores.logprobs, micro_batch.inference_logprobs, micro_batch.advantages, micro_batch.loss_mask,
-        micro_batch.sample_lengths, LossConfig(entropy_coef=0.01), num_loss_tokens=50, num_samples=4,
-        entropy=scores.entropy,
+        scores.logprobs, micro_batch.inference_logprobs.to(device), micro_batch.advantages.to(device),
+        micro_batch.loss_mask.to(device), micro_batch.sample_lengths, LossConfig(entropy_coef=0.01),
+        num_loss_tokens=50, num_samples=4, entropy=scores.entropy,
     )  # fmt: skip
     if backward:
         loss.backward()
@@ -113,14 +138,12 @@ def loss_and_gradients(model, micro_batch, backward: bool = True):
     return scores.logprobs.detach(), loss.detach(), gradients
 
 
-@pytest.mark.parametrize("kernel", ["per_sample", "flex"])
+@pytest.mark.parametrize("kernel", ["per_sample", "varlen"])
 @pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}])
-def test_packed_forward_gives_the_per_sample_loops_logprobs_loss_and_gradients(
-    tiny_model_path, monkeypatch, kernel, lora
-):
-    """The tiny model (grouped-query attention: 2 heads, 1 key/value head) in fp32, four packed samples.
-    Uncompiled FlexAttention has no backward on CPU: its gradients are compared on GPU only."""
-    monkeypatch.setattr(trainer_model, "packing", functools.partial(packing, kernel=kernel))
+def test_packed_forward_gives_the_per_sample_loops_logprobs_loss_and_gradients(tiny_model_path, request, kernel, lora):
+    """The tiny model (grouped-query attention: 2 heads, 1 key/value head) in fp32, four packed samples."""
+    if kernel == "varlen":
+        request.getfixturevalue("cpu_varlen")
     config = TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora} if lora else {})
     model = load_model(config, torch.device("cpu"))
     if lora:  # a trained adapter, so that it changes the attention's inputs
@@ -128,20 +151,20 @@ def test_packed_forward_gives_the_per_sample_loops_logprobs_loss_and_gradients(
             if "lora_B" in name:
                 torch.nn.init.normal_(parameter, std=0.1)
     micro_batch = tiny_micro_batch()
-    got = loss_and_gradients(model, micro_batch, backward=kernel == "per_sample")
+    got = loss_and_gradients(model, micro_batch)
     set_attention(model, REFERENCE)
-    expected = loss_and_gradients(model, micro_batch, backward=kernel == "per_sample")
+    expected = loss_and_gradients(model, micro_batch)
     torch.testing.assert_close(got[0], expected[0], atol=1e-3, rtol=1e-3)
     torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-3)
-    assert got[2].keys() == expected[2].keys() and (bool(got[2]) == (kernel == "per_sample"))
+    assert got[2].keys() == expected[2].keys() and got[2]
     for name in expected[2]:
         torch.testing.assert_close(got[2][name], expected[2][name], atol=1e-3, rtol=1e-3)
 
 
-def test_attention_runs_once_per_layer_per_micro_batch(tiny_model_path, monkeypatch):
-    """With FlexAttention (the GPU's path; forward only on CPU): one attention call per layer, one flex kernel
-    call in it, and the BlockMask built once for all layers."""
-    calls = {"attention": 0, "kernel": 0, "mask": 0}
+def test_attention_runs_once_per_layer_per_micro_batch(tiny_model_path, monkeypatch, cpu_varlen):
+    """On the GPU's path: one attention call per layer, one varlen kernel call in it, and the packing made once for
+    all layers."""
+    calls = {"attention": 0, "kernel": 0, "packing": 0}
 
     def counting(name, function):
         def count(*args, **kwargs):
@@ -153,29 +176,30 @@ def test_attention_runs_once_per_layer_per_micro_batch(tiny_model_path, monkeypa
     monkeypatch.setitem(
         AttentionInterface._global_mapping, PACKED_ATTENTION, counting("attention", attention.packed_attention)
     )
-    monkeypatch.setattr(attention, "flex_attention", counting("kernel", attention.flex_attention))
-    monkeypatch.setattr(attention, "document_block_mask", counting("mask", attention.document_block_mask))
-    monkeypatch.setattr(trainer_model, "packing", functools.partial(packing, kernel="flex"))
+    monkeypatch.setattr(attention, "varlen_attn", counting("kernel", attention.varlen_attn))
+    monkeypatch.setattr(trainer_model, "packing", counting("packing", trainer_model.packing))
     model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
-    with torch.no_grad():
-        packed_scores(model, tiny_micro_batch(), 1.0)
+    packed_scores(model, tiny_micro_batch(), 1.0).logprobs.sum().backward()
     layers = len(decoder_layers(model))
-    assert calls == {"attention": layers, "kernel": layers, "mask": 1}
+    assert calls == {"attention": layers, "kernel": layers, "packing": 1}
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm().clamp_min(1e-12))
 
 
 @pytest.mark.gpu
-def test_compiled_flex_attention_on_gpu_equals_the_per_sample_loop(tiny_model_path):
-    """On CUDA the model attends with compiled FlexAttention and its document BlockMask: same logprobs, loss and
-    gradients as the loop in fp32."""
+def test_varlen_attention_on_gpu_equals_the_per_sample_loop(tiny_model_path):
+    """On CUDA in bf16 the model attends with one varlen flash-attention call per layer: the logprobs, loss and
+    gradients of the per-sample loop, to bf16's precision."""
     device = torch.device("cuda")
-    model = load_model(TrainerModelConfig(name=tiny_model_path), device)
+    model = load_model(TrainerModelConfig(name=tiny_model_path), device).to(torch.bfloat16)
     micro_batch = tiny_micro_batch()
-    assert isinstance(packing(micro_batch.sample_lengths, device).mask, BlockMask)
+    assert packing(micro_batch.sample_lengths, device).cumulative.is_cuda
     got = loss_and_gradients(model, micro_batch)
-    assert attention.compiled_flex_attention.cache_info().currsize == 1  # the compiled kernel ran
     set_attention(model, REFERENCE)
     expected = loss_and_gradients(model, micro_batch)
-    for g, e in zip(got[:2], expected[:2], strict=True):
-        torch.testing.assert_close(g, e, atol=1e-3, rtol=1e-3)
+    assert relative_error(got[0], expected[0]) < 1e-2 and relative_error(got[1], expected[1]) < 1e-2
+    assert got[2].keys() == expected[2].keys()
     for name in expected[2]:
-        torch.testing.assert_close(got[2][name], expected[2][name], atol=1e-3, rtol=1e-3)
+        assert relative_error(got[2][name], expected[2][name]) < 2e-2, name
