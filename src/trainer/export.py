@@ -14,6 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from rl.broadcast import Sender, write_manifest
 from rl.protocol import PROBE_TEXT, atomic_dir, mark_stable, write_probe
 from trainer.config import LoraExport
+from trainer.model import compute_device
 
 
 def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
@@ -72,7 +73,7 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> 
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        ids = torch.tensor(token_ids, device=next(model.parameters()).device)
+        ids = torch.tensor(token_ids, device=compute_device(model))
         logprobs = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1)
     model.train(was_training)
     return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]

@@ -7,6 +7,7 @@ from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rl.model_path import resolve_model_path
@@ -33,6 +34,15 @@ def load_model(
     if lora is not None:
         model = add_lora(model, lora)
     return model.to(device).train()
+
+
+def compute_device(model: nn.Module) -> torch.device:
+    """Where ``model`` computes: its parameters' device, except under FSDP2's CPU offload, where they stay in CPU
+    memory and each layer is gathered onto this process's GPU to run."""
+    device = next(model.parameters()).device
+    if device.type == "cpu" and isinstance(model, FSDPModule) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
@@ -96,7 +106,7 @@ def packed_scores(
     """
     if not any(isinstance(module, ScoringHead) for module in model.modules()):
         raise TypeError("packed_scores needs a model prepared by use_packed_forward (load_model does it)")
-    device = next(model.parameters()).device
+    device = compute_device(model)
     lengths = micro_batch.sample_lengths
     keep = torch.ones_like(micro_batch.loss_mask) if positions is None else positions.cpu().clone()
     keep[torch.cumsum(lengths, 0) - lengths] = False  # sample starts

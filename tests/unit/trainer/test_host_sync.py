@@ -132,7 +132,7 @@ def test_the_count_sees_a_read_of_the_loss(tmp_path, tiny_model_path, world, mon
 
 @pytest.mark.gpu
 def test_a_gpu_step_synchronises_only_at_its_end(tmp_path, tiny_model_path, world):
-    """CUDA's own count: warnings from ``set_sync_debug_mode`` for 2 and for 5 micro-batches are the same."""
+    """CUDA's own count: warnings from ``set_sync_debug_mode`` do not grow with the micro-batches (2 against 5)."""
     config = TrainerConfig(output_dir=tmp_path, model={"name": tiny_model_path})
     model = build_model(config.model, world, offload=False)
 
@@ -152,4 +152,6 @@ def test_a_gpu_step_synchronises_only_at_its_end(tmp_path, tiny_model_path, worl
         return sum("synchroniz" in str(w.message) for w in caught)
 
     two, five = synchronisations(2), synchronisations(5)
-    assert two == five, f"synchronisations: {two} with 2 micro-batches, {five} with 5"
+    # the caching allocator may sync once more or less from step to step (on an H200: 5 with 2, 4 with 5); one
+    # sync per micro-batch would add at least 3
+    assert five - two < 3, f"synchronisations: {two} with 2 micro-batches, {five} with 5"

@@ -4,7 +4,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
-from trainer.model import load_model, packed_logprobs, use_packed_forward
+from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
+from trainer.parallel import close_world, init_world, shard_model
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
@@ -81,3 +82,19 @@ def probe_reference(model, token_ids):
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
     return torch.cat([torch.zeros(1), torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]])
+
+
+def test_the_compute_device_of_an_offloaded_model_is_the_gpu(tiny_model_path, monkeypatch):
+    """Under FSDP2's CPU offload the parameters stay on the CPU but each layer runs on the GPU: the inputs and the
+    scored targets must go there (a one-rank group on the CPU stands in; CUDA is made to look present)."""
+    model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
+    assert compute_device(model) == torch.device("cpu")
+    init_world()
+    try:
+        shard_model(model, decoder_layers(model), torch.float32, offload=False)
+        assert compute_device(model) == torch.device("cpu")  # no GPU: the CPU computes
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        assert compute_device(model) == torch.device("cuda", 0)  # offloaded parameters, a GPU computes
+    finally:
+        close_world()
