@@ -57,18 +57,25 @@ def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device) -> Pa
 
 def varlen_causal(query: Tensor, key: Tensor, value: Tensor, packing: Packing, scale: float | None) -> Tensor:
     """Causal attention within each sample of a packed row in one flash-attention call: ``query`` is ``[tokens,
-    heads, head_dim]``, ``key`` and ``value`` may have fewer heads (GQA). Torch 2.12 and later take the causal
-    window, the scale and GQA; torch 2.10-2.11 a causal flag only, so the key and value heads are repeated and the
-    scale folded into the query."""
-    lengths = (packing.cumulative, packing.cumulative, packing.longest, packing.longest)
-    if "window_size" in VARLEN_PARAMETERS:
-        gqa = key.shape[1] != query.shape[1]
-        return varlen_attn(query, key, value, *lengths, scale=scale, window_size=(-1, 0), enable_gqa=gqa)
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    if scale is not None:
+    heads, head_dim]``, ``key`` and ``value`` may have fewer heads (GQA). What torch's signature lacks is done
+    around it: without ``enable_gqa`` (torch 2.11) the key and value heads are repeated, without ``scale`` it is
+    folded into the query, without ``window_size`` (torch 2.10) causality is a flag."""
+    options = {}
+    if key.shape[1] != query.shape[1] and "enable_gqa" in VARLEN_PARAMETERS:
+        options["enable_gqa"] = True
+    elif key.shape[1] != query.shape[1]:
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    if "scale" in VARLEN_PARAMETERS:
+        options["scale"] = scale
+    elif scale is not None:
         query = query * (scale * query.shape[-1] ** 0.5)  # the kernel's own scale is 1 / sqrt(head_dim)
-    return varlen_attn(query, key, value, *lengths, is_causal=True)
+    if "window_size" in VARLEN_PARAMETERS:
+        options["window_size"] = (-1, 0)
+    else:
+        options["is_causal"] = True
+    lengths = (packing.cumulative, packing.cumulative, packing.longest, packing.longest)
+    return varlen_attn(query, key, value, *lengths, **options)
 
 
 def per_sample_causal(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packing: Packing, **kwargs):

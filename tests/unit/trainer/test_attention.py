@@ -59,10 +59,24 @@ def documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, sc
     return torch.cat(outputs)
 
 
-def old_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
-    """torch 2.10-2.11's signature: a causal flag, no scale, no grouped-query attention."""
-    assert key.shape[1] == query.shape[1], "no grouped-query attention in this signature"
-    return documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
+SIGNATURES = {  # the keywords of varlen_attn's signature in each torch release, and a stand-in taking only those
+    "2.12+": ("scale", "window_size", "enable_gqa"),
+    "2.11": ("scale", "window_size"),
+    "2.10": ("is_causal",),
+}
+
+
+def varlen_of(release: str):
+    """A stand-in of varlen_attn as ``release`` has it: other keywords are refused, and without ``enable_gqa`` so
+    are fewer key/value heads."""
+    keywords = SIGNATURES[release]
+
+    def varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+        assert set(kwargs) <= set(keywords), f"torch {release} takes no {set(kwargs) - set(keywords)}"
+        assert "enable_gqa" in keywords or key.shape[1] == query.shape[1], f"no GQA in torch {release}"
+        return documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
+
+    return varlen
 
 
 def varlen_packing(sample_lengths: torch.Tensor, device: torch.device) -> Packing:
@@ -82,19 +96,16 @@ def cpu_varlen(monkeypatch):
 def test_packing_keeps_the_bounds_on_the_host_and_the_cpu_needs_no_kernel_tensor():
     packed = packing(torch.tensor([2, 3, 1]), torch.device("cpu"))
     assert packed == Packing((0, 2, 5, 6)) and packed.cumulative is None
-    assert "window_size" in attention.VARLEN_PARAMETERS  # the pinned torch's signature: causal window, GQA, scale
+    assert set(SIGNATURES["2.12+"]) <= set(attention.VARLEN_PARAMETERS)  # the pinned torch's signature
 
 
-@pytest.mark.parametrize("signature", ["documented", "old"])
+@pytest.mark.parametrize("release", SIGNATURES)
 @pytest.mark.parametrize("lengths", [(100, 200, 37), (5, 1, 130, 64)])
-def test_varlen_and_per_sample_kernels_equal_the_reference_loop(monkeypatch, signature, lengths):
-    """One varlen call (torch's two signatures) and the per-sample loop against the reference, with grouped-query
-    attention (4 query heads, 2 key/value heads) and a scale other than the kernel's own."""
-    if signature == "old":
-        monkeypatch.setattr(attention, "varlen_attn", old_varlen)
-        monkeypatch.setattr(attention, "VARLEN_PARAMETERS", {"is_causal": None})
-    else:
-        monkeypatch.setattr(attention, "varlen_attn", documented_varlen)
+def test_varlen_and_per_sample_kernels_equal_the_reference_loop(monkeypatch, release, lengths):
+    """One varlen call (each of torch's signatures) and the per-sample loop against the reference, with
+    grouped-query attention (4 query heads, 2 key/value heads) and a scale other than the kernel's own."""
+    monkeypatch.setattr(attention, "varlen_attn", varlen_of(release))
+    monkeypatch.setattr(attention, "VARLEN_PARAMETERS", dict.fromkeys(SIGNATURES[release]))
     generator = torch.Generator().manual_seed(0)
     tokens = sum(lengths)
     query = torch.randn(1, 4, tokens, 16, generator=generator, dtype=torch.bfloat16)
