@@ -351,7 +351,6 @@ def summarise(case: Case, result: dict, parameters: int, matmul: float | None, m
         batch["plan_gib"] = plan["total"]
         if gpu:
             batch["plan_over_device_used"] = plan["total"] / batch["device_used_gib"]
-            batch["plan_over_reserved_plus_context"] = plan["total"] / (batch["peak_reserved_gib"] + plan["cuda"])
 
 
 def table(results: dict) -> str:

@@ -6,11 +6,12 @@ frozen base in the compute dtype and a float32 adapter), gradients and AdamW's t
 split over the FSDP ranks), the working copies FSDP gathers (the model's root and two decoder layers at a time),
 the activations kept for the backward pass of one packed micro-batch of ``seq_len`` tokens under the configured
 activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
-decoder layer with its gradients), the weight broadcast's send buffer, and the CUDA context. The server's share is
+decoder layer with its gradients), the weight broadcast's send buffer, and on a GPU what the caching allocator
+reserves beyond that and the CUDA context. The server's share is
 what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one
 ``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
 ``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
-to peaks measured on an H200.
+to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 """
 
 import json
@@ -25,7 +26,11 @@ from trainer.config import TrainerConfig
 from trainer.scoring import chunk_rows
 
 GIB = 2**30
-CUDA_CONTEXT_GIB = 1.0  # CUDA context, cuBLAS workspaces and the caching allocator's slack, per process
+# Measured on an H200 (torch 2.11, 2026-11-26, benchmarks/results/gpu_check_history.json): what the device holds for
+# a trainer beyond the memory PyTorch reserves (CUDA context, cuBLAS workspaces) was 1.2-1.3 GiB; the caching
+# allocator reserved 20-36 % of the activations' size beyond its peak allocation (freed activations of many sizes).
+CUDA_CONTEXT_GIB = 1.25
+ALLOCATOR_SLACK = 0.3  # of the activations
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 # Bytes per logit at the peak of one chunk's backward (bf16 logits, their float32 copy and scaled copy, the
@@ -314,6 +319,7 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         plan["broadcast"] = held
     plan = {name: value / GIB for name, value in plan.items()}
     if gpu:
+        plan["allocator"] = ALLOCATOR_SLACK * plan["activations"]
         plan["cuda"] = CUDA_CONTEXT_GIB
     plan["total"] = sum(plan.values())
     return plan
