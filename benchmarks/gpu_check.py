@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -48,10 +48,9 @@ class Case:
     batches: list[tuple[int, int]]
     lora_rank: int | None = None  # LoRA on all seven linears; None: full fine-tune
     ac_freq: int | None = None  # activation checkpointing every ac_freq layers; None: off
-    extra: dict = field(default_factory=dict)  # more TrainerModelConfig fields (e.g. a speed switch)
 
     def model_config(self, model_dir: str) -> dict:
-        config = {"name": model_dir, **self.extra}
+        config = {"name": model_dir}
         if self.lora_rank is not None:
             config["experimental"] = {"lora": {"rank": self.lora_rank, "target_modules": ALL_LINEARS}}
         if self.ac_freq is not None:
@@ -229,7 +228,7 @@ def run_case(case: Case, model_dir: str) -> dict:
         close_world()
 
 
-def handover_receive(manifests, port: int) -> None:
+def handover_receive(manifests) -> None:
     """The server's worker's side of the shared-buffer handover, as ``inference.worker`` does it: attach to the
     buffer once, copy each step's tensors out of it into its own weights (allocated at the first), say so."""
     import torch
@@ -272,7 +271,7 @@ def run_handover(shape: str) -> dict:
     sender = Sender("127.0.0.1", port, 600.0, "shared", device)
     context = mp.get_context("spawn")
     manifests = context.Queue()
-    receiver = context.Process(target=handover_receive, args=(manifests, port))
+    receiver = context.Process(target=handover_receive, args=(manifests,))
     receiver.start()
     write_s, take_s = [], []
     for _ in range(HANDOVERS):
