@@ -13,7 +13,7 @@ from starlette.websockets import WebSocketClose
 
 from rl.errors import TridentError
 from rl.inference_api import API_KEY_ENV, OPEN_ROUTES
-from rl.protocol import STABLE
+from rl.protocol import STABLE, step_of
 
 
 def is_loopback(host: str) -> bool:
@@ -62,14 +62,17 @@ class ApiKeyMiddleware:
             await JSONResponse({"error": message}, status_code=401)(scope, receive, send)
 
 
-def checked_weights_path(path: str, root: Path | None) -> Path:
-    """``path`` resolved (``..`` and symlinks), if it is a complete weights folder the server may load.
+def checked_weights_path(path: str, root: Path | None, step: int) -> Path:
+    """``path`` resolved (``..`` and symlinks), if it is a complete weights folder the server may load as ``step``.
 
-    403 outside ``root`` (when set); 400 unless it is a folder with the ``STABLE`` marker.
+    403 without ``root`` or outside it; 400 unless it is a ``step_<step>`` folder with the ``STABLE`` marker.
     """
+    if root is None:
+        raise HTTPException(403, "this server loads no weights: start it with weights_root (--weights-root "
+                                 "<output_dir>/weights of the run; rl sets it)")  # fmt: skip
     try:
         resolved = Path(path).resolve()
-        outside = root is not None and not resolved.is_relative_to(root.resolve())
+        outside = not resolved.is_relative_to(root.resolve())
         complete = resolved.is_dir() and (resolved / STABLE).is_file()
     except (OSError, ValueError, RuntimeError) as e:  # too long, a NUL byte, a symlink loop, not UTF-8
         raise HTTPException(400, f"{path!r} is not a usable path: {e}") from None
@@ -77,6 +80,8 @@ def checked_weights_path(path: str, root: Path | None) -> Path:
         raise HTTPException(403, f"{path} is outside weights_root {root}")
     if not complete:
         raise HTTPException(400, f"{path} is not a weights folder with a {STABLE} marker")
+    if step_of(resolved) != step:
+        raise HTTPException(400, f"{path} is not the folder of weights step {step} (step_{step})")
     return resolved
 
 
@@ -89,19 +94,41 @@ def tensor_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def check_full_weights(path: Path, base: Path) -> None:
-    """400 unless ``path`` holds readable safetensors with the tensors of the served model ``base``, of the same
-    shapes (a tied ``lm_head`` may be absent): weights that do not fit are refused before any is loaded."""
-    try:
-        shapes = tensor_shapes(path)
-    except Exception as e:  # safetensors raises its own error types for truncated or malformed files
-        raise HTTPException(400, f"{path}: unreadable safetensors ({type(e).__name__}: {e})") from None
+def check_shapes(path: Path, shapes: dict[str, list[int]], base: Path) -> None:
+    """400 unless ``shapes`` (of the weights in ``path``) are the tensors of the served model ``base``, of the same
+    shapes (a tied ``lm_head`` may be absent)."""
     expected = tensor_shapes(base)
-    if not shapes:
-        raise HTTPException(400, f"{path} holds no .safetensors weights")
     unknown = sorted(shapes.keys() - expected.keys())
-    wrong = sorted(name for name in shapes.keys() & expected.keys() if shapes[name] != expected[name])
+    wrong = sorted(name for name in shapes.keys() & expected.keys() if list(shapes[name]) != expected[name])
     missing = sorted(expected.keys() - shapes.keys() - {"lm_head.weight"})
     for fault, names in (("not in the served model", unknown), ("of another shape", wrong), ("missing", missing)):
         if expected and names:
             raise HTTPException(400, f"{path}: tensors {fault}: {', '.join(names[:3])}")
+
+
+def check_full_weights(path: Path, base: Path) -> None:
+    """400 unless ``path`` holds readable safetensors that fit the served model ``base`` (:func:`check_shapes`):
+    weights that do not fit are refused before any is loaded."""
+    try:
+        shapes = tensor_shapes(path)
+    except Exception as e:  # safetensors raises its own error types for truncated or malformed files
+        raise HTTPException(400, f"{path}: unreadable safetensors ({type(e).__name__}: {e})") from None
+    if not shapes:
+        raise HTTPException(400, f"{path} holds no .safetensors weights")
+    check_shapes(path, shapes, base)
+
+
+def check_manifest(path: Path, manifest: dict, store: tuple[str, int] | None, base: Path) -> None:
+    """403 unless the broadcast ``manifest`` of ``path`` names the configured ``store`` (host, port; None: the
+    server takes no broadcast weights); 400 unless its tensors, each named once, fit the served model ``base``."""
+    if store is None:
+        raise HTTPException(403, f"{path} holds broadcast weights and this server has no weight_broadcast store "
+                                 "configured (rl sets it from trainer.weight_broadcast)")  # fmt: skip
+    named = (manifest["host"], manifest["port"])
+    if named != tuple(store):
+        raise HTTPException(403, f"{path}: broadcast store {named[0]}:{named[1]} is not the configured "
+                                 f"weight_broadcast {store[0]}:{store[1]}")  # fmt: skip
+    names = [tensor[0] for tensor in manifest["tensors"]]
+    if len(set(names)) < len(names):
+        raise HTTPException(400, f"{path}: a tensor is named twice in the broadcast manifest")
+    check_shapes(path, {tensor[0]: tensor[1] for tensor in manifest["tensors"]}, base)

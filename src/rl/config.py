@@ -82,6 +82,16 @@ def read_toml(path: Path) -> dict:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
 
 
+def _file_after_at(where: str, path: str | None) -> Path:
+    """The TOML file named after ``@``; a missing one, or a flag in its place (``--trainer @ --output-dir``), is a
+    ConfigError."""
+    if not path:
+        raise ConfigError(f"{where} must be followed by a TOML file path")
+    if path.startswith("--"):
+        raise ConfigError(f"{where} {path}: '@' must be followed by a TOML file path, not the flag {path}")
+    return Path(path)
+
+
 class ParsedArgs:
     """argv split into config files (each under a dotted prefix, '' for the root) and flag overrides."""
 
@@ -93,10 +103,7 @@ class ParsedArgs:
             arg = argv[i]
             nxt = argv[i + 1] if i + 1 < len(argv) else None
             if arg == "@" or (arg.startswith("@") and len(arg) > 1):
-                path = arg[1:] or nxt
-                if not path:
-                    raise ConfigError("'@' must be followed by a TOML file path")
-                self.files.append(("", Path(path)))
+                self.files.append(("", _file_after_at("@", arg[1:] or nxt)))
                 i += 1 if arg[1:] else 2
             elif arg.startswith("--"):
                 key = arg[2:].replace("-", "_")
@@ -106,9 +113,7 @@ class ParsedArgs:
                     i += 1
                 elif nxt is not None and (nxt == "@" or nxt.startswith("@")):
                     path = nxt[1:] or (argv[i + 2] if i + 2 < len(argv) else None)
-                    if not path:
-                        raise ConfigError(f"{arg} @ must be followed by a TOML file path")
-                    self.files.append((key, Path(path)))
+                    self.files.append((key, _file_after_at(f"{arg} @", path)))
                     i += 2 if nxt[1:] else 3
                 elif nxt is None or nxt.startswith("--"):
                     if key.startswith("no_"):

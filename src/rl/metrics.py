@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from rl.protocol import metrics_path
+from rl.protocol import metrics_path, read_records
 from rl.shared_config import WandbConfig
 
 logger = logging.getLogger("rl.metrics")
@@ -56,9 +56,20 @@ class MetricsWriter:
 
 
 def append_records(path: Path, records: list[dict]) -> None:
-    """Append ``records`` to the JSON-lines file ``path``, one line each."""
+    """Append ``records`` to the JSON-lines file ``path``, one line each; a last line a kill tore is ended first, so
+    that it stays one bad line instead of spoiling the first record appended."""
+    lines = "".join(json.dumps(record) + "\n" for record in records)
     with path.open("a") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records)
+        f.write("\n" + lines if ends_torn(path) else lines)
+
+
+def ends_torn(path: Path) -> bool:
+    """Whether the file ``path`` ends inside a line (written in part when its writer was killed)."""
+    if path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
 
 
 def start_wandb(config: WandbConfig, output_dir: Path, process: str):
@@ -92,17 +103,9 @@ def eval_line(record: dict) -> str:
 
 
 def read_metrics(output_dir: Path, process: str) -> list[dict]:
-    """All complete records written so far by ``process``."""
+    """All complete records written so far by ``process``; a line that is not one is skipped and logged once."""
     path = metrics_path(output_dir, process)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line still being written
-            break
-    return records
+    return read_records(path) if path.exists() else []
 
 
 def write_summary(output_dir: Path, status: str, wall_s: float) -> Path:
