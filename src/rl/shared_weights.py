@@ -5,14 +5,17 @@ and the server's worker copying them from it into its own parameters.
 On a GPU the buffer is CUDA memory of the trainer's, opened by the worker through a CUDA IPC handle (no copy to the
 host, no disk, no NCCL, which cannot pair two ranks on one device); on the CPU it is a file in ``/dev/shm``. The
 handle travels in the weights folder's manifest as plain JSON, with each tensor's name, shape, dtype and byte offset
-(:func:`layout`). Imported by vLLM's worker process: keep its imports to torch and the standard library.
+(:func:`layout`). Imported by vLLM's worker process: keep its imports to torch, the standard library and rl.errors.
 """
 
 import base64
+import os
 import re
 from pathlib import Path
 
 import torch
+
+from rl.errors import TridentError
 
 SHM_DIR = Path("/dev/shm")
 SHM_NAME = re.compile(r"trident-weights-[0-9a-f]{32}")  # the only files a worker maps
@@ -41,6 +44,12 @@ class SharedBuffer:
         if device.type == "cuda":
             data = torch.empty(nbytes, dtype=torch.uint8, device=device)
             return cls(data, cuda_handle(data))
+        free = os.statvfs(SHM_DIR).f_bavail * os.statvfs(SHM_DIR).f_frsize
+        if free < nbytes:  # writing past a full tmpfs through the mapping would kill the trainer (SIGBUS)
+            raise TridentError(
+                f"weight broadcast: {SHM_DIR} has {free / 2**20:.0f} MiB free, the weights need {nbytes / 2**20:.0f} "
+                "MiB: enlarge it (e.g. docker --shm-size) or set weight_broadcast.backend = 'gloo'"
+            )
         path = SHM_DIR / f"trident-weights-{session}"
         storage = torch.UntypedStorage.from_file(str(path), shared=True, nbytes=nbytes)
         data = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))

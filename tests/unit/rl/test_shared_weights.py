@@ -3,6 +3,7 @@ process maps; the trainer's Sender writes each step's weights into it and waits 
 them."""
 
 import multiprocessing
+import os
 
 import pytest
 import torch
@@ -91,3 +92,13 @@ def test_a_worker_attaches_to_trident_buffers_only(tmp_path):
             attached.read([["w", [1000], "float32", 0]])  # a manifest asking for more than the buffer holds
     finally:
         buffer.close()
+
+
+def test_a_buffer_larger_than_dev_shm_is_refused_before_it_is_written(monkeypatch):
+    """Writing past a full tmpfs through a mapping kills the process (SIGBUS): the room is checked first."""
+    room = os.statvfs_result((4096, 4096, 100, 10, 10, 0, 0, 0, 0, 255))  # 40 KiB free
+    monkeypatch.setattr(os, "statvfs", lambda path: room)
+    with pytest.raises(TridentError, match=r"weight broadcast: /dev/shm has 0 MiB free, the weights need 1 MiB: "
+                                           r"enlarge it .* or set weight_broadcast.backend = 'gloo'"):  # fmt: skip
+        SharedBuffer.create(2**20, torch.device("cpu"), "1" * 32)
+    assert not (SHM_DIR / f"trident-weights-{'1' * 32}").exists()
