@@ -43,6 +43,16 @@ class InferenceLoraConfig(StrictModel):
     ] = 2  # fmt: skip
 
 
+class InferenceBroadcastConfig(StrictModel):
+    """The trainer's in-memory weight broadcast (its ``[weight_broadcast]``): the server takes broadcast weights only
+    through the store at this address. Present means on; ``rl`` copies it from the trainer's."""
+
+    host: Annotated[
+        str, Field(description="Address of the trainer's rendezvous store (trainer.weight_broadcast.host).")
+    ] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535, description="Port of the trainer's rendezvous store.")] = 29510
+
+
 class InferenceConfig(BaseConfig):
     model: InferenceModelConfig = InferenceModelConfig()
     host: Annotated[
@@ -68,8 +78,13 @@ class InferenceConfig(BaseConfig):
     ] = None  # fmt: skip
     weights_root: Annotated[
         Path | None,
-        Field(description="Load weights and adapters only from folders under this one (symlinks resolved); "
-                          "absent: from any folder."),
+        Field(description="Load weights and adapters only from the step_N folders under this one (symlinks "
+                          "resolved); absent: the reload routes refuse every folder (rl sets output_dir/weights)."),
+    ] = None  # fmt: skip
+    weight_broadcast: Annotated[
+        InferenceBroadcastConfig | None,
+        Field(description="Take weights the trainer broadcasts in memory, through its store at this address only "
+                          "(absent: a weights folder holding a broadcast manifest is refused)."),
     ] = None  # fmt: skip
     lora: Annotated[
         InferenceLoraConfig | None,

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.datastructures import State
 
-from inference.security import check_full_weights, checked_weights_path
+from inference.security import check_full_weights, check_manifest, checked_weights_path
 from rl import inference_api as api
 from rl.broadcast import read_manifest
 from rl.protocol import ADAPTER_CONFIG, is_adapter
@@ -22,9 +22,10 @@ from rl.protocol import ADAPTER_CONFIG, is_adapter
 logger = logging.getLogger("vllm.trident")
 
 
-def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
-    """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~rl.inference_api.WeightsRequest`),
-    ``POST /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``.
+def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, int] | None = None) -> APIRouter:
+    """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~rl.inference_api.WeightsRequest`, for
+    ``step_N`` folders under ``weights_root`` only; broadcast weights through ``store`` only), ``POST
+    /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``.
 
     Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served, a
     :class:`~rl.inference_api.Served` as a dict) and ``trident_adapters``
@@ -60,7 +61,7 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
 
     @router.post(api.RELOAD_WEIGHTS)
     async def reload_weights(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
-        path = str(checked_weights_path(request.path, weights_root))
+        path = str(checked_weights_path(request.path, weights_root, request.step))
         if is_adapter(path):
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with {api.LOAD_ADAPTER}")
         try:
@@ -69,6 +70,8 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
             raise HTTPException(400, str(e)) from None
         if manifest is None:
             check_full_weights(Path(path), Path(base_path))
+        else:
+            check_manifest(Path(path), manifest, store, Path(base_path))
         async with lock:
             return await load_full_weights(raw_request.app.state, path, request.step, manifest)
 
@@ -94,7 +97,7 @@ def weights_router(weights_root: Path | None, base_path: str) -> APIRouter:
         adapters = state.trident_adapters
         if adapters is None:
             raise HTTPException(400, "this server was started without [lora]: it cannot load adapters")
-        path = str(checked_weights_path(request.path, weights_root))
+        path = str(checked_weights_path(request.path, weights_root, request.step))
         if not is_adapter(path):
             raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with {api.RELOAD_WEIGHTS}")
         name = api.adapter_name(request.step)

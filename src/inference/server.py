@@ -73,7 +73,9 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     supported_tasks = await engine_client.get_supported_tasks()
     app = build_app(args, supported_tasks, engine_client.model_config)
     base_path = os.path.abspath(args.model)
-    app.include_router(weights_router(config.weights_root, base_path))
+    broadcast = config.weight_broadcast
+    store = (broadcast.host, broadcast.port) if broadcast is not None else None
+    app.include_router(weights_router(config.weights_root, base_path, store))
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
     app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request

@@ -13,6 +13,7 @@ library and rl.errors.
 """
 
 import json
+import socket
 import threading
 import uuid
 from datetime import timedelta
@@ -65,11 +66,29 @@ def receive(group: dist.ProcessGroup, manifest: dict, device: torch.device) -> l
 
 
 def open_store(manifest: dict, rank: int) -> dist.TCPStore:
-    """The trainer's TCP store that ``manifest`` names: hosted by rank 0 (the trainer), joined by rank 1."""
+    """The trainer's TCP store that ``manifest`` names: hosted by rank 0 (the trainer), listening on that host only,
+    joined by rank 1."""
+    host, port = manifest["host"], manifest["port"]
+    listening = {"master_listen_fd": listen(host, port)} if rank == 0 else {}
     timeout = timedelta(seconds=manifest["timeout_s"])
     return dist.TCPStore(
-        manifest["host"], manifest["port"], world_size=2, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        host, port, world_size=2, is_master=rank == 0, timeout=timeout, wait_for_workers=False, **listening
     )
+
+
+def listen(host: str, port: int) -> int:
+    """A socket listening on ``host:port`` only (a TCPStore of its own listens on every interface), as a file
+    descriptor the store takes over."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    server = socket.socket(family, kind, proto)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(address)
+        server.listen()
+    except OSError:
+        server.close()
+        raise
+    return server.detach()
 
 
 def taken_key(manifest: dict) -> str:
@@ -93,6 +112,9 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest))
 
 
+WeightDtype = Literal["float32", "bfloat16", "float16"]  # what the trainer sends: its compute dtype
+
+
 class Manifest(TypedDict):
     """What :func:`manifest_for` writes."""
 
@@ -101,7 +123,7 @@ class Manifest(TypedDict):
     session: str
     backend: Literal["nccl", "gloo"]
     timeout_s: Annotated[float, Field(gt=0)]
-    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], str]]
+    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], WeightDtype]]
 
 
 class SharedManifest(TypedDict):
@@ -114,7 +136,7 @@ class SharedManifest(TypedDict):
     timeout_s: Annotated[float, Field(gt=0)]
     sequence: Annotated[int, Field(ge=1)]
     buffer: dict[str, str | int | bool | None]
-    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], str, Annotated[int, Field(ge=0)]]]
+    tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], WeightDtype, Annotated[int, Field(ge=0)]]]
 
 
 def read_manifest(folder: str | Path) -> dict | None:
@@ -189,7 +211,7 @@ class Sender:
     def _run(self, work, *args) -> None:
         try:
             work(*args)
-        except RuntimeError as e:  # torch's DistBackendError and store timeouts
+        except (RuntimeError, OSError) as e:  # torch's DistBackendError and store timeouts; the port taken
             self.error = e
 
     def _send(self, tensors: dict[str, torch.Tensor]) -> None:

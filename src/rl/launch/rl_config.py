@@ -5,7 +5,7 @@ from typing import Annotated, Any, get_args
 
 from pydantic import Field, ValidationError, field_validator
 
-from inference.config import InferenceConfig, InferenceLoraConfig
+from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
 from orchestrator.config import OrchestratorConfig
 from rl.config import BaseConfig, ConfigError, format_errors
 from rl.shared_config import AsyncLevel, CkptSection, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
@@ -158,6 +158,7 @@ def resolve_shared(config: RLConfig) -> RLConfig:
             raise ConfigError("--inference-servers: rl starts servers only with --inference @ infer.toml")
         return config
     count_servers(config)
+    broadcast_store(config)
     if not _is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
     if not _is_set(config, "orchestrator.client.base_url"):
@@ -179,6 +180,22 @@ def one_receiver(config: RLConfig) -> None:
     if config.inference is not None and config.inference.tensor_parallel_size > 1:
         raise ConfigError("trainer.weight_broadcast: the broadcast reaches a server of inference.tensor_parallel_size "
                           "= 1 only; leave it out (weights then go through output_dir/weights)")  # fmt: skip
+
+
+def broadcast_store(config: RLConfig) -> None:
+    """Tell the server the trainer's broadcast store (``trainer.weight_broadcast`` host and port), the only one it
+    takes broadcast weights through; a ConfigError when ``inference.weight_broadcast`` names another."""
+    broadcast = config.trainer.weight_broadcast
+    if broadcast is None:
+        return
+    store = InferenceBroadcastConfig(host=broadcast.host, port=broadcast.port)
+    given = config.inference.weight_broadcast
+    if given is not None and given != store:
+        raise ConfigError(
+            f"inference.weight_broadcast = {given.host}:{given.port} is not trainer.weight_broadcast = "
+            f"{store.host}:{store.port}; leave it out (rl copies the trainer's)"
+        )
+    config.inference.weight_broadcast = store
 
 
 def count_servers(config: RLConfig) -> None:

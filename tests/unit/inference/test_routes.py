@@ -1,3 +1,4 @@
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,6 +10,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
 from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, weights_router
+from rl.broadcast import write_manifest
 from rl.inference_api import adapter_name
 from rl.protocol import ADAPTER_CONFIG, mark_stable
 
@@ -49,7 +51,7 @@ class FakeEngine:
 
 class FakeModels:
     """vLLM's registry of served adapter names, as :class:`Adapters` uses it; ``calls`` records loads and
-    unloads in order. A folder named ``broken`` fails to load as vLLM's does."""
+    unloads in order. A folder under ``broken/`` fails to load as vLLM's does."""
 
     def __init__(self):
         self.calls = []
@@ -57,7 +59,7 @@ class FakeModels:
         self.next_id = 1
 
     async def load_lora_adapter(self, request):
-        if request.lora_path.endswith("broken"):
+        if "broken" in Path(request.lora_path).parts:
             return ErrorResponse(error=ErrorInfo(message="not a peft adapter", type="BadRequestError", code=400))
         self.lora_requests[request.lora_name] = SimpleNamespace(lora_int_id=self.next_id)
         self.next_id += 1
@@ -71,11 +73,13 @@ class FakeModels:
 BASE = "/models/base"  # the model the fake server started with
 
 
-def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeModels | None]:
-    """The weight routes on a fake engine; with ``lora``, real :class:`Adapters` on a fake registry of names
-    (returned, its ``calls`` recording each adapter loaded and retired)."""
+def weights_app(
+    root, lora: bool = True, base: str = BASE, store: tuple[str, int] | None = None
+) -> tuple[TestClient, FakeEngine, FakeModels | None]:
+    """The weight routes on a fake engine serving ``base``; with ``lora``, real :class:`Adapters` on a fake registry
+    of names (returned, its ``calls`` recording each adapter loaded and retired)."""
     app = FastAPI()
-    app.include_router(weights_router(root, BASE))
+    app.include_router(weights_router(root, base, store))
     app.state.engine_client = FakeEngine()
     models = FakeModels() if lora else None
     app.state.trident_adapters = Adapters(models, app.state.engine_client) if lora else None
@@ -85,14 +89,24 @@ def weights_app(root, lora: bool = True) -> tuple[TestClient, FakeEngine, FakeMo
 
 @pytest.fixture
 def root(tmp_path):
-    """Complete adapter folders step_1..3 and broken, full weights in full_1 and full_2, an incomplete one."""
-    for name in ["step_1", "step_2", "step_3", "step_4", "broken", "full_1", "full_2", "unstable"]:
-        (tmp_path / name).mkdir()
+    """Complete adapter folders step_1..4 and broken/step_3, full weights in full/step_2 and full/step_3, an
+    incomplete unstable/step_3."""
+    for name in [
+        "step_1",
+        "step_2",
+        "step_3",
+        "step_4",
+        "broken/step_3",
+        "full/step_2",
+        "full/step_3",
+        "unstable/step_3",
+    ]:
+        (tmp_path / name).mkdir(parents=True)
         if name.startswith("full"):  # the fake served model has no files: any readable weights fit it
             save_file({"w": torch.zeros(2)}, tmp_path / name / "model.safetensors")
         else:
             (tmp_path / name / ADAPTER_CONFIG).write_text("{}")
-        if name != "unstable":
+        if not name.startswith("unstable"):
             mark_stable(tmp_path / name)
     return tmp_path
 
@@ -132,9 +146,10 @@ def test_load_adapter_refusals_keep_the_served_adapter(root):
     adapters.calls.clear()
     for body, status in [
         ({"path": str(root / "step_1"), "step": 1}, 409),  # the served name again
-        ({"path": str(root / "broken"), "step": 3}, 400),  # vLLM refuses the folder
-        ({"path": str(root / "unstable"), "step": 3}, 400),
-        ({"path": str(root / "full_1"), "step": 3}, 400),  # full weights, no adapter
+        ({"path": str(root / "broken" / "step_3"), "step": 3}, 400),  # vLLM refuses the folder
+        ({"path": str(root / "unstable" / "step_3"), "step": 3}, 400),
+        ({"path": str(root / "full" / "step_3"), "step": 3}, 400),  # full weights, no adapter
+        ({"path": str(root / "step_2"), "step": 3}, 400),  # step 2's adapter under step 3's number
         ({"path": str(root / ".." / "elsewhere"), "step": 3}, 403),
         ({"path": str(root / "step_3"), "step": -1}, 422),
     ]:
@@ -155,7 +170,7 @@ def test_reload_weights_swaps_paused_and_retires_the_adapters(root):
     client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
     client.post("/load_adapter", json={"path": str(root / "step_3"), "step": 3})
     engine.calls.clear()
-    response = client.post("/reload_weights", json={"path": str(root / "full_2"), "step": 2})
+    response = client.post("/reload_weights", json={"path": str(root / "full" / "step_2"), "step": 2})
     assert response.status_code == 200
     assert [c[0] for c in engine.calls] == [
         "pause_generation", "collective_rpc", "reset_prefix_cache", "update_weight_version", "resume_generation"
@@ -164,9 +179,12 @@ def test_reload_weights_swaps_paused_and_retires_the_adapters(root):
     # both named adapters were trained on the old base weights
     assert adapters.calls[-2:] == [("retire", adapter_name(1)), ("retire", adapter_name(3))]
     assert adapters.lora_requests == {}
-    assert client.get("/weights").json() == {"step": 2, "path": str(root / "full_2"), "adapter": None}
+    assert client.get("/weights").json() == {"step": 2, "path": str(root / "full" / "step_2"), "adapter": None}
     assert client.post("/reload_weights", json={"path": str(root / "step_3"), "step": 3}).status_code == 400
-    assert client.post("/reload_weights", json={"path": str(root / "unstable"), "step": 3}).status_code == 400
+    assert (
+        client.post("/reload_weights", json={"path": str(root / "unstable" / "step_3"), "step": 3}).status_code == 400
+    )
+    assert client.post("/reload_weights", json={"path": str(root / "full" / "step_2"), "step": 3}).status_code == 400
     assert client.post("/reload_weights", json={"path": "/", "step": 3}).status_code == 403
     assert client.get("/weights").json()["step"] == 2
 
@@ -186,9 +204,71 @@ def test_reset_weights_serves_the_base_model_again_so_a_new_run_can_reuse_the_se
     # the next run's first adapter has the earlier run's first name: no conflict any more
     assert client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1}).status_code == 200
 
-    client.post("/reload_weights", json={"path": str(root / "full_2"), "step": 2})  # an earlier run's weights
+    client.post("/reload_weights", json={"path": str(root / "full" / "step_2"), "step": 2})  # an earlier run's weights
     engine.calls.clear()
     assert client.post("/reset_weights").status_code == 200
     assert engine.calls[0][0] == "pause_generation" and ("collective_rpc", "reload_weights_from") in engine.calls
     assert ("update_weight_version", "0") in engine.calls
     assert client.get("/weights").json() == base
+
+
+def test_a_server_without_weights_root_refuses_every_reload(root):
+    client, engine, _ = weights_app(None)
+    for route, folder in [("/reload_weights", root / "full" / "step_2"), ("/load_adapter", root / "step_2")]:
+        response = client.post(route, json={"path": str(folder), "step": 2})
+        assert response.status_code == 403 and "weights_root" in response.text, response.text
+    assert engine.calls == []
+
+
+STORE = ("127.0.0.1", 29510)  # the configured weight_broadcast
+
+
+@pytest.fixture
+def served_model(tmp_path):
+    """The served model's folder: two tensors the manifests below announce."""
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file({"embed.weight": torch.zeros(8, 4), "norm.weight": torch.zeros(4)}, base / "model.safetensors")
+    return base
+
+
+def manifest_folder(folder, host: str = STORE[0], port: int = STORE[1], tensors=None) -> str:
+    """A stable weights folder holding a gloo broadcast manifest (by default: the served model's tensors)."""
+    tensors = tensors or [["embed.weight", [8, 4], "float32"], ["norm.weight", [4], "float32"]]
+    manifest = {"host": host, "port": port, "session": "s", "backend": "gloo", "timeout_s": 5, "tensors": tensors}
+    folder.mkdir(parents=True)
+    write_manifest(folder, manifest)
+    mark_stable(folder)
+    return str(folder)
+
+
+def test_a_broadcast_manifest_is_received_only_through_the_configured_store_and_for_the_served_shapes(
+    tmp_path, served_model
+):
+    root = tmp_path / "weights"
+    client, engine, _ = weights_app(root, base=str(served_model), store=STORE)
+    refused = [
+        (manifest_folder(root / "a" / "step_1", port=29511), 403, "is not the configured weight_broadcast"),
+        (manifest_folder(root / "b" / "step_1", host="10.0.0.9"), 403, "10.0.0.9:29510"),
+        (manifest_folder(root / "c" / "step_1", tensors=[["embed.weight", [10**9, 4], "float32"]]), 400, "shape"),
+        (manifest_folder(root / "d" / "step_1", tensors=[["norm.weight", [4], "float32"]] * 2), 400, "twice"),
+        (manifest_folder(root / "e" / "step_1", tensors=[["embed.weight", [8, 4], "float32"]]), 400, "missing"),
+        (manifest_folder(root / "f" / "step_1", tensors=[["x", [4], "float32"]]), 400, "not in the served"),
+        (manifest_folder(root / "g" / "step_1", tensors=[["norm.weight", [4], "int64"]]), 400, "not a broadcast"),
+        (manifest_folder(tmp_path / "elsewhere" / "step_1"), 403, "outside weights_root"),
+    ]
+    for path, status, reason in refused:
+        response = client.post("/reload_weights", json={"path": path, "step": 1})
+        assert response.status_code == status and reason in response.text, (path, response.text)
+    assert engine.calls == []  # nothing paused, nothing received
+    response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
+    assert response.status_code == 200, response.text
+    assert engine.calls[1][:2] == ("collective_rpc", "receive_weights")
+
+
+def test_a_server_without_weight_broadcast_takes_no_broadcast_weights(tmp_path, served_model):
+    root = tmp_path / "weights"
+    client, engine, _ = weights_app(root, base=str(served_model))
+    response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
+    assert response.status_code == 403 and "weight_broadcast" in response.text
+    assert engine.calls == []

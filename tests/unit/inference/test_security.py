@@ -75,19 +75,34 @@ def weights(tmp_path):
     return root
 
 
-def refusal(path, root) -> int:
+def refusal(path, root, step: int = 1) -> int:
     with pytest.raises(HTTPException) as e:
-        checked_weights_path(str(path), root)
+        checked_weights_path(str(path), root, step)
     return e.value.status_code
 
 
 def test_weights_path_must_be_a_stable_folder(weights):
-    assert checked_weights_path(str(weights / "step_1"), None) == weights / "step_1"
-    assert checked_weights_path(str(weights / "step_1"), weights) == weights / "step_1"
-    assert refusal(weights / "step_2", weights) == 400  # no STABLE: still being written
-    assert refusal(weights / "step_9", weights) == 400
+    assert checked_weights_path(str(weights / "step_1"), weights, 1) == weights / "step_1"
+    assert refusal(weights / "step_2", weights, 2) == 400  # no STABLE: still being written
+    assert refusal(weights / "step_9", weights, 9) == 400
     assert refusal(weights / "step_1" / "STABLE", weights) == 400  # a file
-    assert checked_weights_path(str(weights.parent / "elsewhere"), None) == weights.parent / "elsewhere"
+
+
+def test_a_server_without_weights_root_loads_nothing(weights):
+    with pytest.raises(HTTPException, match="weights_root") as e:
+        checked_weights_path(str(weights / "step_1"), None, 1)
+    assert e.value.status_code == 403
+
+
+def test_a_folder_is_loaded_as_the_step_it_holds_only(weights):
+    """An older step's folder cannot be served under a newer step number (the orchestrator checks the number)."""
+    with pytest.raises(HTTPException, match=r"step_1 is not the folder of weights step 2 \(step_2\)"):
+        checked_weights_path(str(weights / "step_1"), weights, 2)
+    (weights / "latest").symlink_to(weights / "step_1")  # the folder that is loaded counts, not the link's name
+    assert checked_weights_path(str(weights / "latest"), weights, 1) == weights / "step_1"
+    (weights / "final").mkdir()
+    mark_stable(weights / "final")
+    assert refusal(weights / "final", weights, 0) == 400
 
 
 def test_weights_path_cannot_escape_the_root(weights):
@@ -98,4 +113,4 @@ def test_weights_path_cannot_escape_the_root(weights):
     assert refusal(weights / "link", weights) == 403
     assert refusal(weights.parent / "weights-sibling", weights) == 403  # a prefix of the path is not inside
     (weights.parent / "root-link").symlink_to(weights)
-    assert checked_weights_path(str(weights / "step_1"), weights.parent / "root-link") == weights / "step_1"
+    assert checked_weights_path(str(weights / "step_1"), weights.parent / "root-link", 1) == weights / "step_1"

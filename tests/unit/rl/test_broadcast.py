@@ -1,9 +1,10 @@
 import multiprocessing
+import socket
 
 import pytest
 import torch
 
-from rl.broadcast import Sender, manifest_for, open_group, read_manifest, receive, send, write_manifest
+from rl.broadcast import Sender, manifest_for, open_group, open_store, read_manifest, receive, send, write_manifest
 from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
 from trainer.config import TrainerConfig
@@ -47,6 +48,26 @@ def test_a_broadcast_nobody_receives_fails_naming_the_timeout(free_port):
     sender.send({"w": torch.zeros(2)})  # in the background: training goes on
     with pytest.raises(TridentError, match=r"did not receive the weights within weight_broadcast.timeout_s = 1s"):
         sender.wait()  # before the next weights are written
+
+
+def test_the_store_listens_on_the_host_it_is_given_only(free_port):
+    port = free_port()
+    store = open_store(manifest_for({}, "127.0.0.1", port, "s", "gloo", timeout_s=5), rank=0)
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with pytest.raises(ConnectionRefusedError):  # another address of this machine: nothing listens there
+        socket.create_connection(("127.0.0.2", port), timeout=5)
+    store.set("k", "v")
+    joined = open_store(manifest_for({}, "127.0.0.1", port, "s", "gloo", timeout_s=5), rank=1)
+    assert joined.get("k") == b"v"
+
+
+def test_a_store_port_already_taken_fails_the_send_in_one_line(free_port):
+    taken = socket.create_server(("127.0.0.1", free_port()))
+    sender = Sender("127.0.0.1", taken.getsockname()[1], timeout_s=5, backend="gloo", device=torch.device("cpu"))
+    sender.send({"w": torch.zeros(2)})
+    with pytest.raises(TridentError, match=r"weight broadcast \(gloo, store 127.0.0.1:\d+\) failed: .*in use"):
+        sender.wait()
+    taken.close()
 
 
 def test_broadcast_sends_full_weights_only():

@@ -144,3 +144,15 @@ def test_without_inference_rl_starts_no_server_and_uses_the_running_one():
         "adapter",
     ]
     assert resolve_shared(parse_config(RLConfig, with_adapters)).inference is None  # the server's [lora] is its own
+
+
+def test_the_server_takes_broadcast_weights_through_the_trainers_store_only():
+    broadcast = ["--trainer.weight-broadcast.host", "127.0.0.1", "--trainer.weight-broadcast.port", "29600"]
+    config = resolve_shared(parse_config(RLConfig, [*broadcast, "--inference.port", "8000"]))
+    assert (config.inference.weight_broadcast.host, config.inference.weight_broadcast.port) == ("127.0.0.1", 29600)
+    assert resolve_shared(parse_config(RLConfig, ["--inference.port", "8000"])).inference.weight_broadcast is None
+    other = parse_config(RLConfig, [*broadcast, "--inference.weight-broadcast.port", "29601"])
+    with pytest.raises(
+        ConfigError, match=r"inference.weight_broadcast = 127.0.0.1:29601 is not trainer.weight_broadcast"
+    ):
+        resolve_shared(other)
