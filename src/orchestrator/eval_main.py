@@ -1,21 +1,40 @@
 """``uv run eval @ eval.toml``: score a model, or a run's weights, on held-out tasks.
 
 The server at ``client.base_url`` serves the model (``uv run inference @ infer.toml`` with its ``[model] name`` a
-folder or a hub id). ``weights`` loads a run's ``weights/step_N`` into it first, full weights or a LoRA adapter,
-probe-checked as a run's reloads are; without it the server's own model is scored (it is reset to it). The
-``[eval]`` section is the orchestrator's, so a run's can be copied as it is; the scores are logged and written
-to ``output_dir/metrics/eval.jsonl``.
+folder or a hub id, and ``weights_root`` the run's ``weights`` folder to load ``weights``). eval changes what a
+server serves only as it is told: ``weights`` (a run's ``weights/step_N``, full weights or a LoRA adapter,
+probe-checked as a run's reloads are) is loaded into a server serving its own model (step 0, no adapter), and
+``--reset`` first has the server serve its own model again; without either, what the server serves is scored. It
+says which server and which weights it scores. The ``[eval]`` section is the orchestrator's, so a run's can be
+copied as it is; the scores are logged and written to ``output_dir/metrics/eval.jsonl``.
 """
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from orchestrator.config import EvalRunConfig
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.servers import Servers
 from rl.config import run_cli
 from rl.errors import TridentError, exit_on_user_error
+from rl.inference_api import Served
 from rl.metrics import setup_logging
 from rl.protocol import is_stable, step_of
+
+logger = logging.getLogger("orchestrator")
+
+
+class EvalCliConfig(EvalRunConfig):
+    reset: Annotated[
+        bool,
+        Field(description="Have the server serve the model it started with again before scoring (and loading "
+                          "weights): never point it at a running run's server. Off: eval loads weights only into a "
+                          "server serving its own model, and otherwise scores what it serves."),
+    ] = False  # fmt: skip
 
 
 def weights_step(folder: Path) -> int:
@@ -28,25 +47,60 @@ def weights_step(folder: Path) -> int:
     return step
 
 
-async def evaluate(config: EvalRunConfig) -> dict:
+def urls(servers: Servers) -> str:
+    return ", ".join(server.url for server in servers.servers)
+
+
+async def served(servers: Servers) -> Served:
+    """What every server serves (requests name it from now on); a TridentError when they serve different weights."""
+    answers = [await server.client.served() for server in servers.servers]
+    for server, answer in zip(servers.servers, answers, strict=True):
+        server.client.use(answer)
+    if len({answer.model_dump_json() for answer in answers}) > 1:
+        raise TridentError(f"the servers at {urls(servers)} serve different weights: pass --reset to score them alike")
+    return answers[0]
+
+
+async def serve_weights(servers: Servers, config: EvalCliConfig) -> Served:
+    """Make the servers serve what eval scores, changing what they serve only as ``config`` allows; what they
+    serve then."""
+    if config.reset:
+        await servers.reset_weights()
+    now = await served(servers)
+    if config.weights is None:
+        return now
+    step = weights_step(config.weights)
+    if (now.step, Path(now.path)) == (step, config.weights.resolve()):
+        return now
+    if (now.step, now.adapter) != (0, None):
+        raise TridentError(
+            f"weights = {str(config.weights)!r}: the server at {urls(servers)} serves weights step {now.step} from "
+            f"{now.path} (a run's?); pass --reset to have eval replace them"
+        )
+    await servers.reload_weights(config.weights, step, config.client.probe_tolerance)
+    return await served(servers)
+
+
+async def evaluate(config: EvalCliConfig) -> dict:
     """Serve the model or weights to score, evaluate them once, and return the scores' record."""
-    step = weights_step(config.weights) if config.weights is not None else 0
+    if config.weights is not None:
+        weights_step(config.weights)  # before touching any server
     orchestrator = Orchestrator(config.orchestrator_config())
     servers = orchestrator.servers
     try:
         await servers.wait_ready(config.client.server_timeout_s)
-        await servers.reset_weights()
-        if config.weights is not None:
-            await servers.reload_weights(config.weights, step, config.client.probe_tolerance)
-            orchestrator.served_step = step
-        return await orchestrator.evaluate(step)
+        scored = await serve_weights(servers, config)
+        adapter = f", adapter {scored.adapter}" if scored.adapter else ""
+        logger.info(f"eval: scoring weights step {scored.step} from {scored.path}{adapter} on {urls(servers)}")
+        orchestrator.served_step = scored.step
+        return await orchestrator.evaluate(scored.step)
     finally:
         await servers.close()
         orchestrator.metrics.close()
 
 
 def main() -> None:
-    config = run_cli(EvalRunConfig)
+    config = run_cli(EvalCliConfig)
     setup_logging("eval", config.log.level)
     with exit_on_user_error("eval"):
         asyncio.run(evaluate(config))

@@ -30,13 +30,16 @@ def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: 
 
 
 @contextlib.contextmanager
-def serve(folder, model: str, port: int) -> Iterator[str]:
-    """An ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``) until the block ends;
-    its base URL."""
+def serve(folder, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Iterator[str]:
+    """An ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``) until the block ends,
+    loading weights from under ``weights_root`` and broadcast weights through a trainer's store on
+    ``broadcast_port``; its base URL."""
     config = folder / "infer.toml"
     config.write_text(
-        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
+        f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
+        f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
         "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
+        + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
     )
     log_path = folder / "inference.log"
     with log_path.open("wb") as log:
@@ -66,15 +69,24 @@ def start_server():
 
 
 @pytest.fixture(scope="session")
-def session_server(tmp_path_factory, free_port):
-    """Base URL of a running ``inference`` process serving the tiny model, started once per session.
+def broadcast_port(free_port) -> int:
+    """The port of the weight broadcast store that the session's server takes broadcast weights through."""
+    return int(os.environ.get("TRIDENT_TEST_BROADCAST_PORT", 0)) or free_port()
 
-    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests).
+
+@pytest.fixture(scope="session")
+def session_server(tmp_path_factory, free_port, broadcast_port):
+    """Base URL of a running ``inference`` process serving the tiny model, started once per session, loading
+    weights from the session's temporary folders and broadcast weights through ``broadcast_port``.
+
+    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests) with
+    ``weights_root`` pytest's base temporary folder and ``[weight_broadcast] port = $TRIDENT_TEST_BROADCAST_PORT``.
     """
     if os.environ.get("TRIDENT_TEST_SERVER"):
         yield os.environ["TRIDENT_TEST_SERVER"]
         return
-    with serve(tmp_path_factory.mktemp("inference"), TINY_MODEL_ID, free_port()) as base_url:
+    root = tmp_path_factory.getbasetemp()
+    with serve(tmp_path_factory.mktemp("inference"), TINY_MODEL_ID, free_port(), root, broadcast_port) as base_url:
         yield base_url
 
 

@@ -43,7 +43,8 @@ FAMILIES = {
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family_server(request, tmp_path_factory, free_port, start_server):
     """(model id, base URL) of a server of the tiny model of one chat family, for this module's tests."""
-    with start_server(tmp_path_factory.mktemp("inference"), request.param, free_port()) as base_url:
+    folder, root = tmp_path_factory.mktemp("inference"), tmp_path_factory.getbasetemp()
+    with start_server(folder, request.param, free_port(), root) as base_url:
         yield request.param, base_url
 
 

@@ -150,8 +150,8 @@ def write_adapter(tiny_model_path: str, folder, seed: int):
 def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_path, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     original = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    save_weights(original, tokenizer, tmp_path / "original")
-    body = {"path": str(tmp_path / "original"), "step": 0}
+    save_weights(original, tokenizer, tmp_path / "step_0")
+    body = {"path": str(tmp_path / "step_0"), "step": 0}
     response = httpx.post(f"{inference_server}/reload_weights", json=body, timeout=60)
     assert response.status_code == 200, response.text  # the base the adapters apply to (other tests change it)
     token_ids = tokenizer.encode(PROBE_TEXT)

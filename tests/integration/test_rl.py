@@ -110,7 +110,7 @@ def standalone_eval(run_dir: Path, server_url: str, weights: Path) -> dict:
     """``eval`` on ``weights`` with the debug configs' [eval], against ``server_url``; its record of scores."""
     config = run_dir / "eval.toml"
     debug_eval = tomllib.loads((DEBUG / "orch.toml").read_text())["eval"]
-    config.write_text(tomli_w.dumps({"weights": str(weights), "output_dir": str(run_dir / "eval"),
+    config.write_text(tomli_w.dumps({"weights": str(weights), "output_dir": str(run_dir / "eval"), "reset": True,
                                      "client": {"base_url": server_url}, "eval": debug_eval}))  # fmt: skip
     argv = [sys.executable, "-m", "orchestrator.eval_main", "@", str(config)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)

@@ -22,10 +22,10 @@ STEPS = 3
 
 
 @pytest.mark.parametrize("backend", ["gloo", "shared"])
-def test_every_step_reaches_the_server_in_memory(tmp_path, inference_server, free_port, backend):
+def test_every_step_reaches_the_server_in_memory(tmp_path, inference_server, broadcast_port, backend):
     shared = ["--output-dir", str(tmp_path), "--max-steps", str(STEPS)]
     trainer = [sys.executable, "-m", "trainer.main", "@", str(DEBUG / "train.toml"), *shared,
-               "--weight-broadcast.port", str(free_port()), "--weight-broadcast.backend", backend]  # fmt: skip
+               "--weight-broadcast.port", str(broadcast_port), "--weight-broadcast.backend", backend]  # fmt: skip
     orchestrator = [sys.executable, "-m", "orchestrator.main", "@", str(DEBUG / "orch.toml"), *shared,
                     "--client.base-url", inference_server, "--async-level", "0", "--no-eval",
                     "--batch-size", "2", "--rollouts-per-example", "4"]  # fmt: skip
