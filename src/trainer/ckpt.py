@@ -2,8 +2,8 @@
 
 ``checkpoints/step_N/trainer/`` holds the sharded model and optimizer state (``torch.distributed.checkpoint``,
 one file per rank, reloadable on any number of ranks), ``state.pt`` (step and scheduler) and one RNG file per
-rank. Every rank writes into ``.trainer.tmp``; rank 0 renames it into place and marks it ``STABLE``, so a
-checkpoint part is complete or absent.
+rank. Every rank writes into ``.trainer.tmp``; rank 0 marks it ``STABLE`` once it is on the disk and renames it
+into place, so a checkpoint part is complete or absent, also after a full disk or a crash.
 """
 
 import logging
@@ -14,10 +14,19 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from rl.errors import TridentError
-from rl.protocol import checkpoint_dir, complete_checkpoints, mark_stable, step_dirs
+from rl.protocol import (
+    checkpoint_dir,
+    complete_checkpoints,
+    disk_full,
+    free_space,
+    mark_stable,
+    move_into_place,
+    step_dirs,
+)
 from trainer.parallel import World
 
 logger = logging.getLogger("trainer")
@@ -53,14 +62,27 @@ def save_checkpoint(
         dist.barrier()
         if world.is_main:
             torch.save({"step": step, "scheduler": scheduler.state_dict(), "world_size": world.size}, tmp / "state.pt")
-            shutil.rmtree(folder, ignore_errors=True)
-            tmp.rename(folder)
-            mark_stable(folder)
-    except OSError as e:  # e.g. disk full: the older checkpoints are untouched
+            mark_stable(tmp)
+            move_into_place(tmp, folder)
+    except (Exception, CheckpointException) as e:  # dcp's CheckpointException is a BaseException
+        full = disk_full(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {folder}: {e}; older checkpoints are intact") from e
+        raise CheckpointError(
+            f"could not write checkpoint {folder}: {'no space left on the disk' if full else root_cause(e)} "
+            f"({free_space(folder.parent)} free); nothing of it was kept and older checkpoints are intact "
+            "(free space, then resume with --ckpt.resume-step -1)"
+        ) from e
     dist.barrier()
     return folder
+
+
+def root_cause(error: BaseException) -> str:
+    """One line for what failed: a checkpoint exception's first failure, else the innermost cause."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'}"
 
 
 def load_checkpoint(

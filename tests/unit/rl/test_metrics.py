@@ -4,7 +4,7 @@ import time
 from rl.config import parse_config
 from rl.launch.launcher import step_line
 from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.metrics import MetricsWriter, read_metrics, write_summary
+from rl.metrics import MetricsWriter, append_records, read_metrics, write_summary
 from rl.shared_config import WandbConfig
 
 
@@ -62,3 +62,11 @@ def test_summary_has_final_and_best_metrics_of_both_processes(tmp_path):
     assert summary["status"] == "finished" and summary["steps"] == 3 and summary["wall_s"] == 12.3
     assert summary["final"] == {"step": 2, "reward_mean": 0.4, "truncated_rate": 0.1, "loss": -2}
     assert summary["best_reward"] == {"step": 1, "reward_mean": 0.5}
+
+
+def test_appending_after_a_torn_line_keeps_the_new_record_whole(tmp_path):
+    path = tmp_path / "metrics" / "trainer.jsonl"
+    path.parent.mkdir()
+    path.write_text('{"step": 0}\n{"step": 1, "lo')  # the writer was killed mid-line
+    append_records(path, [{"step": 1}, {"step": 2}])
+    assert read_metrics(tmp_path, "trainer") == [{"step": 0}, {"step": 1}, {"step": 2}]

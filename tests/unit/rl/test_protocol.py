@@ -1,6 +1,14 @@
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
+import rl.protocol
+from rl.errors import TridentError
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -10,8 +18,10 @@ from rl.protocol import (
     clear_run_state,
     latest_stable_weights,
     mark_stable,
+    move_into_place,
     pack_samples,
     read_batch,
+    recover_aside,
     rollouts_dir,
     step_dirs,
     weights_dir,
@@ -118,3 +128,138 @@ def test_clear_run_state_keeps_checkpoints(tmp_path):
     deleted = clear_run_state(tmp_path)
     assert sorted(p.name for p in deleted) == ["metrics", "rollouts", "weights"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "logs"]
+
+
+@pytest.fixture
+def disk_events(monkeypatch):
+    """The fsyncs (by path) and renames made, in order."""
+    events = []
+    real_fsync, real_rename, real_replace = os.fsync, Path.rename, Path.replace
+
+    def fsync(fd):
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def rename(self, target):
+        events.append(("rename", Path(self), Path(target)))
+        return real_rename(self, target)
+
+    def replace(self, target):
+        events.append(("rename", Path(self), Path(target)))
+        return real_replace(self, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Path, "rename", rename)
+    monkeypatch.setattr(Path, "replace", replace)
+    return events
+
+
+def test_atomic_dir_puts_files_and_folders_on_the_disk_before_the_rename(tmp_path, disk_events):
+    final = weights_dir(tmp_path, 1)
+    with atomic_dir(final) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "model.bin").write_bytes(b"w")
+        (tmp / "config.json").write_text("{}")
+    rename = disk_events.index(("rename", tmp, final))
+    synced = {event[1] for event in disk_events[:rename]}
+    assert {tmp / "sub" / "model.bin", tmp / "config.json", tmp / "sub", tmp} <= synced
+    assert ("fsync", final.parent) in disk_events[rename:]  # the rename itself is on the disk before it returns
+
+
+def test_mark_stable_writes_the_marker_after_the_contents_are_on_the_disk(tmp_path, disk_events):
+    (tmp_path / "model.bin").write_bytes(b"w")
+    mark_stable(tmp_path)
+    assert disk_events == [
+        ("fsync", tmp_path / "model.bin"), ("fsync", tmp_path),
+        ("fsync", tmp_path / "STABLE"), ("fsync", tmp_path),
+    ]  # fmt: skip
+
+
+def test_atomic_file_syncs_the_text_before_the_rename_and_the_folder_after(tmp_path, disk_events):
+    path = tmp_path / "progress.json"
+    atomic_file(path, "new")
+    tmp = disk_events[0][1]
+    assert disk_events == [("fsync", tmp), ("rename", tmp, path), ("fsync", tmp_path)]
+
+
+def test_replacing_a_folder_renames_the_new_one_in_before_the_old_one_goes(tmp_path, disk_events):
+    final = tmp_path / "step_1"
+    with atomic_dir(final) as tmp:
+        (tmp / "f").write_text("old")
+    with atomic_dir(final) as tmp:
+        (tmp / "f").write_text("new")
+    renames = [event[1:] for event in disk_events if event[0] == "rename"]
+    assert renames[-2:] == [(final, tmp_path / ".step_1.old"), (tmp, final)]
+    assert (final / "f").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["step_1"]
+
+
+class Crash(BaseException):
+    """The host going down: nothing after it runs."""
+
+
+@pytest.mark.parametrize("crash_at", [1, 2, 3])
+def test_a_crash_while_replacing_a_folder_leaves_the_old_or_the_new_one_whole(tmp_path, monkeypatch, crash_at):
+    final, new = tmp_path / "step_1", tmp_path / ".step_1.tmp-x"
+    for folder, text in ((final, "old"), (new, "new")):
+        folder.mkdir()
+        (folder / "f").write_text(text)
+    steps, real_rename, real_rmtree = [], Path.rename, shutil.rmtree
+
+    def crash_at_step(real):
+        def step(*args, **kwargs):
+            steps.append(args[0])
+            if len(steps) == crash_at:  # 1: renaming the old folder aside, 2: renaming the new one in, 3: deleting
+                raise Crash
+            return real(*args, **kwargs)
+
+        return step
+
+    monkeypatch.setattr(Path, "rename", crash_at_step(real_rename))
+    monkeypatch.setattr(shutil, "rmtree", crash_at_step(real_rmtree))
+    with pytest.raises(Crash):
+        move_into_place(new, final)
+    monkeypatch.undo()
+    recover_aside(final)  # what the next write of the folder does first
+    assert (final / "f").read_text() == ("old" if crash_at <= 2 else "new")
+    assert not (tmp_path / ".step_1.old").exists()
+
+
+def test_resume_drops_a_torn_last_line_and_keeps_the_earlier_steps(tmp_path, caplog):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    rows = "".join(json.dumps({"step": s, "completion": "x" * 1000}) + "\n" for s in range(4))
+    (metrics / "sample_rollouts.jsonl").write_text(rows + '{"step": 4, "completion": "xx')  # killed mid-line
+    (metrics / "trainer.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
+    weights_dir(tmp_path, 4).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, "rl.protocol"):
+        clear_run_state(tmp_path, resume_from=3)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dropped the torn last line of {metrics / 'sample_rollouts.jsonl'} (29 characters, no newline)"
+    ]
+    for name in ("sample_rollouts", "trainer"):
+        lines = (metrics / f"{name}.jsonl").read_text().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    assert sorted(p.name for p in metrics.iterdir()) == ["sample_rollouts.jsonl", "trainer.jsonl"]  # no temporaries
+    assert not (tmp_path / "weights").exists()
+
+
+def test_resume_deletes_nothing_when_a_metrics_file_cannot_be_read(tmp_path):
+    (tmp_path / "metrics" / "trainer.jsonl").mkdir(parents=True)  # not a file
+    weights_dir(tmp_path, 4).mkdir(parents=True)
+    with pytest.raises(TridentError, match=r"cannot read .*metrics/trainer.jsonl to resume: Is a directory"):
+        clear_run_state(tmp_path, resume_from=3)
+    assert weights_dir(tmp_path, 4).exists()
+
+
+def test_a_bad_line_in_the_middle_is_skipped_and_reported_once(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(rl.protocol, "_reported", set())
+    path = tmp_path / "orchestrator.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n[3]\n{"step": 4')
+    with caplog.at_level(logging.WARNING, "rl.protocol"):
+        assert rl.protocol.read_records(path) == [{"step": 0}, {"step": 2}]  # the last line is still being written
+        assert rl.protocol.read_records(path) == [{"step": 0}, {"step": 2}]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"skipped line 2 of {path}: not a JSON object",
+        f"skipped line 4 of {path}: not a JSON object",
+    ]
