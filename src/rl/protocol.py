@@ -105,10 +105,13 @@ def progress_dir(output_dir: Path) -> Path:
 
 def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
-    was deleted. A run resuming after ``resume_from`` steps keeps the metrics of the steps before (every
-    metrics file is read before anything is deleted). Logs are overwritten by the new run; checkpoints are kept."""
+    was deleted. A run resuming after ``resume_from`` steps keeps the metrics of the steps before (every metrics
+    file is read and rewritten before anything is deleted). Logs are overwritten by the new run; checkpoints are
+    kept."""
     metrics = Path(output_dir) / "metrics"
     kept = {path: kept_records(path, resume_from) for path in metrics.glob("*.jsonl")} if resume_from else {}
+    for path, records in kept.items():
+        atomic_file(path, "".join(json.dumps(record) + "\n" for record in records))
     stale = [Path(output_dir) / name for name in ("rollouts", "weights", "progress")]
     stale = [path for path in stale if path.exists()]
     for path in stale:
@@ -116,8 +119,6 @@ def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     if metrics.exists() and resume_from == 0:
         shutil.rmtree(metrics)
         stale.append(metrics)
-    for path, records in kept.items():
-        atomic_file(path, "".join(json.dumps(record) + "\n" for record in records))
     return stale
 
 
