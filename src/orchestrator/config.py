@@ -248,6 +248,22 @@ class OrchestratorConfig(BaseConfig):
             )
         return self
 
+    @model_validator(mode="after")
+    def _steps_can_learn(self):
+        """A group of one rollout has advantage 0 under either baseline; an async_level above max_steps means no step
+        ever waits for trained weights."""
+        if self.rollouts_per_example == 1:
+            raise ValueError(
+                f"rollouts_per_example = 1 with advantage.baseline = {self.advantage.baseline!r}: the baseline is the "
+                "group's own reward, so every advantage is 0 and the run learns nothing; set rollouts_per_example >= 2"
+            )
+        if self.async_level > self.max_steps:
+            raise ValueError(
+                f"async_level = {self.async_level} is above max_steps = {self.max_steps}: no step would wait for "
+                "trained weights; lower async_level (1 or 2 is usual) or raise max_steps"
+            )
+        return self
+
 
 class EvalRunConfig(BaseConfig):
     """``uv run eval @ eval.toml``: score a model or a run's weights on held-out tasks, once."""

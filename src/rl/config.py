@@ -88,7 +88,7 @@ def _file_after_at(where: str, path: str | None) -> Path:
     if not path:
         raise ConfigError(f"{where} must be followed by a TOML file path")
     if path.startswith("--"):
-        raise ConfigError(f"{where} {path}: '@' must be followed by a TOML file path, not the flag {path}")
+        raise ConfigError(f"{where} {path}: expected a TOML file after '@', got a flag; write {where} file.toml")
     return Path(path)
 
 

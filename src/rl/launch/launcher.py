@@ -323,7 +323,8 @@ def write_plots_or_warn(output_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     setup_logging("rl")
     try:
-        config = resolve_shared(parse_config(RLConfig, sys.argv[1:] if argv is None else argv))
+        config = parse_config(RLConfig, sys.argv[1:] if argv is None else argv)
+        config = resolve_shared(config, on_gpu=gpu_memory_gib(config) is not None)
     except ConfigError as e:
         exit_config_error(e)
     setup_logging("rl", config.trainer.log.level)

@@ -54,10 +54,19 @@ def check_model(name: str) -> None:
 def lock_output_dir(output_dir: Path) -> IO:
     """Claim ``output_dir`` for this run; the lock lasts as long as the returned file stays open (or the process).
 
-    A second ``rl`` on the same output dir would delete the first one's rollouts and weights: it is refused.
+    A second ``rl`` on the same output dir would delete the first one's rollouts and weights: it is refused, as is
+    an output dir that is a file or cannot be written to.
     """
-    output_dir.mkdir(parents=True, exist_ok=True)
-    lock = (output_dir / "rl.lock").open("a+")
+    if output_dir.exists() and not output_dir.is_dir():
+        raise TridentError(f"--output-dir {output_dir}: is a file, not a folder; choose a folder (or move the file)")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        lock = (output_dir / "rl.lock").open("a+")
+    except OSError as e:  # a file above it, a read-only or foreign folder
+        raise TridentError(
+            f"--output-dir {output_dir}: cannot hold the run ({e.strerror}: {e.filename}); choose a folder you can "
+            "write to"
+        ) from None
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -176,7 +185,7 @@ def check_gpus_exist(config: RLConfig) -> None:
         )
     for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
         if not ids or any(i >= count for i in ids):
-            raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}")
+            raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}; name those")
 
 
 def note_enforce_eager(config: RLConfig, on_gpu: bool) -> None:

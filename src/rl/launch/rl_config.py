@@ -1,5 +1,6 @@
 """The ``rl`` launcher's config: the three process configs plus the fields they must agree on."""
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -10,6 +11,8 @@ from orchestrator.config import OrchestratorConfig
 from rl.config import BaseConfig, ConfigError, format_errors
 from rl.shared_config import AsyncLevel, CkptSection, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
 from trainer.config import TrainerConfig
+
+logger = logging.getLogger("rl")
 
 
 class SharedModelConfig(StrictModel):
@@ -128,12 +131,14 @@ def _assign(obj: Any, dotted: str, value: Any) -> None:
     setattr(_get(obj, ".".join(parents)) if parents else obj, leaf, value)
 
 
-def resolve_shared(config: RLConfig) -> RLConfig:
+def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     """Make the sub-configs agree on the shared fields, or raise a ConfigError naming the disagreement.
 
     A value given to ``rl`` itself (``--max-steps 5``) wins everywhere. Otherwise the value set explicitly
-    in the sub-configs is copied to the others; two different explicit values are an error.
+    in the sub-configs is copied to the others; two different explicit values are an error. ``on_gpu``: whether
+    the run is on GPUs (``preflight.gpu_memory_gib``), which decides how many servers GPU ids make.
     """
+    refused = []  # values a check across keys refused (async_level against the old max_steps): tried again at the end
     for shared, targets in SHARED_FIELDS.items():
         value = _get(config, shared)
         if value is None:
@@ -149,15 +154,20 @@ def resolve_shared(config: RLConfig) -> RLConfig:
                 continue  # a running server: its settings are its own
             try:
                 _assign(config, target, value)
-            except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
-                raise ConfigError(format_errors(e, {})) from None
+            except ValidationError:
+                refused.append((target, value))
+    for target, value in refused:
+        try:
+            _assign(config, target, value)
+        except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
+            raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
     one_receiver(config)
     if config.inference is None:
         if config.inference_servers is not None:
             raise ConfigError("--inference-servers: rl starts servers only with --inference @ infer.toml")
         return config
-    count_servers(config)
+    count_servers(config, on_gpu)
     broadcast_store(config)
     if not _is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
@@ -198,12 +208,20 @@ def broadcast_store(config: RLConfig) -> None:
     config.inference.weight_broadcast = store
 
 
-def count_servers(config: RLConfig) -> None:
-    """Settle ``inference_servers``: given, or as many as ``inference_gpu_ids`` make; a ConfigError when the GPUs
-    given do not split into that many groups of ``inference.tensor_parallel_size``."""
+def count_servers(config: RLConfig, on_gpu: bool) -> None:
+    """Settle ``inference_servers``: given, or as many as ``inference_gpu_ids`` make (on the CPU, one, with a warning
+    when the ids make more); a ConfigError when the GPUs given do not split into that many groups of
+    ``inference.tensor_parallel_size``."""
     tp = config.inference.tensor_parallel_size
     gpus = config.inference_gpu_ids
-    if config.inference_servers is None:
+    if config.inference_servers is None and not on_gpu:
+        config.inference_servers = 1
+        if len(gpus) > tp:
+            logger.warning(
+                f"--inference-gpu-ids {gpus}: this machine has no GPU, so rl starts one inference server on the CPU; "
+                "--inference-servers N starts N there (or plan a GPU run with --gpu-memory-gib)"
+            )
+    elif config.inference_servers is None:
         config.inference_servers = max(1, len(gpus) // tp)
         if len(gpus) > tp and len(gpus) % tp:
             raise ConfigError(

@@ -14,6 +14,8 @@ Checks (``Problem.check``), errors unless marked:
   ``num_tokens``, ``num_loss_tokens``) disagrees with the tensors.
 - ``position_mismatch``, ``advantage_mismatch``: positions do not restart at 0 per sample, or a sample's advantage
   is not constant or differs from ``batch.json``.
+- ``trainer_rejects``: the trainer's own reader (:func:`rl.protocol.read_batch`) refuses the batch (other dtypes,
+  NaN or infinite advantages or logprobs, counts ``batch.json`` gets wrong, ...): the run would stop there.
 - ``empty_mask``: a sample with no trainable token.
 - ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
   a whole run of trained tokens (a lone 0.0 among real logprobs is the warning ``zero_logprob``: vLLM reports 0.0
@@ -39,7 +41,17 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from rl.errors import TridentError
-from rl.protocol import MICRO_BATCH_TENSORS, PER_TOKEN_TENSORS, configs_dir, micro_batch_paths, rollouts_dir, step_dirs
+from rl.protocol import (
+    MICRO_BATCH_DTYPES,
+    MICRO_BATCH_TENSORS,
+    PER_TOKEN_TENSORS,
+    BatchError,
+    configs_dir,
+    micro_batch_paths,
+    read_batch,
+    rollouts_dir,
+    step_dirs,
+)
 
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
@@ -158,7 +170,10 @@ def _split_micro_batch(
     k: int, tensors: dict, first_index: int, summaries: list, problems: list[Problem]
 ) -> list[SampleRecord]:
     name = f"micro_batch_{k}"
-    values = {key: tensors[key].flatten().tolist() for key in MICRO_BATCH_TENSORS if key in tensors}
+    # read as the protocol's dtypes, so that float ids (even NaN) still split; trainer_rejects reports the dtype
+    values = {
+        key: tensors[key].to(dtype).flatten().tolist() for key, dtype in MICRO_BATCH_DTYPES.items() if key in tensors
+    }
     missing = [key for key in MICRO_BATCH_TENSORS if key not in values]
     if missing:
         problems.append(Problem("missing_tensor", f"{name} has no {', '.join(missing)} tensor"))
@@ -503,7 +518,17 @@ def check_step(rollouts: StepRollouts, chat: ChatFormat) -> StepReport:
     """Check every sample of a step and the batch as a whole."""
     reports = [check_sample(record, chat) for record in rollouts.samples]
     model = str(getattr(chat.tokenizer, "name_or_path", ""))
-    return StepReport(rollouts, reports, list(rollouts.problems) + _check_batch_info(rollouts), model)
+    problems = list(rollouts.problems) + _check_batch_info(rollouts) + _check_as_the_trainer(rollouts)
+    return StepReport(rollouts, reports, problems, model)
+
+
+def _check_as_the_trainer(rollouts: StepRollouts) -> list[Problem]:
+    """What the trainer's reader refuses in this batch (the protocol's own checks), as one problem."""
+    try:
+        read_batch(rollouts.path.parents[1], rollouts.step)
+    except BatchError as e:
+        return [Problem("trainer_rejects", f"the trainer would refuse this batch: {e}")]
+    return []
 
 
 def _check_batch_info(rollouts: StepRollouts) -> list[Problem]:

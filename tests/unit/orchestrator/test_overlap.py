@@ -64,7 +64,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
 def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, on_weights_server):
     """With weights at hand, the next step's groups still wait until at most overlap_tail of this step's groups run:
     sooner they would only share the server's batch with them."""
-    config = OrchestratorConfig(output_dir=tmp_path, batch_size=4, rollouts_per_example=1, async_level=2,
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=4, rollouts_per_example=2, async_level=2,
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.25)  # fmt: skip
     orchestrator, server = on_weights_server(config)
     finish = [asyncio.Event() for _ in range(4)]  # step 0's groups end when told; step 1's at once

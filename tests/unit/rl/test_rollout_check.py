@@ -4,6 +4,7 @@ masks exactly on what the model sampled; then one planted fault per check."""
 import importlib.util
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -115,8 +116,8 @@ def chat_sample(tokenizer) -> tuple[Sample, Builder]:
 
 def write_step(output_dir: Path, samples: list[Sample], model: str, step: int = 0, mutate=None) -> Path:
     """Write ``rollouts/step_N`` (the first sample alone in micro_batch_0, the rest in micro_batch_1) and the
-    run's config, as the orchestrator does."""
-    bins = [samples[:1], samples[1:]]
+    run's config, as the orchestrator does (which writes no empty micro-batch)."""
+    bins = [b for b in (samples[:1], samples[1:]) if b]
     packed = [s for b in bins for s in b]
     micro_batches = [MicroBatch.pack(b) for b in bins]
     info = BatchInfo(
@@ -348,7 +349,7 @@ def test_trainable_token_without_logprob(tmp_path, samples, chat, tiny_model_pat
     logprobs[nan_at] = math.nan
     write_step(tmp_path, [replace(tool, inference_logprobs=logprobs), truncated, no_logprobs], tiny_model_path)
     found = checks_found(tmp_path, chat)
-    assert set(found) == {"missing_logprob"}
+    assert set(found) == {"missing_logprob", "trainer_rejects"}  # the NaN: the trainer refuses non-finite logprobs
     assert [(p.sample, p.positions) for p in found["missing_logprob"]] == [(0, [nan_at]), (2, reply)]
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
 
@@ -390,9 +391,29 @@ def test_length_mismatch(tmp_path, samples, chat, tiny_model_path, check_loss_ma
 
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=drop_last_logprob)
     found = checks_found(tmp_path, chat)
-    assert set(found) == {"length_mismatch"}
+    assert set(found) == {"length_mismatch", "trainer_rejects"}
     assert {p.sample for p in found["length_mismatch"]} == {None, 2}  # the micro-batch, and its last sample
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "refusal"),
+    [("nan_advantage", "advantages or inference_logprobs hold NaN or infinite values"),
+     ("float_ids", r"input_ids is torch.float32 of shape \[\d+\], expected 1-d torch.int64")],
+)  # fmt: skip
+def test_what_the_trainer_would_refuse_fails_the_check(tmp_path, samples, chat, tiny_model_path, check_loss_mask,
+                                                       capsys, fault, refusal):  # fmt: skip
+    def spoil(info, micro_batches):
+        if fault == "nan_advantage":
+            micro_batches[1].advantages[0] = math.nan
+        else:
+            micro_batches[0].input_ids = micro_batches[0].input_ids.float()
+
+    write_step(tmp_path, baseline(samples), tiny_model_path, mutate=spoil)
+    (problem,) = checks_found(tmp_path, chat)["trainer_rejects"]
+    assert re.match(rf"the trainer would refuse this batch: \S+micro_batch_\d.safetensors: {refusal}$", problem.message)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+    assert "trainer_rejects" in capsys.readouterr().out
 
 
 def test_sample_lengths_disagree_with_tensors(tmp_path, samples, chat, tiny_model_path):
