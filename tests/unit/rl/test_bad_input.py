@@ -37,9 +37,11 @@ def test_an_output_dir_that_is_a_file_or_under_one(tmp_path):
     taken = tmp_path / "taken"
     taken.write_text("not a folder")
     line = one_line(rl("--output-dir", str(taken)), 1)
-    assert line.endswith(f"rl failed: --output-dir {taken}: is a file, not a folder; choose a folder (or move the file)")
+    assert line.endswith(f"rl failed: --output-dir {taken}: is a file, not a folder; choose a folder (or move the "
+                         "file)")  # fmt: skip
     line = one_line(rl("--output-dir", str(taken / "run")), 1)
-    assert f"--output-dir {taken / 'run'}: cannot hold the run (Not a directory: {taken / 'run'}); choose a fold" in line
+    under = taken / "run"
+    assert f"--output-dir {under}: cannot hold the run (Not a directory: {under}); choose a folder you can" in line
     assert taken.read_text() == "not a folder"
 
 
@@ -50,14 +52,15 @@ def user_namespaces() -> bool:
 @pytest.mark.skipif(not user_namespaces(), reason="needs unprivileged user namespaces to mount a read-only tmpfs")
 def test_an_output_dir_that_cannot_be_written(tmp_path):
     """A read-only mount refuses even root (the tests may run as root, where a chmod would not)."""
-    mount = f"mount -t tmpfs -o ro tmpfs {tmp_path} && exec \"$@\""
+    mount = f'mount -t tmpfs -o ro tmpfs {tmp_path} && exec "$@"'
     line = one_line(rl("--output-dir", str(tmp_path), prefix=("unshare", "-rm", "sh", "-c", mount, "sh")), 1)
     assert f"--output-dir {tmp_path}: cannot hold the run (Read-only file system: {tmp_path / 'rl.lock'})" in line
 
 
 def test_a_flag_where_a_file_belongs_after_at(tmp_path):
     line = one_line(rl("--trainer", "@", "--output-dir", str(tmp_path)), 2)
-    assert line == "error: --trainer @ --output-dir: expected a TOML file after '@', got a flag; write --trainer @ file.toml"
+    assert line == ("error: --trainer @ --output-dir: expected a TOML file after '@', got a flag; write --trainer @ "
+                    "file.toml")  # fmt: skip
     assert not any(tmp_path.iterdir())
 
 
