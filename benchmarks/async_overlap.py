@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench = SMOKE if args.smoke else FULL
     with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-") as tmp:
         model = None if args.server else common.benchmark_model(bench.model_shape, Path(tmp) / "model")
-        with common.server_for(args.server, model, LORA_RANK) as server_url:
+        with common.server_for(args.server, model, LORA_RANK, Path(tmp)) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))
     return common.report(args.output, result, summary_table(result))
 

@@ -201,16 +201,25 @@ def wait_healthy(base_url: str, server: Child, timeout_s: float = SERVER_TIMEOUT
 
 @contextmanager
 def inference_process(
-    model: str, lora_rank: int | None, log_dir: Path, max_model_len: int = 1024, env: dict[str, str] | None = None
+    model: str,
+    lora_rank: int | None,
+    log_dir: Path,
+    weights_root: Path,
+    max_model_len: int = 1024,
+    env: dict[str, str] | None = None,
+    broadcast_port: int | None = None,
 ) -> Iterator[tuple[str, Child]]:
     """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank`` (None: no
-    adapters; ``env``: more environment variables); yield its base URL and process once healthy, and stop it (its
-    whole process group) on exit."""
+    adapters; ``env``: more environment variables), loading weights from the step folders under ``weights_root``
+    (and in-memory weights through a trainer's store on ``broadcast_port``); yield its base URL and process once
+    healthy, and stop it (its whole process group) on exit."""
     port = free_port()
     config = log_dir / "infer.toml"
     lora = f"[lora]\nmax_rank = {lora_rank}\n" if lora_rank is not None else ""
+    broadcast = f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else ""
     config.write_text(
-        f'port = {port}\n[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = {max_model_len}\n{lora}'
+        f'port = {port}\nweights_root = {str(weights_root)!r}\n[model]\nname = "{model}"\nenforce_eager = true\n'
+        f"max_model_len = {max_model_len}\n{lora}{broadcast}"
     )
     argv = [sys.executable, "-m", "inference.main", "@", str(config)]
     server = Child("inference", argv, log_dir / "inference.log", child_env(env or {}))
@@ -223,22 +232,23 @@ def inference_process(
 
 
 @contextmanager
-def inference_server(model: str, lora_rank: int | None, log_dir: Path, max_model_len: int = 1024) -> Iterator[str]:
-    """:func:`inference_process`'s base URL."""
-    with inference_process(model, lora_rank, log_dir, max_model_len) as (base_url, _):
-        yield base_url
-
-
-@contextmanager
-def server_for(url: str | None, model: str | None, lora_rank: int | None, max_model_len: int = 1024) -> Iterator[str]:
-    """The server at ``url`` when given (it must serve LoRA adapters of ``lora_rank``), else one started for
-    the duration of the block to serve ``model`` (adapters up to ``lora_rank``; None: none), with its log in a
-    temporary folder."""
+def server_for(
+    url: str | None,
+    model: str | None,
+    lora_rank: int | None,
+    weights_root: Path,
+    max_model_len: int = 1024,
+    broadcast_port: int | None = None,
+) -> Iterator[str]:
+    """The server at ``url`` when given (it must serve LoRA adapters of ``lora_rank`` and load weights from under
+    ``weights_root``), else one started for the duration of the block to serve ``model`` (adapters up to
+    ``lora_rank``; None: none) from ``weights_root`` (and ``broadcast_port``), with its log in a temporary folder."""
     if url is not None:
         yield url.rstrip("/")
         return
     with tempfile.TemporaryDirectory(prefix="trident-bench-server-") as tmp:
-        with inference_server(model, lora_rank, Path(tmp), max_model_len) as base_url:
+        started = inference_process(model, lora_rank, Path(tmp), weights_root, max_model_len, None, broadcast_port)
+        with started as (base_url, _):
             yield base_url
 
 

@@ -3,8 +3,8 @@ weights through a shared-memory buffer (``[weight_broadcast] backend = "shared"`
 against one server.
 
 ``uv run --no-sync python benchmarks/reload_latency.py`` (``--smoke`` for a short run on the tiny model;
-``--server URL`` to measure a running server, which must serve LoRA adapters of rank 8, instead of starting one
-per model).
+``--server URL`` to measure a running server, which must serve LoRA adapters of rank 8, load weights from under
+``--work-dir`` and take in-memory weights through ``--broadcast-port``, instead of starting one per model).
 
 For each model (the tiny model, and a larger random Qwen3 of the same vocabulary, where loading full weights
 costs more), one server serves it and gets ``reloads`` full-weight reloads from files (``POST /reload_weights``),
@@ -142,7 +142,7 @@ def stats(export_s: list[float], server_s: list[float], round_trip_s: list[float
     return result
 
 
-def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict:
+def measure(server_url: str, reloads: int, work_dir: Path, world: World, broadcast_port: int) -> dict:
     """Interleaved full, LoRA and shared-buffer reloads against the server; timings of each kind and their ratios."""
     model_folder = served_model(server_url)[1]
     serve_base_model(server_url)  # adapter names start again at step 1: none of an earlier user's may be served
@@ -150,7 +150,7 @@ def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     timings: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
     warm_ups = list(KINDS)
-    sender = Sender("127.0.0.1", free_port(), REQUEST_TIMEOUT_S, "shared", torch.device("cpu"))
+    sender = Sender("127.0.0.1", broadcast_port, REQUEST_TIMEOUT_S, "shared", torch.device("cpu"))
     with httpx.Client(base_url=server_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers()) as http:
         for step, kind in enumerate([*warm_ups, *interleaved(reloads)], start=1):  # a new adapter name per step
             folder = work_dir / f"step_{step}"
@@ -172,13 +172,17 @@ def measure(server_url: str, reloads: int, work_dir: Path, world: World) -> dict
     }  # fmt: skip
 
 
-def measure_model(shape: dict[str, int], server: str | None, reloads: int, work_dir: Path, world: World) -> dict:
-    """Serve the tiny model reshaped by ``shape`` (or use ``server``) and measure its reloads."""
-    with server_for(server, benchmark_model(shape, work_dir / "model"), LORA_RANK) as server_url:
-        return measure(server_url, reloads, work_dir, world)
+def measure_model(
+    shape: dict[str, int], server: str | None, reloads: int, work_dir: Path, world: World, broadcast_port: int
+) -> dict:
+    """Serve the tiny model reshaped by ``shape`` (or use ``server``) and measure its reloads, the shared buffer's
+    through the trainer's store on ``broadcast_port``."""
+    model = benchmark_model(shape, work_dir / "model")
+    with server_for(server, model, LORA_RANK, work_dir, broadcast_port=broadcast_port) as server_url:
+        return measure(server_url, reloads, work_dir, world, broadcast_port)
 
 
-def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path) -> dict:
+def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path, broadcast_port: int) -> dict:
     """Each model of ``bench`` in turn (only the served one with ``server``); the results as a JSON-able dict."""
     models = {"served": {}} if server else bench.models
     results = {}
@@ -186,7 +190,7 @@ def run_benchmark(bench: BenchmarkConfig, server: str | None, work_dir: Path) ->
     try:
         for name, shape in models.items():
             (work_dir / name).mkdir()
-            results[name] = measure_model(shape, server, bench.reloads, work_dir / name, world)
+            results[name] = measure_model(shape, server, bench.reloads, work_dir / name, world, broadcast_port)
     finally:
         close_world()
     return benchmark_result(
@@ -215,14 +219,16 @@ def summary_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
     parser = benchmark_parser(__doc__, "reload_latency", "a short run: 2 reloads of each kind, tiny model", server=True)
+    parser.add_argument("--work-dir", type=Path, help="where weights go (with --server: under its weights_root)")
+    parser.add_argument("--broadcast-port", type=int, help="with --server: its [weight_broadcast] port")
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
     transformers.utils.logging.disable_progress_bar()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the trainer's side, as rl runs it on CPU beside the server (OMP_NUM_THREADS=1)
     try:
-        with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-reload-") as tmp:
-            result = run_benchmark(bench, args.server, Path(tmp))
+        with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-reload-", dir=args.work_dir) as tmp:
+            result = run_benchmark(bench, args.server, Path(tmp), args.broadcast_port or free_port())
     finally:
         torch.set_num_threads(threads)
     return report(args.output, result, summary_table(result))

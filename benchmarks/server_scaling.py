@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
             env = {"VLLM_CPU_OMP_THREADS_BIND": str(i % os.cpu_count())} if args.bind else {}
             folder = Path(tmp) / f"server-{i}"
             folder.mkdir()
-            url, server = stack.enter_context(inference_process(TINY_MODEL_ID, 8, folder, env=env))
+            url, server = stack.enter_context(inference_process(TINY_MODEL_ID, 8, folder, Path(tmp), env=env))
             urls.append(url)
             groups.append(server.popen.pid)  # it leads its process group
         result = {"benchmark": "server_scaling", "date": utc_now(), "machine": machine_info(),

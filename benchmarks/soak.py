@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     warmup = max(2, steps // 10)
     with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-soak-") as tmp:
         start = time.monotonic()
-        with server_for(args.server, TINY_MODEL_ID, LORA_RANK) as url:
+        with server_for(args.server, TINY_MODEL_ID, LORA_RANK, Path(tmp)) as url:
             samples = run_soak(url, steps, Path(tmp))
         seconds = time.monotonic() - start
     result = {

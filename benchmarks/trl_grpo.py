@@ -330,14 +330,14 @@ def compare(trident: dict, trl: dict) -> dict:
 
 
 @contextmanager
-def own_server(model: str, url: str | None, log_dir: Path):
+def own_server(model: str, url: str | None, log_dir: Path, weights_root: Path):
     """``(url, process group)`` of the server at ``url`` (group None: not ours), or of one started for the block
-    and the seconds it took to start."""
+    (loading weights from under ``weights_root``) and the seconds it took to start."""
     if url is not None:
         yield (url.rstrip("/"), None), None
         return
     start = time.monotonic()
-    with inference_process(model, None, log_dir, max_model_len=1024) as (base_url, child):  # full weights: no LoRA
+    with inference_process(model, None, log_dir, weights_root, max_model_len=1024) as (base_url, child):  # no LoRA
         yield (base_url, child.popen.pid), time.monotonic() - start
 
 
@@ -347,7 +347,7 @@ def run_benchmark(bench: BenchmarkConfig, server: str | None, threads: int, work
     model = benchmark_model(bench.shape, work_dir / "model")
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     (work_dir / "server").mkdir()
-    with own_server(model, server, work_dir / "server") as (served, server_start_s):
+    with own_server(model, server, work_dir / "server", work_dir) as (served, server_start_s):
         for repetition in range(bench.repetitions):
             for side in SIDES if repetition % 2 == 0 else SIDES[::-1]:
                 run_dir = work_dir / f"{side}-{repetition}"

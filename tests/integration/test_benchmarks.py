@@ -53,9 +53,10 @@ def test_step_overlap_smoke_run(benchmarks, inference_server, tmp_path):
     assert httpx.get(f"{inference_server}/weights").json()["step"] == 0  # the base model serves again
 
 
-def test_reload_latency_smoke_run(benchmarks, inference_server, tmp_path):
+def test_reload_latency_smoke_run(benchmarks, inference_server, broadcast_port, tmp_path):
     output = tmp_path / "reload_latency.json"
-    benchmarks("reload_latency").main(["--smoke", "--server", inference_server, "--output", str(output)])
+    flags = ["--work-dir", str(tmp_path), "--broadcast-port", str(broadcast_port)]  # the session server's
+    benchmarks("reload_latency").main(["--smoke", "--server", inference_server, "--output", str(output), *flags])
 
     result = json.loads(output.read_text())
     assert {"date", "machine", "config", "models"} <= result.keys()
