@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = common.benchmark_parser(__doc__, "async_overlap", "a short run: 3 tiny steps at each level", server=True)
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
-    with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-") as tmp:
+    with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-async-", dir=args.work_dir) as tmp:
         model = None if args.server else common.benchmark_model(bench.model_shape, Path(tmp) / "model")
         with common.server_for(args.server, model, LORA_RANK, Path(tmp)) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))

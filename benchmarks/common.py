@@ -90,6 +90,7 @@ def benchmark_parser(doc: str, name: str, smoke_help: str, server: bool = False)
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / f"{name}.json", help="where the JSON results go")
     if server:
         parser.add_argument("--server", help="URL of a running inference server to use instead of starting one")
+        parser.add_argument("--work-dir", type=Path, help="where runs write (with --server: under its weights_root)")
     return parser
 
 

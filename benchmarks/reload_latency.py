@@ -219,7 +219,6 @@ def summary_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
     parser = benchmark_parser(__doc__, "reload_latency", "a short run: 2 reloads of each kind, tiny model", server=True)
-    parser.add_argument("--work-dir", type=Path, help="where weights go (with --server: under its weights_root)")
     parser.add_argument("--broadcast-port", type=int, help="with --server: its [weight_broadcast] port")
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     steps = 6 if args.smoke else args.steps
     warmup = max(2, steps // 10)
-    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-soak-") as tmp:
+    with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-soak-", dir=args.work_dir) as tmp:
         start = time.monotonic()
         with server_for(args.server, TINY_MODEL_ID, LORA_RANK, Path(tmp)) as url:
             samples = run_soak(url, steps, Path(tmp))

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
-    with common.exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-overlap-") as tmp:
+    work_dir = tempfile.TemporaryDirectory(prefix="trident-bench-overlap-", dir=args.work_dir)
+    with common.exit_on_sigterm(), work_dir as tmp:
         with common.server_for(args.server, TINY_MODEL_ID, None, Path(tmp), max_model_len=SEQ_LEN) as server_url:
             result = run_benchmark(bench, server_url, Path(tmp))
     return common.report(args.output, result, summary_table(result))

@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench = replace(bench, overlap_steps=not args.no_overlap)
     if args.larger and args.output == RESULTS_DIR / "trl_grpo.json":
         args.output = RESULTS_DIR / "trl_grpo_larger.json"
-    with tempfile.TemporaryDirectory(prefix="trident-bench-trl-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="trident-bench-trl-", dir=args.work_dir) as tmp:
         result = run_benchmark(bench, args.server, args.trl_threads, Path(tmp))
     return report(args.output, result, summary_table(result))
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 def test_async_overlap_smoke_run(benchmarks, inference_server, tmp_path):
     output = tmp_path / "async_overlap.json"
-    benchmarks("async_overlap").main(["--smoke", "--server", inference_server, "--output", str(output)])
+    benchmarks("async_overlap").main(["--smoke", "--server", inference_server, "--output", str(output),
+                                      "--work-dir", str(tmp_path)])  # fmt: skip
 
     result = json.loads(output.read_text())
     assert {"date", "machine", "config", "model", "runs", "async_level_0", "async_level_1"} <= result.keys()
@@ -34,7 +35,8 @@ def test_async_overlap_smoke_run(benchmarks, inference_server, tmp_path):
 
 def test_step_overlap_smoke_run(benchmarks, inference_server, tmp_path):
     output = tmp_path / "step_overlap.json"
-    benchmarks("step_overlap").main(["--smoke", "--server", inference_server, "--output", str(output)])
+    benchmarks("step_overlap").main(["--smoke", "--server", inference_server, "--output", str(output),
+                                     "--work-dir", str(tmp_path)])  # fmt: skip
 
     result = json.loads(output.read_text())
     assert {"date", "machine", "config", "model", "runs", "on", "off", "ratio_on_over_off"} <= result.keys()
@@ -101,7 +103,8 @@ def test_orchestrator_rollouts_smoke_run(benchmarks, tiny_model_path, tmp_path):
 def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):
     benchmark = benchmarks("trl_grpo")
     output = tmp_path / "results.json"
-    benchmark.main(["--smoke", "--output", str(output), "--server", inference_server, "--trl-threads", "1"])
+    benchmark.main(["--smoke", "--output", str(output), "--server", inference_server, "--trl-threads", "1",
+                    "--work-dir", str(tmp_path)])  # fmt: skip
 
     result = json.loads(output.read_text())
     assert {"date", "machine", "config", "trident", "trl", "trident_speedup_per_step"} <= result.keys()
