@@ -39,6 +39,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 from rl.inference_api import GENERATE, MODELS
 from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
@@ -170,7 +171,7 @@ async def timed_batch(
     env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig
 ) -> tuple[float, list[Rollout]]:
     """Seconds to run ``group_size`` rollouts of each task, at most ``concurrency`` at once, and the rollouts."""
-    limit = asyncio.Semaphore(bench.concurrency)
+    limit = RolloutLimits.of(bench.concurrency)
     start = time.perf_counter()
     groups = await asyncio.gather(*(run_group(env, task, bench.group_size, ctx, limit) for task in tasks))
     return time.perf_counter() - start, [rollout for group in groups for rollout in group]

@@ -21,7 +21,14 @@ from rl.shared_config import (
     WandbSection,
 )
 
-MaxConcurrent = Annotated[int, Field(ge=1, description="Most rollouts in flight at once.")]
+MaxConcurrent = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        description="Most rollouts in flight at once, from set-up to score (tool calls included). Absent: "
+        "client.max_concurrent_per_server for each server.",
+    ),
+]
 
 
 class OrchestratorModelConfig(ModelConfig):
@@ -157,6 +164,15 @@ class ClientConfig(StrictModel):
         ),
     ] = 60.0
 
+    max_concurrent_per_server: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Most model calls (sequences) in flight on each server: a rollout holds one only while the "
+            "model answers it, not while it sets up or runs a tool.",
+        ),
+    ] = 64
+
     @field_validator("base_url", mode="after")
     @classmethod
     def _one_or_several(cls, value: str | list[str]) -> str | list[str]:
@@ -169,6 +185,48 @@ class ClientConfig(StrictModel):
     def base_urls(self) -> list[str]:
         """The servers' URLs, one or several."""
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+
+class InfraConfig(StrictModel):
+    """Rollout set-up and infrastructure errors (tool servers, sandboxes, the inference servers): see
+    docs/environments.md."""
+
+    max_concurrent_setups: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="Most rollouts setting up at once (runtime, task and harness set-up, tool servers), apart "
+            "from max_concurrent. Absent: the machine's CPU count.",
+        ),
+    ] = None
+    setup_timeout_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Seconds a rollout's set-up may take once it has its slot; past it the set-up is an "
+            "infrastructure error (verifiers itself waits 180 s for a tool server that crashed on start).",
+        ),
+    ] = 120.0
+    max_retries: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Times a rollout that fails with an infrastructure error (a tool server, sandbox or "
+            "inference server failing; not the model's output) runs again before its group is lost.",
+        ),
+    ] = 3
+    retry_backoff_s: Annotated[
+        float, Field(ge=0, description="Seconds before a rollout's first retry, doubled for each next (at most 30).")
+    ] = 1.0
+    max_lost_groups: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=1,
+            description="Share of a step's groups that may be lost to infrastructure errors (left out of the "
+            "batch); more, or all, fails the step with one line naming the environment and the cause.",
+        ),
+    ] = 0.5
 
 
 class OrchestratorConfig(BaseConfig):
@@ -187,7 +245,8 @@ class OrchestratorConfig(BaseConfig):
     rollouts_per_example: Annotated[
         int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
     ] = 8
-    max_concurrent: MaxConcurrent = 64
+    max_concurrent: MaxConcurrent = None
+    infra: InfraConfig = InfraConfig()
     overlap_steps: Annotated[
         bool,
         Field(description="Start the next step's groups while this step's last rollouts finish, once the servers "
@@ -227,6 +286,11 @@ class OrchestratorConfig(BaseConfig):
         Field(description="Held-out evaluation during training (absent or --no-eval: none); scores in "
                           "metrics/eval.jsonl."),
     ] = None  # fmt: skip
+
+    @property
+    def rollouts_in_flight(self) -> int:
+        """``max_concurrent``, or ``client.max_concurrent_per_server`` for each server."""
+        return self.max_concurrent or self.client.max_concurrent_per_server * len(self.client.base_urls)
 
     @model_validator(mode="after")
     def _every_env_gets_prompts(self):
@@ -278,7 +342,7 @@ class EvalRunConfig(BaseConfig):
                           "first; absent: the model the server started with."),
     ] = None  # fmt: skip
     output_dir: OutputDir = Path("outputs/eval")
-    max_concurrent: MaxConcurrent = 64
+    max_concurrent: MaxConcurrent = None
     log: LogConfig = LogConfig()
 
     def orchestrator_config(self) -> OrchestratorConfig:

@@ -13,6 +13,8 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
+from orchestrator.infra import is_infra
+from orchestrator.limits import RolloutLimits, install
 from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
 from rl.errors import TridentError
@@ -20,6 +22,7 @@ from rl.inference_api import API_KEY_ENV
 
 logger = logging.getLogger("orchestrator")
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
+install()  # set-up and model-call limits (orchestrator.limits)
 
 
 @dataclass
@@ -36,6 +39,9 @@ class Rollout:
     turns: int = 0  # model calls
     task: str = ""  # the task's id
     env: str = ""  # the environment's id
+    lost: bool = False  # failed with an infrastructure error (orchestrator.infra), retries spent: not an outcome
+    retries: int = 0  # times it was run again after an infrastructure error
+    setup_s: float | None = None  # seconds from its runtime's start to its agent's, when set-up finished
 
 
 def harness_for(env: EnvConfig) -> str:
@@ -121,6 +127,11 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
     return out
 
 
+def _setup_seconds(trace: vf.Trace) -> float | None:
+    timing = trace.timing
+    return timing.setup.end - timing.boot.start if timing.setup.end and timing.boot.start else None
+
+
 def _error_text(error: vf.Error | None) -> str | None:
     return f"{error.type}: {error.message}" if error is not None else None
 
@@ -137,12 +148,14 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
     trainable = [trace for trace in episode.traces if trace.agent.trainable]  # a simulated user's is not
     if not trainable:
         error = _error_text(episode.last_error) or "the environment returned no trace of a trainable agent"
-        return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task)
+        return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task,
+                       lost=is_infra(episode.last_error))  # fmt: skip
     trace = trainable[0]
+    ok = bool(episode.ok) and not trace.is_timeout  # a timed-out rollout was cut short: not trained on
     return Rollout(
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace),
-        ok=bool(episode.ok) and not trace.is_timeout,  # a timed-out rollout was cut short: not trained on
+        ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)
         or ("TimeoutError: the rollout timed out ([[env]] timeout_s)" if trace.is_timeout else None),
@@ -151,21 +164,34 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
         turns=len(trace.calls),
         env=env_id,
         task=task,
+        lost=not ok and is_infra(trace.last_error or episode.last_error),
+        setup_s=_setup_seconds(trace),
     )
 
 
-async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limit: asyncio.Semaphore) -> list[Rollout]:
-    """``n`` rollouts of one task (one advantage group)."""
+async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits) -> list[Rollout]:
+    """``n`` rollouts of one task (one advantage group), each run again with backoff, up to ``limits.max_retries``
+    times, while it fails with an infrastructure error (:func:`~orchestrator.infra.is_infra`)."""
 
     env_id = env.config.taskset.id
 
-    async def one(slot):
-        async with limit:
+    async def attempt(slot) -> Rollout:
+        async with limits.rollouts:
             try:
-                return to_rollout(await env.run_slot(slot, ctx), env_id)
+                with limits.setting_up():
+                    return to_rollout(await env.run_slot(slot, ctx), env_id)
             except Exception as e:  # verifiers records the environment's own faults; anything else lands here
                 logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
                 error = f"{type(e).__name__}: {e}"
                 return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data))
+
+    async def one(slot) -> Rollout:
+        retries = 0
+        while (rollout := await attempt(slot)).lost and retries < limits.max_retries:
+            logger.debug(f"rollout of {env_id!r} runs again after: {rollout.error}")
+            await asyncio.sleep(limits.backoff(retries))
+            retries += 1
+        rollout.retries = retries
+        return rollout
 
     return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

@@ -187,8 +187,8 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
                                        for name, url in mcp_urls.items()}}  # fmt: skip
                 try:
                     mcp_specs, dispatch, servers = await connect_mcp(spec, stack, reserved=set(tools))
-                except Exception as e:
-                    raise ConnectionError(f"cannot list the tools of MCP servers {mcp_urls}: {_root_cause(e)}") from e
+                except Exception as e:  # verifiers' type for a tool server that cannot be reached: infrastructure
+                    raise vf.ToolsetError(f"cannot list the tools of MCP servers {mcp_urls}: {_root_cause(e)}") from e
             specs = [tool_spec(fn) for fn in tools.values()] + mcp_specs
             extra = {"tools": specs} if specs else {}
             try:

@@ -16,6 +16,8 @@ from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, task_id
 from orchestrator.evaluation import eval_scores, load_eval_sets
+from orchestrator.infra import check_lost, infra_metrics, is_lost
+from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.servers import NoServer, ServerDown, Servers
@@ -123,7 +125,12 @@ class Orchestrator:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
         client = config.client
         self.servers = Servers(client.base_urls, client.timeout_s, config.model.name, self.ctx, client.stall_timeout_s)
-        self.limit = asyncio.Semaphore(config.max_concurrent)
+        infra = config.infra
+        self.limits = RolloutLimits.of(
+            config.rollouts_in_flight, infra.max_concurrent_setups, infra.setup_timeout_s, infra.max_retries,
+            infra.retry_backoff_s,
+        )  # fmt: skip
+        limit_generation(client.base_urls, client.max_concurrent_per_server)
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.progress = Progress(self.output_dir, "orchestrator")
         self.served_step = 0
@@ -279,6 +286,10 @@ class Orchestrator:
             self.cancel_next_step()
             raise
         weight_step, start = started.weight_step, started.start
+        check_lost(step, groups, self.config.infra.max_lost_groups)
+        infra = infra_metrics(groups)
+        self.log_infra(step, groups)
+        groups = [group for group in groups if not is_lost(group)]
         started_early_s = max(0.0, self.written_at - start) if self.written_at is not None else 0.0
         generated = time.perf_counter()
         generate_s = generated - start
@@ -314,6 +325,7 @@ class Orchestrator:
         metrics = {
             **rollout_metrics(groups, rewards, generate_s),
             **(env_metrics(groups, rewards, generate_s) if len(self.envs) > 1 else {}),
+            **infra,
             **advantage_metrics(samples),
             "empty_samples": empty,
             "overlong_samples": overlong,
@@ -360,7 +372,7 @@ class Orchestrator:
         while True:
             async with self.servers.lease() as server:
                 try:
-                    call = run_group(env, task, n, self.servers.context(server), self.limit)
+                    call = run_group(env, task, n, self.servers.context(server), self.limits)
                     rollouts = await self.servers.guard(server, call)
                 except ServerDown:
                     rollouts = None
@@ -369,6 +381,21 @@ class Orchestrator:
                         per_server[self.servers.servers.index(server)] += n
                     return rollouts
             logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
+
+    def log_infra(self, step: int, groups: list[list[Rollout]]) -> None:
+        """One line per environment whose rollouts met infrastructure errors: retries, lost groups, a cause."""
+        by_env: dict[str, list[list[Rollout]]] = {}
+        for group in groups:
+            by_env.setdefault(group[0].env, []).append(group)
+        for env, env_groups in by_env.items():
+            retried = [r for group in env_groups for r in group if r.retries or r.lost]
+            if retried:
+                lost = sum(map(is_lost, env_groups))
+                cause = next((r.error for r in retried if r.lost), None)
+                logger.warning(
+                    f"step {step}: environment {env!r}: {sum(r.retries for r in retried)} retries after "
+                    f"infrastructure errors, {lost} of {len(env_groups)} groups lost" + (f" ({cause})" if cause else "")
+                )
 
     def start_step(self) -> int:
         """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""

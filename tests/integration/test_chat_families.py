@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 from rl.metrics import read_metrics
 from rl.model_path import resolve_model_path
 from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
@@ -71,7 +72,7 @@ def test_tool_turns_train_exactly_the_sampled_text_in_the_familys_syntax(family_
 
     async def one_rollout():
         async with env.serving():
-            (rollout,) = await run_group(env, task, 1, ctx, asyncio.Semaphore(1))
+            (rollout,) = await run_group(env, task, 1, ctx, RolloutLimits.of(1))
             return rollout
 
     for _ in range(2):

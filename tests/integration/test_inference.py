@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import build_samples
 from rl.errors import TridentError
 from rl.inference_api import adapter_name
@@ -36,7 +37,7 @@ def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
 
     async def run():
         async with env.serving():
-            return await run_group(env, task, n, model_context(config, tiny_model_path), asyncio.Semaphore(n))
+            return await run_group(env, task, n, model_context(config, tiny_model_path), RolloutLimits.of(n))
 
     groups = [asyncio.run(run())]
     assert all(r.ok for r in groups[0]), [r.error for r in groups[0]]

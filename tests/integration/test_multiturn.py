@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import build_samples
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def rollouts(base_url, tokenizer_path, calls, args: dict, n: int, enable_thinkin
         async with env.serving():
             for _ in range(n):
                 before = len(calls)
-                (rollout,) = await run_group(env, task, 1, ctx, asyncio.Semaphore(1))
+                (rollout,) = await run_group(env, task, 1, ctx, RolloutLimits.of(1))
                 assert rollout.ok, rollout.error
                 out.append((rollout, calls[before:]))
         return out

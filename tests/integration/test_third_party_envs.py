@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import harness_for, load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 from rl.metrics import read_metrics
 from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
@@ -57,7 +58,7 @@ def rollouts(env_config: EnvConfig, ctx: vf.ModelContext, n: int):
 
     async def run():
         async with env.serving():  # starts the taskset's shared servers
-            return await run_group(env, task, n, ctx, asyncio.Semaphore(n))
+            return await run_group(env, task, n, ctx, RolloutLimits.of(n))
 
     return asyncio.run(run())
 

@@ -15,6 +15,7 @@ import verifiers.v1 as vf
 import orchestrator.orchestrator as orch_module
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
+from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
 from rl.errors import TridentError
 from rl.model_path import resolve_model_path
@@ -65,7 +66,7 @@ def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():
 
     async def run():
         async with env.serving():
-            return await run_group(env, task, 3, ctx, asyncio.Semaphore(3))
+            return await run_group(env, task, 3, ctx, RolloutLimits.of(3))
 
     rollouts = asyncio.run(run())
     assert [r.ok for r in rollouts] == [False] * 3
@@ -82,7 +83,7 @@ def test_a_rollout_past_its_timeout_is_a_failed_rollout():
 
     async def run():
         async with env.serving():
-            return await run_group(env, task, 2, ctx, asyncio.Semaphore(2))
+            return await run_group(env, task, 2, ctx, RolloutLimits.of(2))
 
     start = time.monotonic()
     rollouts = asyncio.run(run())
@@ -108,7 +109,7 @@ def test_a_rollout_that_raises_is_a_failed_rollout(monkeypatch):
 
     monkeypatch.setattr(env, "run_slot", raising_run_slot)
     task = next(iter(env.taskset.load()))
-    (rollout,) = asyncio.run(run_group(env, task, 1, None, asyncio.Semaphore(1)))
+    (rollout,) = asyncio.run(run_group(env, task, 1, None, RolloutLimits.of(1)))
     assert not rollout.ok and rollout.error == "KeyError: 'trace'" and rollout.env == ENV_ID
 
 

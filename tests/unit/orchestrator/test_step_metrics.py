@@ -45,6 +45,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
                 metrics={"edits": 2.0 * i},
                 turns=1,
                 env="reverse-text",
+                setup_s=0.25,
             )
             for i in range(n)
         ]
@@ -55,7 +56,10 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
 
     (record,) = read_metrics(tmp_path, "orchestrator")
     documented = documented_keys("Orchestrator")
-    expected = {k.replace("<function>", "similarity").replace("<name>", "edits") for k in documented} - {"probe_gap"}
+    expected = {
+        k.replace("<function>", "similarity").replace("<name>", "edits").replace("<env>", "reverse-text")
+        for k in documented
+    } - {"probe_gap"}
     assert set(record) == expected  # probe_gap comes with the first reload
     assert record["prompt_len_max"] == len(prompt) and record["completion_len_max"] == len(reply)
     assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5 and record["metric/edits"] == 1.0

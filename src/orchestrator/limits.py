@@ -1,0 +1,99 @@
+"""How much of each costly thing a run does at once: rollouts, their set-ups, and model calls on each server.
+
+verifiers 0.4.0 sets a rollout up and calls the model inside ``Env.run_slot``, so two limits sit where it does
+that work:
+
+- a set-up (``Rollout.open``: runtime start, task and harness set-up, tool servers) holds a slot of the run's
+  set-up limit, which the rollout carries in a context variable; waiting for the slot is not set-up time. A set-up
+  past its time fails with :class:`SetupTimeoutError` (verifiers waits 180 s for a tool server that crashed);
+- a model call (``TrainClient.get_response``, which every harness's calls reach) holds a slot of the server it
+  is sent to, so a rollout that runs a tool or sets up holds none and a server's batch fills with the calls of
+  other rollouts.
+"""
+
+import asyncio
+import contextlib
+import os
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from verifiers.v1.clients.train import TrainClient
+from verifiers.v1.errors import RolloutError
+from verifiers.v1.rollout import Rollout
+
+_setups: ContextVar["RolloutLimits | None"] = ContextVar("trident_setups", default=None)
+_generation: dict[str, asyncio.Semaphore] = {}  # model calls in flight, by the server's /v1 URL
+
+
+@dataclass
+class RolloutLimits:
+    """What a group's rollouts may hold at once, and how they retry infrastructure errors."""
+
+    rollouts: asyncio.Semaphore  # rollouts in flight, from set-up to score
+    setups: asyncio.Semaphore  # rollouts setting up
+    setup_timeout_s: float | None = None  # seconds a set-up may take once it has its slot
+    max_retries: int = 0  # retries of a rollout that fails with an infrastructure error
+    backoff_s: float = 1.0  # the wait before its first retry, doubled for each next one (at most 30 s)
+
+    @classmethod
+    def of(cls, rollouts: int, setups: int | None = None, setup_timeout_s: float | None = None, max_retries: int = 0,
+           backoff_s: float = 1.0):  # fmt: skip
+        """Limits of ``rollouts`` in flight and ``setups`` setting up (None: :func:`default_setups`)."""
+        semaphores = asyncio.Semaphore(rollouts), asyncio.Semaphore(setups or default_setups())
+        return cls(*semaphores, setup_timeout_s, max_retries, backoff_s)
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (from 0)."""
+        return min(self.backoff_s * 2**retry, 30.0)
+
+    @contextlib.contextmanager
+    def setting_up(self):
+        """Rollouts started inside take their set-up slot from these limits."""
+        token = _setups.set(self)
+        try:
+            yield
+        finally:
+            _setups.reset(token)
+
+
+def default_setups() -> int:
+    """Set-ups at once when the config names none: one per CPU core (a tool server's start is mostly imports)."""
+    return os.cpu_count() or 1
+
+
+def limit_generation(base_urls: list[str], per_server: int) -> None:
+    """At most ``per_server`` model calls in flight to each server of ``base_urls`` (the run's, from now on)."""
+    _generation.clear()
+    _generation.update({f"{url.rstrip('/')}/v1": asyncio.Semaphore(per_server) for url in base_urls})
+
+
+_open = Rollout.open
+_get_response = TrainClient.get_response
+
+
+class SetupTimeoutError(RolloutError):
+    """A rollout's set-up took longer than ``infra.setup_timeout_s``."""
+
+
+async def _limited_open(self: Rollout) -> bool:
+    limits = _setups.get()
+    if limits is None:
+        return await _open(self)
+    async with limits.setups:
+        try:
+            async with asyncio.timeout(limits.setup_timeout_s):
+                return await _open(self)
+        except TimeoutError:  # open() freed what it had started when cancelled
+            self.fail(SetupTimeoutError(f"set-up took more than infra.setup_timeout_s = {limits.setup_timeout_s}s"))
+            return False
+
+
+async def _limited_get_response(self: TrainClient, *args, **kwargs):
+    async with _generation.get(self.config.base_url.rstrip("/")) or contextlib.nullcontext():
+        return await _get_response(self, *args, **kwargs)
+
+
+def install() -> None:
+    """Put the two limits into verifiers' set-up and model call (once per process)."""
+    Rollout.open = _limited_open
+    TrainClient.get_response = _limited_get_response
