@@ -4,7 +4,8 @@
 
 Both sides take the same final hidden states of ``tokens`` positions and a random output layer of a Qwen3-sized
 vocabulary (151,936), and compute what a training step needs from them: each position's logprob of its target
-token after temperature, the entropy of that distribution (for the metrics, without gradient), and the backward
+token after temperature, the entropy of that distribution (for the metrics, without gradient; the chunked side
+computes it at the positions the trainer logs it for, ``logged_entropy_rows``), and the backward
 of a policy-gradient-like loss (``-Σ advantage · logprob``) into the hidden states and the output layer.
 
 - **chunked** is Trident's :func:`trainer.scoring.chunked_scores`: the logits of ``chunk_rows`` positions at a
@@ -15,7 +16,7 @@ of a policy-gradient-like loss (``-Σ advantage · logprob``) into the hidden st
 Each side runs in a fresh child process, so that its peak resident memory is its own: the peak is reset once
 the inputs are made, and the peak above what the process held then is reported (0 below the resolution of a
 page; a ratio counts such a peak as 1 MiB). The children also write their
-logprobs, entropies and gradients, which must agree.
+logprobs, entropies (at the logged positions) and gradients, which must agree.
 """
 
 import multiprocessing
@@ -27,7 +28,7 @@ from pathlib import Path
 import torch
 from common import benchmark_result, reset_peak_rss, rss_mib, run_and_report
 
-from trainer.scoring import ScoreRequest, chunk_rows, chunked_scores
+from trainer.scoring import ScoreRequest, chunk_rows, chunked_scores, logged_entropy_rows
 
 TEMPERATURE = 0.7
 SIDES = ("chunked", "unchunked")
@@ -82,7 +83,8 @@ def measure(side: str, config: BenchmarkConfig, output: Path, queue) -> None:
     (-(advantages * logprobs).sum()).backward()
     seconds = time.process_time() - start
     peak = rss_mib("VmHWM")
-    torch.save({"logprobs": logprobs.detach(), "entropies": entropies.detach(), "hidden_grad": hidden.grad,
+    logged = entropies.detach()[logged_entropy_rows(len(entropies))]
+    torch.save({"logprobs": logprobs.detach(), "entropies": logged, "hidden_grad": hidden.grad,
                 "weight_grad": weight.grad}, output)  # fmt: skip
     queue.put({"peak_mib": peak - baseline, "cpu_seconds": seconds})
 
