@@ -6,13 +6,14 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
-from rl.lifeline import watch_launcher
+from rl.lifeline import stop_descendants_on_exit, watch_launcher
 from rl.metrics import setup_logging
 
 
 def main() -> None:
     config = run_cli(OrchestratorConfig)
     watch_launcher()
+    stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)
     with exit_on_user_error("orchestrator"):
         asyncio.run(Orchestrator(config).run())

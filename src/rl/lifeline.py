@@ -1,15 +1,25 @@
-"""A process of an ``rl`` run ends when ``rl`` ends, however ``rl`` ends (SIGKILL included).
+"""A process of an ``rl`` run ends when ``rl`` ends, however ``rl`` ends (SIGKILL included), and takes the processes
+it started with it.
 
 ``rl`` puts its pid in ``$TRIDENT_LAUNCHER_PID``. Each process of the run (inference, orchestrator, every trainer
 rank) calls :func:`watch_launcher` at start: a thread waits on a pidfd of ``rl``, and once ``rl`` is gone it stops
 the process group the process leads (SIGTERM, then SIGKILL after a grace), so no server keeps a port or a GPU.
+
+Processes started in sessions of their own (verifiers' tool servers and harness programs) are outside that group:
+:func:`stop_descendants_on_exit` has a process stop them when it ends or gets SIGTERM, having made itself their
+reaper (Linux's child subreaper), so that those whose parent exited first are still found.
 """
 
+import atexit
+import ctypes
 import logging
 import os
 import select
+import signal
 import subprocess
 import threading
+import time
+from pathlib import Path
 
 LAUNCHER_PID_ENV = "TRIDENT_LAUNCHER_PID"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL, as rl's own stop
@@ -45,3 +55,73 @@ def _stop_after_exit(pid: int, pidfd: int | None, grace_s: float) -> None:
     # A shell does it: it ignores the SIGTERM it sends, so it outlives this process to send the SIGKILL.
     target = 0 if leader else os.getpid()  # `kill 0`: the shell's own group, which is this one
     subprocess.Popen(["/bin/sh", "-c", f"trap '' TERM; kill -TERM {target}; sleep {grace_s:g}; kill -KILL {target}"])
+
+
+PR_SET_CHILD_SUBREAPER = 36
+DESCENDANTS_GRACE_S = 5.0  # well inside rl's own grace for this process
+
+
+def stop_descendants_on_exit(grace_s: float = DESCENDANTS_GRACE_S) -> None:
+    """Stop the processes this one started in sessions of their own, at any depth, when this one exits or gets
+    SIGTERM (which then ends it with exit code 143 through ``SystemExit``, so ``finally`` blocks run). Processes in
+    this one's own group go with it: ``rl`` and the lifeline stop the group."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:  # orphaned descendants become this process's children
+        logger.warning(f"could not become the reaper of orphaned descendants (errno {ctypes.get_errno()})")
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    atexit.register(stop_descendants, grace_s)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the teardown short
+    signal_descendants(signal.SIGTERM)  # at once: rl allows this process a grace of its own
+    raise SystemExit(128 + signal.SIGTERM)
+
+
+def descendant_groups(pid: int) -> set[int]:
+    """The process groups, other than ``pid``'s own, of ``pid``'s living descendants (from ``/proc``)."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            children.setdefault(int(parent), []).append((int(stat.parent.name), int(group)))
+    own, groups, todo = os.getpgid(pid), set(), [pid]
+    while todo:
+        for child, group in children.get(todo.pop(), []):
+            todo.append(child)
+            groups |= {group} - {own}
+    return groups
+
+
+def signal_descendants(sig: signal.Signals) -> set[int]:
+    """Send ``sig`` to the process groups of this process's descendants in sessions of their own; returns them."""
+    groups = descendant_groups(os.getpid())
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return groups
+
+
+def stop_descendants(grace_s: float = DESCENDANTS_GRACE_S) -> None:
+    """SIGTERM the process groups of this process's descendants in sessions of their own, and SIGKILL those left
+    after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    while signal_descendants(signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        _reap()
+    signal_descendants(signal.SIGKILL)
+    _reap()
+
+
+def _reap() -> None:
+    """Collect the exit status of ended children (adopted orphans have no one else to wait for them)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import verifiers.v1 as vf
+from procs import run_processes, wait_gone
 from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
@@ -163,14 +165,19 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
         assert report.errors == [] and report.role_counts()["assistant"]["trainable"] == sum(mask) > 0
 
 
-def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
+def notes_env_rl(server: str, output_dir: Path, steps: int) -> list[str]:
+    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
-            "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", inference_server,
-            "--max-steps", "2", "--output-dir", str(tmp_path), "--orchestrator.env", json.dumps(env),
+    return [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
+            "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
+            "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
             "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2"]  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+
+def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
+    result = subprocess.run(notes_env_rl(inference_server, tmp_path, 2), capture_output=True, text=True, timeout=900,
+                            cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     orchestrator = read_metrics(tmp_path, "orchestrator")
     assert [r["step"] for r in orchestrator] == [0, 1] and all(r["failed_rollouts"] == 0 for r in orchestrator)
@@ -179,3 +186,36 @@ def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_
     assert {s["env"] for s in samples} == {"notes-env"} and all("looked_it_up" in s["rewards"] for s in samples)
     report = check_step(*open_step(tmp_path, None, None))
     assert [p for p in report.all_problems() if p.severity == "error"] == []
+
+
+def tool_servers(launcher: int) -> list[int]:
+    """The running notes-env tool servers (``python -m notes_env.<toolset>``, in sessions of their own) of the run
+    whose ``rl`` is ``launcher``."""
+
+    def command(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # gone meanwhile
+            return b""
+
+    return [pid for pid in run_processes(launcher) if b"notes_env" in command(pid)]
+
+
+def test_stopping_rl_during_a_tool_using_step_leaves_no_tool_server(user_env_installed, inference_server, tmp_path):
+    """verifiers starts each tool server in a session of its own, outside the orchestrator's process group that rl
+    stops: SIGTERM to rl while they serve a step, and 30 s later no process of the run is left, tool servers
+    included."""
+    rl = subprocess.Popen(notes_env_rl(inference_server, tmp_path, 20), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not ((tmp_path / "rl.lock").exists() and (tmp_path / "rl.lock").read_text() and
+                   tool_servers(launcher := int((tmp_path / "rl.lock").read_text()))):  # fmt: skip
+            assert rl.poll() is None and time.monotonic() < deadline, "no tool server started"
+            time.sleep(0.2)
+        os.kill(launcher, signal.SIGTERM)  # as a user stops a run
+        assert rl.wait(timeout=60) == 130
+        wait_gone(lambda: run_processes(launcher), timeout_s=30)
+    finally:
+        if rl.poll() is None:
+            os.killpg(rl.pid, signal.SIGKILL)

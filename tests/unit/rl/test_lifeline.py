@@ -63,3 +63,40 @@ def test_a_child_that_leads_no_group_stops_only_itself():
         assert alive(bystander)
     finally:
         os.killpg(launcher.pid, signal.SIGKILL)
+
+
+# A process of the run that starts what verifiers starts: processes in sessions of their own, one of which leaves an
+# orphan in yet another session (its parent exits at once), and one that ignores SIGTERM. Prints their pids.
+STARTER = """
+import subprocess, sys, time
+from rl.lifeline import stop_descendants_on_exit
+stop_descendants_on_exit(grace_s=1)
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(99)"
+orphaning = "import subprocess as s; print(s.Popen(['sleep', '99'], start_new_session=True, stderr=s.DEVNULL,\
+ stdout=s.DEVNULL).pid)"
+server = subprocess.Popen(["sleep", "99"], start_new_session=True)
+hard = subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True)
+orphan = subprocess.run([sys.executable, "-c", orphaning], start_new_session=True, capture_output=True, text=True)
+print(server.pid, hard.pid, orphan.stdout.strip(), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def started(seconds: float) -> tuple[subprocess.Popen, list[int]]:
+    process = subprocess.Popen([sys.executable, "-c", STARTER, str(seconds)], stdout=subprocess.PIPE, text=True)
+    pids = list(map(int, process.stdout.readline().split()))
+    assert len(pids) == 3 and all(alive(pid) for pid in pids)
+    return process, pids
+
+
+def test_processes_started_in_sessions_of_their_own_stop_with_a_sigtermed_process():
+    process, pids = started(600)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    wait_gone(lambda: [pid for pid in pids if alive(pid)], timeout_s=10)  # the stubborn one by SIGKILL, after 1 s
+
+
+def test_processes_started_in_sessions_of_their_own_stop_when_the_process_ends():
+    process, pids = started(0)
+    assert process.wait(timeout=30) == 0
+    wait_gone(lambda: [pid for pid in pids if alive(pid)], timeout_s=10)
