@@ -307,7 +307,6 @@ def case_main(argv: list[str]) -> None:
 def child(action: str, payload: dict, src: Path, timeout_s: float) -> dict:
     """Run one action of this script in a fresh process with ``src`` first on its path; its result line."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    env.setdefault("OMP_NUM_THREADS", "1" if not _has_gpu() else "8")
     argv = [sys.executable, __file__, action, json.dumps(payload)]
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -385,6 +384,7 @@ def main(argv: list[str] | None = None) -> dict:
     cases = {name: case for name, case in cases.items() if not args.cases or name in args.cases}
     sides = {"new": SRC} | ({"baseline": args.baseline_src.resolve()} if args.baseline_src else {})
     gpu = _has_gpu()
+    os.environ.setdefault("OMP_NUM_THREADS", "8" if gpu else "1")  # the children's, as rl gives its processes
     results = {"benchmark": "gpu_check", "date": utc_now(), "device": device_name(), "host": platform.node(),
                "smoke": args.smoke, "warmup_steps": WARMUP_STEPS, "timed_steps": TIMED_STEPS, "cases": {},
                "handover": []}  # fmt: skip

@@ -44,7 +44,8 @@ class SharedBuffer:
         if device.type == "cuda":
             data = torch.empty(nbytes, dtype=torch.uint8, device=device)
             return cls(data, cuda_handle(data))
-        free = os.statvfs(SHM_DIR).f_bavail * os.statvfs(SHM_DIR).f_frsize
+        room = os.statvfs(SHM_DIR)
+        free = room.f_bavail * room.f_frsize
         if free < nbytes:  # writing past a full tmpfs through the mapping would kill the trainer (SIGBUS)
             raise TridentError(
                 f"weight broadcast: {SHM_DIR} has {free / 2**20:.0f} MiB free, the weights need {nbytes / 2**20:.0f} "
