@@ -90,6 +90,14 @@ class EnvConfig(StrictModel):
             "verifiers harness id (its program runs per rollout). Tokens come from the server's replies either way."
         ),
     ] = "auto"
+    runtime: Annotated[
+        Literal["auto", "subprocess", "docker", "podman"],
+        Field(
+            description="Where each agent's program runs (verifiers' runtimes): 'auto' (a local subprocess, or docker "
+            "else podman when the harness or tasks need a container), or one of them by name. A container runtime "
+            "whose daemon does not answer is refused in one line."
+        ),
+    ] = "auto"
     max_turns: Annotated[
         int | None,
         Field(

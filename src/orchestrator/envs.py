@@ -17,10 +17,12 @@ from orchestrator.infra import is_infra
 from orchestrator.limits import RolloutLimits, install
 from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
+from orchestrator.runtimes import container_need, container_runtime
 from rl.errors import TridentError
 from rl.inference_api import API_KEY_ENV
 
 logger = logging.getLogger("orchestrator")
+VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 install()  # set-up and model-call limits (orchestrator.limits)
 
@@ -46,39 +48,60 @@ class Rollout:
 
 def harness_for(env: EnvConfig) -> str:
     """The harness id each agent of ``env`` runs: ``env.harness``, or for "auto" the harness the taskset's package
-    declares, else Trident's in-process one."""
+    declares, else Trident's in-process one (in place of verifiers' default, "bash": a subprocess per rollout)."""
     if env.harness != "auto":
         return HARNESS_ID if env.harness == "trident" else env.harness
     declared = default_harness_id(env.id)
-    return declared if declared != "bash" else HARNESS_ID  # "bash" is verifiers' answer for "none declared"
+    return declared if declared != VERIFIERS_DEFAULT_HARNESS else HARNESS_ID
 
 
 def load_env(env: EnvConfig) -> vf.Env:
     """Load the verifiers environment for the taskset package ``env.id`` (``env.args`` its config): the taskset's
     own ``Env`` or the one ``env.verifiers_env`` names (e.g. "user-sim"), each of its agents on :func:`harness_for`'s
-    harness and on the local machine, never on remote sandboxes. Every model call still reaches the server through
-    verifiers' training client, so tokens are the server's whatever harness runs."""
+    harness and on the machine, in the runtime :mod:`orchestrator.runtimes` chooses, never on remote sandboxes.
+    Every model call still reaches the server through verifiers' training client, so tokens are the server's
+    whatever harness runs."""
+    harness = harness_for(env)
+    if env.harness == "auto" and harness == HARNESS_ID:
+        logger.info(
+            f"environment {env.id!r} declares no harness: its agents run Trident's in-process harness "
+            f"({HARNESS_ID!r}) in place of verifiers' default ({VERIFIERS_DEFAULT_HARNESS!r}; [[env]] harness = "
+            f'"{VERIFIERS_DEFAULT_HARNESS}" keeps it)'
+        )
     try:
-        env_cls = environment_class(env.id, env.verifiers_env)
-        config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
-        harness = {"id": harness_for(env)}
-        agents = {
-            name: {
-                "harness": harness,
-                "runtime": vf.SubprocessConfig(),
-                **({"max_turns": env.max_turns} if env.max_turns else {}),
-                **({"timeout": {"setup": env.timeout_s, "rollout": env.timeout_s}} if env.timeout_s else {}),
-            }
-            for name, field in config_cls.model_fields.items()
-            if isinstance(field.default, vf.AgentConfig)
-        }
-        config = config_cls.model_validate({"id": env.verifiers_env, "taskset": {"id": env.id, **env.args}, **agents})
-        return env_cls(config)
+        if env.runtime in ("auto", "subprocess"):
+            loaded = _construct(env, harness, vf.SubprocessConfig())
+            need = container_need(loaded, harness) if env.runtime == "auto" else None
+            if need is None:
+                return loaded
+        else:
+            need = f"[[env]] runtime = {env.runtime!r}"
+        runtime = container_runtime(env.id, env.runtime, need)
+        logger.info(f"environment {env.id!r} runs its agents in {runtime.type} containers: {need}")
+        return _construct(env, harness, runtime)
     except ModuleNotFoundError as e:
         raise TridentError(f"environment {env.id!r} is not installed: {e}") from None
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
         raise TridentError(f"environment {env.id!r} rejects its args: {problems}") from None
+
+
+def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
+    """The environment of ``env``, each agent on ``harness`` in ``runtime``."""
+    env_cls = environment_class(env.id, env.verifiers_env)
+    config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
+    agents = {
+        name: {
+            "harness": {"id": harness},
+            "runtime": runtime,
+            **({"max_turns": env.max_turns} if env.max_turns else {}),
+            **({"timeout": {"setup": env.timeout_s, "rollout": env.timeout_s}} if env.timeout_s else {}),
+        }
+        for name, field in config_cls.model_fields.items()
+        if isinstance(field.default, vf.AgentConfig)
+    }
+    config = config_cls.model_validate({"id": env.verifiers_env, "taskset": {"id": env.id, **env.args}, **agents})
+    return env_cls(config)
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:
