@@ -284,10 +284,11 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
 
     # while its own server starts (no step yet, nothing to resume)
     rl = start("--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8016")
-    time.sleep(5)
+    inference_log = tmp_path / "logs" / "inference.log"
+    wait_for(lambda: inference_log.is_file() and inference_log.stat().st_size > 0, 120, rl, "the server's first log")
     signal_run(rl, tmp_path, signal.SIGTERM)
     assert status() == "interrupted" and trained() == 0
-    inference_log = (tmp_path / "logs" / "inference.log").read_text()
+    inference_log = inference_log.read_text()
     assert "Application startup complete" not in inference_log  # it was still starting
     assert "rl (pid" not in inference_log  # rl stopped it, not its lifeline
 

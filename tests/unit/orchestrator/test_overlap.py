@@ -26,6 +26,9 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.5)  # fmt: skip
     orchestrator, server = on_weights_server(config)
     started = []  # the weights step served as each group started
+
+    def waiting_for(what: str) -> bool:
+        return any(a.text == f"waiting for {what}" for a in orchestrator.progress.activities.values())
     slowest = asyncio.Event()
 
     async def run_group(env, task, n, ctx, limit):
@@ -40,8 +43,8 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
     async def steps():
         step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # on the base weights (step 0)
         await until(lambda: len(started) == 2)
-        await asyncio.sleep(0.3)
-        assert len(started) == 2  # in the tail (1 group of 2 left), but step 2 needs weights 1: none yet
+        await until(lambda: waiting_for("the trainer's weights step 1"))  # in the tail (1 group of 2 left) ...
+        assert len(started) == 2  # ... but step 2 needs weights 1: none yet
         weights = weights_dir(tmp_path, 1)
         weights.mkdir(parents=True)
         mark_stable(weights)
@@ -68,25 +71,32 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.25)  # fmt: skip
     orchestrator, server = on_weights_server(config)
     finish = [asyncio.Event() for _ in range(4)]  # step 0's groups end when told; step 1's at once
-    started = []
+    started, returned = [], []
+    running_when_next_started = []  # step 0's groups still running as step 1's first group started
 
     async def run_group(env, task, n, ctx, limit):
         started.append(len(started))
         if len(started) <= 4:
             await finish[len(started) - 1].wait()
+            returned.append(len(returned))
+        elif len(started) == 5:
+            running_when_next_started.append(4 - len(returned))
         return [Rollout(reward=1.0, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True)]
+
+    def done_groups() -> int:  # as the orchestrator counted them
+        return sum(a.done for a in orchestrator.progress.activities.values() if a.text == "sampling step 1")
 
     monkeypatch.setattr(orchestrator_module, "run_group", run_group)
 
     async def steps():
         step_0 = asyncio.create_task(orchestrator.step(0, start_next=True))  # step 1 may use weights 0: served
         await until(lambda: len(started) == 4)
-        for group in range(2):
+        for group in range(2):  # 3, then 2 groups of 4 left: more than a quarter
             finish[group].set()
-            await asyncio.sleep(0.2)
-            assert len(started) == 4  # 2, then 3 groups of 4 left: more than a quarter
+            await until(lambda: done_groups() == group + 1)  # seen by the orchestrator
         finish[2].set()
         await until(lambda: len(started) == 8)  # 1 of 4 left: step 1's groups start ...
+        assert running_when_next_started == [1]  # ... not sooner ...
         assert not step_0.done()  # ... beside step 0's last
         finish[3].set()
         await step_0

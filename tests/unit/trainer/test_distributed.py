@@ -12,6 +12,8 @@ from rl.protocol import weights_dir
 from trainer.config import TrainerConfig
 from trainer.train import train
 
+TORCHRUN = ["--standalone", "--nproc-per-node", "2"]  # a free rendezvous port on this machine
+
 
 @pytest.mark.slow
 def test_two_ranks_match_one_rank(tmp_path, write_batches, tiny_model_path):
@@ -24,7 +26,7 @@ def test_two_ranks_match_one_rank(tmp_path, write_batches, tiny_model_path):
              "--max-steps", "2", "--optim.lr", "1e-3", "--loss.kl-coef", "0.1",
              "--loss.entropy-coef", "0.01"]  # fmt: skip
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "trainer.main", *flags],
+        [sys.executable, "-m", "torch.distributed.run", *TORCHRUN, "-m", "trainer.main", *flags],
         check=True,
         env=os.environ | {"OMP_NUM_THREADS": "1"},
         timeout=300,
