@@ -286,7 +286,12 @@ class OrchestratorConfig(BaseConfig):
         ),
     ] = 10
     weights_timeout_s: Annotated[
-        float, Field(gt=0, description="Seconds to wait for the trainer's weights before failing.")
+        float,
+        Field(
+            gt=0,
+            description="Seconds to wait for the trainer's weights with no sign of life from it (a change of its "
+            "progress file: a step or save beginning or ending) before failing.",
+        ),
     ] = 600.0
     eval: Annotated[
         EvalConfig | None,

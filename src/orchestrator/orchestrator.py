@@ -26,7 +26,7 @@ from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter, eval_line
 from rl.model_path import resolve_model_path
-from rl.progress import Progress
+from rl.progress import HEARTBEAT_S, Progress, last_written
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -156,6 +156,7 @@ class Orchestrator:
                     lambda: latest_stable_weights(self.output_dir) >= needed,
                     self.config.weights_timeout_s,
                     f"the trainer's weights {weights_dir(self.output_dir, needed)}/STABLE",
+                    sign_of_life=lambda: last_written(self.output_dir, "trainer"),
                 )
         waited = time.perf_counter() - start
         newest = latest_stable_weights(self.output_dir)
@@ -419,11 +420,20 @@ class Orchestrator:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
+    async def show_alive(self) -> None:
+        """Rewrite the progress file every :data:`~rl.progress.HEARTBEAT_S`: the trainer waits for a batch as long
+        as the orchestrator shows it is alive, however long a step's rollouts take."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            self.progress.write()
+
     async def run(self) -> None:
-        logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
-        await self.servers.wait_ready(self.config.client.server_timeout_s)
-        await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
         async with AsyncExitStack() as stack:
+            heartbeat = asyncio.create_task(self.show_alive())
+            stack.callback(heartbeat.cancel)
+            logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
+            await self.servers.wait_ready(self.config.client.server_timeout_s)
+            await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)
             for env in self.envs:

@@ -16,6 +16,7 @@ from pathlib import Path
 from rl.protocol import atomic_file, progress_dir
 
 COUNT_WRITE_S = 1.0  # a moving count rewrites the file at most this often
+HEARTBEAT_S = 10.0  # a process that waits on others rewrites its file at least this often (rl.progress.last_written)
 
 
 @dataclass
@@ -79,6 +80,15 @@ class Progress:
         if self.path is None:
             return
         atomic_file(self.path, json.dumps([vars(a) for a in self.activities.values()]))
+
+
+def last_written(output_dir: str | Path, process: str) -> int | None:
+    """When ``process`` last wrote its progress (ns since the epoch; None before it did): a sign of life, since a
+    running orchestrator rewrites it at least every :data:`HEARTBEAT_S`."""
+    try:
+        return (progress_dir(output_dir) / f"{process}.json").stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def read_progress(output_dir: str | Path) -> list[Activity]:

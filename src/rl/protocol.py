@@ -549,10 +549,23 @@ def latest_stable_weights(output_dir: Path) -> int:
     return max((step for step, folder in folders.items() if is_stable(folder)), default=0)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
-    """Poll ``condition`` until true; raise TimeoutError naming ``what`` after ``timeout_s`` seconds."""
+def wait_for(
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    poll_s: float = 0.05,
+    sign_of_life: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``condition`` until true; raise TimeoutError naming ``what`` after ``timeout_s`` seconds, counted from
+    the last change of ``sign_of_life()`` when given (e.g. when the process that brings ``what`` last wrote its
+    progress): a slow peer that works is waited for, a dead or silent one is not."""
+    last = sign_of_life() if sign_of_life else None
     deadline = time.monotonic() + timeout_s
     while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        now = time.monotonic()
+        if sign_of_life is not None and (seen := sign_of_life()) != last:
+            last, deadline = seen, now + timeout_s
+        if now > deadline:
+            silent = " with no sign of life from it" if sign_of_life else ""
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s{silent} waiting for {what}")
         time.sleep(poll_s)

@@ -150,7 +150,12 @@ class TrainerConfig(BaseConfig):
     wandb: WandbSection = None
     ckpt: CkptSection = None
     batch_timeout_s: Annotated[
-        float, Field(gt=0, description="Seconds to wait for the orchestrator's batch of a step before failing.")
+        float,
+        Field(
+            gt=0,
+            description="Seconds to wait for the orchestrator's batch of a step with no sign of life from it before "
+            "failing (a running orchestrator rewrites its progress file at least every 10 s).",
+        ),
     ] = 600.0
     weight_broadcast: WeightBroadcastSection = None
     keep_rollouts: Annotated[

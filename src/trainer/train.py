@@ -15,7 +15,7 @@ from rl.broadcast import Sender
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter
 from rl.model_path import resolve_model_path
-from rl.progress import Progress
+from rl.progress import Progress, last_written
 from rl.protocol import (
     BatchInfo,
     MicroBatch,
@@ -179,7 +179,8 @@ def run_training(config: TrainerConfig, world: World) -> None:
         wait_start = time.perf_counter()
         batch_dir = rollouts_dir(config.output_dir, step)
         with progress.doing(f"waiting for the batch of step {step + 1}"):
-            wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}")
+            wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
+                     sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
