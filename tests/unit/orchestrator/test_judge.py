@@ -4,24 +4,44 @@ the judge's request, its reply read as a score, and its failures retried and cou
 
 import asyncio
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+import verifiers.v1 as vf
 from fake_policy import FakePolicy, PolicyHandler, serving
 
-from orchestrator.config import EnvConfig, JudgeConfig, OrchestratorConfig
+from orchestrator.config import EnvConfig, EvalConfig, JudgeConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.evaluation import load_eval_sets
 from orchestrator.infra import infra_metrics
 from orchestrator.judge import JudgeError, check_judged, constraint, parse_score
 from orchestrator.limits import RolloutLimits
+from orchestrator.orchestrator import Orchestrator
 from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
 from rl.inference_api import CHAT_COMPLETIONS, GENERATE
 from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
 CLOSED = "http://127.0.0.1:9/v1"  # nothing listens there
+ENV_ID = "trident-test-judge"  # this module is the environment of this id: a taskset that drops its task config
+sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])
+
+
+class UnconfiguredTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
+    @vf.reward
+    async def one(self, trace: vf.Trace) -> float:
+        return 1.0
+
+
+class UnconfiguredTaskset(vf.Taskset[UnconfiguredTask, vf.TasksetConfig]):
+    def load(self):
+        yield UnconfiguredTask(vf.TaskData(id="t0", prompt="Say hi."))  # not self.config.task: no judge reaches it
+
+
+__all__ = ["UnconfiguredTaskset"]
 
 
 class PolicyAndJudge(FakePolicy):
@@ -232,3 +252,8 @@ def test_judge_settings_that_cannot_work_are_refused_in_one_line(tmp_path):
     ]:  # fmt: skip
         with pytest.raises(TridentError, match=f"^{re.escape(error)}"):
             check_judged(EnvConfig(id="reverse-text", judge=judge), "env.0", task)
+    with pytest.raises(TridentError, match=rf"^env\.0\.judge: the tasks of '{ENV_ID}' do not take their taskset's"):
+        Orchestrator(OrchestratorConfig(output_dir=tmp_path, env=[{"id": ENV_ID, "judge": {}}]))
+    held_out = EvalConfig(env=[{"id": "reverse-text"}, {"id": "reverse-text", "judge": {"name": "similarity"}}])
+    with pytest.raises(TridentError, match=r"^eval\.env\.1\.judge\.name = 'similarity' is a reward"):
+        load_eval_sets(held_out)
