@@ -58,8 +58,8 @@ def load_env(env: EnvConfig) -> vf.Env:
     """Load the verifiers environment for the taskset package ``env.id`` (``env.args`` its config): the taskset's
     own ``Env`` or the one ``env.verifiers_env`` names (e.g. "user-sim"), each of its agents on :func:`harness_for`'s
     harness and on the local machine, never on remote sandboxes, with ``env.judge`` plugged into its tasks' judges
-    (:func:`~orchestrator.judge.with_judge`). Every model call still reaches the server through
-    verifiers' training client, so tokens are the server's whatever harness runs."""
+    (:func:`~orchestrator.judge.with_judge`). Every model call still reaches the server through verifiers' training
+    client, so tokens are the server's whatever harness runs."""
     try:
         env_cls = environment_class(env.id, env.verifiers_env)
         config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
