@@ -1,5 +1,6 @@
 """The orchestrator's config (``uv run orchestrator @ orch.toml``)."""
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -72,6 +73,76 @@ class AdvantageConfig(StrictModel):
     ] = False
 
 
+JUDGE_PLACEHOLDERS = ("prompt", "completion", "answer", "max_score")  # what a judge's prompt template may name
+
+
+class JudgeConfig(StrictModel):
+    """A model that scores each completion; its score joins the environment's rewards (docs/environments.md)."""
+
+    url: Annotated[
+        str | None,
+        Field(description="OpenAI-compatible base URL of the judge, e.g. 'http://host:8000/v1'. Absent: the inference "
+                          "server the rollout's own model calls went to."),
+    ] = None  # fmt: skip
+    model: Annotated[
+        str | None,
+        Field(description="Model the judge requests name. Absent: the model the rollout sampled from (the policy as "
+                          "served: the current weights, or a LoRA run's current adapter)."),
+    ] = None  # fmt: skip
+    api_key_var: Annotated[
+        str | None,
+        Field(description="Environment variable holding the judge's API key. Absent: the run's (TRIDENT_API_KEY) "
+                          "for the run's server, none for a judge at another url."),
+    ] = None  # fmt: skip
+    prompt: Annotated[
+        str | None,
+        Field(description="Template of the judge's user message: {prompt} (the task's prompt), {completion} (the "
+                          "reply judged; required), {answer} (the task's answer_field), {max_score}. Absent: a "
+                          "built-in template asking for the verdict that `parse` reads."),
+    ] = None  # fmt: skip
+    parse: Annotated[
+        Literal["yes_no", "number"],
+        Field(description="How the judge's reply becomes a score: 'yes_no' (a yes or no verdict: 1 or 0) or 'number' "
+                          "(the reply's last number, from 0 to max_score, divided by max_score). A reply without "
+                          "one is an infrastructure error, never a score."),
+    ] = "yes_no"  # fmt: skip
+    max_score: Annotated[
+        int, Field(ge=1, le=1000, description="Top of the judge's scale (from 0) with parse = 'number'.")
+    ] = 1
+    answer_field: Annotated[
+        str, Field(description="The task's field that fills {answer}, e.g. its reference answer.")
+    ] = "answer"
+    view: Annotated[
+        Literal["last_reply", "full_trace"],
+        Field(description="What fills {completion}: the rollout's last reply, or its whole transcript."),
+    ] = "last_reply"
+    constrain: Annotated[
+        bool,
+        Field(description="Ask a vLLM judge to sample only well-formed replies (structured outputs: 'yes'/'no', or "
+                          "a number). Only vLLM servers know the option."),
+    ] = False  # fmt: skip
+    name: Annotated[str, Field(min_length=1, description="Its reward's name (reward/<name> in metrics).")] = "judge"
+    weight: Annotated[float, Field(allow_inf_nan=False, description="Weight of the judge's score in the reward.")] = 1.0
+    max_tokens: Annotated[int, Field(ge=1, description="Most tokens of the judge's reply.")] = 64
+    temperature: Annotated[float, Field(ge=0, description="The judge's sampling temperature; 0 is greedy.")] = 0.0
+    timeout_s: Annotated[
+        float, Field(gt=0, description="Seconds a judge call may take; past it the call failed (retried).")
+    ] = 60.0
+
+    @field_validator("prompt")
+    @classmethod
+    def _known_placeholders(cls, template: str | None) -> str | None:
+        if template is None:
+            return None
+        named = set(re.findall(r"\{(\w+)\}", template))
+        if unknown := sorted(named - set(JUDGE_PLACEHOLDERS)):
+            known = ", ".join(f"{{{name}}}" for name in JUDGE_PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder {{{unknown[0]}}} in the judge's prompt; it may use {known}")
+        if "completion" not in named:
+            raise ValueError("the judge's prompt has no {completion}: the judge would not see the reply it scores")
+        return template
+
+
 class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
@@ -122,6 +193,10 @@ class EnvConfig(StrictModel):
             "shares (equal by default).",
         ),
     ] = 1.0
+    judge: Annotated[
+        JudgeConfig | None,
+        Field(description="A model judging each completion ([env.judge]); its score joins the rewards. Absent: none."),
+    ] = None
 
 
 class EvalConfig(StrictModel):

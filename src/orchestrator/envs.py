@@ -14,6 +14,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from orchestrator.infra import is_infra
+from orchestrator.judge import judging_rollouts_of, with_judge
 from orchestrator.limits import RolloutLimits, install
 from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
@@ -58,9 +59,9 @@ def harness_for(env: EnvConfig) -> str:
 def load_env(env: EnvConfig) -> vf.Env:
     """Load the verifiers environment for the taskset package ``env.id`` (``env.args`` its config): the taskset's
     own ``Env`` or the one ``env.verifiers_env`` names (e.g. "user-sim"), each of its agents on :func:`harness_for`'s
-    harness and on the machine, in the runtime :mod:`orchestrator.runtimes` chooses, never on remote sandboxes.
-    Every model call still reaches the server through verifiers' training client, so tokens are the server's
-    whatever harness runs."""
+    harness and on the machine, in the runtime :mod:`orchestrator.runtimes` chooses, never on remote sandboxes,
+    with ``env.judge`` plugged into its tasks' judges (:func:`~orchestrator.judge.with_judge`). Every model call
+    still reaches the server through verifiers' training client, so tokens are the server's whatever harness runs."""
     harness = harness_for(env)
     if env.harness == "auto" and harness == HARNESS_ID:
         logger.info(
@@ -100,7 +101,8 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
         for name, field in config_cls.model_fields.items()
         if isinstance(field.default, vf.AgentConfig)
     }
-    config = config_cls.model_validate({"id": env.verifiers_env, "taskset": {"id": env.id, **env.args}, **agents})
+    taskset = with_judge({"id": env.id, **env.args}, env.judge)
+    config = config_cls.model_validate({"id": env.verifiers_env, "taskset": taskset, **agents})
     return env_cls(config)
 
 
@@ -194,7 +196,8 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
 
 async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits) -> list[Rollout]:
     """``n`` rollouts of one task (one advantage group), each run again with backoff, up to ``limits.max_retries``
-    times, while it fails with an infrastructure error (:func:`~orchestrator.infra.is_infra`)."""
+    times, while it fails with an infrastructure error (:func:`~orchestrator.infra.is_infra`). A judge of theirs
+    defaults to ``ctx``'s server and model."""
 
     env_id = env.config.taskset.id
 
@@ -217,4 +220,5 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: Rol
         rollout.retries = retries
         return rollout
 
-    return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))
+    with judging_rollouts_of(ctx):
+        return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))

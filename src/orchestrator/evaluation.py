@@ -13,6 +13,7 @@ import verifiers.v1 as vf
 
 from orchestrator.config import EvalConfig
 from orchestrator.envs import Rollout, load_env
+from orchestrator.judge import check_judged
 
 
 @dataclass
@@ -32,6 +33,8 @@ def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
     for i, env_config in enumerate(config.env):
         env = load_env(env_config)
         tasks = list(itertools.islice(env.taskset.load(), config.num_examples))
+        if tasks:
+            check_judged(env_config, f"eval.env.{i}", tasks[0])
         name = env_config.id if ids.count(env_config.id) == 1 else f"{env_config.id}.{i}"
         sets.append(EvalSet(name, env, tasks))
     return sets

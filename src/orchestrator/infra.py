@@ -2,9 +2,10 @@
 
 verifiers 0.4.0 records where a rollout broke as the type of its error (``verifiers.v1.errors``). A tool server
 that did not start or answer (``ToolsetError``), a runtime or sandbox (``SandboxError``), the interception server
-(``InterceptionError``, ``TunnelError``), a set-up past ``infra.setup_timeout_s`` (``SetupTimeoutError``), and a
-model call the server did not answer (``ProviderError`` with a
-5xx or 429 status: connection refused, timeout, overload) say nothing about the policy: such a rollout is run
+(``InterceptionError``, ``TunnelError``), a set-up past ``infra.setup_timeout_s`` (``SetupTimeoutError``), a judge
+that did not score a completion (``JudgeError``: its call failed or its reply held no verdict), and a model call
+the server did not answer (``ProviderError`` with a 5xx or 429 status: connection refused, timeout, overload) say
+nothing about the policy: such a rollout is run
 again, and if it keeps failing its group is lost, not scored. Everything else (a task's or harness's own code
 raising, a model call refused as too long, a timeout) stays the rollout's outcome.
 """
@@ -19,7 +20,7 @@ from rl.errors import TridentError
 if TYPE_CHECKING:
     from orchestrator.envs import Rollout
 
-INFRA_TYPES = {"ToolsetError", "SandboxError", "InterceptionError", "TunnelError", "SetupTimeoutError"}
+INFRA_TYPES = {"ToolsetError", "SandboxError", "InterceptionError", "TunnelError", "SetupTimeoutError", "JudgeError"}
 
 
 def is_infra(error: vf.Error | None) -> bool:

@@ -6,9 +6,9 @@ that work:
 - a set-up (``Rollout.open``: runtime start, task and harness set-up, tool servers) holds a slot of the run's
   set-up limit, which the rollout carries in a context variable; waiting for the slot is not set-up time. A set-up
   past its time fails with :class:`SetupTimeoutError` (verifiers waits 180 s for a tool server that crashed);
-- a model call (``TrainClient.get_response``, which every harness's calls reach) holds a slot of the server it
-  is sent to, so a rollout that runs a tool or sets up holds none and a server's batch fills with the calls of
-  other rollouts.
+- a model call (``TrainClient.get_response``, which every harness's calls reach, and a judge's call to a run's
+  server) holds a slot of the server it is sent to, so a rollout that runs a tool or sets up holds none and a
+  server's batch fills with the calls of other rollouts.
 """
 
 import asyncio
@@ -67,6 +67,12 @@ def limit_generation(base_urls: list[str], per_server: int) -> None:
     _generation.update({f"{url.rstrip('/')}/v1": asyncio.Semaphore(per_server) for url in base_urls})
 
 
+def model_call_slot(base_url: str) -> contextlib.AbstractAsyncContextManager:
+    """The slot a model call to ``base_url`` (a server's ``/v1`` URL) holds: one of its server's, for the run's
+    servers; none for another URL."""
+    return _generation.get(base_url.rstrip("/")) or contextlib.nullcontext()
+
+
 _open = Rollout.open
 _get_response = TrainClient.get_response
 
@@ -89,7 +95,7 @@ async def _limited_open(self: Rollout) -> bool:
 
 
 async def _limited_get_response(self: TrainClient, *args, **kwargs):
-    async with _generation.get(self.config.base_url.rstrip("/")) or contextlib.nullcontext():
+    async with model_call_slot(self.config.base_url):
         return await _get_response(self, *args, **kwargs)
 
 

@@ -17,6 +17,7 @@ from orchestrator.config import AdvantageConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, task_id
 from orchestrator.evaluation import eval_scores, load_eval_sets
 from orchestrator.infra import check_lost, infra_metrics, is_lost
+from orchestrator.judge import check_judged
 from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
@@ -114,6 +115,7 @@ class Orchestrator:
                 raise TridentError(
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
+            check_judged(config.env[i], f"env.{i}", tasks[0])
         self.tasks = TaskOrder(
             per_env, prompts_per_env([env.share for env in config.env], config.batch_size), config.seed
         )

@@ -3,20 +3,17 @@ counts what is in flight: set-ups at once (a slow task set-up), model calls on e
 tool server that crashes on start (retried; lost past the retries, and the step fails past the bound)."""
 
 import asyncio
-import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import flaky_tools
 import httpx
 import pytest
 import verifiers.v1 as vf
-from transformers import AutoTokenizer
+from fake_policy import FakePolicy, PolicyHandler, serving
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
@@ -24,7 +21,7 @@ from orchestrator.infra import check_lost
 from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.orchestrator import Orchestrator
 from rl.errors import TridentError
-from rl.inference_api import GENERATE, MODELS
+from rl.inference_api import GENERATE
 from rl.model_path import TINY_MODEL_ID, resolve_model_path
 from rl.protocol import rollouts_dir
 
@@ -59,34 +56,19 @@ class SlowSetupTaskset(vf.Taskset[SlowSetupTask, vf.TasksetConfig]):
 __all__ = ["SlowSetupTaskset"]
 
 
-class CountingServer(ThreadingHTTPServer):
+class CountingServer(FakePolicy):
     """Answers ``/inference/v1/generate`` with "hi" after ``delay_s``, counting the requests in flight."""
 
-    daemon_threads = True
-
-    def __init__(self, reply_ids: list[int], delay_s: float):
-        super().__init__(("127.0.0.1", 0), CountingHandler)
-        logprobs = [{"token": f"token_id:{token}", "logprob": -1.0} for token in reply_ids]
-        choice = {"index": 0, "token_ids": reply_ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}
-        self.reply = json.dumps({"request_id": "counted", "choices": [choice]}).encode()
+    def __init__(self, delay_s: float):
+        super().__init__(CountingHandler)
         self.delay_s, self.in_flight, self.peak, self.lock = delay_s, 0, 0, threading.Lock()
 
-    @property
-    def base_url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
 
-
-class CountingHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class CountingHandler(PolicyHandler):
     server: CountingServer
 
-    def do_GET(self) -> None:
-        self.respond(json.dumps({"object": "list", "data": [{"id": TINY_MODEL_ID}]}).encode() if self.path == MODELS
-                     else b"{}")  # fmt: skip
-
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        self.read_json()
         assert self.path == GENERATE, self.path
         with self.server.lock:
             self.server.in_flight += 1
@@ -94,30 +76,11 @@ class CountingHandler(BaseHTTPRequestHandler):
         time.sleep(self.server.delay_s)
         with self.server.lock:
             self.server.in_flight -= 1
-        self.respond(self.server.reply)
-
-    def respond(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:
-        pass
+        self.respond(200, self.server.hi)
 
 
-@contextmanager
-def counting_server(delay_s: float = 0.0) -> Iterator[CountingServer]:
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
-    server = CountingServer(tokenizer.encode("hi<|im_end|>", add_special_tokens=False), delay_s)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+def counting_server(delay_s: float = 0.0) -> AbstractContextManager[CountingServer]:
+    return serving(CountingServer(delay_s))
 
 
 def rollouts_of(env_id: str, url: str, n: int, limits: RolloutLimits, **env):

@@ -29,6 +29,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
 
     def waiting_for(what: str) -> bool:
         return any(a.text == f"waiting for {what}" for a in orchestrator.progress.activities.values())
+
     slowest = asyncio.Event()
 
     async def run_group(env, task, n, ctx, limit):
@@ -93,7 +94,7 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
         await until(lambda: len(started) == 4)
         for group in range(2):  # 3, then 2 groups of 4 left: more than a quarter
             finish[group].set()
-            await until(lambda: done_groups() == group + 1)  # seen by the orchestrator
+            await until(lambda group=group: done_groups() == group + 1)  # seen by the orchestrator
         finish[2].set()
         await until(lambda: len(started) == 8)  # 1 of 4 left: step 1's groups start ...
         assert running_when_next_started == [1]  # ... not sooner ...
