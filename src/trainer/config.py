@@ -92,6 +92,11 @@ class OptimConfig(StrictModel):
     ] = False
 
 
+OffPolicyCorrection = Literal[
+    "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "geometric_truncate", "geometric_mask"
+]
+
+
 class LossConfig(StrictModel):
     ratio: Annotated[
         Literal["token", "sequence"],
@@ -136,6 +141,31 @@ class LossConfig(StrictModel):
     entropy_coef: Annotated[
         float, Field(ge=0, description="Weight of an entropy bonus on the loss tokens. 0 turns it off.")
     ] = 0.0
+    correction: Annotated[
+        OffPolicyCorrection,
+        Field(
+            description="Off-policy correction (docs/losses.md): the policy term weighs each loss token's gradient "
+            "by w, the trainer's over the server's probability of what was sampled, held fixed: per token "
+            "('token_'), or per sample as the product over its loss tokens ('sequence_') or their geometric mean "
+            "('geometric_'). '_truncate' clamps w into [correction_low, correction_high]; '_mask' gives the tokens "
+            "or samples whose w leaves that range no loss. bound = 'mask' still drops tokens; 'clip' is refused. "
+            "'none': the ratio is the weight."
+        ),
+    ] = "none"
+    correction_low: Annotated[
+        float,
+        Field(ge=0, le=1, description="correction: lower end of the weight's range (0: no lower end)."),
+    ] = 0.0
+    correction_high: Annotated[float, Field(ge=1, description="correction: upper end of the weight's range.")] = 2.0
+
+    @model_validator(mode="after")
+    def _correction_replaces_clipping(self):
+        if self.correction != "none" and self.bound == "clip":
+            raise ValueError(
+                f"correction = '{self.correction}' replaces the ratio that bound = 'clip' would clip by its own "
+                "weight: use bound = 'mask' (or correction = 'none')"
+            )
+        return self
 
 
 class TrainerConfig(BaseConfig):

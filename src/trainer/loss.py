@@ -1,5 +1,7 @@
 """The policy-gradient loss, as small pure functions over packed token tensors."""
 
+import math
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -16,6 +18,35 @@ def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " se
 def sample_sums(values: Float[Tensor, " seq"], segment: Int[Tensor, " seq"], num: int) -> Float[Tensor, " samples"]:
     """Per-sample sums of a packed tensor: ``[values[segment == i].sum() for i in range(num)]``."""
     return values.new_zeros(num).index_add(0, segment, values)
+
+
+def correction_weights(
+    token_log_ratio: Float[Tensor, " seq"],
+    segment: Int[Tensor, " seq"],
+    tokens_per_sample: Float[Tensor, " samples"],
+    config: LossConfig,
+) -> tuple[Float[Tensor, " seq"], Bool[Tensor, " seq"]]:
+    """The off-policy correction's importance weight at each token (no gradient), and where it was truncated or
+    masked (``config.correction``, docs/losses.md).
+
+    Naive equivalent: ``w = exp(token_log_ratio)`` per token, ``prod(w[segment == i])`` per sample
+    (``sequence_``) or its ``1 / tokens_per_sample[i]``-th power (``geometric_``), then ``clamp(w, low, high)``
+    (``_truncate``) or ``where(low <= w <= high, w, 0)`` (``_mask``). Computed on log weights, which neither
+    overflow nor underflow over a long sample.
+    """
+    level, action = config.correction.split("_")
+    log_weight = token_log_ratio.detach()
+    if level != "token":
+        per_sample = sample_sums(log_weight, segment, len(tokens_per_sample))
+        if level == "geometric":
+            per_sample = per_sample / tokens_per_sample.clamp(min=1)
+        log_weight = per_sample[segment]
+    low = math.log(config.correction_low) if config.correction_low > 0 else -math.inf
+    high = math.log(config.correction_high)
+    outside = (log_weight < low) | (log_weight > high)
+    if action == "truncate":
+        return log_weight.clamp(low, high).exp(), outside
+    return torch.where(outside, 0.0, log_weight.exp()), outside
 
 
 def policy_loss(
@@ -39,6 +70,11 @@ def policy_loss(
     (``num_loss_tokens``, ``num_samples``) are the whole step's, so summing the micro-batches' losses gives the
     step's loss however the batch was split. Returned metrics are sums over this micro-batch.
 
+    With an off-policy correction (``config.correction``) the policy term weighs each token by the fixed weight of
+    :func:`correction_weights` instead of the ratio (``-w * A``, gradient ``-w * A * grad(logprobs)``); bound
+    ``mask`` still drops the tokens it drops. ``corrected_tokens`` and ``corrected_samples`` count the loss tokens
+    whose weight was truncated or masked, and the samples holding any.
+
     Each loss token also gets ``- entropy_coef * entropy`` (an entropy bonus) and, given the frozen reference
     model's logprobs, ``+ kl_coef * k3`` with ``k3 = exp(ref - logprobs) - (ref - logprobs) - 1`` (a KL penalty
     towards the reference), normalized like the policy term.
@@ -55,9 +91,14 @@ def policy_loss(
         sequence_log_ratio = sample_sums(token_log_ratio, segment, len(sample_lengths)) / tokens_per_sample.clamp(min=1)
         log_ratio = sequence_log_ratio[segment] * loss_mask
     ratio = torch.exp(log_ratio)
+    weight = ratio  # the policy term's importance weight, through which the gradient flows
+    if config.correction != "none":
+        fixed_weight, corrected = correction_weights(token_log_ratio, segment, tokens_per_sample, config)
+        corrected = corrected & loss_mask
+        weight = fixed_weight * torch.exp(logprobs - logprobs.detach())  # its value; gradient: fixed_weight · ∇logp
     if config.bound == "mask":
         bounded = loss_mask & ((ratio < config.mask_low) | (ratio > config.mask_high))
-        per_token = -ratio * advantages * (loss_mask & ~bounded)
+        per_token = -weight * advantages * (loss_mask & ~bounded)
     else:
         clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
         bounded = loss_mask & (clipped * advantages < ratio * advantages)  # the clipped term is the minimum
@@ -88,4 +129,8 @@ def policy_loss(
             metrics["entropy_tokens"] = entropy_mask.sum()
         if reference_logprobs is not None:
             metrics["reference_kl"] = reference_kl.sum()
+        if config.correction != "none":
+            metrics["corrected_tokens"] = corrected.sum()
+            corrected_per_sample = sample_sums(corrected.float(), segment, len(sample_lengths))
+            metrics["corrected_samples"] = (corrected_per_sample > 0).sum()
     return loss, metrics

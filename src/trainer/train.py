@@ -119,6 +119,7 @@ def train_step(
     optimizer.step()
     totals = sum_over_ranks(dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)), world.device)
     entropy_tokens = totals.pop("entropy_tokens")
+    corrected_samples = totals.pop("corrected_samples", None)  # with an off-policy correction
     metrics = {
         "loss": totals.pop("loss"),
         "grad_norm": grad_norm.item(),
@@ -126,6 +127,9 @@ def train_step(
     }
     metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
+    if corrected_samples is not None:  # shares of tokens and of samples whose weight was truncated or masked
+        metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
+        metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
     return metrics
 
 

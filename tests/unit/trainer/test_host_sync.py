@@ -106,7 +106,7 @@ def step_reads(model, config, world, count: int, reference=None) -> list[str]:
     return reads.reads
 
 
-@pytest.mark.parametrize("loss", [{}, {"entropy_coef": 0.01, "kl_coef": 0.1}])
+@pytest.mark.parametrize("loss", [{}, {"entropy_coef": 0.01, "kl_coef": 0.1, "correction": "sequence_truncate"}])
 def test_a_step_reads_device_values_only_at_its_end(tmp_path, tiny_model_path, world, loss):
     config = TrainerConfig(output_dir=tmp_path, model={"name": tiny_model_path}, loss=loss)
     model = build_model(config.model, world, offload=False)

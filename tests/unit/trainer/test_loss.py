@@ -1,9 +1,10 @@
 import math
+from typing import get_args
 
 import pytest
 import torch
 
-from trainer.config import LossConfig
+from trainer.config import LossConfig, OffPolicyCorrection
 from trainer.loss import policy_loss
 
 
@@ -74,10 +75,9 @@ def test_constant_normalization_dr_grpo():
     assert math.isclose(loss.item(), -2 / (1 * 10), rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("ratio", ["token", "sequence"])
-@pytest.mark.parametrize("bound", ["mask", "clip"])
-@pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
-def test_loss_and_gradients_do_not_depend_on_how_samples_are_split(ratio, bound, normalization):
+def split_losses(config: LossConfig, splits: list[list[list[int]]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The step's loss and its gradient on one random batch of samples of lengths 5, 3, 7 and 4, computed with
+    the samples split into micro-batches in each of the ways ``splits`` gives."""
     generator = torch.Generator().manual_seed(0)
     lengths = [5, 3, 7, 4]
     n = sum(lengths)
@@ -85,24 +85,32 @@ def test_loss_and_gradients_do_not_depend_on_how_samples_are_split(ratio, bound,
     inference = logprobs.detach() + torch.randn(n, generator=generator) * 0.3
     advantages = torch.repeat_interleave(torch.randn(len(lengths), generator=generator), torch.tensor(lengths))
     mask = torch.rand(n, generator=generator) > 0.3
-    config = LossConfig(ratio=ratio, bound=bound, normalization=normalization, mask_low=0.8, mask_high=1.25)
     num_loss_tokens = int(mask.sum())
-
-    def step_loss(splits: list[list[int]]):
+    results = []
+    for split in splits:
+        assert sum(split, []) == lengths
         total, start = 0.0, 0
-        for split in splits:
-            size = sum(split)
-            part = slice(start, start + size)
+        for part_lengths in split:
+            part = slice(start, start + sum(part_lengths))
             loss, _ = policy_loss(
-                logprobs[part], inference[part], advantages[part], mask[part], torch.tensor(split), config,
+                logprobs[part], inference[part], advantages[part], mask[part], torch.tensor(part_lengths), config,
                 num_loss_tokens, len(lengths),
             )  # fmt: skip
-            total, start = total + loss, start + size
+            total, start = total + loss, part.stop
         (grad,) = torch.autograd.grad(total, logprobs)
-        return total.detach(), grad
+        results.append((total.detach(), grad))
+    return results
 
-    whole_loss, whole_grad = step_loss([lengths])
-    split_loss, split_grad = step_loss([lengths[:1], lengths[1:3], lengths[3:]])
+
+WHOLE_AND_SPLIT = [[[5, 3, 7, 4]], [[5], [3, 7], [4]]]
+
+
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+@pytest.mark.parametrize("bound", ["mask", "clip"])
+@pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
+def test_loss_and_gradients_do_not_depend_on_how_samples_are_split(ratio, bound, normalization):
+    config = LossConfig(ratio=ratio, bound=bound, normalization=normalization, mask_low=0.8, mask_high=1.25)
+    (whole_loss, whole_grad), (split_loss, split_grad) = split_losses(config, WHOLE_AND_SPLIT)
     torch.testing.assert_close(split_loss, whole_loss)
     torch.testing.assert_close(split_grad, whole_grad)
 
@@ -137,3 +145,127 @@ def test_no_entropy_or_kl_terms_by_default():
     plain, _ = policy_loss(*args, LossConfig(), 1, 1)
     with_inputs, metrics = policy_loss(*args, LossConfig(), 1, 1, entropy=torch.tensor([0.0, 5.0]))
     assert plain.item() == with_inputs.item() and metrics["entropy"].item() == 5.0
+
+
+# Off-policy corrections. Token 0 of each sample is prompt, with a trainer/server log ratio that would be truncated
+# or masked were it counted; the rest are loss tokens.
+TOKENS = {  # one sample: loss-token log ratios 0.1, 1.0 (w = e: above 2), -1.0 and 3.0 (w = e^3: above IcePop's 8)
+    "logprobs": [-9.0, -0.9, 0.0, -2.0, 2.0],
+    "inference": [0.0, -1.0, -1.0, -1.0, -1.0],
+    "advantages": [9.0, 2.0, 1.0, -1.0, 4.0],
+    "mask": [False, True, True, True, True],
+    "lengths": [5],
+}
+SAMPLES = {  # two samples: log ratios 0.4, 0.5 (product e^0.9 = 2.46, geometric mean e^0.45) and 0.3, -0.2
+    "logprobs": [-9.0, -0.6, -0.5, 5.0, -0.7, -1.2],
+    "inference": [0.0, -1.0, -1.0, 0.0, -1.0, -1.0],
+    "advantages": [7.0, 1.0, 1.0, 7.0, -2.0, -2.0],
+    "mask": [False, True, True, False, True, True],
+    "lengths": [3, 3],
+}
+
+
+def corrected_loss(batch: dict, **config) -> tuple[float, list[float], dict[str, float]]:
+    """The loss, its gradient at each token and the metrics of ``batch`` under ``LossConfig(**config)``."""
+    logprobs = torch.tensor(batch["logprobs"], requires_grad=True)
+    lengths, mask = torch.tensor(batch["lengths"]), torch.tensor(batch["mask"])
+    num_loss_tokens, num_samples = int(mask.sum()), len(batch["lengths"])
+    loss, metrics = policy_loss(
+        logprobs, torch.tensor(batch["inference"]), torch.tensor(batch["advantages"]), mask, lengths,
+        LossConfig(**config), num_loss_tokens, num_samples,
+    )  # fmt: skip
+    loss.backward()
+    return loss.item(), logprobs.grad.tolist(), {name: value.item() for name, value in metrics.items()}
+
+
+def test_default_loss_has_no_correction_and_weighs_by_the_ratio():
+    # the token at log ratio 1.0 keeps its weight e (a correction would truncate it to 2); e^3 > 8 is masked
+    loss, grad, metrics = corrected_loss(TOKENS)
+    e = math.e
+    assert LossConfig().correction == "none"
+    assert math.isclose(loss, -(math.exp(0.1) * 2 + e * 1 + math.exp(-1) * -1) / 4, rel_tol=1e-6)
+    assert grad == pytest.approx([0.0, -math.exp(0.1) * 2 / 4, -e / 4, math.exp(-1) / 4, 0.0], rel=1e-6)
+    assert metrics.keys() == {"bounded_tokens", "mismatch_kl"} and metrics["bounded_tokens"] == 1
+
+
+def test_token_truncated_importance_sampling():
+    # weights e^0.1, min(e, 2) = 2, e^-1; the e^3 token is dropped by IcePop's mask (bound = "mask", [0.125, 8])
+    loss, grad, metrics = corrected_loss(TOKENS, correction="token_truncate", correction_high=2.0)
+    assert math.isclose(loss, -(math.exp(0.1) * 2 + 2 * 1 + math.exp(-1) * -1) / 4, rel_tol=1e-6)
+    # the truncated token keeps a gradient, 2 · A (PPO's clipping would give it none)
+    assert grad == pytest.approx([0.0, -math.exp(0.1) * 2 / 4, -2 / 4, math.exp(-1) / 4, 0.0], rel=1e-6)
+    assert metrics["corrected_tokens"] == 2 and metrics["corrected_samples"] == 1  # the e and e^3 tokens
+    assert metrics["bounded_tokens"] == 1
+
+
+def test_token_masked_importance_sampling():
+    # [0.5, 2] keeps e^0.1 only: e is above, e^-1 = 0.37 below, e^3 above
+    loss, grad, metrics = corrected_loss(TOKENS, correction="token_mask", correction_low=0.5, correction_high=2.0)
+    assert math.isclose(loss, -(math.exp(0.1) * 2) / 4, rel_tol=1e-6)  # masked tokens still count in N_tok = 4
+    assert grad == pytest.approx([0.0, -math.exp(0.1) * 2 / 4, 0.0, 0.0, 0.0], rel=1e-6)
+    assert metrics["corrected_tokens"] == 3 and metrics["corrected_samples"] == 1
+
+
+def test_sequence_truncated_importance_sampling_uses_the_product():
+    # sample 1: e^0.4 · e^0.5 = 2.46, truncated to 2 (no token alone is above 2); sample 2: e^0.3 · e^-0.2 = e^0.1
+    loss, grad, metrics = corrected_loss(SAMPLES, correction="sequence_truncate", correction_high=2.0)
+    assert math.isclose(loss, -(2 * 1 * 2 + math.exp(0.1) * -2 * 2) / 4, rel_tol=1e-6)
+    assert grad == pytest.approx([0.0, -2 / 4, -2 / 4, 0.0, math.exp(0.1) * 2 / 4, math.exp(0.1) * 2 / 4], rel=1e-6)
+    assert metrics["corrected_tokens"] == 2 and metrics["corrected_samples"] == 1
+    _, _, per_token = corrected_loss(SAMPLES, correction="token_truncate", correction_high=2.0)
+    assert per_token["corrected_tokens"] == 0
+
+
+def test_sequence_masked_importance_sampling_drops_whole_samples():
+    # sample 1's product 2.46 leaves [0.5, 2]: none of its tokens gets a loss; sample 2 keeps weight e^0.1
+    loss, grad, metrics = corrected_loss(SAMPLES, correction="sequence_mask", correction_low=0.5, correction_high=2.0)
+    assert math.isclose(loss, -(math.exp(0.1) * -2 * 2) / 4, rel_tol=1e-6)
+    assert grad == pytest.approx([0.0, 0.0, 0.0, 0.0, math.exp(0.1) * 2 / 4, math.exp(0.1) * 2 / 4], rel=1e-6)
+    assert metrics["corrected_tokens"] == 2 and metrics["corrected_samples"] == 1
+
+
+def test_geometric_mask_keeps_what_the_product_drops():
+    # geometric means e^0.45 = 1.57 and e^0.05: both inside [0.5, 2]
+    loss, grad, metrics = corrected_loss(SAMPLES, correction="geometric_mask", correction_low=0.5, correction_high=2.0)
+    w1, w2 = math.exp(0.45), math.exp(0.05)
+    assert math.isclose(loss, -(w1 * 1 * 2 + w2 * -2 * 2) / 4, rel_tol=1e-6)
+    assert grad == pytest.approx([0.0, -w1 / 4, -w1 / 4, 0.0, w2 * 2 / 4, w2 * 2 / 4], rel=1e-6)
+    assert metrics["corrected_tokens"] == 0 and metrics["corrected_samples"] == 0
+
+
+def test_geometric_truncation_with_sequence_normalization():
+    # e^0.45 = 1.57 truncated to 1.5; each sample's token mean, then the mean over the 2 samples
+    config = {"correction": "geometric_truncate", "correction_high": 1.5, "normalization": "sequence"}
+    loss, grad, metrics = corrected_loss(SAMPLES, **config)
+    w2 = math.exp(0.05)
+    assert math.isclose(loss, (-1.5 * 1 + -w2 * -2) / 2, rel_tol=1e-6)
+    assert grad == pytest.approx([0.0, -1.5 / 2 / 2, -1.5 / 2 / 2, 0.0, w2 * 2 / 2 / 2, w2 * 2 / 2 / 2], rel=1e-6)
+    assert metrics["corrected_tokens"] == 2 and metrics["corrected_samples"] == 1
+
+
+@pytest.mark.parametrize(
+    ("correction", "same_as"),
+    [("token_mask", {"ratio": "token"}), ("geometric_mask", {"ratio": "sequence"})],
+)
+@pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
+def test_masked_corrections_equal_icepop_on_the_same_ratio(correction, same_as, normalization):
+    # masking by a fixed weight gives the loss and gradient of IcePop's mask on the ratio itself (GSPO's per sample)
+    bounds = {"correction_low": 0.9, "correction_high": 1.1, "mask_low": 0.0, "mask_high": math.inf}
+    corrected = LossConfig(correction=correction, normalization=normalization, **bounds)
+    icepop = LossConfig(mask_low=0.9, mask_high=1.1, normalization=normalization, **same_as)
+    ((corrected_loss_, corrected_grad),) = split_losses(corrected, WHOLE_AND_SPLIT[:1])
+    ((icepop_loss, icepop_grad),) = split_losses(icepop, WHOLE_AND_SPLIT[:1])
+    torch.testing.assert_close(corrected_loss_, icepop_loss)
+    torch.testing.assert_close(corrected_grad, icepop_grad)
+    unbounded = LossConfig(mask_low=0.0, mask_high=math.inf, normalization=normalization, **same_as)
+    ((_, unbounded_grad),) = split_losses(unbounded, WHOLE_AND_SPLIT[:1])
+    assert icepop_grad.count_nonzero() < unbounded_grad.count_nonzero()  # the bounds masked some loss tokens
+
+
+@pytest.mark.parametrize("correction", [c for c in get_args(OffPolicyCorrection) if c != "none"])
+@pytest.mark.parametrize("normalization", ["token", "sequence", "constant"])
+def test_corrections_do_not_depend_on_how_samples_are_split(correction, normalization):
+    config = LossConfig(correction=correction, normalization=normalization, correction_low=0.8, correction_high=1.25)
+    (whole_loss, whole_grad), (split_loss, split_grad) = split_losses(config, WHOLE_AND_SPLIT)
+    torch.testing.assert_close(split_loss, whole_loss)
+    torch.testing.assert_close(split_grad, whole_grad)

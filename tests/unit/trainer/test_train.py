@@ -43,11 +43,29 @@ def documented_trainer_keys() -> set[str]:
 def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny_model_path):
     write_batches(tmp_path)
     records = run(tmp_path, tiny_model_path, loss={"entropy_coef": 0.01})
-    # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model)
-    assert set(records[0]) == documented_trainer_keys() - {"reference_kl"}
+    # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model), the corrected
+    # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked)
+    optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction"}
+    assert set(records[0]) == documented_trainer_keys() - optional
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
     assert records[0]["peak_memory_gib"] > 0
+
+
+def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_model_path):
+    samples = random_samples(6)  # server logprobs near the tiny model's: geometric mean weights near 1
+    stale = samples[4]  # but the server gave this one's sampled tokens e^-12 of the trainer's probability
+    stale.inference_logprobs = [lp - 12.0 * m for lp, m in zip(stale.inference_logprobs, stale.loss_mask, strict=True)]
+    loss_tokens = [sum(s.loss_mask) for s in samples]
+    info = BatchInfo(0, len(samples), sum(len(s.token_ids) for s in samples), sum(loss_tokens), 0.0, 1.0)
+    write_batch(tmp_path, info, [MicroBatch.pack(samples[:3]), MicroBatch.pack(samples[3:])])
+    loss = {"correction": "geometric_mask", "correction_low": 0.5, "correction_high": 2.0}
+    (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss=loss)
+    assert set(record) == documented_trainer_keys() - {"reference_kl"}
+    # sample 4's weight is about e^12: all its loss tokens are masked, and no other sample's
+    assert record["corrected_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))
+    assert record["corrected_sample_fraction"] == pytest.approx(1 / 6)
+    assert record["bounded_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))  # IcePop drops them too
 
 
 def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path):
