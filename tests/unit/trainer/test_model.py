@@ -1,11 +1,14 @@
+import pytest
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
-from trainer.parallel import close_world, init_world, shard_model
+from trainer.parallel import close_world, init_world, reshards_after_forward, shard_model
+from trainer.train import build_model
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
@@ -98,3 +101,43 @@ def test_the_compute_device_of_an_offloaded_model_is_the_gpu(tiny_model_path, mo
         assert compute_device(model) == torch.device("cuda", 0)  # offloaded parameters, a GPU computes
     finally:
         close_world()
+
+
+@pytest.mark.parametrize("part", ["mlp", "attention"])
+def test_checkpointing_a_part_of_each_layer_keeps_less_and_gives_the_same_gradients(
+    tiny_model_path, part, saved_for_backward
+):
+    plain = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
+    checkpointed = load_model(TrainerModelConfig(name=tiny_model_path, ac={"part": part}), torch.device("cpu"))
+    whole = load_model(TrainerModelConfig(name=tiny_model_path, ac={}), torch.device("cpu"))
+    kept = {}
+    for name, model in [("plain", plain), ("part", checkpointed), ("layer", whole)]:
+        with saved_for_backward(model) as saved:
+            packed_logprobs(model, tiny_batch(), temperature=1.0)
+        kept[name] = sum(saved.values())
+    assert kept["layer"] < kept["part"] < kept["plain"]
+    assert set(checkpointed.state_dict()) == set(plain.state_dict())  # names unchanged: checkpoints and exports
+    expected, got = one_step(plain, tiny_batch()), one_step(checkpointed, tiny_batch())
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_one_rank_keeps_the_gathered_layers_after_forward_in_full_training_only(tiny_model_path, lora):
+    """FSDP2 leaves a layer's registered parameters unsharded (plain tensors) after its forward pass when it does
+    not reshard, sharded (DTensors) when it does."""
+    model_config = {"name": tiny_model_path, **({"experimental": {"lora": {"rank": 4}}} if lora else {})}
+    world = init_world()
+    try:
+        model = build_model(TrainerModelConfig(**model_config), world, offload=False)
+        packed_logprobs(model, tiny_batch(), temperature=1.0)
+        weight = dict(decoder_layers(model)[0].named_parameters())
+        q_proj = next(p for name, p in weight.items() if "q_proj" in name and "weight" in name)
+        assert isinstance(q_proj, DTensor) == lora
+    finally:
+        close_world()
+    assert reshards_after_forward("auto", 2, lora=False, offload=False)  # several ranks: gathering communicates
+    assert reshards_after_forward("auto", 1, lora=False, offload=True)  # offloaded: not every layer on the GPU
+    assert not reshards_after_forward(False, 8, lora=True, offload=False)  # as configured
+    assert reshards_after_forward(True, 1, lora=False, offload=False)
