@@ -267,8 +267,7 @@ def applied(model, config, world) -> dict:
     if "reshard_after_forward" in type(model_config).model_fields:
         from trainer.parallel import reshards_after_forward
 
-        reshard = reshards_after_forward(model_config.reshard_after_forward, world.size,
-                                         model_config.experimental.lora is not None, config.optim.offload)  # fmt: skip
+        reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", config.optim.offload)
     return {
         "compiled": getattr(layer, "_compiled_call_impl", None) is not None,
         "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),

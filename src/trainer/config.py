@@ -88,8 +88,9 @@ class TrainerModelConfig(ModelConfig):
         bool | Literal["auto"],
         Field(
             description="FSDP2: free each decoder layer's gathered parameters after its forward pass and gather them "
-            "again for the backward pass. 'auto': with several ranks, under LoRA or with optim.offload; on one rank "
-            "in full training the gathered copies (the parameters in the compute dtype) are kept, not made twice."
+            "again for the backward pass. 'auto': with several ranks, under LoRA, with optim.offload and on the CPU; "
+            "on one GPU in full training the gathered copies (the parameters in the compute dtype) are kept, not "
+            "made twice."
         ),
     ] = "auto"
     experimental: ExperimentalConfig = ExperimentalConfig()

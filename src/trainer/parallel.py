@@ -7,7 +7,6 @@ one code path gives mixed precision, CPU offload and several devices.
 
 import os
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -16,6 +15,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from rl.metrics import setup_logging
 from rl.protocol import MicroBatch
+from trainer.config import TrainerModelConfig
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,14 @@ def close_world() -> None:
         dist.destroy_process_group()
 
 
-def reshards_after_forward(setting: bool | Literal["auto"], world_size: int, lora: bool, offload: bool) -> bool:
-    """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``setting``). ``auto``: with
-    several ranks, where gathering is communication; on one rank, where it is a copy, the copies are kept in full
-    training but freed under LoRA (they would hold the frozen base twice) and under CPU offload (they would hold
-    every layer on the GPU)."""
-    if setting != "auto":
-        return setting
-    return world_size > 1 or lora or offload
+def reshards_after_forward(model: TrainerModelConfig, ranks: int, gpu: bool, offload: bool) -> bool:
+    """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``model.reshard_after_forward``).
+    ``auto``: yes with several ranks, where gathering is communication; on one GPU, where it is a copy, the copies
+    are kept in full training, but freed under LoRA (they would hold the frozen base twice) and under CPU offload
+    (they would hold every layer on the GPU); on the CPU freed, as keeping them was no faster there."""
+    if model.reshard_after_forward != "auto":
+        return model.reshard_after_forward
+    return ranks > 1 or not gpu or model.experimental.lora is not None or offload
 
 
 def shard_model(

@@ -75,8 +75,7 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
     dtype = compute_dtype(model_config.dtype, world.device)
     model = load_model(model_config, torch.device("cpu"), dtype)
     offload = offload and world.device.type == "cuda"
-    lora = model_config.experimental.lora is not None
-    reshard = reshards_after_forward(model_config.reshard_after_forward, world.size, lora, offload)
+    reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
     shard_model(model, decoder_layers(model), dtype, offload, reshard)
     if compiles(model_config.compile, world.device, dtype):
         compile_layers(model)

@@ -325,8 +325,7 @@ def trainer_broadcast_bytes(shape: ModelShape, backend: str, compute: int, gpu: 
 def gathered_bytes(shape: ModelShape, trainer: TrainerConfig, ranks: int, compute: int, gpu: bool) -> int:
     """Bytes of the working copies FSDP gathers in the compute dtype: the root and two decoder layers at a time, or
     every layer from its forward pass to its backward pass where layers are not resharded after forward."""
-    lora, offload = trainer.model.experimental.lora is not None, trainer.optim.offload and gpu
-    if reshards_after_forward(trainer.model.reshard_after_forward, ranks, lora, offload):
+    if reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
         return (shape.root_parameters + 2 * shape.layer_parameters) * compute
     return shape.parameters * compute
 

@@ -227,12 +227,15 @@ def test_activations_are_planned_for_the_micro_batch_budget_and_the_checkpointed
     assert full["activations"] - mlp["activations"] == pytest.approx(per_token)
 
 
-def test_one_rank_of_full_training_keeps_every_layer_gathered():
+def test_one_gpu_of_full_training_keeps_every_layer_gathered():
     shape = KNOWN_SHAPES["Qwen3-0.6B"]
-    kept = trainer_plan(shape, TrainerConfig(model={"name": "Qwen/Qwen3-0.6B"}), ranks=1, gpu=True)
-    resharded = trainer_plan(shape, TrainerConfig(model={"name": "Qwen/Qwen3-0.6B"}), ranks=2, gpu=True)
-    assert kept["gathered"] == pytest.approx(shape.parameters * 2 / GIB)  # all of it in bf16
-    assert resharded["gathered"] == pytest.approx((shape.root_parameters + 2 * shape.layer_parameters) * 2 / GIB)
-    lora = {"experimental": {"lora": {"rank": 4}}}
-    one_rank_lora = trainer_plan(shape, TrainerConfig(model={"name": "q", **lora}), ranks=1, gpu=True)
-    assert one_rank_lora["gathered"] == pytest.approx(resharded["gathered"])
+
+    def gathered(ranks: int, gpu: bool = True, **model) -> float:
+        config = TrainerConfig(model={"name": "Qwen/Qwen3-0.6B", **model})
+        return trainer_plan(shape, config, ranks=ranks, gpu=gpu)["gathered"]
+
+    two_layers = (shape.root_parameters + 2 * shape.layer_parameters) * 2 / GIB  # bf16, resharded after forward
+    assert gathered(1) == pytest.approx(shape.parameters * 2 / GIB)  # every layer kept, in bf16
+    assert gathered(2) == pytest.approx(two_layers)
+    assert gathered(1, experimental={"lora": {"rank": 4}}) == pytest.approx(two_layers)
+    assert gathered(1, gpu=False) == pytest.approx(two_layers * 2)  # the CPU reshards, float32

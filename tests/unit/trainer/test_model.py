@@ -123,21 +123,27 @@ def test_checkpointing_a_part_of_each_layer_keeps_less_and_gives_the_same_gradie
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_one_rank_keeps_the_gathered_layers_after_forward_in_full_training_only(tiny_model_path, lora):
+@pytest.mark.parametrize("reshard", [True, False])
+def test_layers_not_resharded_after_forward_stay_gathered(tiny_model_path, reshard):
     """FSDP2 leaves a layer's registered parameters unsharded (plain tensors) after its forward pass when it does
     not reshard, sharded (DTensors) when it does."""
-    model_config = {"name": tiny_model_path, **({"experimental": {"lora": {"rank": 4}}} if lora else {})}
     world = init_world()
     try:
-        model = build_model(TrainerModelConfig(**model_config), world, offload=False)
+        model_config = TrainerModelConfig(name=tiny_model_path, reshard_after_forward=reshard)
+        model = build_model(model_config, world, offload=False)
         packed_logprobs(model, tiny_batch(), temperature=1.0)
-        weight = dict(decoder_layers(model)[0].named_parameters())
-        q_proj = next(p for name, p in weight.items() if "q_proj" in name and "weight" in name)
-        assert isinstance(q_proj, DTensor) == lora
+        assert isinstance(decoder_layers(model)[0].self_attn.q_proj.weight, DTensor) == reshard
     finally:
         close_world()
-    assert reshards_after_forward("auto", 2, lora=False, offload=False)  # several ranks: gathering communicates
-    assert reshards_after_forward("auto", 1, lora=False, offload=True)  # offloaded: not every layer on the GPU
-    assert not reshards_after_forward(False, 8, lora=True, offload=False)  # as configured
-    assert reshards_after_forward(True, 1, lora=False, offload=False)
+
+
+def test_reshard_after_forward_is_chosen_by_world_size_lora_offload_and_device(tiny_model_path):
+    def reshards(ranks=1, gpu=True, offload=False, **model) -> bool:
+        return reshards_after_forward(TrainerModelConfig(name=tiny_model_path, **model), ranks, gpu, offload)
+
+    assert not reshards()  # one GPU, full training: the gathered layers are kept (a copy, not communication)
+    assert reshards(ranks=2)  # several ranks: gathering is communication
+    assert reshards(experimental={"lora": {"rank": 4}})  # kept copies would hold the frozen base twice
+    assert reshards(offload=True)  # kept copies would hold every layer on the GPU
+    assert reshards(gpu=False)  # the CPU: keeping them was no faster
+    assert not reshards(ranks=8, reshard_after_forward=False) and reshards(reshard_after_forward=True)
