@@ -73,8 +73,8 @@ def recompute_in_backward(module: nn.Module) -> None:
 
 
 def compile_layers(model: nn.Module, backend: str = "inductor") -> None:
-    """Compile each decoder layer on its own (``torch.compile`` of the layer, regional compilation), in place: the
-    layers share one compiled graph, the rest of the model runs eagerly."""
+    """Compile each decoder layer on its own (``torch.compile`` of the layer, regional compilation), in place; the
+    rest of the model runs eagerly."""
     for layer in decoder_layers(model):
         layer.compile(backend=backend)
 

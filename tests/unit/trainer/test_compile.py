@@ -14,15 +14,7 @@ from rl.protocol import BatchInfo, MicroBatch
 from trainer.config import TrainerConfig
 from trainer.model import compile_layers
 from trainer.optim import build_optimizer
-from trainer.parallel import close_world, init_world
 from trainer.train import build_model, compiles, train_step
-
-
-@pytest.fixture(scope="module")
-def world():
-    world = init_world()
-    yield world
-    close_world()
 
 
 def step(config, world, micro_batch, backend=None):

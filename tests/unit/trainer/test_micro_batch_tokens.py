@@ -10,15 +10,7 @@ from rl.config import ConfigError, parse_config
 from rl.protocol import BatchInfo, MicroBatch, pack_samples, repack
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
-from trainer.parallel import close_world, init_world
 from trainer.train import build_model, train, train_step
-
-
-@pytest.fixture(scope="module")
-def world():
-    world = init_world()
-    yield world
-    close_world()
 
 
 def step(micro_batches, info, config, world):
