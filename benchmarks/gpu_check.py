@@ -5,15 +5,20 @@
     python3 benchmarks/gpu_check.py --baseline-src OLD/src   # also runs an older trainer, alternated with this one
 
 Each model is built once as random weights on disk; a case process then runs what the trainer runs per step
-(``init_world``, ``build_model``, ``build_optimizer``, samples packed by ``pack_samples`` into one micro-batch,
-``train_step``) on each of its batch sizes, small first: two warm-up steps, then timed steps. It reports seconds
-per step, tokens/s, model FLOP/s against the chip's measured bf16 matrix-product rate (MFU: 6·N per token for full
-training, 4·N for LoRA, attention left out), peak allocated and reserved memory and the device memory in use,
-against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under LoRA, full
-weights otherwise). A last process pair hands a model's bf16 weights from one process to another as the trainer
-and the server's worker do on one device (``[weight_broadcast] backend = "shared"``: the trainer's ``Sender``
-writes them into a buffer the other process maps, by CUDA IPC on a GPU or in ``/dev/shm`` on the CPU, and that
-process copies them into its own tensors): the same-device weight handover, timed on both sides.
+(``init_world``, ``build_model``, ``build_optimizer``, samples packed by ``pack_samples`` into micro-batches of the
+case's ``seq_len``, or one, and packed anew into ``micro_batch_tokens`` where the case sets it, ``train_step``) on
+each of its batch sizes, small first: two warm-up steps (where compiled layers compile), then timed steps. Each
+result says which speed settings applied (compiled layers, micro-batch tokens, FSDP resharding, the checkpointed
+part): ``qwen3-0.6b-full`` against ``qwen3-0.6b-eager`` measures the compiled layers, ``qwen3-0.6b-short-samples``
+against a baseline the token budget, ``qwen3-8b-lora-ac-mlp`` against ``qwen3-8b-lora`` checkpointing the MLP only.
+
+It reports seconds per step, tokens/s, model FLOP/s against the chip's measured bf16 matrix-product rate (MFU: 6·N
+per token for full training, 4·N for LoRA, attention left out), peak allocated and reserved memory and the device
+memory in use, against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under
+LoRA, full weights otherwise). A last process pair hands a model's bf16 weights from one process to another as the
+trainer and the server's worker do on one device (``[weight_broadcast] backend = "shared"``: the trainer's
+``Sender`` writes them into a buffer the other process maps, by CUDA IPC on a GPU or in ``/dev/shm`` on the CPU, and
+that process copies them into its own tensors): the same-device weight handover, timed on both sides.
 
 With ``--baseline-src`` every case runs twice, in alternating order, once importing ``trainer`` and ``rl`` from
 that folder (an older checkout's ``src``): old and new measured side by side on the same machine.
@@ -42,29 +47,44 @@ ALL_LINEARS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 @dataclass(frozen=True)
 class Case:
     """One model and how it trains, with the batches it is timed on: (samples, tokens per sample) each, packed
-    into one micro-batch."""
+    into micro-batches of ``seq_len`` tokens (None: the whole batch in one), which a trainer that has the setting
+    packs anew into ``micro_batch_tokens``. Settings an older trainer lacks (``--baseline-src``) are left out on
+    its side: a case's result says which applied."""
 
     shape: str  # a key of rl.launch.memory_plan.KNOWN_SHAPES, or "tiny" (the tiny model's own shape)
     batches: list[tuple[int, int]]
     lora_rank: int | None = None  # LoRA on all seven linears; None: full fine-tune
     ac_freq: int | None = None  # activation checkpointing every ac_freq layers; None: off
+    ac_part: str | None = None  # what of a checkpointed layer is recomputed; None: the trainer's default
+    seq_len: int | None = None
+    micro_batch_tokens: int | None = None
+    compile: bool | None = None  # None: the trainer's default (on a GPU in bf16: compiled layers)
 
-    def model_config(self, model_dir: str) -> dict:
+    def model_config(self, model_dir: str, known: set[str] = frozenset({"ac.part", "compile"})) -> dict:
+        """The trainer's ``model`` section, with the settings in ``known`` (what the trainer has) only."""
         config = {"name": model_dir}
         if self.lora_rank is not None:
             config["experimental"] = {"lora": {"rank": self.lora_rank, "target_modules": ALL_LINEARS}}
         if self.ac_freq is not None:
-            config["ac"] = {"freq": self.ac_freq}
+            config["ac"] = {"freq": self.ac_freq} | ({"part": self.ac_part} if self.ac_part and "ac.part" in known
+                                                      else {})  # fmt: skip
+        if self.compile is not None and "compile" in known:
+            config["compile"] = self.compile
         return config
 
 
 CASES = {
-    "qwen3-0.6b-full": Case("Qwen3-0.6B", [(8, 1024), (64, 128)]),
+    "qwen3-0.6b-full": Case("Qwen3-0.6B", [(8, 1024), (64, 128)]),  # compiled layers where the trainer has them
+    "qwen3-0.6b-eager": Case("Qwen3-0.6B", [(8, 1024), (64, 128)], compile=False),
+    # short samples: 8 micro-batches of seq_len, or one of micro_batch_tokens where the trainer has it
+    "qwen3-0.6b-short-samples": Case("Qwen3-0.6B", [(64, 128)], seq_len=1024, micro_batch_tokens=8192),
     "qwen3-8b-lora": Case("Qwen3-8B", [(4, 2048), (8, 2048)], lora_rank=4, ac_freq=1),  # seed 004's layout
+    "qwen3-8b-lora-ac-mlp": Case("Qwen3-8B", [(4, 2048), (8, 2048)], lora_rank=4, ac_freq=1, ac_part="mlp"),
 }
 SMOKE_CASES = {
     "tiny-full": Case("tiny", [(4, 64), (16, 16)]),
     "tiny-lora": Case("tiny", [(4, 64)], lora_rank=4, ac_freq=1),
+    "tiny-short-samples": Case("tiny", [(16, 16)], ac_freq=1, ac_part="mlp", seq_len=64, micro_batch_tokens=256),
 }
 HANDOVER_SHAPES = {"full": ["Qwen3-0.6B", "Qwen3-8B"], "smoke": ["tiny"]}
 
@@ -177,8 +197,9 @@ def run_case(case: Case, model_dir: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
+    import rl.protocol
     from rl.protocol import BatchInfo, MicroBatch, pack_samples
-    from trainer.config import TrainerConfig
+    from trainer.config import ActivationCheckpointConfig, TrainerConfig, TrainerModelConfig
     from trainer.export import save_weights
     from trainer.optim import build_optimizer
     from trainer.parallel import close_world, init_world, rank_share
@@ -186,35 +207,42 @@ def run_case(case: Case, model_dir: str) -> dict:
 
     world = init_world()
     try:
-        config = TrainerConfig(
-            model=case.model_config(model_dir), seq_len=max(n * length for n, length in case.batches)
-        )
+        known = {"compile"} & set(TrainerModelConfig.model_fields)
+        known |= {"ac.part"} & {f"ac.{name}" for name in ActivationCheckpointConfig.model_fields}
+        budget = case.micro_batch_tokens if "micro_batch_tokens" in TrainerConfig.model_fields else None
+        seq_len = case.seq_len or max(n * length for n, length in case.batches)
+        config = TrainerConfig(model=case.model_config(model_dir, known), seq_len=seq_len,
+                               **({"micro_batch_tokens": budget} if budget else {}))  # fmt: skip
         start = time.perf_counter()
         torch.manual_seed(0)
         model = build_model(config.model, world, config.optim.offload)
         optimizer, _ = build_optimizer(model, config.optim, 1000)
         sync(world.device)
-        result = {"build_s": time.perf_counter() - start, "batches": []}
+        result = {"build_s": time.perf_counter() - start, "batches": [], "applied": applied(model, config, world)}
         for count, length in case.batches:
             samples = random_samples(count, length, model.config.vocab_size, seed=count)
-            micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, count * length)]
+            micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, case.seq_len or count * length)]
+            if budget:
+                micro_batches = rl.protocol.repack(micro_batches, budget)  # as the trainer does after reading
             tokens = count * length
             info = BatchInfo(0, count, tokens, sum(sum(s.loss_mask) for s in samples), 0.0, 1.0)
             if world.device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(world.device)
             seconds, metrics = [], {}
-            for step in range(WARMUP_STEPS + TIMED_STEPS):
+            for _ in range(WARMUP_STEPS + TIMED_STEPS):
                 sync(world.device)
                 start = time.perf_counter()
                 metrics = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world)
                 sync(world.device)
-                if step >= WARMUP_STEPS:
-                    seconds.append(time.perf_counter() - start)
+                seconds.append(time.perf_counter() - start)
+            warmup, seconds = seconds[:WARMUP_STEPS], seconds[WARMUP_STEPS:]  # warm-up: compilation, allocator
             step_s = statistics.median(seconds)
             result["batches"].append({"samples": count, "tokens_per_sample": length, "tokens": tokens,
-                                      "step_seconds": seconds, "s_per_step": step_s, "tokens_per_s": tokens / step_s,
-                                      "loss": metrics["loss"], **memory_now(world.device)})  # fmt: skip
+                                      "micro_batches": len(micro_batches), "warmup_seconds": warmup,
+                                      "step_seconds": seconds,
+                                      "s_per_step": step_s, "tokens_per_s": tokens / step_s, "loss": metrics["loss"],
+                                      **memory_now(world.device)})  # fmt: skip
         export = "adapter" if case.lora_rank is not None else "merged"
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         with tempfile.TemporaryDirectory(prefix="gpu-check-weights-") as folder:
@@ -226,6 +254,26 @@ def run_case(case: Case, model_dir: str) -> dict:
         return result
     finally:
         close_world()
+
+
+def applied(model, config, world) -> dict:
+    """The speed settings that took effect in this trainer: compiled layers, micro-batch tokens, and whether FSDP
+    reshards the layers after forward (what an older trainer lacks is reported as it behaved)."""
+    from trainer.model import decoder_layers
+
+    layer = decoder_layers(model)[0]
+    model_config = config.model
+    reshard = True  # FSDP2's default for the layers, before the setting existed
+    if "reshard_after_forward" in type(model_config).model_fields:
+        from trainer.parallel import reshards_after_forward
+
+        reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", config.optim.offload)
+    return {
+        "compiled": getattr(layer, "_compiled_call_impl", None) is not None,
+        "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),
+        "reshard_after_forward": reshard,
+        "ac_part": getattr(model_config.ac, "part", "layer") if model_config.ac else None,
+    }
 
 
 def handover_receive(manifests) -> None:
@@ -329,12 +377,18 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
-def planned(case: Case, model_dir: str, tokens: int, gpu: bool) -> dict:
-    """``rl``'s memory plan of the trainer for this case at ``tokens`` per micro-batch (GiB)."""
+def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -> dict:
+    """``rl``'s memory plan of the trainer for this case as it ran (its ``applied`` settings), on a batch of
+    ``tokens`` (GiB)."""
     from rl.launch.memory_plan import model_shape, trainer_plan
     from trainer.config import TrainerConfig
 
-    config = TrainerConfig(model=case.model_config(model_dir), seq_len=tokens)
+    model = case.model_config(model_dir) | {"reshard_after_forward": applied["reshard_after_forward"]}
+    if model.get("ac"):
+        model["ac"] = model["ac"] | {"part": applied["ac_part"]}
+    config = TrainerConfig(
+        model=model, seq_len=case.seq_len or tokens, micro_batch_tokens=applied["micro_batch_tokens"]
+    )
     return trainer_plan(model_shape(model_dir), config, ranks=1, gpu=gpu)
 
 
@@ -345,7 +399,7 @@ def summarise(case: Case, result: dict, parameters: int, matmul: float | None, m
         batch["model_tflops"] = flops_per_token * batch["tokens_per_s"] / 1e12
         if matmul:
             batch["mfu"] = batch["model_tflops"] / matmul
-        plan = planned(case, model_dir, batch["tokens"], gpu)
+        plan = planned(case, model_dir, batch["tokens"], result["applied"], gpu)
         batch["plan_gib"] = plan["total"]
         if gpu:
             batch["plan_over_device_used"] = plan["total"] / batch["device_used_gib"]
@@ -361,7 +415,9 @@ def table(results: dict) -> str:
                 peak, used = b.get("peak_allocated_gib", b.get("peak_rss_gib")), b.get("device_used_gib", 0)
                 rows.append(f"{name:24}{side:10}{b['tokens']:>8}{b['s_per_step']:>9.3f}{b['tokens_per_s']:>10.0f}"
                             f"{mfu:>7}{peak:>10.1f}{used:>10.1f}{b['plan_gib']:>10.1f}")  # fmt: skip
-            rows.append(f"{'':34}export {result['export']['kind']}: {result['export']['seconds']:.2f}s")
+            settings = result.get("applied", {})
+            rows.append(f"{'':34}export {result['export']['kind']}: {result['export']['seconds']:.2f}s; "
+                        + ", ".join(f"{key} {value}" for key, value in settings.items()))  # fmt: skip
     for handover in results["handover"]:
         rows.append(
             f"handover {handover['shape']} ({handover['gib']:.1f} GiB, {handover['tensors']} tensors, "

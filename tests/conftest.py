@@ -2,7 +2,8 @@ import asyncio
 import importlib
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,29 @@ def benchmarks(monkeypatch):
     """Import a benchmark script by name (they import their shared helpers as ``common``)."""
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
     return importlib.import_module
+
+
+@contextmanager
+def _saved_for_backward(model) -> Iterator[dict[int, int]]:
+    """Within the block, the bytes of each storage autograd keeps for the backward pass, by storage (the model's
+    parameters left out; tensors saved inside checkpointed regions are not kept, so not seen)."""
+    import torch
+
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield saved
+
+
+@pytest.fixture
+def saved_for_backward():
+    """``with saved_for_backward(model) as saved:`` a forward pass; then ``sum(saved.values())`` is the bytes of
+    activations it keeps for the backward pass."""
+    return _saved_for_backward

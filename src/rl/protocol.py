@@ -399,27 +399,56 @@ class MicroBatch:
             return "advantages or inference_logprobs hold NaN or infinite values"
         return None
 
+    def samples(self) -> list["MicroBatch"]:
+        """Each sample of the row as a micro-batch of its own."""
+        lengths = self.sample_lengths.tolist()
+        pieces = {name: getattr(self, name).split(lengths) for name in PER_TOKEN_TENSORS}
+        return [
+            MicroBatch(
+                **{name: pieces[name][i] for name in PER_TOKEN_TENSORS}, sample_lengths=self.sample_lengths[i : i + 1]
+            )
+            for i in range(len(lengths))
+        ]
+
+    @classmethod
+    def concat(cls, micro_batches: list["MicroBatch"]) -> "MicroBatch":
+        """The rows of ``micro_batches`` end to end, as one row."""
+        return cls(**{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS})
+
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.contiguous() for k, v in self.__dict__.items()}
 
 
-def pack_samples(samples: list[Sample], seq_len: int) -> list[list[Sample]]:
-    """Group samples into micro-batches of at most ``seq_len`` tokens (first fit, longest first)."""
-    bins: list[list[Sample]] = []
+def pack_lengths(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of items of ``lengths`` grouped into bins of at most ``capacity`` (first fit, longest first)."""
+    bins: list[list[int]] = []
     room: list[int] = []
-    for sample in sorted(samples, key=lambda s: len(s.token_ids), reverse=True):
-        n = len(sample.token_ids)
-        if n > seq_len:
-            raise ValueError(f"a sample of {n} tokens does not fit in seq_len = {seq_len}")
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True):
+        n = lengths[index]
+        if n > capacity:
+            raise ValueError(f"a sample of {n} tokens does not fit in {capacity} tokens")
         for i, free in enumerate(room):
             if n <= free:
-                bins[i].append(sample)
+                bins[i].append(index)
                 room[i] -= n
                 break
         else:
-            bins.append([sample])
-            room.append(seq_len - n)
+            bins.append([index])
+            room.append(capacity - n)
     return bins
+
+
+def pack_samples(samples: list[Sample], seq_len: int) -> list[list[Sample]]:
+    """Group samples into micro-batches of at most ``seq_len`` tokens (first fit, longest first)."""
+    return [[samples[i] for i in bin] for bin in pack_lengths([len(s.token_ids) for s in samples], seq_len)]
+
+
+def repack(micro_batches: list[MicroBatch], tokens: int) -> list[MicroBatch]:
+    """The samples of ``micro_batches`` packed anew into micro-batches of at most ``tokens`` tokens (first fit,
+    longest first), each sample's tensors unchanged."""
+    samples = [sample for micro_batch in micro_batches for sample in micro_batch.samples()]
+    bins = pack_lengths([len(sample.input_ids) for sample in samples], tokens)
+    return [MicroBatch.concat([samples[i] for i in bin]) for bin in bins]
 
 
 @dataclass

@@ -23,7 +23,14 @@ class ModelConfig(StrictModel):
 
 OutputDir = Annotated[Path, Field(description="Root of the run's files: rollouts, weights, checkpoints, logs.")]
 MaxSteps = Annotated[int, Field(ge=1, description="Number of trainer steps (optimizer updates) in the run.")]
-SeqLen = Annotated[int, Field(ge=16, description="Tokens per packed micro-batch; a sample never exceeds it.")]
+SeqLen = Annotated[
+    int,
+    Field(
+        ge=16,
+        description="Tokens of the longest sample; also tokens per packed micro-batch, unless the trainer's "
+        "micro_batch_tokens says more.",
+    ),
+]
 AsyncLevel = Annotated[
     int,
     Field(

@@ -55,6 +55,11 @@ def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device) -> Pa
     return Packing(bounds, cumulative, int(sample_lengths.max()))
 
 
+def uses_varlen(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether packed attention on ``device`` in ``dtype`` is one varlen call per layer (else SDPA per sample)."""
+    return device.type == "cuda" and varlen_attn is not None and dtype in VARLEN_DTYPES
+
+
 def varlen_causal(query: Tensor, key: Tensor, value: Tensor, packing: Packing, scale: float | None) -> Tensor:
     """Causal attention within each sample of a packed row in one flash-attention call: ``query`` is ``[tokens,
     heads, head_dim]``, ``key`` and ``value`` may have fewer heads (GQA). What torch's signature lacks is done

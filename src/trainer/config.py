@@ -19,11 +19,20 @@ from rl.shared_config import (
     WeightBroadcastSection,
 )
 
+CheckpointedPart = Literal["layer", "mlp", "attention"]
+
 
 class ActivationCheckpointConfig(StrictModel):
     freq: Annotated[
         int, Field(ge=1, description="Recompute the activations of every `freq`-th decoder layer in the backward pass.")
     ] = 1
+    part: Annotated[
+        CheckpointedPart,
+        Field(
+            description="What of each chosen layer is recomputed in the backward pass: the whole 'layer' (it keeps "
+            "only its input), or only its 'mlp' or its 'attention' (less memory saved, less computed twice)."
+        ),
+    ] = "layer"
 
 
 LoraExport = Literal["merged", "adapter"]
@@ -67,6 +76,23 @@ class TrainerModelConfig(ModelConfig):
         ActivationCheckpointConfig | None,
         Field(description="Activation checkpointing: less memory for more compute (absent: off)."),
     ] = None
+    compile: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="Compile each decoder layer on its own with torch.compile (regional compilation; the first "
+            "steps take longer). 'auto': on a GPU computing in bfloat16 (varlen attention), off elsewhere: on the CPU "
+            "and with per-sample attention each new packing of samples is compiled anew."
+        ),
+    ] = "auto"
+    reshard_after_forward: Annotated[
+        bool | Literal["auto"],
+        Field(
+            description="FSDP2: free each decoder layer's gathered parameters after its forward pass and gather them "
+            "again for the backward pass. 'auto': with several ranks, under LoRA, with optim.offload and on the CPU; "
+            "on one GPU in full training the gathered copies (the parameters in the compute dtype) are kept, not "
+            "made twice."
+        ),
+    ] = "auto"
     experimental: ExperimentalConfig = ExperimentalConfig()
 
 
@@ -175,6 +201,15 @@ class TrainerConfig(BaseConfig):
     output_dir: OutputDir = Path("outputs")
     max_steps: MaxSteps = 20
     seq_len: SeqLen = 2048
+    micro_batch_tokens: Annotated[
+        int | None,
+        Field(
+            ge=16,
+            description="Tokens packed into one micro-batch (one forward and backward pass), at least seq_len, which "
+            "still bounds each sample: more tokens per pass when samples are short, for activation memory in "
+            "proportion (absent: seq_len).",
+        ),
+    ] = None
     seed: Seed = 0
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
@@ -196,6 +231,20 @@ class TrainerConfig(BaseConfig):
             "scripts/check_loss_mask.py reads); older ones are deleted once trained on (absent: keep all).",
         ),
     ] = 8
+
+    @property
+    def micro_batch_budget(self) -> int:
+        """Tokens per packed micro-batch: ``micro_batch_tokens``, else ``seq_len``."""
+        return self.micro_batch_tokens or self.seq_len
+
+    @model_validator(mode="after")
+    def _micro_batch_holds_a_sample(self):
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < self.seq_len:
+            raise ValueError(
+                f"micro_batch_tokens = {self.micro_batch_tokens} is smaller than seq_len = {self.seq_len}: a sample "
+                "of seq_len tokens must fit in one micro-batch (raise micro_batch_tokens or leave it out)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _broadcast_sends_full_weights(self):

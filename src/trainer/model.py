@@ -1,5 +1,6 @@
 """Loading the policy and its forward pass over packed micro-batches (writing weights: ``trainer.export``)."""
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -8,12 +9,13 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
+from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rl.model_path import resolve_model_path
 from rl.protocol import MicroBatch
 from trainer.attention import packing, use_packed_attention
-from trainer.config import LoraConfig, TrainerModelConfig
+from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
 
 
@@ -30,7 +32,7 @@ def load_model(
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=dtype)
     use_packed_forward(model)
     if config.ac is not None:
-        checkpoint_every(model, config.ac.freq)
+        checkpoint_every(model, config.ac.freq, config.ac.part)
     if lora is not None:
         model = add_lora(model, lora)
     return model.to(device).train()
@@ -51,11 +53,30 @@ def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
     return base.model.layers
 
 
-def checkpoint_every(model: PreTrainedModel, freq: int) -> None:
-    """Recompute the activations of decoder layers 0, freq, 2·freq, ... in the backward pass."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for i, layer in enumerate(decoder_layers(model)):
-        layer.gradient_checkpointing = i % freq == 0
+def checkpoint_every(model: PreTrainedModel, freq: int, part: CheckpointedPart = "layer") -> None:
+    """Recompute the activations of decoder layers 0, freq, 2·freq, ... in the backward pass: the whole layer, or
+    only its ``mlp`` or ``attention`` (``self_attn``)."""
+    layers = decoder_layers(model)
+    if part == "layer":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for i, layer in enumerate(layers):
+            layer.gradient_checkpointing = i % freq == 0
+        return
+    for layer in list(layers)[::freq]:
+        recompute_in_backward(layer.mlp if part == "mlp" else layer.self_attn)
+
+
+def recompute_in_backward(module: nn.Module) -> None:
+    """Make ``module`` keep only its inputs for the backward pass and recompute the rest there, in place (its
+    parameters keep their names)."""
+    module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
+
+
+def compile_layers(model: nn.Module, backend: str = "inductor") -> None:
+    """Compile each decoder layer on its own (``torch.compile`` of the layer, regional compilation), in place; the
+    rest of the model runs eagerly."""
+    for layer in decoder_layers(model):
+        layer.compile(backend=backend)
 
 
 def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:

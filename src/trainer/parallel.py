@@ -15,6 +15,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from rl.metrics import setup_logging
 from rl.protocol import MicroBatch
+from trainer.config import TrainerModelConfig
 
 
 @dataclass(frozen=True)
@@ -53,20 +54,37 @@ def close_world() -> None:
         dist.destroy_process_group()
 
 
-def shard_model(model: nn.Module, layers: nn.ModuleList, compute_dtype: torch.dtype, offload: bool) -> None:
+def reshards_after_forward(model: TrainerModelConfig, ranks: int, gpu: bool, offload: bool) -> bool:
+    """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``model.reshard_after_forward``).
+    ``auto``: yes with several ranks, where gathering is communication; on one GPU, where it is a copy, the copies
+    are kept in full training, but freed under LoRA (they would hold the frozen base twice) and under CPU offload
+    (they would hold every layer on the GPU); on the CPU freed, as keeping them was no faster there."""
+    if model.reshard_after_forward != "auto":
+        return model.reshard_after_forward
+    return ranks > 1 or not gpu or model.experimental.lora is not None or offload
+
+
+def shard_model(
+    model: nn.Module,
+    layers: nn.ModuleList,
+    compute_dtype: torch.dtype,
+    offload: bool,
+    reshard_after_forward: bool = True,
+) -> None:
     """Shard each decoder layer, then the rest, across the ranks (FSDP2), in place.
 
     Parameters stay float32 (the master weights); forward and backward run in ``compute_dtype`` and gradients
     are reduced in float32. With ``offload``, parameters, gradients and optimizer state live in CPU memory.
     Gradients are summed over ranks, not averaged: the loss is already normalized by the whole step's counts.
+    Without ``reshard_after_forward`` each layer's gathered parameters stay until its backward pass.
     """
     kwargs = {
         "mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
     }
     for layer in layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, **kwargs)  # the root is not resharded: its backward comes first
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

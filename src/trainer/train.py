@@ -5,6 +5,7 @@ import logging
 import resource
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from peft import PeftModel
@@ -21,18 +22,28 @@ from rl.protocol import (
     MicroBatch,
     prune_rollouts,
     read_batch,
+    repack,
     resume_step,
     rollouts_dir,
     wait_for,
     weights_dir,
 )
+from trainer.attention import uses_varlen
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
 from trainer.loss import policy_loss
-from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
+from trainer.model import compile_layers, decoder_layers, load_model, packed_logprobs, packed_scores
 from trainer.optim import build_optimizer, clip_gradients
-from trainer.parallel import World, close_world, init_world, rank_share, shard_model, sum_over_ranks
+from trainer.parallel import (
+    World,
+    close_world,
+    init_world,
+    rank_share,
+    reshards_after_forward,
+    shard_model,
+    sum_over_ranks,
+)
 
 logger = logging.getLogger("trainer")
 
@@ -50,12 +61,24 @@ def compute_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def compiles(setting: bool | Literal["auto"], device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the decoder layers are compiled (``model.compile``): ``auto`` where the packed attention is one
+    varlen call per layer (a GPU in bf16 or fp16), whose compiled graph serves every packing of samples."""
+    if setting != "auto":
+        return setting
+    return uses_varlen(device, dtype)
+
+
 def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -> nn.Module:
-    """The policy (fp32 master weights, LoRA and activation checkpointing as configured), sharded over the ranks."""
+    """The policy (fp32 master weights, LoRA, activation checkpointing and compilation as configured), sharded over
+    the ranks."""
     dtype = compute_dtype(model_config.dtype, world.device)
     model = load_model(model_config, torch.device("cpu"), dtype)
     offload = offload and world.device.type == "cuda"
-    shard_model(model, decoder_layers(model), dtype, offload)
+    reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
+    shard_model(model, decoder_layers(model), dtype, offload, reshard)
+    if compiles(model_config.compile, world.device, dtype):
+        compile_layers(model)
     return model
 
 
@@ -186,6 +209,8 @@ def run_training(config: TrainerConfig, world: World) -> None:
             wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
+        if config.micro_batch_tokens is not None:
+            micro_batches = repack(micro_batches, config.micro_batch_tokens)
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
         if info.num_loss_tokens == 0:

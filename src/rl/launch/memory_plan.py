@@ -3,13 +3,13 @@
 The plan is arithmetic on the model's shape (its ``config.json``, mixture-of-experts layers included) and the
 configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the
 frozen base in the compute dtype and a float32 adapter), gradients and AdamW's two moments of what trains (each
-split over the FSDP ranks), the working copies FSDP gathers (the model's root and two decoder layers at a time),
-the activations kept for the backward pass of one packed micro-batch of ``seq_len`` tokens under the configured
-activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
-decoder layer with its gradients), the weight broadcast's send buffer, and on a GPU what the caching allocator
-reserves beyond that and the CUDA context. The server's share is
-what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one
-``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
+split over the FSDP ranks), the working copies FSDP gathers (the model's root and two decoder layers at a time, or
+every layer where layers are not resharded after forward), the activations kept for the backward pass of one packed
+micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured activation checkpointing, the
+backward pass's working memory at its peak (one chunk of logits, or one recomputed layer or part with its
+gradients), the weight broadcast's send buffer, and on a GPU what the caching allocator reserves beyond that and the
+CUDA context. The server's share is what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold
+its weights and one ``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
 ``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
 to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 """
@@ -23,6 +23,7 @@ from inference.config import InferenceConfig
 from rl.errors import TridentError
 from rl.model_path import resolve_model_path
 from trainer.config import TrainerConfig
+from trainer.parallel import reshards_after_forward
 from trainer.scoring import chunk_rows
 
 GIB = 2**30
@@ -227,22 +228,39 @@ def mlp_width(shape: ModelShape, sparse: bool) -> int:
     return shape.num_experts_per_tok * shape.moe_intermediate_size + shape.shared_expert_intermediate_size
 
 
-def layer_activation_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool) -> int:
+def layer_activation_parts(shape: ModelShape, compute: int, full: bool, sparse: bool) -> dict[str, int]:
     """Bytes one token keeps for the backward pass of one decoder layer (no checkpointing), as autograd saves
-    them (read with ``saved_tensors_hooks`` on Qwen3 and Qwen3-MoE layers in bf16): the float32 inputs of the
-    RMSNorms (and, when the norms train, their outputs) with their reciprocal RMS, the inputs of the linear layers
-    (one each for q/k/v, o and the MLP), the rotated q and k, v, cos and sin, the attention's log-sum-exp (its
-    output is o's input), and the MLP's gate, up, activation and product; a sparse layer keeps these per routed
-    expert with the expert's copies of its input and output, and the router's float32 probabilities."""
+    them (read with ``saved_tensors_hooks`` on Qwen3 and Qwen3-MoE layers in bf16), by part: ``norms``, the float32
+    inputs of the two layer norms (and, when the norms train, their outputs) with their reciprocal RMS;
+    ``attention``, the inputs of its linear layers (q/k/v and o), Qwen3's q and k norms as the layer norms, the
+    rotated q and k, v, cos and sin, and the attention's log-sum-exp (its output is o's input); ``mlp``, its
+    input and its gate, up, activation and product (a sparse layer keeps these per routed expert with the expert's
+    copies of its input and output, and the router's float32 probabilities)."""
     h, c = shape.hidden_size, compute
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
-    norm_width = 2 * h + q + kv  # the two layer norms, and Qwen3's q and k norms
-    norms = norm_width * (4 + (c if full else 0)) + 4 * (2 + shape.num_attention_heads + shape.num_key_value_heads)
-    attention = c * (h + 2 * q + 2 * kv + 2 * shape.head_dim) + 4 * shape.num_attention_heads
+    per_norm_value = 4 + (c if full else 0)
+    norms = 2 * h * per_norm_value + 4 * 2
+    qk_norms = (q + kv) * per_norm_value + 4 * (shape.num_attention_heads + shape.num_key_value_heads)
+    attention = c * (h + 2 * q + 2 * kv + 2 * shape.head_dim) + 4 * shape.num_attention_heads + qk_norms
     mlp = c * (h + 4 * mlp_width(shape, sparse))
     if sparse:
         mlp += shape.num_experts_per_tok * 2 * h * c + 4 * shape.num_experts
-    return norms + attention + mlp
+    return {"norms": norms, "attention": attention, "mlp": mlp}
+
+
+def layer_activation_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool) -> int:
+    """Bytes one token keeps for the backward pass of one decoder layer (no checkpointing): all its parts."""
+    return sum(layer_activation_parts(shape, compute, full, sparse).values())
+
+
+def checkpointed_layer_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool, part: str) -> int:
+    """Bytes one token keeps for the backward pass of a decoder layer whose ``part`` is recomputed there: the
+    recomputed part keeps only its inputs (the normed hidden state; the attention also cos and sin)."""
+    inputs = {"layer": shape.hidden_size, "mlp": shape.hidden_size, "attention": shape.hidden_size + 2 * shape.head_dim}
+    if part == "layer":
+        return inputs["layer"] * compute
+    parts = layer_activation_parts(shape, compute, full, sparse)
+    return sum(parts.values()) - parts[part] + inputs[part] * compute
 
 
 def layer_gradient_bytes(shape: ModelShape, compute: int, full: bool, sparse: bool) -> int:
@@ -258,17 +276,26 @@ def layer_kinds(shape: ModelShape) -> dict[bool, int]:
 
 
 def activation_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> tuple[float, float]:
-    """Bytes of one micro-batch's activations: those kept through the backward pass (a checkpointed layer keeps
-    its input, any other layer all it saves), and the working memory at the backward pass's peak, the larger of
-    one chunk of logits and one layer's recomputed activations (checkpointing) with its gradients."""
-    full, tokens, layers = trainer.model.experimental.lora is None, trainer.seq_len, shape.num_hidden_layers
-    kinds = layer_kinds(shape)
+    """Bytes of one micro-batch's activations (``micro_batch_tokens``, else ``seq_len`` tokens): those kept through
+    the backward pass (a checkpointed layer keeps what :func:`checkpointed_layer_bytes` says, any other layer all
+    it saves), and the working memory at the backward pass's peak, the larger of one chunk of logits and one
+    layer's recomputed activations (checkpointing) with its gradients."""
+    full, tokens, layers = trainer.model.experimental.lora is None, trainer.micro_batch_budget, shape.num_hidden_layers
+    ac, kinds = trainer.model.ac, layer_kinds(shape)
+    part = ac.part if ac is not None else "layer"
+    checkpointed = 0 if ac is None else math.ceil(layers / ac.freq)
     saved = sum(count * layer_activation_bytes(shape, compute, full, sparse) for sparse, count in kinds.items())
-    checkpointed = 0 if trainer.model.ac is None else math.ceil(layers / trainer.model.ac.freq)
-    kept = checkpointed * shape.hidden_size * compute + (layers - checkpointed) / layers * saved
+    saved_checkpointed = sum(
+        count * checkpointed_layer_bytes(shape, compute, full, sparse, part) for sparse, count in kinds.items()
+    )
+    kept = (checkpointed * saved_checkpointed + (layers - checkpointed) * saved) / layers
+
+    def recomputed_bytes(sparse: bool) -> int:
+        parts = layer_activation_parts(shape, compute, full, sparse)
+        return sum(parts.values()) if part == "layer" else parts[part]
+
     recomputed = max(
-        (layer_activation_bytes(shape, compute, full, sparse) if checkpointed else 0)
-        + layer_gradient_bytes(shape, compute, full, sparse)
+        (recomputed_bytes(sparse) if checkpointed else 0) + layer_gradient_bytes(shape, compute, full, sparse)
         for sparse in kinds
     )
     logits = LOGIT_BYTES * min(tokens, chunk_rows(shape.vocab_size)) * shape.vocab_size
@@ -295,6 +322,14 @@ def trainer_broadcast_bytes(shape: ModelShape, backend: str, compute: int, gpu: 
     return 0 if gpu else shape.parameters * compute
 
 
+def gathered_bytes(shape: ModelShape, trainer: TrainerConfig, ranks: int, compute: int, gpu: bool) -> int:
+    """Bytes of the working copies FSDP gathers in the compute dtype: the root and two decoder layers at a time, or
+    every layer from its forward pass to its backward pass where layers are not resharded after forward."""
+    if reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
+        return (shape.root_parameters + 2 * shape.layer_parameters) * compute
+    return shape.parameters * compute
+
+
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
     """GiB per trainer rank, by what holds them."""
     compute = dtype_bytes(trainer.model.dtype, gpu)
@@ -309,7 +344,7 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         "weights": (frozen_bytes + trainable * 4) / ranks,
         "gradients": trainable * 4 / ranks,
         "optimizer": 2 * trainable * 4 / ranks,
-        "gathered": (shape.root_parameters + 2 * shape.layer_parameters) * compute,
+        "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu),
         "activations": activations,
         "backward": backward,
     }

@@ -17,7 +17,7 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
     assert result["smoke"] and result["device"] == "cpu" and result["date"]
-    assert set(result["cases"]) == {"tiny-full", "tiny-lora"}
+    assert set(result["cases"]) == {"tiny-full", "tiny-lora", "tiny-short-samples"}
     for name, sides in result["cases"].items():
         assert list(sides) == ["new"]  # no --baseline-src
         run = sides["new"]
@@ -28,6 +28,12 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
             assert len(batch["step_seconds"]) == result["timed_steps"] and batch["tokens_per_s"] > 0
             assert math.isfinite(batch["loss"]) and batch["plan_gib"] > 0 and batch["peak_rss_gib"] > 0
     lora, full = result["cases"]["tiny-lora"]["new"], result["cases"]["tiny-full"]["new"]
+    assert not full["applied"]["compiled"] and full["applied"]["micro_batch_tokens"] is None  # the CPU's defaults
+    assert full["batches"][0]["micro_batches"] == 1  # no seq_len: each batch in one micro-batch
+    # 16 samples of 16 tokens, packed by seq_len = 64 into four micro-batches, then by the budget into one
+    short = result["cases"]["tiny-short-samples"]["new"]
+    assert short["applied"]["micro_batch_tokens"] == 256 and short["applied"]["ac_part"] == "mlp"
+    assert short["batches"][0]["micro_batches"] == 1
     assert 0 < lora["trainable_parameters"] < full["trainable_parameters"]
     (handover,) = result["handover"]
     assert handover["transport"] == "shm" and handover["tensors"] > 0  # a /dev/shm buffer on the CPU

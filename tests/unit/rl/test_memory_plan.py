@@ -96,7 +96,7 @@ def test_qwen3_30b_a3b_counts_all_its_experts():
 
 @pytest.mark.parametrize("full", [False, True], ids=["lora", "full"])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_activations_are_what_a_layer_saves_for_backward(full, moe):
+def test_activations_are_what_a_layer_saves_for_backward(full, moe, saved_for_backward):
     """The per-token bytes of a bf16 decoder layer's saved tensors, read with saved_tensors_hooks at two lengths."""
     shape = {"vocab_size": 256, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 1,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
@@ -109,20 +109,11 @@ def test_activations_are_what_a_layer_saves_for_backward(full, moe):
         model = add_lora(model, LoraConfig(rank=4, target_modules=SEVEN))
     model = model.to(torch.bfloat16)  # as FSDP's mixed precision computes, adapter included
     base = model.get_base_model() if not full else model
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def saved_bytes(tokens: int) -> int:
-        saved = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameters:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
         hidden = torch.randn(1, tokens, 256, dtype=torch.bfloat16, requires_grad=True)
         positions = torch.arange(tokens)[None]
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with saved_for_backward(model) as saved:
             base.model.layers[0](hidden, position_embeddings=base.model.rotary_emb(hidden, positions),
                                  attention_mask=None, position_ids=positions)  # fmt: skip
         return sum(saved.values())
@@ -136,12 +127,13 @@ def test_activations_are_what_a_layer_saves_for_backward(full, moe):
 # benchmarks/gpu_check.py on one H200 on 2026-11-26 (torch 2.11, transformers 5.19, peft 0.21.2; random weights;
 # one packed micro-batch; benchmarks/results/gpu_check_history.json): a Qwen3-8B shape with LoRA rank 4 on all seven
 # linears, checkpointing every layer, bf16 frozen base (2,048-token samples); a Qwen3-0.6B-shaped full fine-tune
-# without checkpointing (8 samples of 1,024 and 64 of 128 tokens; the per-sample SDPA loop and varlen attention).
+# without checkpointing (8 samples of 1,024 and 64 of 128 tokens; the per-sample SDPA loop and varlen attention;
+# each layer resharded after forward, as FSDP2 did by default then).
 # Peak allocated memory alone was 19.1 / 22.3 / 26.5 / 34.9 GiB (8B at 2k / 8k / 16k / 32k tokens) and 24.2-24.4 GiB.
 H200_DEVICE_USED_GIB = [
     ("Qwen3-8B", {"ac": {"freq": 1}, "experimental": {"lora": {"rank": 4, "alpha": 8, "target_modules": SEVEN}}},
      [(8192, 24.2), (16_384, 28.7)]),
-    ("Qwen3-0.6B", {}, [(8192, 29.4), (8192, 30.0), (8192, 31.1)]),
+    ("Qwen3-0.6B", {"reshard_after_forward": True}, [(8192, 29.4), (8192, 30.0), (8192, 31.1)]),
 ]  # fmt: skip
 
 
@@ -213,3 +205,37 @@ def test_full_training_of_8b_needs_its_optimizer_state_and_the_server_its_weight
     sharded = plan_memory(trainer, None, list(range(8)), [], gpu_gib=80.0)
     assert sharded.trainer["optimizer"] == pytest.approx(plan.trainer["optimizer"] / 8)
     assert sharded.problems() == []  # FSDP over 8 GPUs
+
+
+def test_activations_are_planned_for_the_micro_batch_budget_and_the_checkpointed_part():
+    shape = KNOWN_SHAPES["Qwen3-0.6B"]
+
+    def plan(model: dict | None = None, **trainer) -> dict[str, float]:
+        config = TrainerConfig(model={"name": "Qwen/Qwen3-0.6B", **(model or {})}, **trainer)
+        return trainer_plan(shape, config, ranks=1, gpu=True)
+
+    short, budget = plan(seq_len=1024), plan(seq_len=1024, micro_batch_tokens=8192)
+    assert budget["activations"] == pytest.approx(8 * short["activations"])  # counted by the budget, not seq_len
+    assert budget["activations"] == pytest.approx(plan(seq_len=8192)["activations"])
+    ac = ({}, {"ac": {}}, {"ac": {"part": "mlp"}}, {"ac": {"part": "attention"}})
+    full, layer, mlp, attention = (plan(model, seq_len=8192) for model in ac)
+    # recomputing the whole layer keeps least, one of its parts less than no checkpointing
+    assert layer["activations"] < min(mlp["activations"], attention["activations"])
+    assert max(mlp["activations"], attention["activations"]) < full["activations"]
+    # a checkpointed MLP keeps its 1024-wide bf16 input instead of its input, gate, up, activation and product
+    per_token = 2 * 4 * 3072 * 28 * 8192 / GIB
+    assert full["activations"] - mlp["activations"] == pytest.approx(per_token)
+
+
+def test_one_gpu_of_full_training_keeps_every_layer_gathered():
+    shape = KNOWN_SHAPES["Qwen3-0.6B"]
+
+    def gathered(ranks: int, gpu: bool = True, **model) -> float:
+        config = TrainerConfig(model={"name": "Qwen/Qwen3-0.6B", **model})
+        return trainer_plan(shape, config, ranks=ranks, gpu=gpu)["gathered"]
+
+    two_layers = (shape.root_parameters + 2 * shape.layer_parameters) * 2 / GIB  # bf16, resharded after forward
+    assert gathered(1) == pytest.approx(shape.parameters * 2 / GIB)  # every layer kept, in bf16
+    assert gathered(2) == pytest.approx(two_layers)
+    assert gathered(1, experimental={"lora": {"rank": 4}}) == pytest.approx(two_layers)
+    assert gathered(1, gpu=False) == pytest.approx(two_layers * 2)  # the CPU reshards, float32

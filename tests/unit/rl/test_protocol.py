@@ -22,6 +22,7 @@ from rl.protocol import (
     pack_samples,
     read_batch,
     recover_aside,
+    repack,
     rollouts_dir,
     step_dirs,
     weights_dir,
@@ -263,3 +264,27 @@ def test_a_bad_line_in_the_middle_is_skipped_and_reported_once(tmp_path, caplog,
         f"skipped line 2 of {path}: not a JSON object",
         f"skipped line 4 of {path}: not a JSON object",
     ]
+
+
+def test_repack_fills_the_token_budget_and_keeps_each_sample_whole():
+    lengths = [9, 7, 6, 5, 4, 3, 3, 2]  # 39 tokens, samples of at most seq_len = 10
+    samples = [sample(n // 2, n - n // 2, advantage=float(i)) for i, n in enumerate(lengths)]
+    by_seq_len = [MicroBatch.pack(b) for b in pack_samples(samples, seq_len=10)]
+    repacked = repack(by_seq_len, tokens=20)
+    assert all(len(m.input_ids) <= 20 for m in repacked)
+    assert len(repacked) == 2  # 39 tokens in 20-token micro-batches: first fit, longest first fills [9, 7, 4], ...
+    assert sorted(n for m in repacked for n in m.sample_lengths.tolist()) == sorted(lengths)
+    # each sample's tokens, mask, advantage and logprobs travel together, positions restart per sample
+    seen = set()
+    for micro_batch in repacked:
+        assert micro_batch.problem() is None
+        for piece in micro_batch.samples():
+            advantage = float(piece.advantages[0])
+            original = samples[int(advantage)]
+            assert piece.input_ids.tolist() == original.token_ids
+            assert piece.loss_mask.tolist() == original.loss_mask
+            assert piece.inference_logprobs.tolist() == pytest.approx(original.inference_logprobs)
+            seen.add(advantage)
+    assert len(seen) == len(samples)
+    with pytest.raises(ValueError, match="does not fit"):
+        repack(by_seq_len, tokens=8)  # a 9-token sample

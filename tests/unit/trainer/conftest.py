@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from rl.protocol import BatchInfo, MicroBatch, Sample, pack_samples, write_batch
+from trainer.parallel import close_world, init_world
 
 
 def random_samples(num_samples: int, seed: int = 0) -> list[Sample]:
@@ -38,3 +39,11 @@ def write_batches():
         return len(micro_batches)
 
     return write
+
+
+@pytest.fixture
+def world():
+    """A one-rank process group (gloo on CPU) for the test, as the trainer makes when it runs alone."""
+    world = init_world()
+    yield world
+    close_world()

@@ -24,7 +24,6 @@ import trainer.train
 from rl.protocol import BatchInfo, MicroBatch
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
-from trainer.parallel import close_world, init_world
 from trainer.train import build_model, frozen_reference, train_step
 
 # Operators that hand a tensor's values (or a size that depends on them) to the host.
@@ -81,13 +80,6 @@ class ListReads(TorchFunctionMode):
         if func in (torch.Tensor.tolist, torch.Tensor.numpy) and self.dispatch.on_device(args[0]):
             self.dispatch.reads.append(f"{func.__name__} at {caller()}")
         return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture
-def world():
-    world = init_world()
-    yield world
-    close_world()
 
 
 def micro_batches(count: int) -> list[MicroBatch]:

@@ -1,11 +1,14 @@
+import pytest
 import torch
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
-from trainer.parallel import close_world, init_world, shard_model
+from trainer.parallel import close_world, init_world, reshards_after_forward, shard_model
+from trainer.train import build_model
 
 
 def test_packed_logprobs_equal_separate_forwards(tiny_model_path):
@@ -98,3 +101,49 @@ def test_the_compute_device_of_an_offloaded_model_is_the_gpu(tiny_model_path, mo
         assert compute_device(model) == torch.device("cuda", 0)  # offloaded parameters, a GPU computes
     finally:
         close_world()
+
+
+@pytest.mark.parametrize("part", ["mlp", "attention"])
+def test_checkpointing_a_part_of_each_layer_keeps_less_and_gives_the_same_gradients(
+    tiny_model_path, part, saved_for_backward
+):
+    plain = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
+    checkpointed = load_model(TrainerModelConfig(name=tiny_model_path, ac={"part": part}), torch.device("cpu"))
+    whole = load_model(TrainerModelConfig(name=tiny_model_path, ac={}), torch.device("cpu"))
+    kept = {}
+    for name, model in [("plain", plain), ("part", checkpointed), ("layer", whole)]:
+        with saved_for_backward(model) as saved:
+            packed_logprobs(model, tiny_batch(), temperature=1.0)
+        kept[name] = sum(saved.values())
+    assert kept["layer"] < kept["part"] < kept["plain"]
+    assert set(checkpointed.state_dict()) == set(plain.state_dict())  # names unchanged: checkpoints and exports
+    expected, got = one_step(plain, tiny_batch()), one_step(checkpointed, tiny_batch())
+    assert expected.keys() == got.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_layers_not_resharded_after_forward_stay_gathered(tiny_model_path, reshard):
+    """FSDP2 leaves a layer's registered parameters unsharded (plain tensors) after its forward pass when it does
+    not reshard, sharded (DTensors) when it does."""
+    world = init_world()
+    try:
+        model_config = TrainerModelConfig(name=tiny_model_path, reshard_after_forward=reshard)
+        model = build_model(model_config, world, offload=False)
+        packed_logprobs(model, tiny_batch(), temperature=1.0)
+        assert isinstance(decoder_layers(model)[0].self_attn.q_proj.weight, DTensor) == reshard
+    finally:
+        close_world()
+
+
+def test_reshard_after_forward_is_chosen_by_world_size_lora_offload_and_device(tiny_model_path):
+    def reshards(ranks=1, gpu=True, offload=False, **model) -> bool:
+        return reshards_after_forward(TrainerModelConfig(name=tiny_model_path, **model), ranks, gpu, offload)
+
+    assert not reshards()  # one GPU, full training: the gathered layers are kept (a copy, not communication)
+    assert reshards(ranks=2)  # several ranks: gathering is communication
+    assert reshards(experimental={"lora": {"rank": 4}})  # kept copies would hold the frozen base twice
+    assert reshards(offload=True)  # kept copies would hold every layer on the GPU
+    assert reshards(gpu=False)  # the CPU: keeping them was no faster
+    assert not reshards(ranks=8, reshard_after_forward=False) and reshards(reshard_after_forward=True)
