@@ -2,11 +2,13 @@
 and turn verifiers' traces into training samples without re-tokenizing anything."""
 
 import asyncio
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
+from dataset_rows import DatasetError
 from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
@@ -79,6 +81,15 @@ def load_env(env: EnvConfig) -> vf.Env:
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
         raise TridentError(f"environment {env.id!r} rejects its args: {problems}") from None
+
+
+def load_tasks(env: vf.Env, limit: int | None = None) -> list:
+    """The first ``limit`` tasks (all when None) of ``env``'s taskset, read now; a dataset that cannot be read
+    (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
+    try:
+        return list(itertools.islice(env.taskset.load(), limit))
+    except DatasetError as e:
+        raise TridentError(f"environment {env.config.taskset.id!r}: {e}") from None
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:

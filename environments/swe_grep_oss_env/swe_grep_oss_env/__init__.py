@@ -7,10 +7,11 @@ change, which ends the rollout. Tasks come from one of two sources:
 - generated (the default): ``num_examples`` small Python projects, each with one planted bug or missing
   feature and an issue that describes it in user terms (:mod:`swe_grep_oss_env.synthetic`). Deterministic in
   ``seed``; nothing is downloaded.
-- SWE-bench Lite style records (``dataset_path``): a local JSONL file with ``instance_id``,
-  ``problem_statement`` and ``patch`` (the gold diff; the answer is the files it touches) per line, and a local
-  snapshot of each repository: the row's ``repo_path``, else ``<repos_dir>/<instance_id>`` (``repos_dir``
-  defaults to ``repos/`` next to the JSONL file). See :mod:`swe_grep_oss_env.swebench`.
+- SWE-bench Lite style records (``dataset``, a :class:`dataset_rows.DatasetSpec`: a JSONL or parquet file, a
+  folder of them, a ``save_to_disk`` folder or a hub id; ``dataset_path`` is short for ``dataset.path``) with
+  ``instance_id``, ``problem_statement`` and ``patch`` (the gold diff; the answer is the files it touches) per row,
+  and a local snapshot of each repository: the row's ``repo_path``, else ``<repos_dir>/<instance_id>``
+  (``repos_dir`` defaults to ``repos/`` beside the data). See :mod:`swe_grep_oss_env.swebench`.
 
 Rewards (weights in the config): ``correct_files_reward`` (share of answer files named),
 ``incorrect_files_penalty`` (share of named files that are wrong), ``missed_files_penalty`` (share of answer
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Annotated
 
 import verifiers.v1 as vf
-from pydantic import Field
+from dataset_rows import DatasetSpec
+from pydantic import Field, model_validator
 from reward_weights import with_reward_weights
 
 from swe_grep_oss_env import rewards, swebench, synthetic
@@ -48,13 +50,15 @@ Find the files that must change to resolve this issue.
 
 class SweGrepConfig(vf.TasksetConfig):
     num_examples: Annotated[int, Field(ge=1)] = 64
-    """Generated tasks (not used with dataset_path)."""
+    """Generated tasks (not used with dataset)."""
     seed: int = 0
     """Seed of the task generator."""
+    dataset: DatasetSpec | None = None
+    """SWE-bench Lite style records to load instead of generating tasks: {path, split, columns, streaming, ...}."""
     dataset_path: str | None = None
-    """SWE-bench Lite style JSONL file to load instead of generating tasks."""
+    """Short for dataset = {path = ...}."""
     repos_dir: str | None = None
-    """Directory holding a snapshot per instance id, for rows without repo_path (default: repos/ beside the JSONL)."""
+    """Directory holding a snapshot per instance id, for rows without repo_path (default: repos/ beside the data)."""
     max_tokens: Annotated[int, Field(ge=1)] = 1024
     """Sampled tokens per rollout above which max_tokens_penalty applies."""
     max_tool_calls: Annotated[int, Field(ge=1)] = 20
@@ -77,6 +81,14 @@ class SweGrepConfig(vf.TasksetConfig):
     """Weight of max_tool_calls_penalty (negative: a penalty)."""
     completion_weight: float = 0.1
     """Weight of completion_bonus."""
+
+    @model_validator(mode="after")
+    def _dataset_path_is_short_for_dataset(self):
+        if self.dataset_path is not None:
+            if self.dataset is not None and self.dataset.path != self.dataset_path:
+                raise ValueError(f"dataset_path {self.dataset_path!r} and dataset.path {self.dataset.path!r} differ")
+            self.dataset = DatasetSpec(path=self.dataset_path)
+        return self
 
 
 class SweGrepData(vf.TaskData):
@@ -158,9 +170,9 @@ class SweGrepTaskset(vf.Taskset[SweGrepTask, SweGrepConfig]):
             bash_output_bytes=config.bash_output_bytes,
             bash_memory_mb=config.bash_memory_mb,
         )
-        if config.dataset_path is not None:
+        if config.dataset is not None:
             repos_dir = Path(config.repos_dir) if config.repos_dir is not None else None
-            for record in swebench.load_records(Path(config.dataset_path), repos_dir):
+            for record in swebench.read_records(config.dataset, repos_dir):
                 prompt = PROMPT.format(issue=record.problem_statement.strip())
                 data = SweGrepData(
                     id=record.instance_id,
