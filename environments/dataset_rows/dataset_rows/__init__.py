@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import datasets
@@ -74,6 +74,12 @@ class DatasetSpec(BaseModel):
     shuffle_buffer: Annotated[
         int, Field(ge=1, description="Rows a streamed set is shuffled within, when its reader shuffles it.")
     ] = 10_000
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_path_alone(cls, data: Any) -> Any:
+        """A bare string is the spec of that path: ``dataset = "data/train.parquet"``."""
+        return {"path": data} if isinstance(data, str) else data
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ change, which ends the rollout. Tasks come from one of two sources:
   feature and an issue that describes it in user terms (:mod:`swe_grep_oss_env.synthetic`). Deterministic in
   ``seed``; nothing is downloaded.
 - SWE-bench Lite style records (``dataset``, a :class:`dataset_rows.DatasetSpec`: a JSONL or parquet file, a
-  folder of them, a ``save_to_disk`` folder or a hub id; ``dataset_path`` is short for ``dataset.path``) with
+  folder of them, a ``save_to_disk`` folder or a hub id; also accepted as ``dataset_path``) with
   ``instance_id``, ``problem_statement`` and ``patch`` (the gold diff; the answer is the files it touches) per row,
   and a local snapshot of each repository: the row's ``repo_path``, else ``<repos_dir>/<instance_id>``
   (``repos_dir`` defaults to ``repos/`` beside the data). See :mod:`swe_grep_oss_env.swebench`.
@@ -26,7 +26,7 @@ from typing import Annotated
 
 import verifiers.v1 as vf
 from dataset_rows import DatasetSpec
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field
 from reward_weights import with_reward_weights
 
 from swe_grep_oss_env import rewards, swebench, synthetic
@@ -53,10 +53,9 @@ class SweGrepConfig(vf.TasksetConfig):
     """Generated tasks (not used with dataset)."""
     seed: int = 0
     """Seed of the task generator."""
-    dataset: DatasetSpec | None = None
-    """SWE-bench Lite style records to load instead of generating tasks: {path, split, columns, streaming, ...}."""
-    dataset_path: str | None = None
-    """Short for dataset = {path = ...}."""
+    dataset: Annotated[DatasetSpec | None, Field(validation_alias=AliasChoices("dataset", "dataset_path"))] = None
+    """SWE-bench Lite style records to load instead of generating tasks: a path, or {path, split, columns, streaming,
+    ...} (dataset_rows.DatasetSpec); also accepted as dataset_path."""
     repos_dir: str | None = None
     """Directory holding a snapshot per instance id, for rows without repo_path (default: repos/ beside the data)."""
     max_tokens: Annotated[int, Field(ge=1)] = 1024
@@ -81,14 +80,6 @@ class SweGrepConfig(vf.TasksetConfig):
     """Weight of max_tool_calls_penalty (negative: a penalty)."""
     completion_weight: float = 0.1
     """Weight of completion_bonus."""
-
-    @model_validator(mode="after")
-    def _dataset_path_is_short_for_dataset(self):
-        if self.dataset_path is not None:
-            if self.dataset is not None and self.dataset.path != self.dataset_path:
-                raise ValueError(f"dataset_path {self.dataset_path!r} and dataset.path {self.dataset.path!r} differ")
-            self.dataset = DatasetSpec(path=self.dataset_path)
-        return self
 
 
 class SweGrepData(vf.TaskData):
