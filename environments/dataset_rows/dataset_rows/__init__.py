@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ def hf_datasets():
     import datasets
 
     datasets.disable_progress_bars()  # a run logs one line a step; datasets' bars would fill its log
+    datasets.logging.set_verbosity(logging.CRITICAL)  # what it fails on reaches the user as one DatasetError line
     return datasets
 
 
@@ -194,20 +196,26 @@ def reading(sources: list[Source], label: str) -> Iterator[None]:
         raise
     except (OSError, ValueError, hf_datasets().exceptions.DatasetsError) as e:  # pyarrow's ArrowInvalid: a ValueError
         for source in sources:
-            if source.lines is not None and (bad := first_invalid_line(source.lines)):
+            if source.lines is not None and (bad := first_bad_line(source.lines)):
                 raise DatasetError(f"{source.label}:{bad}") from None
+        while e.__cause__ is not None:  # "An error occurred while generating the dataset": the cause says which
+            e = e.__cause__
         reason = next(iter(str(e).strip().splitlines()), "")
         raise DatasetError(f"{label}: cannot be read ({type(e).__name__}: {reason})") from None
 
 
-def first_invalid_line(path: Path) -> str | None:
-    """``N: invalid JSON (why)`` for the first line of ``path`` that is neither blank nor a JSON value."""
+def first_bad_line(path: Path) -> str | None:
+    """``N: why`` for the first line of the JSON Lines file ``path`` that is neither blank nor a JSON object."""
     with path.open() as file:
         for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
             try:
-                line.strip() and json.loads(line.strip())
+                value = json.loads(line.strip())
             except json.JSONDecodeError as e:
                 return f"{number}: invalid JSON ({e})"
+            if not isinstance(value, dict):
+                return f"{number}: expected a JSON object, got {type(value).__name__}"
     return None
 
 

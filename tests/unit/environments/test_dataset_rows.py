@@ -82,9 +82,16 @@ def test_a_streamed_set_is_shuffled_by_seed_within_its_buffer(tmp_path):
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_a_line_that_is_not_json_is_named(tmp_path, streaming):
-    path = write_jsonl(tmp_path / "data.jsonl", [ROWS[0], "", '{"question": "What is', ROWS[1]])
-    with pytest.raises(DatasetError, match=rf"^{path}:3: invalid JSON \("):
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"question": "What is', r"invalid JSON \(Unterminated string .*\)"),
+        ("[1, 2]", "expected a JSON object, got list"),
+    ],
+)
+def test_a_line_that_is_not_a_json_object_is_named(tmp_path, streaming, line, message):
+    path = write_jsonl(tmp_path / "data.jsonl", [ROWS[0], "", line, ROWS[1]])
+    with pytest.raises(DatasetError, match=rf"^{path}:3: {message}$"):
         list(read_rows(DatasetSpec(path=path, streaming=streaming)))
 
 

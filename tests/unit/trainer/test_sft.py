@@ -160,8 +160,9 @@ def test_streaming_needs_max_steps(tmp_path):
         parse_config(SFTConfig, ["--data.path", "data.parquet", "--data.streaming", "true"])
 
 
-def test_sft_exits_with_one_error_line_on_bad_data(tiny_model_path, tmp_path, monkeypatch, capsys):
-    write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, {"text": "no messages"}])
+@pytest.mark.parametrize("bad_row", [{"text": "no messages"}, '{"messages": ['])
+def test_sft_exits_with_one_error_line_on_bad_data(tiny_model_path, tmp_path, monkeypatch, capsys, bad_row):
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, bad_row])
     argv = ["sft", "--data.path", str(tmp_path / "data.jsonl"), "--model.name", tiny_model_path]
     monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as exit_info:
