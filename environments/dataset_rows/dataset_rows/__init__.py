@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:
     import datasets
@@ -82,6 +82,11 @@ class DatasetSpec(BaseModel):
     def _a_path_alone(cls, data: Any) -> Any:
         """A bare string is the spec of that path: ``dataset = "data/train.parquet"``."""
         return {"path": data} if isinstance(data, str) else data
+
+
+TasksetDataset = Annotated[DatasetSpec | None, Field(validation_alias=AliasChoices("dataset", "dataset_path"))]
+"""A taskset config's ``dataset``: a path or a spec, also accepted under the environments' former key
+``dataset_path``."""
 
 
 @dataclass(frozen=True)
@@ -240,4 +245,4 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-__all__ = ["DatasetError", "DatasetSpec", "Row", "Source", "read_rows", "without_nulls"]
+__all__ = ["DatasetError", "DatasetSpec", "Row", "Source", "TasksetDataset", "read_rows", "without_nulls"]

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Annotated
 
 import verifiers.v1 as vf
-from dataset_rows import DatasetSpec
-from pydantic import AliasChoices, Field
+from dataset_rows import TasksetDataset
+from pydantic import Field
 from reward_weights import with_reward_weights
 
 from swe_grep_oss_env import rewards, swebench, synthetic
@@ -53,7 +53,7 @@ class SweGrepConfig(vf.TasksetConfig):
     """Generated tasks (not used with dataset)."""
     seed: int = 0
     """Seed of the task generator."""
-    dataset: Annotated[DatasetSpec | None, Field(validation_alias=AliasChoices("dataset", "dataset_path"))] = None
+    dataset: TasksetDataset = None
     """SWE-bench Lite style records to load instead of generating tasks: a path, or {path, split, columns, streaming,
     ...} (dataset_rows.DatasetSpec); also accepted as dataset_path."""
     repos_dir: str | None = None
