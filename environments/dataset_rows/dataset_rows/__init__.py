@@ -126,9 +126,8 @@ def read_rows(spec: DatasetSpec, shuffle_seed: int | None = None) -> Iterator[Ro
     """The rows of ``spec``'s dataset, in order: the files of a folder one after another (sorted by path). A
     streamed set is shuffled with ``shuffle_seed`` when one is given: its files in a seeded order, their rows
     through a buffer of ``spec.shuffle_buffer``; a loaded one is always read in order (its reader holds it all and
-    can shuffle it). Raises :class:`DatasetError`, in one line
-    naming the path, file or row, for a dataset that cannot be read or a row without a column ``spec.columns``
-    names."""
+    can shuffle it). Raises :class:`DatasetError`, in one line naming the path, file or row, for a dataset that
+    cannot be read or a row without a column ``spec.columns`` names."""
     parts = open_parts(spec)
     if not spec.streaming:
         for source, dataset in parts:
@@ -161,7 +160,9 @@ def open_parts(spec: DatasetSpec) -> list[tuple[Source, datasets.Dataset | datas
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return [open_saved(path, spec)]
-        files = sorted(file for file in path.rglob("*") if file.suffix in FORMATS and file.is_file())
+        files = sorted(
+            file for file in path.rglob("*") if file.suffix in FORMATS and file.is_file() and not hidden(file, path)
+        )
         if not files:
             raise DatasetError(f"{path}: no {'/'.join(FORMATS)} files in the folder, and not written by save_to_disk")
         return [open_file(file, spec.streaming) for file in files]
@@ -170,6 +171,11 @@ def open_parts(spec: DatasetSpec) -> list[tuple[Source, datasets.Dataset | datas
     source = Source(f"{spec.path}[{spec.split}]")
     with reading([source], f"hub dataset {spec.path!r}"):
         return [(source, hf_datasets().load_dataset(spec.path, spec.name, split=spec.split, streaming=spec.streaming))]
+
+
+def hidden(file: Path, folder: Path) -> bool:
+    """Whether ``file`` is hidden in ``folder`` (a dotted name on its way there, e.g. a download tool's ``.cache``)."""
+    return any(part.startswith(".") for part in file.relative_to(folder).parts)
 
 
 def open_file(path: Path, streaming: bool) -> tuple[Source, datasets.Dataset | datasets.IterableDataset]:

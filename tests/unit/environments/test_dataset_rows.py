@@ -29,6 +29,8 @@ def write_dataset(tmp_path, kind: str) -> str:
     (tmp_path / "shards").mkdir()
     datasets.Dataset.from_list(ROWS[:4]).to_parquet(tmp_path / "shards" / "part-0.parquet")
     datasets.Dataset.from_list(ROWS[4:]).to_parquet(tmp_path / "shards" / "part-1.parquet")
+    (tmp_path / "shards" / ".cache").mkdir()  # what a download tool leaves beside the data: not read
+    datasets.Dataset.from_list(ROWS[:1]).to_parquet(tmp_path / "shards" / ".cache" / "part-0.parquet")
     return str(tmp_path / "shards")
 
 
