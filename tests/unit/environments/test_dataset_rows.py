@@ -17,15 +17,15 @@ def write_jsonl(path, lines: list) -> str:
 
 
 def write_dataset(tmp_path, kind: str) -> str:
-    """ROWS as a user would store them: a JSONL file, a parquet file, a save_to_disk folder, or parquet shards."""
+    """ROWS as a user would store them: a JSONL, parquet or arrow file, a save_to_disk folder, or parquet shards."""
     if kind == "jsonl":
         return write_jsonl(tmp_path / "data.jsonl", ROWS)
     if kind == "parquet":
         datasets.Dataset.from_list(ROWS).to_parquet(tmp_path / "data.parquet")
         return str(tmp_path / "data.parquet")
-    if kind == "saved":
+    if kind in ("saved", "arrow"):  # arrow: the one arrow file save_to_disk wrote, read as a file
         datasets.Dataset.from_list(ROWS).save_to_disk(tmp_path / "saved")
-        return str(tmp_path / "saved")
+        return str(tmp_path / "saved" / "data-00000-of-00001.arrow" if kind == "arrow" else tmp_path / "saved")
     (tmp_path / "shards").mkdir()
     datasets.Dataset.from_list(ROWS[:4]).to_parquet(tmp_path / "shards" / "part-0.parquet")
     datasets.Dataset.from_list(ROWS[4:]).to_parquet(tmp_path / "shards" / "part-1.parquet")
@@ -35,7 +35,7 @@ def write_dataset(tmp_path, kind: str) -> str:
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-@pytest.mark.parametrize("kind", ["jsonl", "parquet", "saved", "shards"])
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow", "saved", "shards"])
 def test_every_format_gives_the_same_rows_loaded_or_streamed(tmp_path, kind, streaming):
     rows = list(read_rows(DatasetSpec(path=write_dataset(tmp_path, kind), streaming=streaming)))
     assert [row.data for row in rows] == ROWS
