@@ -2,11 +2,13 @@
 and turn verifiers' traces into training samples without re-tokenizing anything."""
 
 import asyncio
+import itertools
 import logging
 import os
 from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
+from dataset_rows import DatasetError
 from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
@@ -104,6 +106,15 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
     taskset = with_judge({"id": env.id, **env.args}, env.judge)
     config = config_cls.model_validate({"id": env.verifiers_env, "taskset": taskset, **agents})
     return env_cls(config)
+
+
+def load_tasks(env: vf.Env, limit: int | None = None) -> list:
+    """The first ``limit`` tasks (all when None) of ``env``'s taskset, read now; a dataset that cannot be read
+    (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
+    try:
+        return list(itertools.islice(env.taskset.load(), limit))
+    except DatasetError as e:
+        raise TridentError(f"environment {env.config.taskset.id!r}: {e}") from None
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:

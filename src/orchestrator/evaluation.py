@@ -5,14 +5,13 @@ The orchestrator runs an evaluation on the run's servers beside training (its ro
 samples from the weights it is logged under.
 """
 
-import itertools
 import statistics
 from dataclasses import dataclass
 
 import verifiers.v1 as vf
 
 from orchestrator.config import EvalConfig
-from orchestrator.envs import Rollout, load_env
+from orchestrator.envs import Rollout, load_env, load_tasks
 from orchestrator.judge import check_judged
 
 
@@ -32,7 +31,7 @@ def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
     sets = []
     for i, env_config in enumerate(config.env):
         env = load_env(env_config)
-        tasks = list(itertools.islice(env.taskset.load(), config.num_examples))
+        tasks = load_tasks(env, config.num_examples)
         if tasks:
             check_judged(env_config, f"eval.env.{i}", tasks[0])
         name = env_config.id if ids.count(env_config.id) == 1 else f"{env_config.id}.{i}"

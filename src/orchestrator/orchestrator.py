@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from orchestrator.advantage import group_advantages, uniform_groups
 from orchestrator.ckpt import check_resumable, data_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group, task_id
+from orchestrator.envs import Rollout, load_env, load_tasks, model_context, run_group, task_id
 from orchestrator.evaluation import eval_scores, load_eval_sets
 from orchestrator.infra import check_lost, infra_metrics, is_lost
 from orchestrator.judge import check_judged
@@ -109,7 +109,7 @@ class Orchestrator:
         self.config = config
         self.output_dir = config.output_dir
         self.envs = [load_env(env) for env in config.env]
-        per_env = [list(env.taskset.load()) for env in self.envs]
+        per_env = [load_tasks(env) for env in self.envs]
         for i, tasks in enumerate(per_env):
             if not tasks:
                 raise TridentError(

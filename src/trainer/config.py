@@ -3,6 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
+from dataset_rows import DatasetSpec
 from pydantic import Field, model_validator
 
 from rl.config import BaseConfig
@@ -257,13 +258,17 @@ class TrainerConfig(BaseConfig):
         return self
 
 
-class SFTDataConfig(StrictModel):
-    path: Annotated[
-        Path, Field(description='JSONL file of conversations, one `{"messages": [{"role", "content"}, ...]}` a line.')
-    ]
+class SFTDataConfig(StrictModel, DatasetSpec):
+    """Conversations, one a row: a ``messages`` column (``columns`` can name another) and an optional ``tools`` one."""
+
     batch_size: Annotated[int, Field(ge=1, description="Samples (conversations) per optimizer step.")] = 8
     epochs: Annotated[int, Field(ge=1, description="Passes over the data (unless max_steps is set).")] = 1
-    shuffle: Annotated[bool, Field(description="Visit the samples in a new seeded order each epoch.")] = True
+    shuffle: Annotated[
+        bool,
+        Field(
+            description="Visit the samples in a new seeded order each epoch (a streamed set: within shuffle_buffer)."
+        ),
+    ] = True
 
 
 class SFTConfig(BaseConfig):
@@ -284,3 +289,11 @@ class SFTConfig(BaseConfig):
     seed: Seed = 0
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
+
+    @model_validator(mode="after")
+    def _streaming_needs_max_steps(self):
+        if self.data.streaming and self.max_steps is None:
+            raise ValueError(
+                "data.streaming = true needs max_steps: a streamed set's length is unknown before reading it"
+            )
+        return self

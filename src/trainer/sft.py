@@ -4,6 +4,7 @@ Shares the trainer's model building (FSDP2, dtype, LoRA, activation checkpointin
 schedule and weights layout, so ``output_dir/weights/step_N`` can be the ``[model] name`` an RL run starts from.
 """
 
+import itertools
 import logging
 import math
 import random
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
@@ -25,7 +26,7 @@ from trainer.export import save_weights
 from trainer.model import packed_logprobs
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
-from trainer.sft_data import load_samples
+from trainer.sft_data import load_samples, stream_samples
 from trainer.train import build_model
 
 logger = logging.getLogger("sft")
@@ -71,6 +72,18 @@ def step_batches(
         queue = queue[batch_size:]
 
 
+def step_batches_of(config: SFTConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Iterator[list[Sample]], int]:
+    """The run's step batches and their number: from samples loaded and checked up front, or read as the steps
+    use them when ``data.streaming`` (``max_steps`` steps, which the config requires)."""
+    data = config.data
+    if data.streaming:
+        samples = stream_samples(data, tokenizer, config.seq_len, config.seed if data.shuffle else None)
+        return (list(itertools.islice(samples, data.batch_size)) for _ in range(config.max_steps)), config.max_steps
+    samples = load_samples(data, tokenizer, config.seq_len)
+    num_steps = config.max_steps or math.ceil(data.epochs * len(samples) / data.batch_size)
+    return step_batches(samples, data.batch_size, num_steps, config.seed, data.shuffle), num_steps
+
+
 def train_sft(config: SFTConfig) -> None:
     """Fine-tune ``config.model`` on ``config.data``, on every rank of the process group (or alone); weights go
     to ``output_dir/weights/step_N`` (at the end, and every ``save_every`` steps), metrics to
@@ -85,8 +98,7 @@ def train_sft(config: SFTConfig) -> None:
 def run_sft(config: SFTConfig, world: World) -> None:
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
-    samples = load_samples(config.data.path, tokenizer, config.seq_len)
-    num_steps = config.max_steps or math.ceil(config.data.epochs * len(samples) / config.data.batch_size)
+    batches, num_steps = step_batches_of(config, tokenizer)
     model = build_model(config.model, world, config.optim.offload)
     optimizer, scheduler = build_optimizer(model, config.optim, num_steps)
     metrics = None
@@ -98,7 +110,6 @@ def run_sft(config: SFTConfig, world: World) -> None:
         f"of {config.data.batch_size} samples"
     )
 
-    batches = step_batches(samples, config.data.batch_size, num_steps, config.seed, config.data.shuffle)
     for step, batch in enumerate(batches):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

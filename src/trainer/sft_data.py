@@ -1,11 +1,13 @@
-"""SFT data: chat transcripts (JSONL rows ``{"messages": [...], "tools": [...]}``, tools optional) tokenized with
-the model's chat template into samples whose loss mask covers exactly the tokens the model generates in assistant
-turns."""
+"""SFT data: chat transcripts (rows ``{"messages": [...], "tools": [...]}``, tools optional, of any dataset
+:mod:`dataset_rows` reads) tokenized with the model's chat template into samples whose loss mask covers exactly the
+tokens the model generates in assistant turns."""
 
+import itertools
 import json
 import logging
-from pathlib import Path
+from collections.abc import Iterable, Iterator
 
+from dataset_rows import DatasetError, DatasetSpec, Row, read_rows, without_nulls
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
@@ -21,25 +23,23 @@ class SFTDataError(TridentError):
     """A data file or row that cannot be trained on; the message names the file and line."""
 
 
-def read_conversations(path: Path) -> list[tuple[int, list[dict], list[dict] | None]]:
-    """The conversations of a JSONL file, each with its line number and the tools it declares; a bad row raises
-    naming ``path:line``."""
-    if not path.is_file():
-        raise SFTDataError(f"data file not found: {path}")
-    conversations = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+def data_rows(data: DatasetSpec, shuffle_seed: int | None = None) -> Iterator[Row]:
+    """The rows of ``data`` (:func:`dataset_rows.read_rows`), a dataset that cannot be read an :class:`SFTDataError`."""
+    try:
+        yield from read_rows(data, shuffle_seed)
+    except DatasetError as e:
+        raise SFTDataError(str(e)) from None
+
+
+def row_samples(tokenizer: PreTrainedTokenizerBase, rows: Iterable[Row]) -> Iterator[Sample]:
+    """The samples of each row's conversation (:func:`conversation_samples`), in order; a bad row raises naming
+    ``file:line`` (or ``file:row``). Null fields are absent ones (:func:`dataset_rows.without_nulls`)."""
+    for row in rows:
         try:
-            row = json.loads(line)
-            conversations.append((line_number, check_messages(row), check_tools(row)))
-        except json.JSONDecodeError as e:
-            raise SFTDataError(f"{path}:{line_number}: invalid JSON ({e})") from None
+            conversation = without_nulls(row.data)
+            yield from conversation_samples(tokenizer, check_messages(conversation), check_tools(conversation))
         except SFTDataError as e:
-            raise SFTDataError(f"{path}:{line_number}: {e}") from None
-    if not conversations:
-        raise SFTDataError(f"{path}: no conversations in the file")
-    return conversations
+            raise SFTDataError(f"{row.where}: {e}") from None
 
 
 def check_messages(row: object) -> list[dict]:
@@ -135,25 +135,48 @@ def sft_sample(token_ids: list[int], loss_mask: list[bool]) -> Sample:
     return Sample(token_ids, loss_mask, [0.0] * len(token_ids), advantage=0.0, reward=0.0, weight_step=0)
 
 
-def load_samples(path: Path, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> list[Sample]:
-    """The training samples of a JSONL file of conversations; samples longer than ``seq_len`` are dropped (and
-    counted in a warning) rather than cut, which could end an answer mid-way."""
-    if not tokenizer.chat_template:
-        raise SFTDataError(f"the tokenizer of {tokenizer.name_or_path} has no chat template to render conversations")
-    samples = []
-    conversations = read_conversations(path)
-    for line_number, messages, tools in conversations:
-        try:
-            samples += conversation_samples(tokenizer, messages, tools)
-        except SFTDataError as e:
-            raise SFTDataError(f"{path}:{line_number}: {e}") from None
+def load_samples(data: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int) -> list[Sample]:
+    """The training samples of a dataset of conversations, all checked before training; samples longer than
+    ``seq_len`` are dropped (and counted in a warning) rather than cut, which could end an answer mid-way."""
+    check_chat_template(tokenizer)
+    rows = list(data_rows(data))
+    samples = list(row_samples(tokenizer, rows))
     kept = [sample for sample in samples if len(sample.token_ids) <= seq_len]
-    if len(kept) < len(samples):
-        logger.warning(f"dropped {len(samples) - len(kept)} of {len(samples)} samples longer than seq_len = {seq_len}")
-    if not kept:
-        raise SFTDataError(f"{path}: no sample fits in seq_len = {seq_len} tokens")
+    check_kept(data, len(kept), len(samples), seq_len)
     logger.info(
-        f"{path}: {len(conversations)} conversations, {len(kept)} samples, "
+        f"{data.path}: {len(rows)} conversations, {len(kept)} samples, "
         f"{sum(len(s.token_ids) for s in kept)} tokens, {sum(sum(s.loss_mask) for s in kept)} to train on"
     )
     return kept
+
+
+def stream_samples(
+    data: DatasetSpec, tokenizer: PreTrainedTokenizerBase, seq_len: int, seed: int | None
+) -> Iterator[Sample]:
+    """The training samples of a dataset of conversations read as they are used, pass after pass; each pass in a
+    new order (seeded by ``seed`` and the pass, within ``data.shuffle_buffer`` rows) unless ``seed`` is None. Rows
+    are checked as they are read; samples longer than ``seq_len`` are dropped, as :func:`load_samples` does."""
+    check_chat_template(tokenizer)
+    for epoch in itertools.count():
+        kept = total = 0
+        for sample in row_samples(tokenizer, data_rows(data, None if seed is None else seed + epoch)):
+            total += 1
+            if len(sample.token_ids) <= seq_len:
+                kept += 1
+                yield sample
+        check_kept(data, kept, total, seq_len)
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    if not tokenizer.chat_template:
+        raise SFTDataError(f"the tokenizer of {tokenizer.name_or_path} has no chat template to render conversations")
+
+
+def check_kept(data: DatasetSpec, kept: int, total: int, seq_len: int) -> None:
+    """Warn about the samples dropped for being longer than ``seq_len``; raise when none is left."""
+    if not total:
+        raise SFTDataError(f"{data.path}: no conversations in the data")
+    if not kept:
+        raise SFTDataError(f"{data.path}: no sample fits in seq_len = {seq_len} tokens")
+    if kept < total:
+        logger.warning(f"dropped {total - kept} of {total} samples longer than seq_len = {seq_len}")

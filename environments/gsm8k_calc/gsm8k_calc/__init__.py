@@ -1,8 +1,9 @@
 """gsm8k-calc: grade-school math word problems, solved with a calculator tool.
 
-Problems come from a seeded generator (several templates, 2-4 arithmetic steps, integer answers) or from a local
-GSM8K-format JSONL file (``dataset_path``). The model may call ``calculator`` for a few turns, then ends its reply
-with ``#### <answer>`` (``\\boxed{<answer>}`` and a trailing number are accepted too).
+Problems come from a seeded generator (several templates, 2-4 arithmetic steps, integer answers) or from a
+GSM8K-format dataset (``dataset``: a local JSONL or parquet file, or ``openai/gsm8k`` where a hub is reachable).
+The model may call ``calculator`` for a few turns, then ends its reply with ``#### <answer>``
+(``\\boxed{<answer>}`` and a trailing number are accepted too).
 
 Rewards: ``correct_answer`` (1 if the final answer equals the target) and a small ``tool_use`` term (1 if the
 calculator was called at least once with a valid expression). The metric ``calculator_calls`` counts the calls.
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from typing import Annotated
 
 import verifiers.v1 as vf
+from dataset_rows import TasksetDataset
 from pydantic import Field
 from reward_weights import with_reward_weights
 
@@ -64,12 +66,13 @@ def tool_use_score(expressions: list[str | None]) -> float:
 
 class Gsm8kCalcConfig(vf.TasksetConfig):
     num_examples: Annotated[int | None, Field(ge=1)] = None
-    """Problems generated (1024 when unset); with dataset_path, the file's first num_examples rows (all when unset)."""
+    """Problems generated (1024 when unset); with dataset, its first num_examples rows (all when unset)."""
     seed: int = 0
-    """Seed of the problem generator (unused with dataset_path)."""
-    dataset_path: str | None = None
-    """Local GSM8K-format JSONL file (rows with 'question' and an 'answer' ending in '#### <number>'); unset
-    generates problems instead."""
+    """Seed of the problem generator (unused with dataset)."""
+    dataset: TasksetDataset = None
+    """GSM8K-format rows ('question', and an 'answer' ending in '#### <number>'): a path (local JSONL/parquet/arrow,
+    a folder, a hub id) or {path, name, split, columns, streaming} (dataset_rows.DatasetSpec), also accepted as
+    dataset_path; unset generates problems instead."""
     max_turns: Annotated[int, Field(ge=1)] = 4
     """Model turns per rollout: calculator calls, then the answer (a turn without tool calls ends the rollout)."""
     correct_answer_weight: float = 1.0
@@ -82,7 +85,7 @@ class Gsm8kCalcData(vf.TaskData):
     answer: str
     """The target final answer, a plain number."""
     source: str
-    """The generator template that made the problem, or 'gsm8k' for a row of dataset_path."""
+    """The generator template that made the problem, or 'gsm8k' for a row of the dataset."""
     tools: list[str] = [CALCULATOR]
     """Tools offered to the model, as module:function import paths."""
     final_tools: list[str] = []
@@ -108,15 +111,15 @@ class Gsm8kCalcTask(vf.Task[Gsm8kCalcData, vf.State, vf.TaskConfig]):
 class Gsm8kCalcTaskset(vf.Taskset[Gsm8kCalcTask, Gsm8kCalcConfig]):
     def __init__(self, config: Gsm8kCalcConfig) -> None:
         super().__init__(config)
-        # Read the file now, so a bad dataset_path fails when the environment loads, not mid-run.
+        # Read the dataset now, so a bad one fails when the environment loads, not mid-run.
         self.problems = self._problems()
         # The reward weights of the config, unless the run plugs its own under task.rewards.
         weights = {"correct_answer": config.correct_answer_weight, "tool_use": config.tool_use_weight}
         self.task_config = with_reward_weights(config.task, weights)
 
     def _problems(self) -> list[Problem]:
-        if self.config.dataset_path is not None:
-            return load_gsm8k(self.config.dataset_path, self.config.num_examples)
+        if self.config.dataset is not None:
+            return load_gsm8k(self.config.dataset, self.config.num_examples)
         return generate_problems(self.config.num_examples or DEFAULT_NUM_EXAMPLES, self.config.seed)
 
     def load(self):

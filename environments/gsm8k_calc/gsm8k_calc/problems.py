@@ -1,10 +1,11 @@
-"""Math word problems: a seeded generator of grade-school problems, and a reader for GSM8K's JSONL format."""
+"""Math word problems: a seeded generator of grade-school problems, and a reader for GSM8K-format datasets."""
 
-import json
+import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from dataset_rows import DatasetError, DatasetSpec, Row, read_rows
 
 from gsm8k_calc.answers import canonical_number, parse_number
 
@@ -115,43 +116,28 @@ def generate_problems(num_examples: int, seed: int) -> list[Problem]:
     return [rng.choice(templates)(rng) for _ in range(num_examples)]
 
 
-def load_gsm8k(path: str | Path, limit: int | None = None) -> list[Problem]:
-    """Problems from a GSM8K-format JSONL file: one object per line with ``question`` and ``answer``, the answer
-    ending in ``#### <number>``. Reads the first ``limit`` problems (all when None); blank lines are skipped.
+def load_gsm8k(spec: DatasetSpec, limit: int | None = None) -> list[Problem]:
+    """Problems from a GSM8K-format dataset (:mod:`dataset_rows`: a local JSONL or parquet file, the hub's
+    ``openai/gsm8k`` with name ``main``, ...): rows with ``question`` and ``answer``, the answer ending in
+    ``#### <number>``. Reads the first ``limit`` problems (all when None).
 
-    Any bad row raises a ValueError naming the file, the line and what was expected.
+    Any bad row raises a DatasetError (a ValueError) naming the file, the row (its line in a JSONL file) and what
+    was expected.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset_path {str(path)!r}: no such file")
-    problems = []
-    with path.open(encoding="utf-8") as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if limit is not None and len(problems) >= limit:
-                break
-            if line.strip():
-                problems.append(_parse_row(line, f"{path}:{line_number}"))
-    return problems
+    return [_problem(row) for row in itertools.islice(read_rows(spec), limit)]
 
 
-def _parse_row(line: str, where: str) -> Problem:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(
-            f"{where}: not valid JSON ({e.msg}); expected an object with 'question' and 'answer'"
-        ) from None
-    if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer', got {type(row).__name__}")
+def _problem(row: Row) -> Problem:
+    data = row.data
     for key in ("question", "answer"):
-        if not isinstance(row.get(key), str):
-            problem = "missing" if key not in row else f"not a string ({type(row[key]).__name__})"
-            raise ValueError(f"{where}: field {key!r} is {problem}")
-    _, hashes, final = row["answer"].rpartition("####")
+        if not isinstance(data.get(key), str):
+            problem = "missing" if data.get(key) is None else f"not a string ({type(data[key]).__name__})"
+            raise DatasetError(f"{row.where}: field {key!r} is {problem}")
+    _, hashes, final = data["answer"].rpartition("####")
     answer = parse_number(final) if hashes else None
     if answer is None:
-        raise ValueError(f"{where}: field 'answer' must end with '#### <number>', got {row['answer'][-40:]!r}")
-    return Problem(row["question"].strip(), canonical_number(answer), "gsm8k")
+        raise DatasetError(f"{row.where}: field 'answer' must end with '#### <number>', got {data['answer'][-40:]!r}")
+    return Problem(data["question"].strip(), canonical_number(answer), "gsm8k")
 
 
 __all__ = ["TEMPLATES", "Problem", "generate_problems", "load_gsm8k"]

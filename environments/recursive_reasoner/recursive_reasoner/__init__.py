@@ -16,13 +16,14 @@ subproblems (:mod:`recursive_reasoner.independence`: lexical by default, sentenc
 ``embedding_model_path``). A malformed plan gets 0 on every term. Metrics: ``malformed``, ``decomposed``,
 ``subproblems`` and ``tokens``.
 
-Problems come from gsm8k-calc: its seeded generator, or a local GSM8K-format JSONL file (``dataset_path``).
+Problems come from gsm8k-calc: its seeded generator, or a GSM8K-format dataset (``dataset``, e.g. a local JSONL file).
 """
 
 import json
 from typing import Annotated
 
 import verifiers.v1 as vf
+from dataset_rows import TasksetDataset
 from gsm8k_calc.problems import Problem, generate_problems, load_gsm8k
 from pydantic import Field
 from reward_weights import with_reward_weights
@@ -46,12 +47,13 @@ SYSTEM_PROMPT = (
 
 class RecursiveReasonerConfig(vf.TasksetConfig):
     num_examples: Annotated[int | None, Field(ge=1)] = None
-    """Problems generated (1024 when unset); with dataset_path, the file's first num_examples rows (all when unset)."""
+    """Problems generated (1024 when unset); with dataset, its first num_examples rows (all when unset)."""
     seed: int = 0
-    """Seed of the problem generator (unused with dataset_path)."""
-    dataset_path: str | None = None
-    """Local GSM8K-format JSONL file (rows with 'question' and an 'answer' ending in '#### <number>'); unset
-    generates problems instead."""
+    """Seed of the problem generator (unused with dataset)."""
+    dataset: TasksetDataset = None
+    """GSM8K-format rows ('question', and an 'answer' ending in '#### <number>'): a path (local JSONL/parquet/arrow,
+    a folder, a hub id) or {path, name, split, columns, streaming} (dataset_rows.DatasetSpec), also accepted as
+    dataset_path; unset generates problems instead."""
     worker_model: str
     """Model name the worker's requests send: the base model's name (``[model] name``), which the server keeps
     serving next to the trained adapter."""
@@ -85,7 +87,7 @@ class RecursiveReasonerData(vf.TaskData):
     answer: str
     """The target final answer, a plain number."""
     source: str
-    """The generator template that made the problem, or 'gsm8k' for a row of dataset_path."""
+    """The generator template that made the problem, or 'gsm8k' for a row of the dataset."""
     worker: WorkerSettings
     max_subproblems: int = 4
     token_budget: int = 2048
@@ -168,8 +170,8 @@ class RecursiveReasonerTaskset(vf.Taskset[RecursiveReasonerTask, RecursiveReason
         independence_measure(config.embedding_model_path)
 
     def _problems(self) -> list[Problem]:
-        if self.config.dataset_path is not None:
-            return load_gsm8k(self.config.dataset_path, self.config.num_examples)
+        if self.config.dataset is not None:
+            return load_gsm8k(self.config.dataset, self.config.num_examples)
         return generate_problems(self.config.num_examples or DEFAULT_NUM_EXAMPLES, self.config.seed)
 
     def load(self):

@@ -7,10 +7,11 @@ change, which ends the rollout. Tasks come from one of two sources:
 - generated (the default): ``num_examples`` small Python projects, each with one planted bug or missing
   feature and an issue that describes it in user terms (:mod:`swe_grep_oss_env.synthetic`). Deterministic in
   ``seed``; nothing is downloaded.
-- SWE-bench Lite style records (``dataset_path``): a local JSONL file with ``instance_id``,
-  ``problem_statement`` and ``patch`` (the gold diff; the answer is the files it touches) per line, and a local
-  snapshot of each repository: the row's ``repo_path``, else ``<repos_dir>/<instance_id>`` (``repos_dir``
-  defaults to ``repos/`` next to the JSONL file). See :mod:`swe_grep_oss_env.swebench`.
+- SWE-bench Lite style records (``dataset``, a :class:`dataset_rows.DatasetSpec`: a JSONL or parquet file, a
+  folder of them, a ``save_to_disk`` folder or a hub id; also accepted as ``dataset_path``) with
+  ``instance_id``, ``problem_statement`` and ``patch`` (the gold diff; the answer is the files it touches) per row,
+  and a local snapshot of each repository: the row's ``repo_path``, else ``<repos_dir>/<instance_id>``
+  (``repos_dir`` defaults to ``repos/`` beside the data). See :mod:`swe_grep_oss_env.swebench`.
 
 Rewards (weights in the config): ``correct_files_reward`` (share of answer files named),
 ``incorrect_files_penalty`` (share of named files that are wrong), ``missed_files_penalty`` (share of answer
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Annotated
 
 import verifiers.v1 as vf
+from dataset_rows import TasksetDataset
 from pydantic import Field
 from reward_weights import with_reward_weights
 
@@ -48,13 +50,14 @@ Find the files that must change to resolve this issue.
 
 class SweGrepConfig(vf.TasksetConfig):
     num_examples: Annotated[int, Field(ge=1)] = 64
-    """Generated tasks (not used with dataset_path)."""
+    """Generated tasks (not used with dataset)."""
     seed: int = 0
     """Seed of the task generator."""
-    dataset_path: str | None = None
-    """SWE-bench Lite style JSONL file to load instead of generating tasks."""
+    dataset: TasksetDataset = None
+    """SWE-bench Lite style records to load instead of generating tasks: a path, or {path, split, columns, streaming,
+    ...} (dataset_rows.DatasetSpec); also accepted as dataset_path."""
     repos_dir: str | None = None
-    """Directory holding a snapshot per instance id, for rows without repo_path (default: repos/ beside the JSONL)."""
+    """Directory holding a snapshot per instance id, for rows without repo_path (default: repos/ beside the data)."""
     max_tokens: Annotated[int, Field(ge=1)] = 1024
     """Sampled tokens per rollout above which max_tokens_penalty applies."""
     max_tool_calls: Annotated[int, Field(ge=1)] = 20
@@ -158,9 +161,9 @@ class SweGrepTaskset(vf.Taskset[SweGrepTask, SweGrepConfig]):
             bash_output_bytes=config.bash_output_bytes,
             bash_memory_mb=config.bash_memory_mb,
         )
-        if config.dataset_path is not None:
+        if config.dataset is not None:
             repos_dir = Path(config.repos_dir) if config.repos_dir is not None else None
-            for record in swebench.load_records(Path(config.dataset_path), repos_dir):
+            for record in swebench.read_records(config.dataset, repos_dir):
                 prompt = PROMPT.format(issue=record.problem_statement.strip())
                 data = SweGrepData(
                     id=record.instance_id,

@@ -1,22 +1,22 @@
-"""SWE-bench Lite style records from a local JSONL file, with local repository snapshots.
+"""SWE-bench Lite style records from any dataset :mod:`dataset_rows` reads (a JSONL or parquet file, a folder of
+them, a ``save_to_disk`` folder, a hub id), with local repository snapshots.
 
-Each non-blank line is a JSON object with ``instance_id``, ``problem_statement`` and ``patch`` (the gold
-diff; the answer is the set of files it touches), and optionally ``repo_path``. The repository snapshot of a
-row is the directory ``repo_path`` when the row has one (relative paths start at the JSONL file's directory),
-else ``<repos_dir>/<instance_id>``, where ``repos_dir`` defaults to ``repos/`` next to the JSONL file. The
-snapshot should be the repository at the row's base commit; its ``.git`` is never copied into a rollout.
+Each row has ``instance_id``, ``problem_statement`` and ``patch`` (the gold diff; the answer is the set of files it
+touches), and optionally ``repo_path``. The repository snapshot of a row is the directory ``repo_path`` when the
+row has one (relative paths start at the dataset's folder: a file's folder, a folder itself, or the working
+directory for a hub id), else ``<repos_dir>/<instance_id>``, where ``repos_dir`` defaults to ``repos/`` in the
+dataset's folder. The snapshot should be the repository at the row's base commit; its ``.git`` is never copied
+into a rollout.
 """
 
-import json
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataset_rows import DatasetError, DatasetSpec, Row, read_rows
+
 REQUIRED_FIELDS = ("instance_id", "problem_statement", "patch")
-
-
-class DatasetError(ValueError):
-    """A record cannot be used; the message names the file, the line and the problem."""
 
 
 @dataclass(frozen=True)
@@ -48,48 +48,35 @@ def patch_files(patch: str) -> list[str]:
     return list(dict.fromkeys(files))
 
 
-def load_records(path: Path, repos_dir: Path | None = None) -> list[Record]:
-    """Every record of the JSONL file at ``path``; a DatasetError for the first bad line."""
-    if not path.is_file():
-        raise DatasetError(f"{path}: dataset file not found")
-    repos_dir = repos_dir if repos_dir is not None else path.parent / "repos"
-    records = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            records.append(
-                _record(json_object(line, f"{path}:{line_number}"), f"{path}:{line_number}", path, repos_dir)
-            )
-    return records
+def read_records(spec: DatasetSpec, repos_dir: Path | None = None) -> Iterator[Record]:
+    """The records of the dataset ``spec`` names, as they are read; a :class:`DatasetError` naming the file and
+    row (its line in a JSONL file) of the first bad one."""
+    path = Path(spec.path)
+    folder = path.parent if path.is_file() else path if path.is_dir() else Path(".")
+    repos_dir = repos_dir if repos_dir is not None else folder / "repos"
+    for row in read_rows(spec):
+        yield _record(row, folder, repos_dir)
 
 
-def json_object(line: str, where: str) -> dict:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{where}: not valid JSON ({e.msg})") from None
-    if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    return row
-
-
-def _record(row: dict, where: str, path: Path, repos_dir: Path) -> Record:
+def _record(row: Row, folder: Path, repos_dir: Path) -> Record:
+    data = row.data
     for name in REQUIRED_FIELDS:
-        if name not in row:
-            raise DatasetError(f"{where}: missing field {name!r} (each row needs {', '.join(REQUIRED_FIELDS)})")
-        if not isinstance(row[name], str) or not row[name].strip():
-            raise DatasetError(f"{where}: field {name!r} must be a non-empty string")
-    answer_files = patch_files(row["patch"])
+        if data.get(name) is None:
+            raise DatasetError(f"{row.where}: missing field {name!r} (each row needs {', '.join(REQUIRED_FIELDS)})")
+        if not isinstance(data[name], str) or not data[name].strip():
+            raise DatasetError(f"{row.where}: field {name!r} must be a non-empty string")
+    answer_files = patch_files(data["patch"])
     if not answer_files:
-        raise DatasetError(f"{where}: field 'patch' touches no file (expected a unified diff)")
-    if "repo_path" in row:
-        if not isinstance(row["repo_path"], str):
-            raise DatasetError(f"{where}: field 'repo_path' must be a string")
-        repo = path.parent / row["repo_path"]
+        raise DatasetError(f"{row.where}: field 'patch' touches no file (expected a unified diff)")
+    if data.get("repo_path") is not None:
+        if not isinstance(data["repo_path"], str):
+            raise DatasetError(f"{row.where}: field 'repo_path' must be a string")
+        repo = folder / data["repo_path"]
     else:
-        repo = repos_dir / row["instance_id"]
+        repo = repos_dir / data["instance_id"]
     if not repo.is_dir():
-        raise DatasetError(f"{where}: no repository snapshot at {repo} (set 'repo_path' in the row or repos_dir)")
-    return Record(row["instance_id"], row["problem_statement"], answer_files, str(repo.resolve()))
+        raise DatasetError(f"{row.where}: no repository snapshot at {repo} (set 'repo_path' in the row or repos_dir)")
+    return Record(data["instance_id"], data["problem_statement"], answer_files, str(repo.resolve()))
 
 
 def copy_snapshot(source: Path, destination: Path) -> None:

@@ -4,8 +4,10 @@ import re
 import time
 from decimal import Decimal
 
+import datasets
 import pytest
 import verifiers.v1 as vf
+from dataset_rows import DatasetSpec
 from gsm8k_calc import Gsm8kCalcConfig, Gsm8kCalcTaskset, calculator_expressions, tool_use_score
 from gsm8k_calc.answers import canonical_number, is_correct, parse_final_answer
 from gsm8k_calc.problems import TEMPLATES, generate_problems, load_gsm8k
@@ -196,10 +198,10 @@ def test_load_gsm8k(tmp_path):
             {"question": "Round down?", "answer": "#### -4.50"},
         ],
     )
-    problems = load_gsm8k(path)
+    problems = load_gsm8k(DatasetSpec(path=str(path)))
     assert [(p.answer, p.source) for p in problems] == [("5", "gsm8k"), ("1500", "gsm8k"), ("-4.5", "gsm8k")]
     assert problems[0].question == "Tom has 2 apples and buys 3. How many?"
-    assert len(load_gsm8k(path, limit=2)) == 2
+    assert len(load_gsm8k(DatasetSpec(path=str(path)), limit=2)) == 2
 
 
 @pytest.mark.parametrize(
@@ -210,7 +212,7 @@ def test_load_gsm8k(tmp_path):
         ({"question": "How many?", "answer": 3}, "field 'answer' is not a string"),
         ({"question": "How many?", "answer": "three"}, "field 'answer' must end with '#### <number>'"),
         ({"question": "How many?", "answer": "#### three"}, "field 'answer' must end with '#### <number>'"),
-        ('{"question": "How many?", ', "not valid JSON"),
+        ('{"question": "How many?", ', "invalid JSON"),
         ("[1, 2]", "expected a JSON object"),
     ],
 )
@@ -218,12 +220,12 @@ def test_load_gsm8k_names_file_line_and_field(tmp_path, bad_row, message):
     good = {"question": "q", "answer": "#### 1"}
     path = write_jsonl(tmp_path / "bad.jsonl", [good, good, bad_row])
     with pytest.raises(ValueError, match=re.escape(f"{path}:3: {message}")):
-        load_gsm8k(path)
+        load_gsm8k(DatasetSpec(path=str(path)))
 
 
 def test_load_gsm8k_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="dataset_path"):
-        load_gsm8k(tmp_path / "nope.jsonl")
+    with pytest.raises(ValueError, match=re.escape(f"dataset '{tmp_path / 'nope.jsonl'}' not found")):
+        load_gsm8k(DatasetSpec(path=str(tmp_path / "nope.jsonl")))
 
 
 # --- the taskset, through verifiers
@@ -257,6 +259,19 @@ def test_taskset_reads_dataset_path(tmp_path):
         (f"q{i}", str(i), "gsm8k") for i in range(4)
     ]
     assert len(list(Gsm8kCalcTaskset(Gsm8kCalcConfig(dataset_path=str(path), num_examples=2)))) == 2
+
+
+def test_taskset_reads_a_split_of_a_saved_gsm8k_dataset(tmp_path):
+    # GSM8K as `datasets` saves it after load_dataset("openai/gsm8k", "main"): a train and a test split
+    rows = {
+        split: [{"question": f"{split} q{i}", "answer": f"steps\n#### {i}"} for i in range(3)]
+        for split in ("train", "test")
+    }
+    datasets.DatasetDict({split: datasets.Dataset.from_list(r) for split, r in rows.items()}).save_to_disk(
+        tmp_path / "gsm8k"
+    )
+    config = Gsm8kCalcConfig(dataset={"path": str(tmp_path / "gsm8k"), "split": "test"}, num_examples=2)
+    assert [(t.data.prompt, t.data.answer) for t in Gsm8kCalcTaskset(config)] == [("test q0", "0"), ("test q1", "1")]
 
 
 def test_taskset_fails_on_load_for_a_bad_file(tmp_path):

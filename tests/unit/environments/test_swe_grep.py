@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import datasets
 import pytest
 import swe_grep_oss_env
 import verifiers.v1 as vf
+from dataset_rows import DatasetSpec
 from swe_grep_oss_env import rewards, sandbox, swebench, synthetic, tools
 from swe_grep_oss_env.catalog import BUGS, MODULES
 from verifiers.v1.graph import MessageNode
@@ -257,7 +259,7 @@ def _write_dataset(tmp_path: Path) -> Path:
 
 def test_loader_reads_records_and_the_taskset_copies_snapshots(tmp_path):
     path = _write_dataset(tmp_path)
-    records = swebench.load_records(path)
+    records = list(swebench.read_records(DatasetSpec(path=str(path))))
     assert [record.answer_files for record in records] == [["src/pkg/core.py", "src/pkg/util.py"], ["src/pkg/core.py"]]
     assert records[0].repo_path == str((tmp_path / "snap-a").resolve())
     assert records[1].repo_path == str((tmp_path / "repos" / "proj__proj-2").resolve())
@@ -272,15 +274,27 @@ def test_loader_reads_records_and_the_taskset_copies_snapshots(tmp_path):
     assert not (workdir / "repo" / ".git").exists()
 
 
+def test_the_taskset_reads_a_parquet_dataset_with_a_renamed_column_streamed(tmp_path):
+    rows = [json.loads(line) for line in _write_dataset(tmp_path).read_text().splitlines() if line]
+    renamed = [{"issue" if key == "problem_statement" else key: value for key, value in row.items()} for row in rows]
+    datasets.Dataset.from_list(renamed).to_parquet(tmp_path / "lite.parquet")
+    dataset = {"path": str(tmp_path / "lite.parquet"), "columns": {"problem_statement": "issue"}, "streaming": True}
+    from_parquet = list(swe_grep_oss_env.SweGrepTaskset(swe_grep_oss_env.SweGrepConfig(dataset=dataset)))
+    config = swe_grep_oss_env.SweGrepConfig(dataset_path=str(tmp_path / "lite.jsonl"))
+    from_jsonl = list(swe_grep_oss_env.SweGrepTaskset(config))
+    assert [task.data.model_dump() for task in from_parquet] == [task.data.model_dump() for task in from_jsonl]
+    assert from_parquet[1].data.repo_path == str((tmp_path / "repos" / "proj__proj-2").resolve())
+
+
 def test_loader_error_names_file_line_and_field(tmp_path):
     path = tmp_path / "bad.jsonl"
     good = {"instance_id": "a", "problem_statement": "p", "patch": PATCH, "repo_path": "."}
     path.write_text(json.dumps(good) + "\n" + json.dumps({"instance_id": "b", "patch": PATCH}) + "\n")
     with pytest.raises(swebench.DatasetError, match=r"bad\.jsonl:2: missing field 'problem_statement'"):
-        swebench.load_records(path)
+        list(swebench.read_records(DatasetSpec(path=str(path))))
     path.write_text(json.dumps(good | {"repo_path": "nowhere"}) + "\n")
     with pytest.raises(swebench.DatasetError, match=r"bad\.jsonl:1: no repository snapshot"):
-        swebench.load_records(path)
+        list(swebench.read_records(DatasetSpec(path=str(path))))
 
 
 def test_patch_files_without_git_headers():

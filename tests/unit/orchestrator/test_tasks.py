@@ -1,11 +1,14 @@
 """Several environments in one run: each gives its share of every batch, from its own seeded order."""
 
+import json
 from collections import Counter
 
 import pytest
 
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.envs import load_env, load_tasks
 from orchestrator.tasks import TaskOrder, prompts_per_env
+from rl.errors import TridentError
 
 
 @pytest.mark.parametrize(
@@ -42,3 +45,18 @@ def test_an_environment_whose_share_rounds_to_no_prompt_is_a_config_error():
     with pytest.raises(ValueError, match=no_prompt):
         OrchestratorConfig(env=env, batch_size=8)
     assert OrchestratorConfig(env=env, batch_size=200).env[1].share == 0.1
+
+
+def test_an_environment_whose_dataset_cannot_be_read_is_one_line_naming_it(tmp_path):
+    data = tmp_path / "lite.jsonl"
+    data.write_text(json.dumps({"instance_id": "a", "patch": "diff --git a/x.py b/x.py\n"}) + "\n")
+    env = load_env(EnvConfig(id="swe-grep-oss-env", args={"dataset": {"path": str(data)}}))
+    with pytest.raises(TridentError) as error:
+        load_tasks(env)
+    assert str(error.value) == (
+        f"environment 'swe-grep-oss-env': {data}:1: missing field 'problem_statement' "
+        "(each row needs instance_id, problem_statement, patch)"
+    )
+    missing = load_env(EnvConfig(id="swe-grep-oss-env", args={"dataset_path": str(tmp_path / "none.parquet")}))
+    with pytest.raises(TridentError, match=r"^environment 'swe-grep-oss-env': dataset '.*none\.parquet' not found"):
+        load_tasks(missing)

@@ -3,21 +3,23 @@
 import json
 import re
 import sys
-from itertools import groupby
+from itertools import groupby, islice
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
+from dataset_rows import DatasetSpec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.config import parse_config
+from rl.config import ConfigError, parse_config
 from rl.metrics import read_metrics
 from rl.model_path import resolve_model_path
 from rl.protocol import is_stable, weights_dir
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
-from trainer.sft import accumulate_gradients, main, train_sft
-from trainer.sft_data import SFTDataError, conversation_samples, load_samples
+from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft
+from trainer.sft_data import SFTDataError, conversation_samples, load_samples, stream_samples
 from trainer.train import build_model
 
 CONVERSATION = [
@@ -73,7 +75,7 @@ def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
                 {"role": "assistant", "content": "", "tool_calls": [CALL]},
                 {"role": "tool", "content": "5"}, {"role": "assistant", "content": "#### 5"}]  # fmt: skip
     write_jsonl(tmp_path / "data.jsonl", [{"messages": messages, "tools": [CALCULATOR]}])
-    [sample] = load_samples(tmp_path / "data.jsonl", tokenizer, seq_len=1024)
+    [sample] = load_samples(DatasetSpec(path=str(tmp_path / "data.jsonl")), tokenizer, seq_len=1024)
     assert sample.token_ids == tokenizer.apply_chat_template(messages, tools=[CALCULATOR], return_dict=False)
     prompt = tokenizer.decode([t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if not m])
     assert '"name": "calculator"' in prompt and "Evaluate arithmetic." in prompt  # the declaration, untrained
@@ -102,11 +104,65 @@ def write_jsonl(path, rows: list) -> str:
 def test_a_bad_row_is_an_error_naming_file_and_line(tokenizer, tmp_path, bad_row, message):
     write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, bad_row])
     with pytest.raises(SFTDataError, match=f"^{re.escape(str(tmp_path / 'data.jsonl'))}:2: .*{message}"):
-        load_samples(tmp_path / "data.jsonl", tokenizer, seq_len=512)
+        load_samples(DatasetSpec(path=str(tmp_path / "data.jsonl")), tokenizer, seq_len=512)
 
 
-def test_sft_exits_with_one_error_line_on_bad_data(tiny_model_path, tmp_path, monkeypatch, capsys):
-    write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, {"text": "no messages"}])
+ARITHMETIC = [
+    [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]
+    for a, b in [(2, 3), (10, 7), (31, 4), (8, 8), (1, 1), (6, 0)]
+]
+
+
+def write_parquet(path, rows: list[dict]) -> str:
+    datasets.Dataset.from_list(rows).to_parquet(path)
+    return str(path)
+
+
+def test_parquet_with_a_mapped_column_gives_the_jsonl_samples_loaded_or_streamed(tokenizer, tmp_path):
+    from_jsonl = load_samples(
+        DatasetSpec(path=write_jsonl(tmp_path / "data.jsonl", [{"messages": m} for m in ARITHMETIC])), tokenizer, 512
+    )
+    path = write_parquet(tmp_path / "data.parquet", [{"id": i, "chat": m} for i, m in enumerate(ARITHMETIC)])
+    loaded = load_samples(DatasetSpec(path=path, columns={"messages": "chat"}), tokenizer, 512)
+    spec = DatasetSpec(path=path, columns={"messages": "chat"}, streaming=True)
+    streamed = list(islice(stream_samples(spec, tokenizer, 512, seed=None), 2 * len(ARITHMETIC)))  # two passes
+    assert [s.token_ids for s in from_jsonl] == [s.token_ids for s in loaded] == [s.token_ids for s in streamed[:6]]
+    assert [s.loss_mask for s in from_jsonl] == [s.loss_mask for s in streamed[6:]]
+    assert [masked_texts(tokenizer, s) for s in loaded][:2] == [["5<|im_end|>"], ["17<|im_end|>"]]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_bad_row_of_a_parquet_file_is_named(tokenizer, tmp_path, streaming):
+    messages = [ARITHMETIC[0], [{"role": "user", "content": "hi"}]]
+    spec = DatasetSpec(path=write_parquet(tmp_path / "data.parquet", [{"messages": m} for m in messages]))
+    samples = stream_samples(spec, tokenizer, 512, seed=None) if streaming else None
+    with pytest.raises(SFTDataError, match=rf"^{re.escape(spec.path)}:2: no assistant message"):
+        list(samples) if streaming else load_samples(spec, tokenizer, 512)
+
+
+def test_streamed_steps_pass_over_the_data_in_a_seeded_order_each_pass(tokenizer, tmp_path):
+    path = write_parquet(tmp_path / "data.parquet", [{"messages": m} for m in ARITHMETIC])
+    data = {"path": path, "streaming": True, "batch_size": 4, "shuffle_buffer": 6}
+    config = SFTConfig(data=data, max_steps=3, output_dir=tmp_path, seed=7)
+    batches, num_steps = step_batches_of(config, tokenizer)
+    answers = [[tokenizer.decode(s.token_ids).split("assistant\n")[-1].split("<")[0] for s in b] for b in batches]
+    assert num_steps == 3 and [len(batch) for batch in answers] == [4, 4, 4]
+    order = sum(answers, [])  # 12 samples: two passes over the 6 conversations, each in its own order
+    assert sorted(order[:6]) == sorted(order[6:]) == sorted(["5", "17", "35", "16", "2", "6"])
+    assert order[:6] != order[6:]
+    assert [[s.token_ids for s in batch] for batch in step_batches_of(config, tokenizer)[0]] == [
+        [s.token_ids for s in batch] for batch in step_batches_of(config, tokenizer)[0]
+    ]  # seeded
+
+
+def test_streaming_needs_max_steps(tmp_path):
+    with pytest.raises(ConfigError, match=r"data\.streaming = true needs max_steps"):
+        parse_config(SFTConfig, ["--data.path", "data.parquet", "--data.streaming", "true"])
+
+
+@pytest.mark.parametrize("bad_row", [{"text": "no messages"}, '{"messages": ['])
+def test_sft_exits_with_one_error_line_on_bad_data(tiny_model_path, tmp_path, monkeypatch, capsys, bad_row):
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, bad_row])
     argv = ["sft", "--data.path", str(tmp_path / "data.jsonl"), "--model.name", tiny_model_path]
     monkeypatch.setattr(sys, "argv", [*argv, "--output-dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as exit_info:
@@ -121,16 +177,16 @@ def test_a_tokenizer_without_chat_template_is_an_error(tokenizer, tmp_path):
     plain = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     plain.chat_template = None
     with pytest.raises(SFTDataError, match="no chat template"):
-        load_samples(tmp_path / "data.jsonl", plain, seq_len=512)
+        load_samples(DatasetSpec(path=str(tmp_path / "data.jsonl")), plain, seq_len=512)
 
 
 def test_samples_longer_than_seq_len_are_dropped(tokenizer, tmp_path):
     long = [{"role": "user", "content": "word " * 100}, {"role": "assistant", "content": "1"}]
     write_jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATION}, {"messages": long}])
-    [sample] = load_samples(tmp_path / "data.jsonl", tokenizer, seq_len=64)
+    [sample] = load_samples(DatasetSpec(path=str(tmp_path / "data.jsonl")), tokenizer, seq_len=64)
     assert len(sample.token_ids) <= 64
     with pytest.raises(SFTDataError, match="no sample fits"):
-        load_samples(tmp_path / "data.jsonl", tokenizer, seq_len=16)
+        load_samples(DatasetSpec(path=str(tmp_path / "data.jsonl")), tokenizer, seq_len=16)
 
 
 def test_the_step_loss_and_gradients_do_not_depend_on_the_micro_batch_split(tiny_model_path, tokenizer):
@@ -181,9 +237,14 @@ def test_lora_sft_trains_only_the_adapter(tiny_model_path, tmp_path):
     assert changed and all(".q_proj." in name or ".v_proj." in name for name in changed)
 
 
-def test_the_debug_config_and_its_data_load(tokenizer):
-    root = Path(__file__).parents[3]
-    config = parse_config(SFTConfig, ["@", str(root / "configs/debug/sft/sft.toml")])
-    samples = load_samples(root / config.data.path, tokenizer, config.seq_len)
-    assert len(samples) == len((root / config.data.path).read_text().splitlines())
+def test_the_debug_configs_and_their_data_load(tokenizer, monkeypatch):
+    monkeypatch.chdir(Path(__file__).parents[3])  # config paths start at the repository root
+    config = parse_config(SFTConfig, ["@", "configs/debug/sft/sft.toml"])
+    samples = load_samples(config.data, tokenizer, config.seq_len)
+    assert len(samples) == len(Path(config.data.path).read_text().splitlines())
     assert all(any(sample.loss_mask) for sample in samples)
+    streaming = parse_config(SFTConfig, ["@", "configs/debug/sft/streaming.toml"])
+    assert streaming.data.path == config.data.path and streaming.data.streaming
+    one_pass = list(islice(stream_samples(streaming.data, tokenizer, streaming.seq_len, seed=0), len(samples)))
+    assert sorted(s.token_ids for s in one_pass) == sorted(s.token_ids for s in samples)
+    assert [s.token_ids for s in one_pass] != [s.token_ids for s in samples]  # shuffled
