@@ -5,6 +5,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from orchestrator.config import AdvantageConfig
+from orchestrator.envs import Rollout
+
+
+def group_rewards(group: list[Rollout], zero_truncated: bool = False) -> list[float]:
+    """The rewards advantages are computed from: each rollout's, or 0 for one cut off by max_tokens under
+    ``zero_truncated`` (``zero_truncated_completions``)."""
+    return [0.0 if zero_truncated and r.truncated else r.reward for r in group]
 
 
 def group_advantages(

@@ -1,7 +1,8 @@
 """The orchestrator's part of a checkpoint: where in the data the run is, so a resumed run continues the order.
 
 Step N's prompts are a pure function of N over the seeded task order (:meth:`Orchestrator.batch_tasks`) and no
-rollout outlives the batch it was written in, so the state is the step and what fixes the order.
+rollout outlives the batch it was written in, so the state is the step and what fixes the order; with
+``[difficulty_pool]``, also the pool's pass rates, which the draw of later steps depends on.
 """
 
 import json
@@ -13,10 +14,14 @@ from rl.protocol import atomic_dir, checkpoint_dir, mark_stable
 STATE_FILE = "state.json"
 
 
-def data_state(step: int, batch_size: int, num_tasks: int, seed: int, prompts_per_env: list[int]) -> dict:
-    """What the checkpoint of ``step`` records: the step, the data position and what fixes the task order."""
-    return {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed,
-            "prompts_per_env": prompts_per_env}  # fmt: skip
+def data_state(
+    step: int, batch_size: int, num_tasks: int, seed: int, prompts_per_env: list[int], pool: dict | None = None
+) -> dict:
+    """What the checkpoint of ``step`` records: the step, the data position, what fixes the task order and the
+    difficulty pool's state (``pool``, when there is one)."""
+    state = {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed,
+             "prompts_per_env": prompts_per_env}  # fmt: skip
+    return state | ({"difficulty_pool": pool} if pool is not None else {})
 
 
 def save_state(output_dir: Path, state: dict) -> Path:
@@ -28,10 +33,19 @@ def save_state(output_dir: Path, state: dict) -> Path:
     return folder
 
 
+def state_path(output_dir: Path, step: int) -> Path:
+    return checkpoint_dir(output_dir, step) / "orchestrator" / STATE_FILE
+
+
+def read_state(output_dir: Path, step: int) -> dict:
+    """The orchestrator's part of the checkpoint of ``step``, as :func:`save_state` wrote it."""
+    return json.loads(state_path(output_dir, step).read_text())
+
+
 def check_resumable(output_dir: Path, expected: dict) -> None:
     """Raise unless the checkpoint of ``expected['step']`` had the same task order as this run."""
-    path = checkpoint_dir(output_dir, expected["step"]) / "orchestrator" / STATE_FILE
-    saved = json.loads(path.read_text())
+    path = state_path(output_dir, expected["step"])
+    saved = read_state(output_dir, expected["step"])
     changed = [
         f"{key} {saved[key]} -> {expected[key]}"
         for key in ("num_tasks", "seed", "prompts_per_env")

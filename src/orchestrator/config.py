@@ -143,6 +143,36 @@ class JudgeConfig(StrictModel):
         return template
 
 
+class FilterConfig(StrictModel):
+    """Dynamic sampling (DAPO): a group whose rollouts all got the same reward (advantage 0) is replaced by a group
+    of a new task of its environment until one has reward variance or ``max_attempts`` run out."""
+
+    refill: Annotated[
+        bool,
+        Field(description="Replace each group with no reward variance by a newly sampled group, so the batch keeps "
+                          "batch_size groups that teach something; a place still without one after max_attempts "
+                          "groups is left out of the batch (as advantage.drop_uniform_groups does)."),
+    ] = False  # fmt: skip
+    max_attempts: Annotated[
+        int, Field(ge=1, description="Most groups sampled for one place of the batch, the first included.")
+    ] = 4
+
+
+class DifficultyPoolConfig(StrictModel):
+    """Tasks drawn by their recent pass rate instead of in the seeded order; present means on."""
+
+    ema: Annotated[
+        float,
+        Field(gt=0, le=1, description="Weight of a task's newest group in its pass rate: rate <- (1 - ema) rate + "
+                                      "ema · the group's mean reward (clipped to [0, 1]); 1 keeps only the newest."),
+    ] = 0.5  # fmt: skip
+    min_weight: Annotated[
+        float,
+        Field(gt=0, le=1, description="Weight of a task always or never solved; a task of pass rate p weighs "
+                                      "max(min_weight, 4 p (1 - p)), an unseen one 1."),
+    ] = 0.05  # fmt: skip
+
+
 class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
@@ -316,6 +346,13 @@ class OrchestratorConfig(BaseConfig):
     model: OrchestratorModelConfig = OrchestratorModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     advantage: AdvantageConfig = AdvantageConfig()
+    filter: FilterConfig = FilterConfig()
+    difficulty_pool: Annotated[
+        DifficultyPoolConfig | None,
+        BeforeValidator(lambda value: None if value is False else value),  # --no-difficulty-pool turns it off
+        Field(description="Draw each step's tasks by their recent pass rate (absent: the seeded task order); its "
+                          "state is saved in the checkpoint."),
+    ] = None  # fmt: skip
     env: Annotated[list[EnvConfig], Field(min_length=1, description="Environments; [[env]] may repeat.")] = [
         EnvConfig(id="reverse-text")
     ]

@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
@@ -74,7 +75,8 @@ def load_env(env: EnvConfig) -> vf.Env:
     try:
         if env.runtime in ("auto", "subprocess"):
             loaded = _construct(env, harness, vf.SubprocessConfig())
-            need = container_need(loaded, harness) if env.runtime == "auto" else None
+            with dataset_errors_named(env.id):  # reads the first task
+                need = container_need(loaded, harness) if env.runtime == "auto" else None
             if need is None:
                 return loaded
         else:
@@ -111,10 +113,17 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
 def load_tasks(env: vf.Env, limit: int | None = None) -> list:
     """The first ``limit`` tasks (all when None) of ``env``'s taskset, read now; a dataset that cannot be read
     (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
-    try:
+    with dataset_errors_named(env.config.taskset.id):
         return list(itertools.islice(env.taskset.load(), limit))
+
+
+@contextmanager
+def dataset_errors_named(env_id: str):
+    """A dataset that cannot be read inside (:class:`dataset_rows.DatasetError`) is one line naming ``env_id``."""
+    try:
+        yield
     except DatasetError as e:
-        raise TridentError(f"environment {env.config.taskset.id!r}: {e}") from None
+        raise TridentError(f"environment {env_id!r}: {e}") from None
 
 
 def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:

@@ -5,25 +5,28 @@ import logging
 import shutil
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
 
-from orchestrator.advantage import group_advantages, uniform_groups
-from orchestrator.ckpt import check_resumable, data_state, save_state
+from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
+from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
+from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.envs import Rollout, load_env, load_tasks, model_context, run_group, task_id
 from orchestrator.evaluation import eval_scores, load_eval_sets
 from orchestrator.infra import check_lost, infra_metrics, is_lost
 from orchestrator.judge import check_judged
 from orchestrator.limits import RolloutLimits, limit_generation
+from orchestrator.refill import Slot, fill_slot, pool_results, refill_metrics
 from orchestrator.renderer import check_renderer
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.servers import NoServer, ServerDown, Servers
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
-from orchestrator.tasks import TaskOrder, prompts_per_env
+from orchestrator.tasks import StepTasks, TaskSampler, prompts_per_env
 from rl.errors import TridentError
 from rl.metrics import MetricsWriter, eval_line
 from rl.model_path import resolve_model_path
@@ -57,10 +60,7 @@ def build_samples(
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
     Failed rollouts (the environment raised) give no sample, and the baseline of their group is the others'.
     """
-    rewards = torch.tensor(
-        [[0.0 if zero_truncated and r.truncated else r.reward for r in group] for group in groups],
-        dtype=torch.float32,
-    )
+    rewards = torch.tensor([group_rewards(group, zero_truncated) for group in groups], dtype=torch.float32)
     advantage = advantage or AdvantageConfig()
     advantages = torch.zeros_like(rewards)
     for i, group in enumerate(groups):
@@ -71,12 +71,12 @@ def build_samples(
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
     samples = []
-    for group, group_rewards, group_advantage, drop in zip(
+    for group, rewards_row, advantages_row, drop in zip(
         groups, rewards.tolist(), advantages.tolist(), dropped, strict=True
     ):
         if drop:
             continue
-        for rollout, reward, advantage in zip(group, group_rewards, group_advantage, strict=True):
+        for rollout, reward, advantage in zip(group, rewards_row, advantages_row, strict=True):
             if not rollout.ok:
                 continue
             meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
@@ -92,7 +92,7 @@ def build_samples(
 class StartedStep:
     """The groups of one step, started: running, or queued for ``max_concurrent``'s slots."""
 
-    runs: list[asyncio.Future]  # one per group, each giving its rollouts
+    runs: list[asyncio.Future]  # one per place of the batch, each giving its Slot
     per_server: list[int]  # rollouts each server finished for the step
     weight_step: int  # the weights served when they started: the oldest that can have sampled their tokens
     start: float  # time.perf_counter() when they started
@@ -109,16 +109,18 @@ class Orchestrator:
         self.config = config
         self.output_dir = config.output_dir
         self.envs = [load_env(env) for env in config.env]
-        per_env = [load_tasks(env) for env in self.envs]
-        for i, tasks in enumerate(per_env):
+        self.per_env = [load_tasks(env) for env in self.envs]
+        for i, tasks in enumerate(self.per_env):
             if not tasks:
                 raise TridentError(
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
             check_judged(config.env[i], f"env.{i}", tasks[0])
-        self.tasks = TaskOrder(
-            per_env, prompts_per_env([env.share for env in config.env], config.batch_size), config.seed
-        )
+        sizes = [len(tasks) for tasks in self.per_env]
+        pool = config.difficulty_pool
+        self.pool = DifficultyPool(sizes, pool.ema, pool.min_weight) if pool else None
+        counts = prompts_per_env([env.share for env in config.env], config.batch_size)
+        self.tasks = TaskSampler(sizes, counts, config.seed, self.pool)
         model_path = resolve_model_path(config.model.name)
         self.ctx = model_context(config, model_path)
         check_renderer(self.ctx.client.renderer, model_path)
@@ -145,7 +147,16 @@ class Orchestrator:
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
-        return [(self.envs[e], task) for e, task in self.tasks.batch(step)]
+        return [(self.envs[e], self.per_env[e][task]) for e, task in self.tasks.step_tasks(step).tasks]
+
+    def fill_slot(self, tasks: StepTasks, slot: int, per_server: list[int]) -> asyncio.Future:
+        """Start sampling place ``slot`` of a step's batch (refilled as ``[filter]`` says)."""
+
+        def run(env: int, task: int) -> Awaitable[list[Rollout]]:
+            return self.run_group(self.envs[env], self.per_env[env][task], per_server=per_server)
+
+        zero_truncated = self.config.zero_truncated_completions
+        return asyncio.ensure_future(fill_slot(run, tasks, slot, self.config.filter, zero_truncated))
 
     async def update_weights(self, step: int) -> tuple[float, float]:
         """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
@@ -200,8 +211,8 @@ class Orchestrator:
         await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
         wait_s, reload_s = await self.update_weights(step)
         per_server = [0] * len(self.servers.servers)
-        tasks = self.batch_tasks(step)
-        runs = [asyncio.ensure_future(self.run_group(env, task, per_server=per_server)) for env, task in tasks]
+        tasks = self.tasks.step_tasks(step)
+        runs = [self.fill_slot(tasks, slot, per_server) for slot in range(len(tasks.tasks))]
         self.track(f"sampling step {step + 1}", runs)
         self.start_evaluation_if_due()
         return StartedStep(runs, per_server, self.served_step, time.perf_counter(), wait_s, reload_s)
@@ -282,14 +293,18 @@ class Orchestrator:
             started = await (early if early is not None else self.start_groups(step))
             if start_next:
                 self.next_step = asyncio.create_task(self.start_groups_in_tail(step + 1, started.runs))
-            groups = await asyncio.gather(*started.runs)
+            slots: list[Slot] = await asyncio.gather(*started.runs)
         except BaseException:  # no server left (or interrupted): the other groups of the step stop too
             if started is not None:
                 started.cancel()
             self.cancel_next_step()
             raise
         weight_step, start = started.weight_step, started.start
+        groups = [slot.group for slot in slots]
         check_lost(step, groups, self.config.infra.max_lost_groups)
+        zero_truncated, refill = self.config.zero_truncated_completions, self.config.filter.refill
+        if self.pool is not None:
+            self.pool.record(step, pool_results(slots, zero_truncated))
         infra = infra_metrics(groups)
         self.log_infra(step, groups)
         groups = [group for group in groups if not is_lost(group)]
@@ -306,12 +321,15 @@ class Orchestrator:
             )
         for error, count in Counter(f"environment {r.env!r}: {r.error}" for r in failed).items():
             logger.warning(f"step {step}: {count} rollouts failed in {error}")
+        advantage = self.config.advantage
+        if refill:  # what refilling could not replace is left out too
+            advantage = advantage.model_copy(update={"drop_uniform_groups": True})
         samples, rewards, advantages = build_samples(
             groups,
             weight_step,
             mask_truncated=self.config.mask_truncated_completions,
-            zero_truncated=self.config.zero_truncated_completions,
-            advantage=self.config.advantage,
+            zero_truncated=zero_truncated,
+            advantage=advantage,
         )
         overlong = sum(len(s.token_ids) > self.config.seq_len for s in samples)
         if overlong:
@@ -329,6 +347,7 @@ class Orchestrator:
             **rollout_metrics(groups, rewards, generate_s),
             **(env_metrics(groups, rewards, generate_s) if len(self.envs) > 1 else {}),
             **infra,
+            **(refill_metrics(slots, zero_truncated) if refill else {}),
             **advantage_metrics(samples),
             "empty_samples": empty,
             "overlong_samples": overlong,
@@ -363,6 +382,7 @@ class Orchestrator:
             f"step {step} | reward {info.reward_mean:.4f} | samples {info.num_samples} | tokens {info.num_tokens} "
             f"| truncated {metrics['truncated_rate']:.0%} | weights step {weight_step} "
             f"| generate {generate_s:.2f}s"
+            + (f" | refilled {metrics['refill/groups']} groups" if refill else "")
             + (f" (started {started_early_s:.2f}s early)" if started_early_s else "")
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
@@ -408,10 +428,18 @@ class Orchestrator:
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
         logger.info(f"resuming at step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
+        saved = read_state(self.output_dir, step).get("difficulty_pool")
+        if self.pool is not None and saved is not None:
+            self.pool.load_state_dict(saved)
+            logger.info(f"difficulty pool restored: pass rates of {sum(map(len, self.pool.pass_rates))} tasks")
+        elif self.pool is not None:
+            logger.warning(f"the checkpoint of step {step} has no difficulty pool: it starts with no pass rates")
         return step
 
     def data_state(self, step: int) -> dict:
-        return data_state(step, self.config.batch_size, len(self.tasks), self.config.seed, self.tasks.counts)
+        config, pool = self.config, self.pool
+        return data_state(step, config.batch_size, len(self.tasks), config.seed, self.tasks.counts,
+                          pool.state_dict() if pool else None)  # fmt: skip
 
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""

@@ -145,3 +145,24 @@ def test_server_scaling_smoke_run(benchmarks, inference_server, tmp_path):
         assert len(run["per_server"]) == servers_used and all(n > 0 for n in run["per_server"])  # a group each
         assert result["sides"][side]["rollouts_per_s"] > 0
     assert result["speedup"] > 0 and len(result["speedup_pairs"]) == 1
+
+
+def test_difficulty_filter_smoke_run(benchmarks, inference_server, tmp_path):
+    output = tmp_path / "difficulty_filter.json"
+    benchmarks("difficulty_filter").main(["--smoke", "--server", inference_server, "--output", str(output),
+                                          "--work-dir", str(tmp_path)])  # fmt: skip
+
+    result = json.loads(output.read_text())
+    assert {"date", "machine", "config", "model", "runs", "on", "off", "step_ratio_on_over_off"} <= result.keys()
+    config = result["config"]
+    assert [run["setting"] for run in result["runs"]] == list(config["settings"])
+    for run in result["runs"]:
+        assert len(run["first_reward_mean"]) == len(run["step_seconds"]) == config["steps"]
+        assert all(0 <= reward <= 1 for reward in run["first_reward_mean"])
+        if run["setting"] == "off":  # the overlay's refill and pool were turned off: nothing refilled
+            assert run["refill_groups"] == [0] * config["steps"]
+            assert run["first_reward_mean"] == run["batch_reward_mean"]
+        else:  # every replacement replaced a tied group; a place left tied had no attempt left
+            assert all(d >= g for d, g in zip(run["dropped_groups"], run["refill_groups"], strict=True))
+    assert result["step_ratio_on_over_off"] > 0
+    assert httpx.get(f"{inference_server}/weights").json()["step"] == 0  # the base model serves again

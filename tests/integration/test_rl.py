@@ -17,6 +17,7 @@ import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
 
+from orchestrator.ckpt import read_state
 from rl.metrics import eval_line, read_metrics
 from rl.progress import read_progress
 from rl.protocol import complete_checkpoints
@@ -183,7 +184,8 @@ def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> No
 def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_path, inference_server):
     """SIGKILL the trainer, then the orchestrator, then inference, each at a random step: each time rl stops the
     whole run, and ``--ckpt.resume-step -1`` continues it from the newest complete checkpoint. In the end every
-    step was trained once, on the prompts an uninterrupted run would have used.
+    step was trained once, on the prompts an uninterrupted run would have used. The run refills tied groups and
+    draws its tasks from a difficulty pool (configs/debug/rl/filter.toml): each resume restores the pool saved.
 
     The first two runs use the session's server (no ``--inference``: rl starts none and the run resets the
     server to its base model); the third starts its own, to kill it."""
@@ -191,8 +193,9 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
     rng = random.Random(seed)
     steps, batch_size = 8, 4
     # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
-    flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size),
-             "--orchestrator.rollouts-per-example", "2", "--no-orchestrator.eval"]  # fmt: skip
+    flags = ["@", str(DEBUG / "filter.toml"), "--max-steps", str(steps), "--ckpt.interval", "2",
+             "--orchestrator.batch-size", str(batch_size), "--orchestrator.rollouts-per-example", "2",
+             "--no-orchestrator.eval"]  # fmt: skip
     running_server = ["--orchestrator.client.base-url", inference_server]
     own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8013"]
     resumed_from = []
@@ -229,6 +232,7 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
             rl.kill()
         resumed_from.append(complete_checkpoints(tmp_path)[-1])
 
+    pool = read_state(tmp_path, resumed_from[-1])["difficulty_pool"]  # what the last resume must start from
     resumed = subprocess.run(
         rl_argv(tmp_path, *flags, *running_server, "--ckpt.resume-step", "-1", inference=False),
         capture_output=True, text=True, timeout=1200, cwd=ROOT,
@@ -243,6 +247,10 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
     assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    rated = sum(map(len, pool["pass_rates"]))
+    assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
+    metrics = read_metrics(tmp_path, "orchestrator")
+    assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
     assert complete_checkpoints(tmp_path)[-1] == steps
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
 

@@ -1,13 +1,17 @@
+import asyncio
 import json
 
 import pytest
 
-from orchestrator.ckpt import check_resumable, data_state, save_state
+import orchestrator.orchestrator as orchestrator_module
+from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout
 from rl.config import parse_config
 from rl.errors import TridentError
 from rl.launch.launcher import resume_point
 from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.protocol import checkpoint_dir, clear_run_state, complete_checkpoints
+from rl.protocol import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):
@@ -55,3 +59,62 @@ def test_resuming_keeps_the_metrics_of_earlier_steps(tmp_path):
     assert not (tmp_path / "rollouts").exists()
     clear_run_state(tmp_path)
     assert not metrics.exists()
+
+
+def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_path, monkeypatch, on_weights_server):
+    """A run with refill and a difficulty pool, dropped after the checkpoint of step 4 while that step's groups run
+    (nothing of it but its files survives), resumes from it with the pool it saved and draws the same tasks as an
+    uninterrupted run from there on. (A real SIGKILL of a full run: tests/integration/test_rl.py.)"""
+    steps = 6
+
+    async def run_group(env, task, n, ctx, limits):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
+        rewards = [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]][int(task.data.id.split("-")[-1]) % 3]
+        return [Rollout(reward=r, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True, task=task.data.id)
+                for r in rewards]  # fmt: skip
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+
+    def build(output_dir, resume_step=None):
+        config = OrchestratorConfig(
+            output_dir=output_dir, env=[{"id": "char-target", "args": {"num_examples": 30}}], batch_size=4,
+            rollouts_per_example=3, max_steps=steps, async_level=1, sample_rollouts_every=0,
+            filter={"refill": True, "max_attempts": 2}, difficulty_pool={"ema": 0.5},
+            ckpt={"interval": 1, "keep": None, "resume_step": resume_step},
+        )  # fmt: skip
+        return on_weights_server(config)[0]
+
+    async def run(orchestrator, stop_at=steps):
+        """Its steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint
+        before each (the trainer's part and weights faked); it stops right after the checkpoint of ``stop_at``."""
+        for step in range(orchestrator.start_step(), steps):
+            orchestrator.save_checkpoint(step)
+            for folder in (
+                checkpoint_dir(orchestrator.output_dir, step) / "trainer",
+                weights_dir(orchestrator.output_dir, step),
+            ):
+                folder.mkdir(parents=True, exist_ok=True)
+                mark_stable(folder)
+            if step == stop_at:
+                return
+            await orchestrator.step(step, start_next=step + 1 < steps)
+
+    def batch_tasks(output_dir, step):
+        batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
+        return [sample["task"] for sample in batch["samples"]]
+
+    whole = build(tmp_path / "whole")
+    asyncio.run(run(whole))
+    stopped = build(tmp_path / "stopped")
+    asyncio.run(run(stopped, stop_at=4))
+    saved = read_state(tmp_path / "stopped", 4)["difficulty_pool"]
+    assert saved == read_state(tmp_path / "whole", 4)["difficulty_pool"]  # the same run up to the stop
+    assert len(saved["pass_rates"][0]) > 4  # tasks seen and rated: the draws depend on them
+    del stopped
+
+    resumed = build(tmp_path / "stopped", resume_step=-1)
+    asyncio.run(run(resumed))
+    for step in range(4, steps):  # the same tasks (and replacements) as the uninterrupted run drew
+        assert batch_tasks(tmp_path / "stopped", step) == batch_tasks(tmp_path / "whole", step)
+    assert resumed.pool.state_dict() == whole.pool.state_dict()
+    fresh = build(tmp_path / "fresh")  # an empty pool draws other tasks: the restore is what made them the same
+    assert fresh.tasks.step_tasks(4).tasks != whole.tasks.step_tasks(4).tasks

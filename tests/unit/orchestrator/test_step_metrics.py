@@ -25,8 +25,12 @@ def documented_keys(process: str) -> set[str]:
 
 def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    config = OrchestratorConfig(
-        output_dir=tmp_path, batch_size=2, rollouts_per_example=2, wandb=WandbConfig(name="run", offline=True)
+    config = OrchestratorConfig(  # with refill on, as its refill/* keys are documented too (no group ties here)
+        output_dir=tmp_path,
+        batch_size=2,
+        rollouts_per_example=2,
+        wandb=WandbConfig(name="run", offline=True),
+        filter={"refill": True},
     )
     orchestrator = Orchestrator(config)
     served = {"step": 0, "path": "/base", "adapter": None}  # what the server's GET /weights says
@@ -63,11 +67,16 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     assert set(record) == expected  # probe_gap comes with the first reload
     assert record["prompt_len_max"] == len(prompt) and record["completion_len_max"] == len(reply)
     assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5 and record["metric/edits"] == 1.0
+    assert (
+        record["refill/groups"] == 0
+        and record["refill/attempts_max"] == 1
+        and record["refill/first_reward_mean"] == 0.5
+    )
 
     (run_dir,) = tmp_path.glob("wandb/offline-run-*")
     (run_file,) = run_dir.glob("run-*.wandb")
     data = run_file.read_bytes()
-    assert all(key.encode() in data for key in expected - {"step"})
+    assert [key for key in expected - {"step"} if key.encode() not in data] == []
 
     rows = read_metrics(tmp_path, "sample_rollouts")
     assert [(r["step"], r["reward"], r["advantage"]) for r in rows] == [(0, 0.0, -0.5), (0, 1.0, 0.5)]

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, load_tasks
+from orchestrator.envs import load_env
 from orchestrator.tasks import TaskOrder, prompts_per_env
 from rl.errors import TridentError
 
@@ -28,14 +28,14 @@ def test_prompts_follow_the_shares_and_fill_the_batch(shares, batch_size, expect
 
 
 def test_each_step_takes_the_next_tasks_of_every_environment_in_its_share():
-    order = TaskOrder([[f"a{i}" for i in range(10)], [f"b{i}" for i in range(3)]], counts=[3, 1], seed=0)
+    order = TaskOrder([10, 3], counts=[3, 1], seed=0)
     steps = [order.batch(step) for step in range(6)]
     assert all(Counter(e for e, _ in batch) == {0: 3, 1: 1} for batch in steps)
     a_tasks = [task for batch in steps[:3] for e, task in batch if e == 0]
-    assert len(set(a_tasks)) == 9  # no repeat before the tasks run out
+    assert len(set(a_tasks)) == 9 and set(a_tasks) < set(range(10))  # no repeat before the tasks run out
     b_tasks = [task for batch in steps for e, task in batch if e == 1]
-    assert b_tasks[:3] == b_tasks[3:] and sorted(b_tasks[:3]) == ["b0", "b1", "b2"]  # then it wraps around
-    again = TaskOrder([[f"a{i}" for i in range(10)], [f"b{i}" for i in range(3)]], counts=[3, 1], seed=0)
+    assert b_tasks[:3] == b_tasks[3:] and sorted(b_tasks[:3]) == [0, 1, 2]  # then it wraps around
+    again = TaskOrder([10, 3], counts=[3, 1], seed=0)
     assert [again.batch(step) for step in range(6)] == steps  # a pure function of the step: resumes continue it
 
 
@@ -50,13 +50,13 @@ def test_an_environment_whose_share_rounds_to_no_prompt_is_a_config_error():
 def test_an_environment_whose_dataset_cannot_be_read_is_one_line_naming_it(tmp_path):
     data = tmp_path / "lite.jsonl"
     data.write_text(json.dumps({"instance_id": "a", "patch": "diff --git a/x.py b/x.py\n"}) + "\n")
-    env = load_env(EnvConfig(id="swe-grep-oss-env", args={"dataset": {"path": str(data)}}))
-    with pytest.raises(TridentError) as error:
-        load_tasks(env)
+    with pytest.raises(TridentError) as error:  # loading reads the first task (does it name an image?)
+        load_env(EnvConfig(id="swe-grep-oss-env", args={"dataset": {"path": str(data)}}))
     assert str(error.value) == (
         f"environment 'swe-grep-oss-env': {data}:1: missing field 'problem_statement' "
         "(each row needs instance_id, problem_statement, patch)"
     )
-    missing = load_env(EnvConfig(id="swe-grep-oss-env", args={"dataset_path": str(tmp_path / "none.parquet")}))
     with pytest.raises(TridentError, match=r"^environment 'swe-grep-oss-env': dataset '.*none\.parquet' not found"):
-        load_tasks(missing)
+        load_env(  # loading reads the first task (does it name an image?)
+            EnvConfig(id="swe-grep-oss-env", args={"dataset_path": str(tmp_path / "none.parquet")})
+        )

@@ -1,0 +1,107 @@
+"""[filter] refill: groups whose rollouts all got the same reward are replaced by groups of new tasks until the
+batch is full of groups that teach something, or a place's attempts run out (counted)."""
+
+import asyncio
+import json
+
+import pytest
+
+import orchestrator.orchestrator as orchestrator_module
+from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import Rollout
+from rl.metrics import read_metrics
+
+TASKS = 40
+
+
+def index(task) -> int:
+    return int(task.data.id.removeprefix("char-target-"))
+
+
+def fake_groups(monkeypatch, rewards_of) -> list[int]:
+    """Every group's rollouts score ``rewards_of(task index)``; returns the task of each group run, in order."""
+    sampled = []
+
+    async def run_group(env, task, n, ctx, limits):
+        sampled.append(index(task))
+        branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
+        return [Rollout(reward=r, branches=[branch], ok=True, env="char-target", task=task.data.id)
+                for r in rewards_of(index(task))]  # fmt: skip
+
+    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    return sampled
+
+
+def config(tmp_path, **settings) -> OrchestratorConfig:
+    return OrchestratorConfig(output_dir=tmp_path, env=[{"id": "char-target", "args": {"num_examples": TASKS}}],
+                              batch_size=4, rollouts_per_example=2, max_steps=2, sample_rollouts_every=0,
+                              **settings)  # fmt: skip
+
+
+def batch_tasks(tmp_path, step: int) -> list[str]:
+    batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
+    return [sample["task"] for sample in batch["samples"]]
+
+
+def test_groups_with_no_reward_variance_are_replaced_until_the_batch_is_full(tmp_path, monkeypatch, on_weights_server):
+    # only tasks divisible by 5 split their group (rewards 0 and 1); the others score 1 in both rollouts
+    sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 5 == 0 else [1.0, 1.0])
+    orchestrator, _ = on_weights_server(config(tmp_path, filter={"refill": True, "max_attempts": 40}))
+    first = [index(task) for _, task in orchestrator.batch_tasks(0)]
+    asyncio.run(orchestrator.step(0))
+
+    assert sampled[:4] == first  # the step's own tasks first, then the replacements
+    kept = [task for task in sampled if task % 5 == 0]
+    assert len(kept) == 4  # every place ends with a group that splits ...
+    assert sorted(batch_tasks(tmp_path, 0)) == sorted(f"char-target-{task}" for task in kept for _ in range(2))
+    assert not set(sampled[4:]) & set(first)  # ... and no replacement repeats a task of the step
+    [metrics] = read_metrics(tmp_path, "orchestrator")
+    replaced = len(sampled) - 4
+    assert metrics["refill/groups"] == metrics["refill/dropped_groups"] == replaced > 0
+    assert metrics["refill/unfilled"] == 0 and metrics["uniform_groups"] == 0
+    assert metrics["refill/attempts_mean"] == len(sampled) / 4
+    # the first groups' reward is the batch as drawn, before refills: 1 for a uniform group, 0.5 for a split one
+    first_rewards = [0.5 if task % 5 == 0 else 1.0 for task in first]
+    assert metrics["refill/first_reward_mean"] == pytest.approx(sum(first_rewards) / 4)
+    assert metrics["reward_mean"] == 0.5 and metrics["samples"] == 8
+
+
+def test_attempts_are_bounded_and_what_they_could_not_fill_is_counted_and_left_out(
+    tmp_path, monkeypatch, on_weights_server
+):
+    splits = {0}  # only task 0's group splits
+    sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task in splits else [0.0, 0.0])
+    orchestrator, _ = on_weights_server(config(tmp_path, filter={"refill": True, "max_attempts": 3}))
+    monkeypatch.setattr(orchestrator.tasks.order, "batch", lambda step: [(0, 0), (0, 1), (0, 2), (0, 3)])
+    asyncio.run(orchestrator.step(0))
+
+    assert len(sampled) == 1 + 3 * 3  # task 0's place: one group; the three others: three each, then they stop
+    assert batch_tasks(tmp_path, 0) == ["char-target-0"] * 2  # the places left unfilled are not trained
+    [metrics] = read_metrics(tmp_path, "orchestrator")
+    assert metrics["refill/groups"] == 6 and metrics["refill/unfilled"] == 3
+    assert metrics["refill/dropped_groups"] == 9 and metrics["refill/attempts_max"] == 3
+
+    sampled.clear()  # every group of a step ties, attempts run out: the step still writes its batch (trains nothing)
+    splits.clear()
+    asyncio.run(orchestrator.step(1))
+    assert len(sampled) == 12 and len(batch_tasks(tmp_path, 1)) == 8
+    assert read_metrics(tmp_path, "orchestrator")[1]["refill/unfilled"] == 4
+
+
+def test_without_refill_a_tied_group_stays_and_nothing_is_refilled(tmp_path, monkeypatch, on_weights_server):
+    sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 2 else [1.0, 1.0])
+    orchestrator, _ = on_weights_server(config(tmp_path))
+    asyncio.run(orchestrator.step(0))
+    assert len(sampled) == 4 and len(batch_tasks(tmp_path, 0)) == 8
+    assert not any(key.startswith("refill/") for key in read_metrics(tmp_path, "orchestrator")[0])
+
+
+def test_replacements_are_the_same_in_every_run_of_a_step(tmp_path, monkeypatch, on_weights_server):
+    """Replacement tasks are a pure function of the seed, step, place and attempt: a resumed run redraws them."""
+    runs = []
+    for run in ("first", "second"):
+        sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 7 == 0 else [0.0, 0.0])
+        orchestrator, _ = on_weights_server(config(tmp_path / run, filter={"refill": True, "max_attempts": 5}))
+        asyncio.run(orchestrator.step(0))
+        runs.append(sorted(sampled))  # places run concurrently: compare as sets of draws
+    assert runs[0] == runs[1] and len(runs[0]) > 4
