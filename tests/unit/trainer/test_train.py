@@ -122,12 +122,12 @@ def test_lora_adapter_export_loads_in_peft(tmp_path, write_batches, random_sampl
     assert (folder / "adapter_config.json").exists() and not (folder / "model.safetensors").exists()
     base = use_packed_forward(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32))
     adapted = PeftModel.from_pretrained(base, folder).eval()
-    token_ids, probe = read_probe(folder)
+    probe = read_probe(folder)
     batch = MicroBatch.pack(random_samples(2))
     with torch.no_grad():
-        ids = torch.tensor(token_ids)
+        ids = torch.tensor(probe.token_ids)
         logprobs = torch.log_softmax(adapted(ids[None]).logits[0, :-1], -1).gather(1, ids[1:, None])[:, 0]
-        torch.testing.assert_close(logprobs, torch.tensor(probe[1:]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logprobs, torch.tensor(probe.logprobs[1:]), atol=1e-5, rtol=1e-5)
         with adapted.disable_adapter():
             unadapted = packed_logprobs(adapted, batch, 1.0)
         assert (packed_logprobs(adapted, batch, 1.0) - unadapted).abs().max() > 1e-4  # the adapter trained
