@@ -117,10 +117,16 @@ class InferenceClient:
         expected = probe.logprobs
         gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(expected) - 1, 1)
         if gap > tolerance:
+            quantized = (
+                " (or, as the trainer's base was 4-bit, by the quantization error, which grows with how peaked the "
+                "model is: if so, set client.probe_tolerance above the gap)"
+                if probe.base_in_4bit
+                else ""
+            )
             raise TridentError(
                 f"after reloading weights step {step}, the server's logprobs of the probe differ from the trainer's "
                 f"by {gap:.4f} on average (tolerance client.probe_tolerance = {tolerance}): the server does not "
-                f"serve the weights in {path}"
+                f"serve the weights in {path}{quantized}"
             )
         return gap
 
