@@ -506,7 +506,9 @@ PROBE_TEXT = "Probe: the quick brown fox jumps over the lazy dog, 0123456789 tim
 # unless client.probe_tolerance says otherwise. Same weights: fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2.
 PROBE_TOLERANCE = 0.05
 # A trainer whose frozen base is 4-bit NF4 (QLoRA) scores the probe on the quantized base, the server on its
-# unquantized one: their gap is the quantization error (benchmarks/qlora.py measures it; docs/adapters.md).
+# unquantized one. That gap was at most 0.020 on the tiny model over 20 adapters (benchmarks/qlora.py): 0.1 leaves
+# 5 times that. It grows with how peaked the model is (0.6 on a random model with weights of std 0.2): such runs
+# set client.probe_tolerance from their first probe_gap (docs/adapters.md).
 PROBE_TOLERANCE_4BIT = 0.1
 
 

@@ -50,10 +50,11 @@ def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny
     assert records[0]["peak_memory_gib"] > 0
 
 
-def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path):
+@pytest.mark.parametrize("load_in_4bit", [False, True], ids=["lora", "qlora"])
+def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path, load_in_4bit):
     write_batches(tmp_path)
     lora = {"rank": 4, "alpha": 8}
-    records = run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora}},
+    records = run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora, "load_in_4bit": load_in_4bit}},
                   loss={"kl_coef": 0.5}, optim={"lr": 1e-2})  # fmt: skip
     # the adapter starts as a no-op (B = 0): the policy is its reference; after one step it has moved away
     assert records[0]["reference_kl"] == 0
