@@ -1,6 +1,7 @@
 """QLoRA (``[model.experimental] load_in_4bit``): a LoRA adapter on a frozen base whose linear layers are 4-bit NF4."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl.config import ConfigError, parse_config
 from rl.errors import TridentError
+from rl.launch.memory_plan import GIB, plan_memory
+from rl.launch.rl_config import RLConfig, resolve_shared
 from rl.protocol import PROBE_TOLERANCE_4BIT, MicroBatch, Sample, read_probe
 from trainer.config import SFTConfig, TrainerConfig, TrainerModelConfig
 from trainer.export import probe_logprobs, save_weights
@@ -170,3 +173,20 @@ def test_a_4bit_base_on_several_trainer_ranks_is_refused_before_loading(tiny_mod
     config = TrainerModelConfig(name=tiny_model_path, experimental={"lora": LORA, "load_in_4bit": True})
     with pytest.raises(TridentError, match=r"^model.experimental.load_in_4bit trains on one rank; this trainer has 2"):
         build_model(config, World(0, 2, torch.device("cpu")), offload=False)
+
+
+def test_the_debug_qlora_config_resolves_with_an_adapter_serving_server_and_a_4bit_plan():
+    configs = Path(__file__).parents[3] / "configs" / "debug"
+    files = ["--trainer", "@", str(configs / "qlora" / "train.toml"), "--orchestrator", "@",
+             str(configs / "rl" / "orch.toml"), "--inference", "@", str(configs / "rl" / "infer.toml")]  # fmt: skip
+    config = resolve_shared(parse_config(RLConfig, files), on_gpu=False)
+    trainer = config.trainer
+    assert trainer.model.experimental.load_in_4bit and trainer.model.experimental.lora.export == "adapter"
+    assert config.inference.lora.max_rank >= trainer.model.experimental.lora.rank  # rl turned the server's [lora] on
+    plan = plan_memory(trainer, config.inference, [0], [0], gpu_gib=None)
+    full_base = trainer.model_copy(deep=True)
+    full_base.model.experimental.load_in_4bit = False
+    # the tiny model's tied embeddings (131,072 weights) stay float32; its 73,728 linear weights drop to 4 bits
+    saved = plan_memory(full_base, None, [0], [0], gpu_gib=None).trainer["weights"] - plan.trainer["weights"]
+    assert 0.9 * 73_728 * 3.5 < saved * GIB < 73_728 * 3.5  # less their scales and code tables
+    assert "dequantized" in plan.trainer
