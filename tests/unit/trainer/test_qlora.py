@@ -190,3 +190,11 @@ def test_the_debug_qlora_config_resolves_with_an_adapter_serving_server_and_a_4b
     saved = plan_memory(full_base, None, [0], [0], gpu_gib=None).trainer["weights"] - plan.trainer["weights"]
     assert 0.9 * 73_728 * 3.5 < saved * GIB < 73_728 * 3.5  # less their scales and code tables
     assert "dequantized" in plan.trainer
+
+
+def test_rl_refuses_a_4bit_base_on_several_trainer_gpus_before_starting_anything():
+    files = ["--trainer", "@", str(Path(__file__).parents[3] / "configs" / "debug" / "qlora" / "train.toml")]
+    with pytest.raises(ConfigError, match=r"^--trainer-gpu-ids \[0, 1\]: trainer.model.experimental.load_in_4bit"):
+        resolve_shared(parse_config(RLConfig, [*files, "--trainer-gpu-ids", "0,1"]), on_gpu=True)
+    one_gpu = resolve_shared(parse_config(RLConfig, [*files, "--trainer-gpu-ids", "1"]), on_gpu=True)
+    assert one_gpu.trainer_gpu_ids == [1]
