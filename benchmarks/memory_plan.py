@@ -2,7 +2,7 @@
 
 ``uv run python benchmarks/memory_plan.py`` (``--smoke``: the tiny model only).
 
-For each case (a model shape and a trainer config: full training or LoRA, with or without activation
+For each case (a model shape and a trainer config: full training, LoRA or QLoRA, with or without activation
 checkpointing) a fresh child process builds the trainer's model as ``rl`` does (a one-rank FSDP2 group,
 ``build_model``, AdamW) and runs two training steps on one packed micro-batch of ``seq_len`` tokens, all but the
 first 16 under the loss mask. Its resident memory is read from ``/proc/self/status``: before the model is built
@@ -43,6 +43,7 @@ FULL = [
     Case("mid, full", MID),
     Case("mid, full, checkpointing", MID, {"ac": {"freq": 1}}),
     Case("mid, LoRA, checkpointing", MID, {"ac": {"freq": 1}, "experimental": {"lora": LORA}}),
+    Case("mid, QLoRA, checkpointing", MID, {"ac": {"freq": 1}, "experimental": {"lora": LORA, "load_in_4bit": True}}),
 ]
 SMOKE = [Case("tiny, full", {}, seq_len=256)]
 

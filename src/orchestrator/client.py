@@ -102,23 +102,31 @@ class InferenceClient:
             raise TridentError(f"inference server refused the probe request: {response.text}")
         return served_probe_logprobs(response.json(), token_ids)
 
-    async def check_probe(self, path: Path, step: int, tolerance: float) -> float | None:
+    async def check_probe(self, path: Path, step: int, tolerance: float | None) -> float | None:
         """Compare the server's logprobs of the probe with the trainer's for the weights in ``path``.
 
         Returns their mean absolute difference (None when the weights carry no probe); raises when it exceeds
-        ``tolerance``: the server is not sampling from the weights the trainer wrote.
+        ``tolerance`` (None: the probe's own, wider for a trainer on a 4-bit base): the server is not sampling from
+        the weights the trainer wrote.
         """
         probe = read_probe(path)
         if probe is None:
             return None
-        token_ids, expected = probe
-        served = await self.prompt_logprobs(token_ids)
-        gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(token_ids) - 1, 1)
+        tolerance = probe.tolerance if tolerance is None else tolerance
+        served = await self.prompt_logprobs(probe.token_ids)
+        expected = probe.logprobs
+        gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(expected) - 1, 1)
         if gap > tolerance:
+            quantized = (
+                " (or, as the trainer's base was 4-bit, by the quantization error, which grows with how peaked the "
+                "model is: if so, set client.probe_tolerance above the gap)"
+                if probe.base_in_4bit
+                else ""
+            )
             raise TridentError(
                 f"after reloading weights step {step}, the server's logprobs of the probe differ from the trainer's "
                 f"by {gap:.4f} on average (tolerance client.probe_tolerance = {tolerance}): the server does not "
-                f"serve the weights in {path}"
+                f"serve the weights in {path}{quantized}"
             )
         return gap
 

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from orchestrator.renderer import known_renderer
 from orchestrator.tasks import prompts_per_env
 from rl.config import BaseConfig
+from rl.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
 from rl.shared_config import (
     AsyncLevel,
     CkptSection,
@@ -258,13 +259,15 @@ class ClientConfig(StrictModel):
     ] = "http://127.0.0.1:8000"
     timeout_s: Annotated[float, Field(gt=0, description="Seconds one inference request may take.")] = 300.0
     probe_tolerance: Annotated[
-        float,
+        float | None,
         Field(
             gt=0,
             description="After each reload, the server's logprobs of a probe text may differ from the trainer's by "
-            "this much on average (nats); more stops the run. fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2.",
+            "this much on average (nats); more stops the run. fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2. "
+            f"Absent: {PROBE_TOLERANCE}, or {PROBE_TOLERANCE_4BIT} for weights trained on a 4-bit base (QLoRA: "
+            "the trainer scores the probe on its quantized base, the server on its unquantized one).",
         ),
-    ] = 0.05
+    ] = None
     server_timeout_s: Annotated[
         float, Field(gt=0, description="Seconds to wait for the inference server to come up.")
     ] = 600.0

@@ -161,7 +161,7 @@ class Servers:
     async def reset_weights(self) -> None:
         await asyncio.gather(*(server.client.reset_weights() for server in self.servers))
 
-    async def bring_to(self, path: Path | None, step: int, tolerance: float) -> None:
+    async def bring_to(self, path: Path | None, step: int, tolerance: float | None) -> None:
         """Make every server serve weights ``step`` (``path``; None: the base model) before it gets work: one set
         aside that answers again, or one that serves another step (restarted). One that cannot be reached is
         set aside; :class:`NoServer` if none is left."""
@@ -192,7 +192,9 @@ class Servers:
         if not self.up:
             raise self.none_left()
 
-    async def load(self, server: Server, path: Path | None, step: int, tolerance: float) -> tuple[float, float | None]:
+    async def load(
+        self, server: Server, path: Path | None, step: int, tolerance: float | None
+    ) -> tuple[float, float | None]:
         """Make ``server`` serve weights ``step`` from ``path`` (None: its base model), probe-checked; the reload's
         seconds and the probe gap (None without a probe)."""
         if path is None:
@@ -201,7 +203,7 @@ class Servers:
         seconds = await server.client.reload_weights(path, step)
         return seconds, await server.client.check_probe(path, step, tolerance)
 
-    async def reload_weights(self, path: Path, step: int, tolerance: float) -> tuple[float, float | None]:
+    async def reload_weights(self, path: Path, step: int, tolerance: float | None) -> tuple[float, float | None]:
         """Every server in use loads the weights in ``path`` and is probe-checked
         (:meth:`InferenceClient.check_probe`); returns the slowest reload's seconds and the largest probe gap (None
         without a probe). A server set aside meanwhile is skipped; :class:`NoServer` if none is left."""

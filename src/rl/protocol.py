@@ -531,20 +531,42 @@ def read_batch(output_dir: Path, step: int, vocab_size: int | None = None) -> tu
 
 PROBE_FILE = "probe.json"
 PROBE_TEXT = "Probe: the quick brown fox jumps over the lazy dog, 0123456789 times."
+# The mean absolute gap (nats) between the server's logprobs of the probe and the trainer's that a reload may leave
+# unless client.probe_tolerance says otherwise. Same weights: fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2.
+PROBE_TOLERANCE = 0.05
+# A trainer whose frozen base is 4-bit NF4 (QLoRA) scores the probe on the quantized base, the server on its
+# unquantized one. That gap was at most 0.020 on the tiny model over 20 adapters (benchmarks/qlora.py): 0.1 leaves
+# 5 times that. It grows with how peaked the model is (0.6 on a random model with weights of std 0.2): such runs
+# set client.probe_tolerance from their first probe_gap (docs/adapters.md).
+PROBE_TOLERANCE_4BIT = 0.1
 
 
-def write_probe(folder: Path, token_ids: list[int], logprobs: list[float]) -> None:
-    """Record the trainer's logprobs of the probe text under these weights (position 0 has none: 0.0)."""
-    (folder / PROBE_FILE).write_text(json.dumps({"token_ids": token_ids, "logprobs": logprobs}))
+@dataclass(frozen=True)
+class Probe:
+    """The trainer's logprobs of the probe text under the weights of a folder (position 0 has none: 0.0), and
+    whether it computed them on a 4-bit base (the served adapter's base is not quantized)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    base_in_4bit: bool = False
+
+    @property
+    def tolerance(self) -> float:
+        """The gap a server may show on these weights when client.probe_tolerance is not set."""
+        return PROBE_TOLERANCE_4BIT if self.base_in_4bit else PROBE_TOLERANCE
 
 
-def read_probe(folder: Path) -> tuple[list[int], list[float]] | None:
+def write_probe(folder: Path, probe: Probe) -> None:
+    """Record the trainer's probe under the weights in ``folder``."""
+    (folder / PROBE_FILE).write_text(json.dumps(asdict(probe)))
+
+
+def read_probe(folder: Path) -> Probe | None:
     """The probe written with these weights, or None for weights written without one (e.g. by hand)."""
     path = folder / PROBE_FILE
     if not path.exists():
         return None
-    probe = json.loads(path.read_text())
-    return probe["token_ids"], probe["logprobs"]
+    return Probe(**json.loads(path.read_text()))
 
 
 def mark_stable(folder: Path) -> None:

@@ -63,6 +63,28 @@ class ExperimentalConfig(StrictModel):
     lora: Annotated[
         LoraConfig | None, Field(description="Train a LoRA adapter instead of all weights (absent: full training).")
     ] = None
+    load_in_4bit: Annotated[
+        bool,
+        Field(
+            description="QLoRA: hold the frozen base's linear layers in 4-bit NF4 (bitsandbytes, double "
+            "quantization), computing in model.dtype; the adapter trains in float32 and is exported as under LoRA, "
+            "and the server serves it on its own unquantized base. Needs [model.experimental.lora] with export = "
+            "'adapter', and one trainer rank."
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _4bit_base_under_an_adapter(self):
+        if self.load_in_4bit and self.lora is None:
+            raise ValueError(
+                "load_in_4bit needs [model.experimental.lora]: a 4-bit base is frozen, only an adapter on it trains"
+            )
+        if self.load_in_4bit and self.lora.export != "adapter":
+            raise ValueError(
+                "load_in_4bit exports the adapter alone (lora.export = 'adapter'): merging it into a 4-bit base "
+                "would bake the quantization error into full weights"
+            )
+        return self
 
 
 class TrainerModelConfig(ModelConfig):
@@ -295,5 +317,14 @@ class SFTConfig(BaseConfig):
         if self.data.streaming and self.max_steps is None:
             raise ValueError(
                 "data.streaming = true needs max_steps: a streamed set's length is unknown before reading it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _merged_weights_need_a_full_base(self):
+        if self.model.experimental.load_in_4bit:
+            raise ValueError(
+                "model.experimental.load_in_4bit: sft writes merged full weights, which a 4-bit base cannot give "
+                "exactly; fine-tune with [model.experimental.lora] on the full-precision base"
             )
         return self

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rl.broadcast import Sender, write_manifest
-from rl.protocol import PROBE_TEXT, atomic_dir, mark_stable, write_probe
+from rl.protocol import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
 
@@ -79,6 +79,12 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> 
     return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]
 
 
+def is_4bit(model: PreTrainedModel | PeftModel) -> bool:
+    """Whether the model's base was quantized to 4 bits as it loaded (QLoRA)."""
+    quantization = getattr(model.config, "quantization_config", None)
+    return quantization is not None and quantization.load_in_4bit
+
+
 def save_weights(
     model: PreTrainedModel | PeftModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -100,7 +106,7 @@ def save_weights(
     adapter = isinstance(model, PeftModel) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
     probe_ids = tokenizer.encode(PROBE_TEXT)
-    probe = probe_logprobs(model, probe_ids)
+    probe = Probe(probe_ids, probe_logprobs(model, probe_ids), base_in_4bit=is_4bit(model))
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     if sender is not None:  # once the server took the previous weights, these become the newest
@@ -113,7 +119,7 @@ def save_weights(
             if not adapter:
                 set_config_dtype(tmp, dtype)
         tokenizer.save_pretrained(tmp)
-        write_probe(tmp, probe_ids, probe)
+        write_probe(tmp, probe)
         mark_stable(tmp)
 
 

@@ -10,7 +10,7 @@ from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
 from rl.model_path import resolve_model_path
 from rl.protocol import MicroBatch
@@ -25,17 +25,50 @@ def load_model(
     """The policy in train mode, with LoRA and activation checkpointing as configured.
 
     What trains is float32 (the master weights). Under LoRA the frozen base is held in ``compute_dtype`` (the
-    adapter in float32: peft upcasts it), since it is never updated: half the memory in bfloat16.
+    adapter in float32: peft upcasts it), since it is never updated: half the memory in bfloat16; with
+    ``load_in_4bit`` its linear layers are quantized to NF4 on ``device`` as they load (:func:`nf4_config`).
     """
-    lora = config.experimental.lora
+    lora, in_4bit = config.experimental.lora, config.experimental.load_in_4bit
     dtype = compute_dtype if lora is not None else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(config.name), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(config.name),
+        dtype=dtype,
+        quantization_config=nf4_config(compute_dtype) if in_4bit else None,
+        device_map={"": device} if in_4bit else None,  # quantized where it computes
+    )
+    if in_4bit:
+        keep_training_layout(model)
     use_packed_forward(model)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq, config.ac.part)
     if lora is not None:
         model = add_lora(model, lora)
     return model.to(device).train()
+
+
+def nf4_config(compute_dtype: torch.dtype) -> BitsAndBytesConfig:
+    """QLoRA's base: every linear layer but the output layer in 4-bit NormalFloat, in blocks of 64 weights whose
+    scales are themselves quantized to 8 bits (double quantization), dequantized to ``compute_dtype`` to multiply."""
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
+
+
+def keep_training_layout(model: nn.Module) -> None:
+    """Keep each 4-bit layer's weights in the layout training uses, in place.
+
+    On a CPU with AVX-512 BF16, bitsandbytes repacks a 4-bit weight for a faster bfloat16 kernel at the layer's
+    first forward in eval mode without gradients (the probe's) and keeps it repacked; that kernel has no backward,
+    so later training steps would get no gradient through the layer. Eval and training then also compute alike.
+    """
+    from bitsandbytes.nn import Linear4bit  # imported for QLoRA only: it takes seconds (it loads torch._dynamo)
+
+    for module in model.modules():
+        if isinstance(module, Linear4bit):
+            module.support_avx512bf16_for_cpu = False
 
 
 def compute_device(model: nn.Module) -> torch.device:

@@ -71,9 +71,18 @@ def compiles(setting: bool | Literal["auto"], device: torch.device, dtype: torch
 
 def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -> nn.Module:
     """The policy (fp32 master weights, LoRA, activation checkpointing and compilation as configured), sharded over
-    the ranks."""
+    the ranks.
+
+    A full-precision model loads on the CPU and FSDP2 moves each rank's shard to its device; a 4-bit base
+    (QLoRA) is quantized on the device it runs on, by one rank.
+    """
     dtype = compute_dtype(model_config.dtype, world.device)
-    model = load_model(model_config, torch.device("cpu"), dtype)
+    in_4bit = model_config.experimental.load_in_4bit
+    if in_4bit and world.size > 1:
+        raise TridentError(
+            f"model.experimental.load_in_4bit trains on one rank; this trainer has {world.size} (give it one GPU)"
+        )
+    model = load_model(model_config, world.device if in_4bit else torch.device("cpu"), dtype)
     offload = offload and world.device.type == "cuda"
     reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
     shard_model(model, decoder_layers(model), dtype, offload, reshard)

@@ -1,15 +1,16 @@
 """A memory plan for a run: what the trainer and the inference server need on each GPU, before anything starts.
 
 The plan is arithmetic on the model's shape (its ``config.json``, mixture-of-experts layers included) and the
-configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the
-frozen base in the compute dtype and a float32 adapter), gradients and AdamW's two moments of what trains (each
-split over the FSDP ranks), the working copies FSDP gathers (the model's root and two decoder layers at a time, or
-every layer where layers are not resharded after forward), the activations kept for the backward pass of one packed
-micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured activation checkpointing, the
-backward pass's working memory at its peak (one chunk of logits, or one recomputed layer or part with its
-gradients), the weight broadcast's send buffer, and on a GPU what the caching allocator reserves beyond that and the
-CUDA context. The server's share is what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold
-its weights and one ``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
+configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the frozen
+base in the compute dtype, its linear layers in 4-bit NF4 under QLoRA, and a float32 adapter), gradients and AdamW's
+two moments of what trains (each split over the FSDP ranks), the working copies FSDP gathers (the model's root and
+two decoder layers at a time, or every layer where layers are not resharded after forward), the activations kept for
+the backward pass of one packed micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured
+activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
+layer or part with its gradients), under QLoRA one linear layer dequantized, the weight broadcast's send buffer, and
+on a GPU what the caching allocator reserves beyond that and the CUDA context. The server's share is what vLLM
+claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one ``max_model_len``
+context of KV cache, and beside it the weights it receives over the broadcast.
 ``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
 to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 """
@@ -37,6 +38,7 @@ MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 # Bytes per logit at the peak of one chunk's backward (bf16 logits, their float32 copy and scaled copy, the
 # softmax terms and the logits' gradient), measured on CPU with trainer.scoring.chunked_scores.
 LOGIT_BYTES = 20
+NF4_BLOCK, NF4_SCALE_BLOCK = 64, 256  # weights per 8-bit scale, and 8-bit scales per float32 scale (bitsandbytes)
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,41 @@ def dtype_bytes(dtype: str, gpu: bool) -> int:
     return 4 if dtype == "float32" or (dtype == "auto" and not gpu) else 2
 
 
+def nf4_bytes(parameters: int) -> int:
+    """Bytes of one weight matrix in 4-bit NF4 with double quantization (bitsandbytes): two codes a byte, an 8-bit
+    scale per block of 64 weights, a float32 scale per 256 of those, the scales' float32 offset and the two code
+    tables (16 and 256 float32)."""
+    blocks = math.ceil(parameters / NF4_BLOCK)
+    return math.ceil(parameters / 2) + blocks + 4 * math.ceil(blocks / NF4_SCALE_BLOCK) + 4 * (1 + 16 + 256)
+
+
+def quantized_linears(shape: ModelShape, sparse: bool) -> list[int]:
+    """Weights of each linear layer of a decoder layer that a 4-bit base holds in NF4: bitsandbytes quantizes the
+    ``nn.Linear`` layers, those of the attention and of a dense MLP or a shared expert; routed experts (fused
+    tensors) stay in the compute dtype."""
+    linears = shape.linear_shapes()
+    attention = [n_in * n_out for name, (n_in, n_out) in linears.items() if name not in MLP_LINEARS]
+    if not sparse:
+        return attention + [n_in * n_out for name, (n_in, n_out) in linears.items() if name in MLP_LINEARS]
+    return attention + [shape.hidden_size * shape.shared_expert_intermediate_size] * (
+        3 if shape.shared_expert_intermediate_size else 0
+    )
+
+
+def layer_bytes_4bit(shape: ModelShape, compute: int, sparse: bool) -> int:
+    """Bytes of a decoder layer of a 4-bit base: its quantized linears in NF4, the rest in the compute dtype."""
+    quantized = quantized_linears(shape, sparse)
+    mlp = shape.sparse_mlp_parameters if sparse else 3 * shape.hidden_size * shape.intermediate_size
+    return sum(map(nf4_bytes, quantized)) + (shape.attention_parameters + mlp - sum(quantized)) * compute
+
+
+def base_bytes_4bit(shape: ModelShape, compute: int) -> int:
+    """Bytes of a frozen base whose linear layers are 4-bit NF4 (QLoRA), about 0.516 a quantized weight; the
+    embeddings, the output layer and the norms stay in the compute dtype."""
+    layers = sum(count * layer_bytes_4bit(shape, compute, sparse) for sparse, count in layer_kinds(shape).items())
+    return layers + shape.root_parameters * compute
+
+
 def lora_parameters(shape: ModelShape, targets: list[str], rank: int) -> int:
     """Parameters of a LoRA adapter of ``rank`` on the ``targets`` linear layers of every decoder layer.
 
@@ -322,32 +359,41 @@ def trainer_broadcast_bytes(shape: ModelShape, backend: str, compute: int, gpu: 
     return 0 if gpu else shape.parameters * compute
 
 
-def gathered_bytes(shape: ModelShape, trainer: TrainerConfig, ranks: int, compute: int, gpu: bool) -> int:
-    """Bytes of the working copies FSDP gathers in the compute dtype: the root and two decoder layers at a time, or
-    every layer from its forward pass to its backward pass where layers are not resharded after forward."""
+def gathered_bytes(
+    shape: ModelShape, trainer: TrainerConfig, ranks: int, compute: int, gpu: bool, layer_bytes: int
+) -> int:
+    """Bytes of the working copies FSDP gathers: the root in the compute dtype and two decoder layers of
+    ``layer_bytes`` at a time, or every layer from its forward pass to its backward pass where layers are not
+    resharded after forward."""
     if reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
-        return (shape.root_parameters + 2 * shape.layer_parameters) * compute
+        return shape.root_parameters * compute + 2 * layer_bytes
     return shape.parameters * compute
 
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
     """GiB per trainer rank, by what holds them."""
     compute = dtype_bytes(trainer.model.dtype, gpu)
-    lora = trainer.model.experimental.lora
+    lora, in_4bit = trainer.model.experimental.lora, trainer.model.experimental.load_in_4bit
+    layer_bytes = shape.layer_parameters * compute
     if lora is None:
         trainable, frozen_bytes = shape.parameters, 0
     else:
         trainable = lora_parameters(shape, lora.target_modules, lora.rank)
         frozen_bytes = shape.parameters * compute
+    if in_4bit:
+        frozen_bytes = base_bytes_4bit(shape, compute)
+        layer_bytes = max(layer_bytes_4bit(shape, compute, sparse) for sparse in layer_kinds(shape))
     activations, backward = activation_bytes(shape, trainer, compute)
     plan = {
         "weights": (frozen_bytes + trainable * 4) / ranks,
         "gradients": trainable * 4 / ranks,
         "optimizer": 2 * trainable * 4 / ranks,
-        "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu),
+        "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu, layer_bytes),
         "activations": activations,
         "backward": backward,
     }
+    if in_4bit:  # each 4-bit linear is dequantized to the compute dtype to multiply, one at a time
+        plan["dequantized"] = max(max(quantized_linears(shape, sparse)) for sparse in layer_kinds(shape)) * compute
     backend = broadcast_backend(trainer, gpu)
     held = trainer_broadcast_bytes(shape, backend, compute, gpu) if backend else 0
     if held:

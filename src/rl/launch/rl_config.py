@@ -162,6 +162,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
         except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
             raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
+    one_trainer_gpu_for_a_4bit_base(config, on_gpu)
     one_receiver(config)
     if config.inference is None:
         if config.inference_servers is not None:
@@ -267,6 +268,15 @@ def serve_adapters(config: RLConfig) -> None:
     elif config.inference.lora.max_rank < lora.rank:
         raise ConfigError(
             f"inference.lora.max_rank = {config.inference.lora.max_rank} is smaller than {key}.rank = {lora.rank}"
+        )
+
+
+def one_trainer_gpu_for_a_4bit_base(config: RLConfig, on_gpu: bool) -> None:
+    """Refuse a QLoRA trainer on several GPUs before anything starts (its trainer refuses it too)."""
+    gpus = config.trainer_gpu_ids
+    if on_gpu and config.trainer.model.experimental.load_in_4bit and len(gpus) > 1:
+        raise ConfigError(
+            f"--trainer-gpu-ids {gpus}: trainer.model.experimental.load_in_4bit trains on one rank; give it one GPU"
         )
 
 

@@ -2,8 +2,11 @@ import asyncio
 import logging
 
 import httpx
+import pytest
 
 from orchestrator.client import InferenceClient
+from rl.errors import TridentError
+from rl.protocol import Probe, write_probe
 
 
 def test_wait_ready_says_it_is_still_waiting_until_the_server_answers(caplog):
@@ -17,3 +20,24 @@ def test_wait_ready_says_it_is_still_waiting_until_the_server_answers(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith("still waiting for the inference server at http://server (") for m in messages)
     assert messages[-1].startswith("inference server ready after")
+
+
+def test_the_probe_tolerance_defaults_to_the_probes_own_wider_for_a_4bit_trainer_base(tmp_path):
+    """A server whose logprobs of the probe are 0.07 off the trainer's: within the default for weights trained on a
+    4-bit base (QLoRA, 0.1), beyond the default for any other (0.05) and beyond a tolerance the user set."""
+    token_ids, trained = [5, 6, 7, 8], [0.0, -1.0, -2.0, -3.0]
+    offset = [{str(t): {"logprob": lp + 0.07}} for t, lp in zip(token_ids[1:], trained[1:], strict=True)]
+    served = {"prompt_logprobs": [None, *offset]}
+    client = InferenceClient("http://server", timeout_s=1)
+    client.http = httpx.AsyncClient(
+        base_url="http://server", transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
+    )
+    for name, in_4bit in (("qlora", True), ("lora", False)):
+        (tmp_path / name).mkdir()
+        write_probe(tmp_path / name, Probe(token_ids, trained, base_in_4bit=in_4bit))
+
+    assert asyncio.run(client.check_probe(tmp_path / "qlora", 1, tolerance=None)) == pytest.approx(0.07)
+    with pytest.raises(TridentError, match=r"by 0\.0700 on average \(tolerance client.probe_tolerance = 0.05\)"):
+        asyncio.run(client.check_probe(tmp_path / "lora", 1, tolerance=None))
+    with pytest.raises(TridentError, match=r"= 0.06\): .* quantization error, .*set client.probe_tolerance above"):
+        asyncio.run(client.check_probe(tmp_path / "qlora", 1, tolerance=0.06))

@@ -239,3 +239,38 @@ def test_one_gpu_of_full_training_keeps_every_layer_gathered():
     assert gathered(2) == pytest.approx(two_layers)
     assert gathered(1, experimental={"lora": {"rank": 4}}) == pytest.approx(two_layers)
     assert gathered(1, gpu=False) == pytest.approx(two_layers * 2)  # the CPU reshards, float32
+
+
+def test_a_4bit_base_is_planned_at_the_bytes_bitsandbytes_holds(tiny_model_path):
+    """QLoRA's weights: the tiny model's base with its linears in NF4 as loaded, plus the float32 adapter."""
+    from bitsandbytes.nn import Linear4bit
+
+    lora = {"rank": 4, "target_modules": SEVEN}
+    config = TrainerConfig(model={"name": tiny_model_path, "experimental": {"lora": lora, "load_in_4bit": True}})
+    model = load_model(config.model, torch.device("cpu"))
+    held = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())  # tied once
+    for layer in (module for module in model.modules() if isinstance(module, Linear4bit)):
+        state = layer.weight.quant_state  # its scales and code tables
+        scales = (state.absmax, state.code, state.offset, state.state2.absmax, state.state2.code)
+        held += sum(t.numel() * t.element_size() for t in scales)
+    norms = sum(p.numel() * 4 for name, p in model.named_parameters() if "q_norm" in name or "k_norm" in name)
+    plan = trainer_plan(ModelShape.from_config(model.config.to_dict()), config, ranks=1, gpu=False)
+    assert plan["weights"] * GIB == held - norms  # Qwen3's q/k norms are left out (see above)
+    assert plan["dequantized"] * GIB == 64 * 128 * 4  # the largest linear (gate/up/down: 64 × 128) in float32
+
+
+def test_qlora_holds_llama_8b_at_about_half_a_byte_a_linear_weight():
+    """Llama-3.1-8B in bf16 on a GPU, rank 16 on the seven linears, by hand: 6,979,321,856 weights in its linears
+    (32 layers × (2 · 4096² + 2 · 4096 · 1024 + 3 · 4096 · 14,336)), 1,050,939,392 others (embeddings and output
+    layer 2 × 128,256 × 4096, 65 norms of 4096)."""
+    lora = {"rank": 16, "target_modules": SEVEN}
+    model = {"name": "meta-llama/Llama-3.1-8B-Instruct", "experimental": {"lora": lora, "load_in_4bit": True}}
+    plan = trainer_plan(KNOWN_SHAPES["Llama-3.1-8B-Instruct"], TrainerConfig(model=model), ranks=1, gpu=True)
+    linears = 6_979_321_856
+    # 4 bits a weight, an 8-bit scale per 64 and a float32 one per 256 × 64; an offset and code tables (273 float32)
+    quantized = linears // 2 + linears // 64 + 4 * linears // (64 * 256) + 32 * 7 * 4 * 273
+    adapter = 32 * 16 * (2 * 8192 + 2 * 5120 + 3 * 18_432)  # rank × (in + out) of each linear
+    assert plan["weights"] * GIB == quantized + 1_050_939_392 * 2 + adapter * 4
+    assert 5.46 < plan["weights"] < 5.47  # GiB; in bf16 the base alone takes 14.96
+    assert plan["optimizer"] * GIB == 2 * adapter * 4
+    assert plan["dequantized"] * GIB == 4096 * 14_336 * 2  # one MLP linear in bf16

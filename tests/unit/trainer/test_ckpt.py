@@ -19,8 +19,12 @@ from trainer.train import train
 SETTINGS = {"max_steps": 4, "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_steps": 1}, "batch_timeout_s": 1}
 
 
-def config(output_dir, model_path, **ckpt) -> TrainerConfig:
-    return TrainerConfig(output_dir=output_dir, model={"name": model_path}, ckpt={"interval": 2, **ckpt}, **SETTINGS)
+QLORA = {"experimental": {"load_in_4bit": True, "lora": {"rank": 4}}}
+
+
+def config(output_dir, model_path, model=None, **ckpt) -> TrainerConfig:
+    model = {"name": model_path, **(model or {})}
+    return TrainerConfig(output_dir=output_dir, model=model, ckpt={"interval": 2, **ckpt}, **SETTINGS)
 
 
 def losses(output_dir) -> dict[int, float]:
@@ -28,24 +32,27 @@ def losses(output_dir) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in map(json.loads, lines)}
 
 
-def test_resumed_run_matches_an_uninterrupted_one(tmp_path, write_batches, tiny_model_path):
+@pytest.mark.parametrize(("model", "weights"), [({}, "model.safetensors"), (QLORA, "adapter_model.safetensors")],
+                         ids=["full", "qlora"])  # fmt: skip
+def test_resumed_run_matches_an_uninterrupted_one(tmp_path, write_batches, tiny_model_path, model, weights):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     write_batches(whole, steps=4)
-    train(config(whole, tiny_model_path))
+    train(config(whole, tiny_model_path, model))
 
     write_batches(resumed, steps=2)  # the orchestrator "dies" after two batches: the trainer times out at step 2
     with pytest.raises(TimeoutError, match="rollouts/step_2"):
-        train(config(resumed, tiny_model_path))
+        train(config(resumed, tiny_model_path, model))
     assert complete_checkpoints(resumed) == []  # the orchestrator's part is missing: not resumable yet
     save_state(resumed, data_state(2, 8, 64, 0, [8]))
     assert complete_checkpoints(resumed) == [2]
     write_batches(resumed, steps=4)
-    train(config(resumed, tiny_model_path, resume_step=-1))
+    train(config(resumed, tiny_model_path, model, resume_step=-1))
 
     # model, AdamW moments, lr schedule and step counter all continue: same losses, same weights
     assert losses(resumed)[3] == pytest.approx(losses(whole)[3], rel=1e-6)
     assert losses(resumed)[2] == pytest.approx(losses(whole)[2], rel=1e-6)
-    expected, got = (load_file(weights_dir(run, 4) / "model.safetensors") for run in (whole, resumed))
+    expected, got = (load_file(weights_dir(run, 4) / weights) for run in (whole, resumed))
+    assert expected.keys() == got.keys()
     for name in expected:
         assert (expected[name] - got[name]).abs().max() < 1e-6, name
 

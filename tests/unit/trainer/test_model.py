@@ -3,7 +3,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.protocol import PROBE_TEXT, MicroBatch, Sample, read_probe
+from rl.protocol import PROBE_TEXT, PROBE_TOLERANCE, MicroBatch, Sample, read_probe
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
@@ -75,9 +75,11 @@ def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, 
         assert (packed_logprobs(base, batch, 1.0) - adapted).abs().max() > 1e-4
     assert set(merged.state_dict()) == set(base.state_dict())
     # the probe written with the weights is what the saved weights give
-    token_ids, logprobs = read_probe(tmp_path / "step_1")
-    assert token_ids == AutoTokenizer.from_pretrained(tiny_model_path).encode(PROBE_TEXT)
-    torch.testing.assert_close(torch.tensor(logprobs), probe_reference(merged, token_ids), atol=1e-5, rtol=1e-5)
+    probe = read_probe(tmp_path / "step_1")
+    assert probe.token_ids == AutoTokenizer.from_pretrained(tiny_model_path).encode(PROBE_TEXT)
+    assert not probe.base_in_4bit and probe.tolerance == PROBE_TOLERANCE
+    reference = probe_reference(merged, probe.token_ids)
+    torch.testing.assert_close(torch.tensor(probe.logprobs), reference, atol=1e-5, rtol=1e-5)
 
 
 def probe_reference(model, token_ids):

@@ -68,10 +68,11 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     assert record["bounded_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))  # IcePop drops them too
 
 
-def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path):
+@pytest.mark.parametrize("load_in_4bit", [False, True], ids=["lora", "qlora"])
+def test_lora_kl_reference_is_the_base_model(tmp_path, write_batches, tiny_model_path, load_in_4bit):
     write_batches(tmp_path)
     lora = {"rank": 4, "alpha": 8}
-    records = run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora}},
+    records = run(tmp_path, tiny_model_path, model={"experimental": {"lora": lora, "load_in_4bit": load_in_4bit}},
                   loss={"kl_coef": 0.5}, optim={"lr": 1e-2})  # fmt: skip
     # the adapter starts as a no-op (B = 0): the policy is its reference; after one step it has moved away
     assert records[0]["reference_kl"] == 0
@@ -140,12 +141,12 @@ def test_lora_adapter_export_loads_in_peft(tmp_path, write_batches, random_sampl
     assert (folder / "adapter_config.json").exists() and not (folder / "model.safetensors").exists()
     base = use_packed_forward(AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32))
     adapted = PeftModel.from_pretrained(base, folder).eval()
-    token_ids, probe = read_probe(folder)
+    probe = read_probe(folder)
     batch = MicroBatch.pack(random_samples(2))
     with torch.no_grad():
-        ids = torch.tensor(token_ids)
+        ids = torch.tensor(probe.token_ids)
         logprobs = torch.log_softmax(adapted(ids[None]).logits[0, :-1], -1).gather(1, ids[1:, None])[:, 0]
-        torch.testing.assert_close(logprobs, torch.tensor(probe[1:]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logprobs, torch.tensor(probe.logprobs[1:]), atol=1e-5, rtol=1e-5)
         with adapted.disable_adapter():
             unadapted = packed_logprobs(adapted, batch, 1.0)
         assert (packed_logprobs(adapted, batch, 1.0) - unadapted).abs().max() > 1e-4  # the adapter trained
