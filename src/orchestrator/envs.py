@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
+from orchestrator import generate_transport
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from orchestrator.infra import is_infra
@@ -23,6 +24,7 @@ from rl.inference_api import API_KEY_ENV
 logger = logging.getLogger("orchestrator")
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 install()  # set-up and model-call limits (orchestrator.limits)
+generate_transport.install()  # verifiers' calls to the server over aiohttp
 
 
 @dataclass
