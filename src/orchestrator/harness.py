@@ -17,7 +17,8 @@ An environment may describe its agent loop on each task's ``TaskData`` with thes
 - ``tools: list[str]``: tools as ``module:function`` import paths. A tool's name, description and JSON
   parameters come from the function's name, docstring and type hints. Parameters named ``runtime`` (the
   rollout's verifiers runtime; ``runtime.workdir`` is a fresh directory per rollout) and ``task`` (the
-  TaskData) are filled in by the harness and hidden from the model.
+  TaskData) are filled in by the harness and hidden from the model. A plain (not ``async``) function runs in a
+  worker thread of the event loop's default executor, so it may block; several may run at once.
 - ``final_tools: list[str]``: names of tools whose call ends the rollout.
 - ``max_turns: int``: model turns per rollout (default: no limit but the agent's ``max_turns`` in verifiers;
   a reply without a tool call ends the rollout).
@@ -25,6 +26,7 @@ An environment may describe its agent loop on each task's ``TaskData`` with thes
   model answers without a tool call; the string it returns is the next user message, ``None`` ends the rollout.
 """
 
+import asyncio
 import importlib
 import inspect
 import itertools
@@ -117,13 +119,16 @@ async def _answer(arguments: str, run: typing.Callable[[dict], typing.Awaitable[
 
 
 async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> str:
-    """Run one call of a Python tool, the harness's parameters (:data:`INJECTED`) filled in."""
+    """Run one call of a Python tool, the harness's parameters (:data:`INJECTED`) filled in. A plain function runs
+    in a worker thread, so a tool that blocks (files, subprocesses, a slow computation) holds up no other rollout."""
 
     async def run(kwargs: dict) -> str:
         wanted = inspect.signature(fn).parameters
         kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
         kwargs.update({k: v for k, v in injected.items() if k in wanted})
-        return str(await _maybe_await(fn(**kwargs)))
+        if inspect.iscoroutinefunction(fn):
+            return str(await fn(**kwargs))
+        return str(await _maybe_await(await asyncio.to_thread(fn, **kwargs)))
 
     return await _answer(arguments, run)
 
