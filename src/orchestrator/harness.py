@@ -37,6 +37,7 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 import verifiers.v1 as vf
+from pydantic_core import from_json, to_json
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
 # verifiers finds a harness by id, importing the module named like the id: register this one under it.
@@ -45,6 +46,7 @@ sys.modules.setdefault(HARNESS_ID.replace("-", "_"), sys.modules[__name__])
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 INJECTED = ("runtime", "task")  # tool parameters the harness fills in
+JSON_CONTENT = {"Content-Type": "application/json"}
 
 
 def _without_none(value):
@@ -64,13 +66,14 @@ async def chat_completion(http: aiohttp.ClientSession, url: str, body: dict) -> 
     """One OpenAI chat-completions call to verifiers' endpoint; the reply's message, its ``None`` fields left out.
 
     Plain JSON over aiohttp: the OpenAI SDK's request and reply models, and httpx's connection pool (which checks
-    every open connection at each request's end), cost more CPU than the rest of the harness.
+    every open connection at each request's end), cost more CPU than the rest of the harness. pydantic-core writes
+    and reads the JSON (the whole conversation, every turn) several times faster than the ``json`` module.
     """
     try:
-        async with http.post(url, json=body) as response:
+        async with http.post(url, data=to_json(body), headers=JSON_CONTENT) as response:
             if response.status != 200:
                 raise ModelCallError(f"Error code: {response.status} - {await response.text()}")
-            reply = await response.json()
+            reply = from_json(await response.read())
     except (aiohttp.ClientError, TimeoutError) as e:
         raise ModelCallError(f"{type(e).__name__}: {e}") from e
     return _without_none(reply["choices"][0]["message"])
