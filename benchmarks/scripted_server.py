@@ -47,6 +47,9 @@ def scripted_app(tool_calls: int) -> web.Application:
         reply = call if body["token_ids"].count(tool_response_id) < tool_calls else answer
         return web.Response(body=reply, content_type="application/json")
 
+    async def served_models(request: web.Request) -> web.Response:
+        return web.json_response(models)
+
     async def record(request: web.Request) -> web.Response:
         nonlocal recorded
         recorded = []
@@ -59,7 +62,7 @@ def scripted_app(tool_calls: int) -> web.Application:
 
     app = web.Application(client_max_size=64 * 2**20)
     app.router.add_post(GENERATE, generate)
-    app.router.add_get(MODELS, lambda request: web.json_response(models))
+    app.router.add_get(MODELS, served_models)
     app.router.add_post("/record", record)
     app.router.add_get("/recorded", recorded_bodies)
     return app

@@ -39,9 +39,12 @@ async def run_rollout(tiny_model_path: str, prompts: list[list[int]]):
         prompts.append(prompt)
         return web.json_response(generate_reply(call if prompt.count(tool_response) < TOOL_CALLS else answer))
 
+    async def models(request):
+        return web.json_response({"data": [{"id": "tiny"}]})
+
     app = web.Application()
     app.router.add_post(GENERATE, generate)
-    app.router.add_get(MODELS, lambda request: web.json_response({"data": [{"id": "tiny"}]}))
+    app.router.add_get(MODELS, models)
     env = load_env(EnvConfig(id="gsm8k-calc", args={"max_turns": TOOL_CALLS + 2}))
     async with TestServer(app) as server, env.serving():
         config = OrchestratorConfig(client={"base_url": str(server.make_url(""))})
