@@ -1,283 +1,223 @@
-"""Benchmark: rollouts/s of the orchestrator's in-process harness against verifiers' stock subprocess harness, on
-the same multi-turn tool environment and an instant server, side by side in one run.
+"""Benchmark: the orchestrator's CPU time per model turn and its rollouts/s with hundreds to thousands of multi-turn
+rollouts in flight, against a bare aiohttp client loop sending the same requests to the same server.
 
 ``uv run --no-sync python benchmarks/orchestrator_rollouts.py`` (``--smoke``: a few rollouts).
 
-Both sides run gsm8k-calc's tasks through the orchestrator's rollout path (``run_group`` on a loaded environment,
-verifiers' training client rendering each turn to token ids) against a scripted server in this process that
-answers at once: a rollout's first ``tool_calls`` replies call the calculator, the next one answers, so every
-rollout runs the tool loop for real (``tool_calls + 1`` model turns, every call executed). Only the harness
-differs:
+The server is ``benchmarks/scripted_server.py`` in a process of its own, answering ``POST /inference/v1/generate``
+at once: while the prompt holds fewer than ``tool_calls`` tool responses, a calculator call, then the answer. So
+every rollout runs ``tool_calls + 1`` model turns, every call executed. Two sides, one after the other, each batch
+starting ``in_flight`` rollouts at once:
 
-- **trident**: ``gsm8k-calc`` loaded as the orchestrator loads it (``load_env``): the in-process harness of
-  ``orchestrator.harness``, the calculator a Python call.
-- **stock**: verifiers 0.4.0's ``null`` harness, its chat program run as one Python subprocess per rollout by
-  the subprocess runtime, on ``gsm8k-calc-stock`` (``benchmarks/gsm8k_calc_stock.py``: the same tasks and
-  rewards, the calculator served by one MCP server that all rollouts share).
+- **trident**: gsm8k-calc's tasks through the orchestrator's rollout path (``load_env``, ``run_group``): the
+  in-process harness, verifiers' interception endpoint and training client rendering each turn to token ids.
+- **bare**: a plain aiohttp loop, ``in_flight`` coroutines each sending one rollout's requests in turn: the very
+  request bodies the trident side sent (recorded by the server), each reply's JSON parsed. The least a client in
+  Python does for the same exchange.
 
-Batches of rollouts (``tasks`` tasks × ``group_size`` rollouts, at most ``concurrency`` in flight) alternate
-between the sides, order swapped every repetition, after one untimed warm-up batch each: the stock harness's
-first rollout builds its program's environment with ``uv sync --script``, which needs ``uv`` and, until uv's
-cache holds the packages, PyPI. Only the ratio means something on a shared, noisy machine.
+CPU time is this process's (user + system, all threads) over a batch, per model turn; the server's is not in it.
+One untimed warm-up batch first; then, per size and repetition, a trident batch and a bare batch.
 """
 
 import asyncio
-import json
-import os
+import resource
 import statistics
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import aiohttp
 import verifiers.v1 as vf
 from common import benchmark_result, run_and_report
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from scripted_server import TOOL_RESPONSE
+from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
+from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import RolloutLimits
-from rl.inference_api import GENERATE, MODELS
+from rl.inference_api import GENERATE
 from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
-BENCHMARKS = Path(__file__).parent
-SIDES = ("trident", "stock")
-STOCK_HARNESS = "null"  # verifiers' plain chat loop; MCP tools, no bash
-TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 8) * 3"}}\n</tool_call><|im_end|>'
-ANSWER = "(12 + 8) * 3 = 60\n#### 60<|im_end|>"
-LOGPROB = -1.0  # of every scripted token
+SERVER = Path(__file__).parent / "scripted_server.py"
+SIDES = ("trident", "bare")
+ENV = "gsm8k-calc"
 
 
 @dataclass(frozen=True)
 class BenchmarkConfig:
     """The rollouts of one benchmark run."""
 
-    tasks: int  # tasks per batch
+    in_flight: tuple[int, ...]  # rollouts per batch, all started at once (a batch per size)
     group_size: int  # rollouts per task
-    concurrency: int  # rollouts in flight at once, per side
     tool_calls: int  # calculator calls per rollout before the answer
-    repetitions: int  # timed batches per side, after one warm-up batch each
+    repetitions: int  # timed batches per side and size
 
 
-FULL = BenchmarkConfig(tasks=2, group_size=8, concurrency=8, tool_calls=2, repetitions=3)
-SMOKE = BenchmarkConfig(tasks=1, group_size=2, concurrency=2, tool_calls=1, repetitions=1)
-
-
-def generate_response(token_ids: list[int]) -> bytes:
-    """The body of vLLM's ``/inference/v1/generate`` answer sampling ``token_ids``, each with logprob -1."""
-    logprobs = [{"token": f"token_id:{token}", "logprob": LOGPROB} for token in token_ids]
-    choice = {"index": 0, "token_ids": token_ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}
-    return json.dumps({"request_id": "scripted", "choices": [choice]}).encode()
-
-
-class ScriptedServer(ThreadingHTTPServer):
-    """A token-in/token-out inference server that answers at once from a script: while the prompt holds fewer
-    than ``tool_calls`` tool responses, a calculator call; then a final answer. Serves ``POST
-    /inference/v1/generate`` (what verifiers' training client calls) and ``GET /v1/models``."""
-
-    daemon_threads = True
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, tool_calls: int):
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
-        self.tool_calls = tool_calls
-        self.tool_response_id = tokenizer.convert_tokens_to_ids("<tool_response>")
-        self.call = generate_response(tokenizer.encode(TOOL_CALL, add_special_tokens=False))
-        self.answer = generate_response(tokenizer.encode(ANSWER, add_special_tokens=False))
-        self.models = json.dumps({"object": "list", "data": [{"id": TINY_MODEL_ID, "object": "model"}]}).encode()
-        self.requests = 0
-
-    @property
-    def base_url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def reply(self, prompt_ids: list[int]) -> bytes:
-        self.requests += 1
-        return self.call if prompt_ids.count(self.tool_response_id) < self.tool_calls else self.answer
-
-
-class ScriptedHandler(BaseHTTPRequestHandler):
-    """HTTP/1.1 with keep-alive, no request logging."""
-
-    protocol_version = "HTTP/1.1"
-    server: ScriptedServer
-
-    def do_GET(self) -> None:
-        if self.path == MODELS:
-            self.respond(200, self.server.models)
-        else:
-            self.respond(404, b"{}")
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path != GENERATE:
-            self.respond(404, b"{}")
-            return
-        self.respond(200, self.server.reply(body["token_ids"]))
-
-    def respond(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args) -> None:
-        pass
+FULL = BenchmarkConfig(in_flight=(512, 2048), group_size=8, tool_calls=7, repetitions=2)
+SMOKE = BenchmarkConfig(in_flight=(4,), group_size=2, tool_calls=1, repetitions=1)
 
 
 @contextmanager
-def scripted_server(tokenizer: PreTrainedTokenizerBase, tool_calls: int) -> Iterator[ScriptedServer]:
-    """A :class:`ScriptedServer` answering from a thread of this process for the duration of the block."""
-    server = ScriptedServer(tokenizer, tool_calls)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def scripted_server(tool_calls: int) -> Iterator[str]:
+    """The base URL of a ``scripted_server.py`` process, for the duration of the block."""
+    server = subprocess.Popen([sys.executable, str(SERVER), "--tool-calls", str(tool_calls)], stdout=subprocess.PIPE,
+                              text=True)  # fmt: skip
     try:
-        yield server
+        line = server.stdout.readline()
+        if not line.startswith("port "):
+            raise RuntimeError(f"the scripted server did not start (exit status {server.wait()})")
+        yield f"http://127.0.0.1:{line.split()[1]}"
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+        server.terminate()
+        server.wait()
 
 
-@contextmanager
-def importable_by_subprocesses(folder: Path) -> Iterator[None]:
-    """``folder`` on ``PYTHONPATH`` for the block: verifiers starts the stock taskset's tool server as
-    ``python -m gsm8k_calc_stock``."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), before) if p)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
-def load_envs() -> dict[str, vf.Env]:
-    """gsm8k-calc as the orchestrator loads it, and its MCP twin under verifiers' stock harness."""
-    stock = vf.SingleAgentEnvConfig(
-        taskset={"id": "gsm8k-calc-stock"},
-        agent=vf.AgentConfig(harness={"id": STOCK_HARNESS}, runtime=vf.SubprocessConfig()),
-    )
-    return {"trident": load_env(EnvConfig(id="gsm8k-calc")), "stock": vf.load_environment(stock)}
+async def trident_batch(env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig) -> list[Rollout]:
+    """``group_size`` rollouts of each task, all in flight at once."""
+    limits = RolloutLimits.of(len(tasks) * bench.group_size)
+    groups = await asyncio.gather(*(run_group(env, task, bench.group_size, ctx, limits) for task in tasks))
+    return [rollout for group in groups for rollout in group]
 
 
-async def timed_batch(
-    env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig
-) -> tuple[float, list[Rollout]]:
-    """Seconds to run ``group_size`` rollouts of each task, at most ``concurrency`` at once, and the rollouts."""
-    limit = RolloutLimits.of(bench.concurrency)
-    start = time.perf_counter()
-    groups = await asyncio.gather(*(run_group(env, task, bench.group_size, ctx, limit) for task in tasks))
-    return time.perf_counter() - start, [rollout for group in groups for rollout in group]
+def rollout_requests(bodies: list[dict], tool_response_id: int, turns: int) -> list[list[dict]]:
+    """The recorded request bodies of a batch regrouped as rollouts that ran all ``turns`` turns: a rollout's turn
+    k prompt holds k tool responses (the server is stateless: which rollout's body goes in which sequence does not
+    matter)."""
+    by_turn: list[list[dict]] = [[] for _ in range(turns)]
+    for body in bodies:
+        by_turn[body["token_ids"].count(tool_response_id)].append(body)
+    return [list(rollout) for rollout in zip(*by_turn, strict=False)]
 
 
-async def alternate(
-    envs: dict[str, vf.Env], ctx: vf.ModelContext, bench: BenchmarkConfig
-) -> tuple[dict[str, list[float]], dict[str, list[Rollout]]]:
-    """One warm-up batch per side, then ``repetitions`` timed batches per side, alternating (order swapped every
-    repetition); the seconds of the timed batches and all their rollouts, per side."""
-    side_tasks = {name: list(env.taskset.take(bench.tasks)) for name, env in envs.items()}
-    prompts = {name: [task.data.prompt for task in tasks] for name, tasks in side_tasks.items()}
-    assert prompts["trident"] == prompts["stock"], "the two sides must run the same tasks"
-    seconds: dict[str, list[float]] = {name: [] for name in SIDES}
-    rollouts: dict[str, list[Rollout]] = {name: [] for name in SIDES}
-    async with AsyncExitStack() as stack:
-        for env in envs.values():
-            await stack.enter_async_context(env.serving())
-        for name in SIDES:
-            await timed_batch(envs[name], side_tasks[name], ctx, bench)
-        for repetition in range(bench.repetitions):
-            for name in SIDES if repetition % 2 == 0 else reversed(SIDES):
-                took, batch = await timed_batch(envs[name], side_tasks[name], ctx, bench)
-                seconds[name].append(took)
-                rollouts[name] += batch
-    return seconds, rollouts
+async def bare_batch(base_url: str, rollouts: list[list[dict]]) -> int:
+    """Send each rollout's requests in turn, all rollouts at once, parsing each reply; returns the sampled tokens."""
+    url = base_url + GENERATE
+
+    async def rollout(http: aiohttp.ClientSession, bodies: list[dict]) -> int:
+        tokens = 0
+        for body in bodies:
+            async with http.post(url, json=body) as response:
+                response.raise_for_status()
+                tokens += len((await response.json())["choices"][0]["token_ids"])
+        return tokens
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(rollouts))) as http:
+        return sum(await asyncio.gather(*(rollout(http, bodies) for bodies in rollouts)))
 
 
-def side_summary(seconds: list[float], rollouts: list[Rollout], per_batch: int) -> dict:
-    """Rollouts/s of one side, and what its rollouts did: all must succeed with the same turns and rewards."""
-    return {
-        "batch_seconds": seconds,
-        "rollouts_per_s": per_batch / statistics.median(seconds),
+async def measured(batch) -> tuple[dict, object]:
+    """Wall and CPU seconds of awaiting ``batch``, and its result."""
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    result = await batch
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu}, result
+
+
+async def record(base_url: str, http: aiohttp.ClientSession, on: bool) -> list[dict]:
+    """Start keeping the server's request bodies (``on``), or stop and return them."""
+    if on:
+        (await http.post(base_url + "/record")).raise_for_status()
+        return []
+    async with http.get(base_url + "/recorded") as response:
+        return await response.json()
+
+
+def trident_summary(timing: dict, rollouts: list[Rollout], turns: int) -> dict:
+    """What one trident batch cost and did: every rollout must succeed with ``turns`` turns."""
+    return timing | {
         "rollouts": len(rollouts),
         "ok_share": sum(r.ok for r in rollouts) / len(rollouts),
         "turns_mean": statistics.mean(r.turns for r in rollouts),
-        "reward_mean": statistics.mean(r.reward for r in rollouts),
         "rewards_mean": {
             name: statistics.mean(r.rewards.get(name, 0.0) for r in rollouts) for name in rollouts[0].rewards
         },
         "tokens_mean": statistics.mean(sum(len(ids) for ids, _, _ in r.branches) for r in rollouts),
         "first_error": next((r.error for r in rollouts if r.error), None),
+        "cpu_ms_per_turn": 1000 * timing["cpu_s"] / (len(rollouts) * turns),
+        "rollouts_per_s": len(rollouts) / timing["wall_s"],
     }
 
 
-def speed_ratio(seconds: dict[str, list[float]]) -> dict:
-    """Trident's rollouts/s over the stock harness's: the ratio of the median batch times, and the median of the
-    ratios of each repetition's two adjacent batches."""
-    paired = [stock / trident for trident, stock in zip(seconds["trident"], seconds["stock"], strict=True)]
-    return {
-        "of_medians": statistics.median(seconds["stock"]) / statistics.median(seconds["trident"]),
-        "paired_median": statistics.median(paired),
-        "paired": paired,
+def bare_summary(timing: dict, rollouts: int, turns: int, sampled_tokens: int) -> dict:
+    return timing | {
+        "rollouts": rollouts,
+        "sampled_tokens_mean": sampled_tokens / rollouts,
+        "cpu_ms_per_turn": 1000 * timing["cpu_s"] / (rollouts * turns),
+        "rollouts_per_s": rollouts / timing["wall_s"],
     }
+
+
+async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: BenchmarkConfig) -> dict:
+    """A warm-up batch, then per size and repetition a trident and a bare batch; the batches' summaries by size."""
+    turns = bench.tool_calls + 1
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+    tool_response_id = tokenizer.convert_tokens_to_ids(TOOL_RESPONSE)
+    tasks = list(env.taskset.take(max(bench.in_flight) // bench.group_size))
+    sizes: dict[str, dict] = {}
+    async with env.serving(), aiohttp.ClientSession() as http:
+        await trident_batch(env, tasks[:1], ctx, bench)
+        for _ in range(bench.repetitions):
+            for in_flight in bench.in_flight:
+                await record(base_url, http, on=True)
+                timing, rollouts = await measured(trident_batch(env, tasks[: in_flight // bench.group_size], ctx,
+                                                                bench))  # fmt: skip
+                requests = rollout_requests(await record(base_url, http, on=False), tool_response_id, turns)
+                bare_timing, tokens = await measured(bare_batch(base_url, requests))
+                size = sizes.setdefault(str(in_flight), {side: [] for side in SIDES})
+                size["trident"].append(trident_summary(timing, rollouts, turns))
+                size["bare"].append(bare_summary(bare_timing, len(requests), turns, tokens))
+    return sizes
+
+
+def size_summary(batches: dict[str, list[dict]]) -> dict:
+    """Medians over one size's repetitions, and trident's rollouts/s over the bare loop's."""
+    medians = {
+        side: {key: statistics.median(b[key] for b in batches[side]) for key in ("cpu_ms_per_turn", "rollouts_per_s")}
+        for side in SIDES
+    }
+    ratio = medians["trident"]["rollouts_per_s"] / medians["bare"]["rollouts_per_s"]
+    return {"batches": batches, "median": medians, "trident_over_bare_rollouts_per_s": ratio}
 
 
 def run_benchmark(bench: BenchmarkConfig) -> dict:
-    """Both sides against one scripted server, side by side; the results as a JSON-able dict."""
+    """Both sides against one scripted server process; the results as a JSON-able dict."""
     model_path = resolve_model_path(TINY_MODEL_ID)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    with scripted_server(tokenizer, bench.tool_calls) as server, importable_by_subprocesses(BENCHMARKS):
-        config = OrchestratorConfig(client={"base_url": server.base_url}, env=[{"id": "gsm8k-calc"}])
-        seconds, rollouts = asyncio.run(alternate(load_envs(), model_context(config, model_path), bench))
-        requests = server.requests
-    per_batch = bench.tasks * bench.group_size
-    sides = {name: side_summary(seconds[name], rollouts[name], per_batch) for name in SIDES}
+    env = load_env(EnvConfig(id=ENV, args={"max_turns": bench.tool_calls + 1}))
+    tune_gc()  # as the orchestrator's main does once its environments are loaded
+    with scripted_server(bench.tool_calls) as base_url:
+        config = OrchestratorConfig(client={"base_url": base_url}, env=[{"id": ENV}])
+        sizes = asyncio.run(run_sizes(env, model_context(config, model_path), base_url, bench))
     return benchmark_result(
         "orchestrator_rollouts",
-        config=asdict(bench)
-        | {
-            "model": TINY_MODEL_ID,
-            "env": "gsm8k-calc",
-            "stock_harness": STOCK_HARNESS,
-            "rollouts_per_batch": per_batch,
-        },
-        **sides,
-        server_requests=requests,
-        trident_over_stock_rollouts_per_s=speed_ratio(seconds),
-        same_outcome=all(
-            sides["trident"][key] == sides["stock"][key] for key in ("ok_share", "turns_mean", "reward_mean")
-        ),
+        config=asdict(bench) | {"model": TINY_MODEL_ID, "env": ENV, "turns": bench.tool_calls + 1},
+        in_flight={size: size_summary(batches) for size, batches in sizes.items()},
     )
 
 
 def summary_table(result: dict) -> str:
     """A few lines for the terminal."""
-    rows = [f"{'':8}{'rollouts/s':>12}{'ok':>6}{'turns':>7}{'reward':>8}{'tokens':>8}"]
-    for name in SIDES:
-        s = result[name]
-        rows.append(
-            f"{name:8}{s['rollouts_per_s']:>12.2f}{s['ok_share']:>6.0%}{s['turns_mean']:>7.1f}"
-            f"{s['reward_mean']:>8.3f}{s['tokens_mean']:>8.0f}"
-        )
-    ratio = result["trident_over_stock_rollouts_per_s"]
-    rows += [
-        f"trident / stock rollouts/s: {ratio['of_medians']:.1f} "
-        f"(median of paired batches: {ratio['paired_median']:.1f})",
-        f"same turns and rewards on both sides: {result['same_outcome']}",
-    ]
+    rows = [f"{'in flight':>10} {'side':8}{'CPU ms/turn':>12}{'rollouts/s':>12}"]
+    for size, summary in result["in_flight"].items():
+        for side in SIDES:
+            median = summary["median"][side]
+            rows.append(f"{size:>10} {side:8}{median['cpu_ms_per_turn']:>12.2f}{median['rollouts_per_s']:>12.1f}")
+        rows.append(f"{'':>10} trident / bare rollouts/s: {summary['trident_over_bare_rollouts_per_s']:.2f}")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
     return run_and_report(
-        argv, __doc__, "orchestrator_rollouts", "a tiny run: one batch of 2 rollouts per side",
+        argv, __doc__, "orchestrator_rollouts", "a tiny run: one batch of 4 rollouts per side",
         lambda smoke: run_benchmark(SMOKE if smoke else FULL), summary_table,
     )  # fmt: skip
 

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
+from orchestrator import generate_transport
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from orchestrator.infra import is_infra
@@ -29,6 +30,7 @@ logger = logging.getLogger("orchestrator")
 VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 install()  # set-up and model-call limits (orchestrator.limits)
+generate_transport.install()  # verifiers' calls to the server over aiohttp
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Annotated
 from pydantic import Field
 
 from orchestrator.config import EvalRunConfig
+from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
 from rl.config import run_cli
@@ -103,6 +104,7 @@ def main() -> None:
     config = run_cli(EvalCliConfig)
     setup_logging("eval", config.log.level)
     with exit_on_user_error("eval"):
+        tune_gc()
         asyncio.run(evaluate(config))
 
 

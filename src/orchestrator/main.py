@@ -3,6 +3,7 @@
 import asyncio
 
 from orchestrator.config import OrchestratorConfig
+from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
 from rl.config import run_cli
 from rl.errors import exit_on_user_error
@@ -16,7 +17,9 @@ def main() -> None:
     stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)
     with exit_on_user_error("orchestrator"):
-        asyncio.run(Orchestrator(config).run())
+        orchestrator = Orchestrator(config)
+        tune_gc()
+        asyncio.run(orchestrator.run())
 
 
 if __name__ == "__main__":

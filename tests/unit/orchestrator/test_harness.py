@@ -1,5 +1,6 @@
 import asyncio
 import json
+import threading
 
 import aiohttp
 import pytest
@@ -82,3 +83,25 @@ def test_chat_completion_raises_the_endpoints_refusal_and_an_unreachable_endpoin
 
     with pytest.raises(ModelCallError, match="ClientConnectorError"):
         asyncio.run(unreachable())
+
+
+def test_a_blocking_tool_runs_off_the_event_loop():
+    released = threading.Event()
+
+    def wait_for_the_loop() -> str:
+        """Block until the event loop runs again."""
+        return "ran beside the loop" if released.wait(timeout=30) else "blocked the loop"
+
+    async def call():
+        asyncio.get_running_loop().call_soon(released.set)  # runs only if the tool leaves the loop free
+        return await call_tool(wait_for_the_loop, "{}", {})
+
+    assert asyncio.run(call()) == "ran beside the loop"
+
+
+def test_an_async_tool_is_awaited_on_the_loop():
+    async def loop_name(task) -> str:
+        """The running loop's task."""
+        return f"{task}:{asyncio.get_running_loop() is not None}"
+
+    assert asyncio.run(call_tool(loop_name, "{}", {"task": "T"})) == "T:True"
