@@ -1,5 +1,5 @@
-"""A verifiers taskset whose per-rollout MCP tool server, written as verifiers' documentation shows, crashes on its
-first ``FLAKY_TOOLS_FAILS`` starts (counted in ``FLAKY_TOOLS_DIR``): it reports a port, then exits before serving.
+"""A verifiers taskset whose per-rollout MCP tool server, written as verifiers' documentation shows, crashes on some
+of its starts (counted in ``FLAKY_TOOLS_DIR``; :func:`crashes`): it reports a port, then exits before serving.
 ``python -m flaky_tools`` is how verifiers starts it, so this folder must be on ``PYTHONPATH``."""
 
 import os
@@ -36,12 +36,19 @@ class FlakyTaskset(vf.Taskset[FlakyTask, vf.TasksetConfig]):
 __all__ = ["FlakyTaskset"]
 
 
+def crashes(start: int) -> bool:
+    """Whether start number ``start`` (from 0) crashes: one of the first ``FLAKY_TOOLS_FAILS``, or with
+    ``FLAKY_TOOLS_SHARE`` set, that share of all starts spread evenly (0.3: starts 3, 6, 9, 13, ...)."""
+    share = float(os.environ.get("FLAKY_TOOLS_SHARE", "0"))
+    return start < int(os.environ.get("FLAKY_TOOLS_FAILS", "0")) or int((start + 1) * share) > int(start * share)
+
+
 def crash_on_early_starts() -> None:
-    """Count this start; on the first ``FLAKY_TOOLS_FAILS`` ones report a port nothing serves and exit."""
+    """Count this start; if it :func:`crashes`, report a port nothing serves and exit."""
     starts = Path(os.environ["FLAKY_TOOLS_DIR"])
     count = len(list(starts.iterdir()))
     (starts / str(count)).touch()
-    if count < int(os.environ["FLAKY_TOOLS_FAILS"]):
+    if crashes(count):
         Path(os.environ["MCP_PORT_FILE"]).write_text("9")
         sys.exit("flaky_tools: crashed on start")
 

@@ -22,6 +22,7 @@ from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.orchestrator import Orchestrator
 from rl.errors import TridentError
 from rl.inference_api import GENERATE
+from rl.metrics import read_metrics
 from rl.model_path import TINY_MODEL_ID, resolve_model_path
 from rl.protocol import rollouts_dir
 
@@ -157,6 +158,39 @@ def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_
     )
     assert len(list(flaky_tools_starts.iterdir())) - 1 == 4  # 2 rollouts × (1 start + 1 retry), and the run folder
     assert not rollouts_dir(flaky_tools_starts / "run", 0).exists()
+
+
+def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and_counts_its_retries(
+    flaky_tools_starts, monkeypatch
+):
+    monkeypatch.setenv("FLAKY_TOOLS_SHARE", "0.3")  # starts 3, 6, 9, ... crash
+    starts_dir, output_dir = flaky_tools_starts / "starts", flaky_tools_starts / "run"
+    starts_dir.mkdir()
+    monkeypatch.setenv("FLAKY_TOOLS_DIR", str(starts_dir))
+    with counting_server() as server:
+        config = OrchestratorConfig(
+            output_dir=output_dir, env=[{"id": flaky_tools.ENV_ID}], batch_size=1, rollouts_per_example=7,
+            sample_rollouts_every=0, client={"base_url": server.base_url},
+            infra={"max_retries": 2, "retry_backoff_s": 0.01, "max_concurrent_setups": 2},
+        )  # fmt: skip
+        orchestrator = Orchestrator(config)
+        served = {"step": 0, "path": "/base", "adapter": None}
+        orchestrator.servers.servers[0].client.http = httpx.AsyncClient(
+            base_url=server.base_url, transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
+        )
+
+        async def step():
+            async with orchestrator.envs[0].serving():
+                await orchestrator.step(0)
+
+        asyncio.run(step())
+    starts = len(list(starts_dir.iterdir()))
+    crashed = sum(map(flaky_tools.crashes, range(starts)))
+    assert crashed >= 2 and starts == 7 + crashed  # each crash was run again, and every rollout served
+    (record,) = read_metrics(output_dir, "orchestrator")
+    assert record["infra/flaky-tools/retries"] == crashed
+    assert record["infra/flaky-tools/lost_groups"] == 0 and record["failed_rollouts"] == 0
+    assert rollouts_dir(output_dir, 0).exists()  # the step's batch was written
 
 
 def test_a_step_fails_only_past_the_share_of_lost_groups():
