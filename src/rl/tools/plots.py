@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure  # Figure alone draws with Agg and leaves pyplot's global state alone
+from matplotlib.ticker import MaxNLocator
 
 from rl.errors import TridentError, exit_on_user_error
 from rl.metrics import read_metrics, setup_logging
@@ -150,6 +151,7 @@ def draw(spec: PlotSpec, runs: list[RunMetrics], out_dir: Path) -> Plot | None:
     if not drawn:
         return None
     axes.set(title=spec.title, xlabel="step", ylabel=spec.unit)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no tick at step 2.5
     axes.grid(alpha=0.3)
     axes.legend(fontsize="small")
     figure.tight_layout()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 from matplotlib.image import imread
 from transformers import AutoTokenizer
 
@@ -78,6 +79,18 @@ def test_plots_of_two_runs_have_content_and_the_metrics_range(runs, tmp_path):
     }
     assert plots["eval"].series["run_b"][0] == [0, 2, 4]  # one key: labelled by run
     assert len(plots["eval"].series) == 2  # a line per run: neither failures nor seconds are scores
+
+
+def test_step_ticks_are_whole_steps(runs, tmp_path, monkeypatch):
+    """A 6-step run: matplotlib's default ticks would fall at 0.5, 1.5, ..."""
+    ticks = {}
+
+    def savefig(figure, path, *args, **kwargs):
+        ticks[Path(path).stem] = list(figure.axes[0].get_xticks())
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    write_plots([load_run(r) for r in runs], tmp_path / "out")
+    assert ticks and all(t == int(t) for plot_ticks in ticks.values() for t in plot_ticks), ticks
 
 
 def test_a_plot_without_data_is_not_written(tmp_path):
