@@ -27,7 +27,7 @@ from pathlib import Path
 
 import common
 
-from rl.metrics import read_metrics
+from contracts.metrics import read_metrics
 
 LORA_RANK = 8  # the trainer's default adapter rank; the server must accept it
 

@@ -22,10 +22,10 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rl.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
-from rl.launch.launcher import child_env, log_tail
-from rl.launch.process import Child, stop_all
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from launch.launcher import child_env, log_tail
+from launch.process import Child, stop_all
 
 RESULTS_DIR = Path(__file__).parent / "results"
 DEBUG_CONFIGS = Path(__file__).parents[1] / "configs" / "debug" / "rl"

@@ -51,7 +51,7 @@ class Case:
     packs anew into ``micro_batch_tokens``. Settings an older trainer lacks (``--baseline-src``) are left out on
     its side: a case's result says which applied."""
 
-    shape: str  # a key of rl.launch.memory_plan.KNOWN_SHAPES, or "tiny" (the tiny model's own shape)
+    shape: str  # a key of launch.memory_plan.KNOWN_SHAPES, or "tiny" (the tiny model's own shape)
     batches: list[tuple[int, int]]
     lora_rank: int | None = None  # LoRA on all seven linears; None: full fine-tune
     ac_freq: int | None = None  # activation checkpointing every ac_freq layers; None: off
@@ -100,8 +100,8 @@ def qwen3_config(shape: str):
     """A transformers Qwen3 config of ``shape`` (a known hub model's, or the tiny model's own)."""
     from transformers import AutoConfig, Qwen3Config
 
-    from rl.launch.memory_plan import KNOWN_SHAPES
-    from rl.model_path import TINY_MODEL_ID, resolve_model_path
+    from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+    from launch.memory_plan import KNOWN_SHAPES
 
     if shape == "tiny":
         return AutoConfig.from_pretrained(resolve_model_path(TINY_MODEL_ID))
@@ -120,7 +120,7 @@ def make_model(shape: str, folder: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rl.model_path import TINY_MODEL_ID, resolve_model_path
+    from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
@@ -155,7 +155,7 @@ def random_samples(count: int, length: int, vocab_size: int, seed: int):
 
     import torch
 
-    from rl.protocol import Sample
+    from contracts.protocol import Sample
 
     generator = torch.Generator().manual_seed(seed)
     prompt = length // 4
@@ -197,8 +197,8 @@ def run_case(case: Case, model_dir: str) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    import rl.protocol
-    from rl.protocol import BatchInfo, MicroBatch, pack_samples
+    import contracts.protocol
+    from contracts.protocol import BatchInfo, MicroBatch, pack_samples
     from trainer.config import ActivationCheckpointConfig, TrainerConfig, TrainerModelConfig
     from trainer.export import save_weights
     from trainer.optim import build_optimizer
@@ -223,7 +223,7 @@ def run_case(case: Case, model_dir: str) -> dict:
             samples = random_samples(count, length, model.config.vocab_size, seed=count)
             micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, case.seq_len or count * length)]
             if budget:
-                micro_batches = rl.protocol.repack(micro_batches, budget)  # as the trainer does after reading
+                micro_batches = contracts.protocol.repack(micro_batches, budget)  # as the trainer does after reading
             tokens = count * length
             info = BatchInfo(0, count, tokens, sum(sum(s.loss_mask) for s in samples), 0.0, 1.0)
             if world.device.type == "cuda":
@@ -281,8 +281,8 @@ def handover_receive(manifests) -> None:
     buffer once, copy each step's tensors out of it into its own weights (allocated at the first), say so."""
     import torch
 
-    from rl.broadcast import open_store, taken_key
-    from rl.shared_weights import SharedBuffer
+    from contracts.broadcast import open_store, taken_key
+    from contracts.shared_weights import SharedBuffer
 
     buffer = store = own = None
     while (manifest := manifests.get()) is not None:
@@ -307,7 +307,7 @@ def run_handover(shape: str) -> dict:
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
-    from rl.broadcast import Sender, taken_key
+    from contracts.broadcast import Sender, taken_key
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with device:
@@ -380,7 +380,7 @@ def device_name() -> str:
 def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -> dict:
     """``rl``'s memory plan of the trainer for this case as it ran (its ``applied`` settings), on a batch of
     ``tokens`` (GiB)."""
-    from rl.launch.memory_plan import model_shape, trainer_plan
+    from launch.memory_plan import model_shape, trainer_plan
     from trainer.config import TrainerConfig
 
     model = case.model_config(model_dir) | {"reshard_after_forward": applied["reshard_after_forward"]}

@@ -10,7 +10,7 @@ first 16 under the loss mask. Its resident memory is read from ``/proc/self/stat
 once the model is built, so loading it does not count). glibc is told to give freed blocks of 64 KiB or more
 back at once (``MALLOC_MMAP_THRESHOLD_``), so that resident memory follows the live tensors, as a GPU's
 allocated-memory counter does, instead of the allocator's cache. The measured figure is that peak above the baseline;
-the plan's is ``rl.launch.memory_plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
+the plan's is ``launch.memory_plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
 from the truth; on GPU the plan adds the CUDA context.
 """
 
@@ -51,7 +51,7 @@ SMOKE = [Case("tiny, full", {}, seq_len=256)]
 def measure(case: Case, model_dir: str, queue) -> None:
     """In a child process: build the trainer's model, run two steps; put the peak above the baseline on ``queue``."""
     torch.set_num_threads(1)
-    from rl.protocol import BatchInfo, MicroBatch, Sample
+    from contracts.protocol import BatchInfo, MicroBatch, Sample
     from trainer.config import TrainerConfig
     from trainer.optim import build_optimizer
     from trainer.parallel import close_world, init_world, rank_share
@@ -76,8 +76,8 @@ def measure(case: Case, model_dir: str, queue) -> None:
 
 
 def run_case(case: Case, tmp: Path) -> dict:
-    from rl.launch.memory_plan import model_shape, trainer_plan
-    from rl.model_path import TINY_MODEL_ID
+    from contracts.model_path import TINY_MODEL_ID
+    from launch.memory_plan import model_shape, trainer_plan
     from trainer.config import TrainerConfig
 
     model_dir = str(build_random_model(tmp / case.name, case.shape)) if case.shape else TINY_MODEL_ID

@@ -35,12 +35,12 @@ from common import benchmark_result, run_and_report
 from scripted_server import TOOL_RESPONSE
 from transformers import AutoTokenizer
 
+from contracts.inference_api import GENERATE
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import RolloutLimits
-from rl.inference_api import GENERATE
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
 
 SERVER = Path(__file__).parent / "scripted_server.py"
 SIDES = ("trident", "bare")

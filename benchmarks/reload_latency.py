@@ -48,9 +48,9 @@ from common import (
 from torch import nn
 from transformers import AutoTokenizer
 
-from rl.broadcast import Sender
-from rl.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
-from rl.protocol import is_adapter, step_dirs
+from contracts.broadcast import Sender
+from contracts.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
+from contracts.protocol import is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world

@@ -15,8 +15,8 @@ import json
 from aiohttp import web
 from transformers import AutoTokenizer
 
-from rl.inference_api import GENERATE, MODELS
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.inference_api import GENERATE, MODELS
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 8) * 3"}}\n</tool_call><|im_end|>'
 ANSWER = "(12 + 8) * 3 = 60\n#### 60<|im_end|>"

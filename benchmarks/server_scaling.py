@@ -33,10 +33,10 @@ from common import (
     utc_now,
 )
 
+from contracts.config import parse_config
+from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
-from rl.config import parse_config
-from rl.model_path import TINY_MODEL_ID
 
 ORCH_TOML = Path(__file__).parents[1] / "configs" / "debug" / "rl" / "orch.toml"
 SIDES = ("one", "two")

@@ -29,8 +29,8 @@ import httpx
 import psutil
 from common import benchmark_parser, exit_on_sigterm, machine_info, report, server_for, utc_now
 
-from rl.metrics import read_metrics
-from rl.model_path import TINY_MODEL_ID
+from contracts.metrics import read_metrics
+from contracts.model_path import TINY_MODEL_ID
 
 ROOT = Path(__file__).parents[1]
 DEBUG_CONFIGS = ROOT / "configs" / "debug" / "rl"
@@ -108,7 +108,7 @@ def sample(output_dir: Path, processes: dict[str, int], step: int, start: float)
 def run_soak(server_url: str, steps: int, work_dir: Path) -> list[dict]:
     """Run ``rl`` for ``steps`` steps against the server, sampling every ``SAMPLE_S``; the samples."""
     output_dir = work_dir / "run"
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
             "--orchestrator", "@", str(DEBUG_CONFIGS / "orch.toml"), "--orchestrator.client.base-url", server_url,
             "--max-steps", str(steps), "--ckpt.interval", str(CKPT_INTERVAL),
             "--output-dir", str(output_dir)]  # fmt: skip

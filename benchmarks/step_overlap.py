@@ -27,8 +27,8 @@ from pathlib import Path
 
 import common
 
-from rl.metrics import read_metrics
-from rl.model_path import TINY_MODEL_ID
+from contracts.metrics import read_metrics
+from contracts.model_path import TINY_MODEL_ID
 
 ASYNC_LEVEL = 1
 SEQ_LEN = 4096  # a multi-turn customer-service rollout of the tiny model's tokens fits

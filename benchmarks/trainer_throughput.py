@@ -39,7 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rl.protocol import BatchInfo, MicroBatch, Sample, pack_samples
+from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples
 from trainer.config import TrainerConfig
 from trainer.parallel import World, close_world, init_world, rank_share
 from trainer.train import build_model, train_step

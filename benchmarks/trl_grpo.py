@@ -72,10 +72,10 @@ from common import (
     wait_all,
 )
 
-from rl.launch.launcher import child_env
-from rl.launch.process import Child
-from rl.metrics import read_metrics
-from rl.model_path import resolve_model_path
+from contracts.metrics import read_metrics
+from contracts.model_path import resolve_model_path
+from launch.launcher import child_env
+from launch.process import Child
 
 SIDES = ("trident", "trl")
 

@@ -4,7 +4,7 @@
 
 Shows the flagged samples' tokens coloured by role and mask (``--all`` or ``--sample I`` for others) and ends
 with a one-line summary. Exit status: 0 clean (warnings allowed), 1 problems found, 2 rollouts unreadable.
-The checks are listed in :mod:`rl.tools.rollout_check`.
+The checks are listed in :mod:`tools.rollout_check`.
 """
 
 import argparse
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rl.tools.rollout_check import RolloutReadError, check_step, choose_samples, open_step
-from rl.tools.rollout_view import batch_problem_lines, legend, mask_view, report_json, summary_line
+from tools.rollout_check import RolloutReadError, check_step, choose_samples, open_step
+from tools.rollout_view import batch_problem_lines, legend, mask_view, report_json, summary_line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rl.tools.rollout_check import RolloutReadError, choose_samples, open_step, segment
-from rl.tools.rollout_view import conversation_view, step_overview
+from tools.rollout_check import RolloutReadError, choose_samples, open_step, segment
+from tools.rollout_view import conversation_view, step_overview
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

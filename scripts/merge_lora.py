@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rl.errors import TridentError
+from contracts.errors import TridentError
 from trainer.merge import merge_adapter, push_to_hub
 
 

@@ -4,7 +4,7 @@
         [-n ROLLOUTS] [--max-tokens N]
 
 Loads the environment as the orchestrator does, runs ``-n`` rollouts of one task, prints each rollout's reward
-(and score per reward function) and checks the loss masks of its samples (see :mod:`rl.tools.rollout_check`).
+(and score per reward function) and checks the loss masks of its samples (see :mod:`tools.rollout_check`).
 Exit status: 0 when every rollout finished with clean masks, 1 otherwise or on a user error.
 """
 
@@ -18,11 +18,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from rl.errors import TridentError, exit_on_user_error
-from rl.metrics import setup_logging
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
-from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample
-from rl.tools.rollout_view import conversation_view
+from contracts.errors import TridentError, exit_on_user_error
+from contracts.metrics import setup_logging
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from tools.rollout_check import ChatFormat, SampleRecord, check_sample
+from tools.rollout_view import conversation_view
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

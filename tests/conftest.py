@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 import time
 from pathlib import Path
 
-from rl.lifeline import LAUNCHER_PID_ENV
+from contracts.lifeline import LAUNCHER_PID_ENV
 
 
 def _running(pid_dir: Path) -> tuple[str, int] | None:

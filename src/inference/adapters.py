@@ -1,4 +1,5 @@
-"""LoRA adapters loaded into the running engine, each under its step's name (``rl.inference_api.adapter_name``)."""
+"""LoRA adapters loaded into the running engine, each under its step's name
+(``contracts.inference_api.adapter_name``)."""
 
 from typing import Any
 

@@ -5,8 +5,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from rl.config import BaseConfig
-from rl.shared_config import LogConfig, ModelConfig, Seed, StrictModel
+from contracts.config import BaseConfig
+from contracts.shared_config import LogConfig, ModelConfig, Seed, StrictModel
 
 
 class InferenceModelConfig(ModelConfig):

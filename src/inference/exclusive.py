@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rl.inference_api import GENERATION_ROUTES
+from contracts.inference_api import GENERATION_ROUTES
 
 
 class ExclusiveGate:

@@ -2,13 +2,13 @@
 
 import os
 
+from contracts.config import run_cli
+from contracts.errors import exit_on_user_error
+from contracts.lifeline import watch_launcher
+from contracts.metrics import setup_logging
 from inference.config import InferenceConfig
 from inference.security import api_key_for
 from inference.server import serve
-from rl.config import run_cli
-from rl.errors import exit_on_user_error
-from rl.lifeline import watch_launcher
-from rl.metrics import setup_logging
 
 
 def main() -> None:

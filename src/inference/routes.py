@@ -13,22 +13,22 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from starlette.datastructures import State
 
+from contracts import inference_api as api
+from contracts.broadcast import read_manifest
+from contracts.protocol import ADAPTER_CONFIG, is_adapter
 from inference.security import check_full_weights, check_manifest, checked_weights_path
-from rl import inference_api as api
-from rl.broadcast import read_manifest
-from rl.protocol import ADAPTER_CONFIG, is_adapter
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
 logger = logging.getLogger("vllm.trident")
 
 
 def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, int] | None = None) -> APIRouter:
-    """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~rl.inference_api.WeightsRequest`, for
+    """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~contracts.inference_api.WeightsRequest`, for
     ``step_N`` folders under ``weights_root`` only; broadcast weights through ``store`` only), ``POST
     /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``.
 
     Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served, a
-    :class:`~rl.inference_api.Served` as a dict) and ``trident_adapters``
+    :class:`~contracts.inference_api.Served` as a dict) and ``trident_adapters``
     (an :class:`~inference.adapters.Adapters`, None when the server runs without LoRA).
     """
     router = APIRouter()

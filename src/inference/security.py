@@ -11,9 +11,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
-from rl.errors import TridentError
-from rl.inference_api import API_KEY_ENV, OPEN_ROUTES
-from rl.protocol import STABLE, step_of
+from contracts.errors import TridentError
+from contracts.inference_api import API_KEY_ENV, OPEN_ROUTES
+from contracts.protocol import STABLE, step_of
 
 
 def is_loopback(host: str) -> bool:
@@ -39,7 +39,8 @@ def api_key_for(host: str) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Refuse every request but :data:`~rl.inference_api.OPEN_ROUTES` unless it carries ``Authorization: Bearer <key>``.
+    """Refuse every request but :data:`~contracts.inference_api.OPEN_ROUTES` unless it carries
+    ``Authorization: Bearer <key>``.
 
     Deny by default: it also covers vLLM's own routes, whichever a vLLM version or its env vars add.
     """

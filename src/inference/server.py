@@ -5,6 +5,9 @@ import signal
 
 import torch
 
+from contracts.chat_family import model_family
+from contracts.inference_api import Served
+from contracts.model_path import resolve_model_path
 from inference.adapters import Adapters
 from inference.config import InferenceConfig
 from inference.exclusive import PromptLogprobsAlone
@@ -12,9 +15,6 @@ from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
-from rl.chat_family import model_family
-from rl.inference_api import Served
-from rl.model_path import resolve_model_path
 
 KEEP_ALIVE_S = 600
 

@@ -22,13 +22,13 @@ class WeightReloadExtension:
         return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
 
     def receive_weights(self, manifest: dict) -> dict[str, Any]:
-        """Receive the trainer's weights as ``manifest`` describes (``rl.broadcast``): over its broadcast group,
+        """Receive the trainer's weights as ``manifest`` describes (``contracts.broadcast``): over its broadcast group,
         joined on the first call of each trainer session, or copied from its shared buffer, after which the trainer
         hears that they were taken. Loads them in place."""
         import torch
 
-        from rl.broadcast import open_group, open_store, receive, taken_key
-        from rl.shared_weights import SharedBuffer
+        from contracts.broadcast import open_group, open_store, receive, taken_key
+        from contracts.shared_weights import SharedBuffer
 
         start = time.perf_counter()
         shared = manifest["backend"] == "shared"

@@ -8,8 +8,8 @@ rollout outlives the batch it was written in, so the state is the step and what 
 import json
 from pathlib import Path
 
-from rl.errors import TridentError
-from rl.protocol import atomic_dir, checkpoint_dir, mark_stable
+from contracts.errors import TridentError
+from contracts.protocol import atomic_dir, checkpoint_dir, mark_stable
 
 STATE_FILE = "state.json"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from rl.errors import TridentError
-from rl.inference_api import (
+from contracts.errors import TridentError
+from contracts.inference_api import (
     GENERATE,
     HEALTH,
     LOAD_ADAPTER,
@@ -23,7 +23,7 @@ from rl.inference_api import (
     probe_request,
     served_probe_logprobs,
 )
-from rl.protocol import is_adapter, read_probe
+from contracts.protocol import is_adapter, read_probe
 
 logger = logging.getLogger("orchestrator")
 

@@ -6,11 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
-from orchestrator.renderer import known_renderer
-from orchestrator.tasks import prompts_per_env
-from rl.config import BaseConfig
-from rl.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
-from rl.shared_config import (
+from contracts.config import BaseConfig
+from contracts.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
+from contracts.shared_config import (
     AsyncLevel,
     CkptSection,
     LogConfig,
@@ -22,6 +20,8 @@ from rl.shared_config import (
     StrictModel,
     WandbSection,
 )
+from orchestrator.renderer import known_renderer
+from orchestrator.tasks import prompts_per_env
 
 MaxConcurrent = Annotated[
     int | None,

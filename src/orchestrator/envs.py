@@ -14,6 +14,8 @@ from pydantic import ValidationError
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
+from contracts.errors import TridentError
+from contracts.inference_api import API_KEY_ENV
 from orchestrator import generate_transport
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
@@ -23,8 +25,6 @@ from orchestrator.limits import RolloutLimits, install
 from orchestrator.pydantic_defaults import remember_default_factory_checks
 from orchestrator.renderer import renderer_config
 from orchestrator.runtimes import container_need, container_runtime
-from rl.errors import TridentError
-from rl.inference_api import API_KEY_ENV
 
 logger = logging.getLogger("orchestrator")
 VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness

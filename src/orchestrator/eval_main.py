@@ -16,15 +16,15 @@ from typing import Annotated
 
 from pydantic import Field
 
+from contracts.config import run_cli
+from contracts.errors import TridentError, exit_on_user_error
+from contracts.inference_api import Served
+from contracts.metrics import setup_logging
+from contracts.protocol import is_stable, step_of
 from orchestrator.config import EvalRunConfig
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
-from rl.config import run_cli
-from rl.errors import TridentError, exit_on_user_error
-from rl.inference_api import Served
-from rl.metrics import setup_logging
-from rl.protocol import is_stable, step_of
 
 logger = logging.getLogger("orchestrator")
 

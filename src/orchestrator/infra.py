@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import verifiers.v1 as vf
 
-from rl.errors import TridentError
+from contracts.errors import TridentError
 
 if TYPE_CHECKING:
     from orchestrator.envs import Rollout

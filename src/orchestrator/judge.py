@@ -23,10 +23,10 @@ from verifiers.v1.errors import RolloutError
 from verifiers.v1.judge import judge_response
 from verifiers.v1.utils.score import parse_judge_choice
 
+from contracts.errors import TridentError
+from contracts.inference_api import API_KEY_ENV
 from orchestrator.config import EnvConfig, JudgeConfig
 from orchestrator.limits import model_call_slot
-from rl.errors import TridentError
-from rl.inference_api import API_KEY_ENV
 
 JUDGE_ID = "trident-judge"  # verifiers imports a judge plugin as the top-level module its id names: this one
 sys.modules.setdefault(JUDGE_ID.replace("-", "_"), sys.modules[__name__])

@@ -2,13 +2,13 @@
 
 import asyncio
 
+from contracts.config import run_cli
+from contracts.errors import exit_on_user_error
+from contracts.lifeline import stop_descendants_on_exit, watch_launcher
+from contracts.metrics import setup_logging
 from orchestrator.config import OrchestratorConfig
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
-from rl.config import run_cli
-from rl.errors import exit_on_user_error
-from rl.lifeline import stop_descendants_on_exit, watch_launcher
-from rl.metrics import setup_logging
 
 
 def main() -> None:

@@ -12,6 +12,22 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoTokenizer
 
+from contracts.errors import TridentError
+from contracts.metrics import MetricsWriter, eval_line
+from contracts.model_path import resolve_model_path
+from contracts.progress import HEARTBEAT_S, Progress, last_written
+from contracts.protocol import (
+    BatchInfo,
+    MicroBatch,
+    Sample,
+    latest_stable_weights,
+    pack_samples,
+    resume_step,
+    sample_summary,
+    wait_for,
+    weights_dir,
+    write_batch,
+)
 from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
@@ -27,22 +43,6 @@ from orchestrator.sample_rollouts import sample_rows
 from orchestrator.servers import NoServer, ServerDown, Servers
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import StepTasks, TaskSampler, prompts_per_env
-from rl.errors import TridentError
-from rl.metrics import MetricsWriter, eval_line
-from rl.model_path import resolve_model_path
-from rl.progress import HEARTBEAT_S, Progress, last_written
-from rl.protocol import (
-    BatchInfo,
-    MicroBatch,
-    Sample,
-    latest_stable_weights,
-    pack_samples,
-    resume_step,
-    sample_summary,
-    wait_for,
-    weights_dir,
-    write_batch,
-)
 
 logger = logging.getLogger("orchestrator")
 
@@ -451,8 +451,8 @@ class Orchestrator:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     async def show_alive(self) -> None:
-        """Rewrite the progress file every :data:`~rl.progress.HEARTBEAT_S`: the trainer waits for a batch as long
-        as the orchestrator shows it is alive, however long a step's rollouts take."""
+        """Rewrite the progress file every :data:`~contracts.progress.HEARTBEAT_S`: the trainer waits for a batch as
+        long as the orchestrator shows it is alive, however long a step's rollouts take."""
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             self.progress.write()

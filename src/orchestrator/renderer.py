@@ -8,8 +8,8 @@ from renderers import DefaultRendererConfig, create_renderer
 from renderers.base import MODEL_RENDERER_MAP, load_tokenizer
 from renderers.configs import BaseRendererConfig, config_from_name
 
-from rl.chat_family import FAMILIES, model_family
-from rl.errors import TridentError
+from contracts.chat_family import FAMILIES, model_family
+from contracts.errors import TridentError
 
 PROBE_TOOLS = [
     {

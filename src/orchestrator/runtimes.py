@@ -14,7 +14,7 @@ import subprocess
 import verifiers.v1 as vf
 from verifiers.v1.utils.loaders import harness_class
 
-from rl.errors import TridentError
+from contracts.errors import TridentError
 
 CONTAINER_RUNTIMES = {"docker": vf.DockerConfig, "podman": vf.PodmanConfig}
 INFO_TIMEOUT_S = 20.0  # `docker info` waits on its daemon

@@ -21,9 +21,9 @@ from typing import TypeVar
 import httpx
 import verifiers.v1 as vf
 
+from contracts.errors import TridentError
+from contracts.inference_api import HEALTH
 from orchestrator.client import InferenceClient
-from rl.errors import TridentError
-from rl.inference_api import HEALTH
 
 logger = logging.getLogger("orchestrator")
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from jaxtyping import Float
 from torch import Tensor
 
+from contracts.protocol import Sample
 from orchestrator.advantage import uniform_groups
 from orchestrator.envs import Rollout
-from rl.protocol import Sample
 
 
 def describe(name: str, values: Sequence[float], stats: Sequence[str] = ("mean", "std", "min", "max")) -> dict:

@@ -17,8 +17,8 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rl.errors import TridentError
-from rl.protocol import (
+from contracts.errors import TridentError
+from contracts.protocol import (
     checkpoint_dir,
     complete_checkpoints,
     disk_full,

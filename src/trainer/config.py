@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 from dataset_rows import DatasetSpec
 from pydantic import Field, model_validator
 
-from rl.config import BaseConfig
-from rl.shared_config import (
+from contracts.config import BaseConfig
+from contracts.shared_config import (
     CkptSection,
     LogConfig,
     MaxSteps,

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rl.broadcast import Sender, write_manifest
-from rl.protocol import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
+from contracts.broadcast import Sender, write_manifest
+from contracts.protocol import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
 

@@ -1,8 +1,8 @@
 """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
 
-from rl.config import run_cli
-from rl.errors import exit_on_user_error
-from rl.lifeline import watch_launcher
+from contracts.config import run_cli
+from contracts.errors import exit_on_user_error
+from contracts.lifeline import watch_launcher
 from trainer.config import TrainerConfig
 from trainer.parallel import setup_rank_logging
 from trainer.train import train

@@ -7,9 +7,9 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.errors import TridentError
-from rl.model_path import resolve_model_path
-from rl.protocol import ADAPTER_CONFIG, atomic_dir, is_adapter
+from contracts.errors import TridentError
+from contracts.model_path import resolve_model_path
+from contracts.protocol import ADAPTER_CONFIG, atomic_dir, is_adapter
 from trainer.export import full_weights
 
 

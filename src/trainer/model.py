@@ -12,8 +12,8 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
-from rl.model_path import resolve_model_path
-from rl.protocol import MicroBatch
+from contracts.model_path import resolve_model_path
+from contracts.protocol import MicroBatch
 from trainer.attention import packing, use_packed_attention
 from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head

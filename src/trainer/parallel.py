@@ -13,8 +13,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from rl.metrics import setup_logging
-from rl.protocol import MicroBatch
+from contracts.metrics import setup_logging
+from contracts.protocol import MicroBatch
 from trainer.config import TrainerModelConfig
 
 

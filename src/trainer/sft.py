@@ -16,11 +16,11 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rl.config import run_cli
-from rl.errors import exit_on_user_error
-from rl.metrics import MetricsWriter
-from rl.model_path import resolve_model_path
-from rl.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
+from contracts.config import run_cli
+from contracts.errors import exit_on_user_error
+from contracts.metrics import MetricsWriter
+from contracts.model_path import resolve_model_path
+from contracts.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
 from trainer.config import SFTConfig
 from trainer.export import save_weights
 from trainer.model import packed_logprobs

@@ -11,8 +11,8 @@ from dataset_rows import DatasetError, DatasetSpec, Row, read_rows, without_null
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from rl.errors import TridentError
-from rl.protocol import Sample
+from contracts.errors import TridentError
+from contracts.protocol import Sample
 
 logger = logging.getLogger("sft")
 

@@ -12,12 +12,12 @@ from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
-from rl.broadcast import Sender
-from rl.errors import TridentError
-from rl.metrics import MetricsWriter
-from rl.model_path import resolve_model_path
-from rl.progress import Progress, last_written
-from rl.protocol import (
+from contracts.broadcast import Sender
+from contracts.errors import TridentError
+from contracts.metrics import MetricsWriter
+from contracts.model_path import resolve_model_path
+from contracts.progress import Progress, last_written
+from contracts.protocol import (
     BatchInfo,
     MicroBatch,
     prune_rollouts,

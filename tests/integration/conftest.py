@@ -12,7 +12,7 @@ import httpx
 import pytest
 import renderers.client
 
-from rl.model_path import TINY_MODEL_ID
+from contracts.model_path import TINY_MODEL_ID
 
 
 def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: float = 900) -> None:

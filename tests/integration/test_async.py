@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.metrics import read_metrics
+from contracts.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from rl.inference_api import auth_headers
+from contracts.inference_api import auth_headers
 
 pytestmark = pytest.mark.slow
 

@@ -15,12 +15,12 @@ import verifiers.v1 as vf
 from gsm8k_calc import calculator
 from transformers import AutoTokenizer
 
+from contracts.metrics import read_metrics
+from contracts.model_path import resolve_model_path
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
-from rl.metrics import read_metrics
-from rl.model_path import resolve_model_path
-from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +103,7 @@ def test_rl_runs_gsm8k_calc_on_the_family_with_clean_masks(family_server, tmp_pa
     model, base_url = family_server
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "gsm8k-calc", "args": {"max_turns": 2}}]
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", base_url,
             "--model.name", model, "--max-steps", "3", "--output-dir", str(tmp_path),
             "--orchestrator.env", json.dumps(env), "--orchestrator.batch-size", "4",

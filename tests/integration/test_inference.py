@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contracts.errors import TridentError
+from contracts.inference_api import adapter_name
+from contracts.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, mark_stable
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import build_samples
-from rl.errors import TridentError
-from rl.inference_api import adapter_name
-from rl.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, mark_stable
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import packed_logprobs, use_packed_forward
 

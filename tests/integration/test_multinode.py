@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import parse_config
+from contracts.config import parse_config
 from trainer.config import TrainerConfig
 
 ROOT = Path(__file__).parents[2]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from recursive_reasoner import RecursiveReasonerConfig, RecursiveReasonerTaskset
 
-from rl.metrics import read_metrics
-from rl.tools.rollout_check import check_step, open_step, rollout_steps
+from contracts.metrics import read_metrics
+from tools.rollout_check import check_step, open_step, rollout_steps
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def test_recursive_reasoner_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     output_dir, log = tmp_path / "run", tmp_path / "reasoner.jsonl"
     args = {"worker_model": base, "worker_base_url": f"http://127.0.0.1:{PORT}/v1", "worker_max_tokens": 16,
             "token_budget": 256, "log_path": str(log)}  # fmt: skip
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(CONFIGS / "train.toml"),
             "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--inference", "@", str(CONFIGS / "infer.toml"),
             "--model.name", base, "--max-steps", "3", "--output-dir", str(output_dir), "--inference.port", str(PORT),
             "--orchestrator.env", json.dumps([{"id": "recursive-reasoner", "args": args}]),

@@ -17,10 +17,10 @@ import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
 
+from contracts.metrics import eval_line, read_metrics
+from contracts.progress import read_progress
+from contracts.protocol import complete_checkpoints
 from orchestrator.ckpt import read_state
-from rl.metrics import eval_line, read_metrics
-from rl.progress import read_progress
-from rl.protocol import complete_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
     """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags)."""
     server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
-    return [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+    return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), *server,
             "--output-dir", str(output_dir), *flags]  # fmt: skip
 
@@ -125,7 +125,7 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     """The single-GPU swe-grep configs, as they are, with only the model swapped: multi-turn tools, LoRA, full
     activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
     configs = ROOT / "configs" / "swe-grep" / "rl"
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--inference", "@", str(configs / "infer.toml"),
             "--model.name", "trident/tiny-qwen3", "--wandb.offline", "true", "--output-dir", str(tmp_path),
             "--inference.port", "8015"]  # fmt: skip

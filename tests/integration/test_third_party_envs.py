@@ -20,11 +20,11 @@ import verifiers.v1 as vf
 from procs import run_processes, wait_gone
 from transformers import AutoTokenizer
 
+from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import harness_for, load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
-from rl.metrics import read_metrics
-from rl.tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow
 
@@ -169,7 +169,7 @@ def notes_env_rl(server: str, output_dir: Path, steps: int) -> list[str]:
     """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
-    return [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(configs / "train.toml"),
+    return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
             "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2"]  # fmt: skip

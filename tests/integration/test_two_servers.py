@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from rl.metrics import read_metrics
+from contracts.metrics import read_metrics
 
 ROOT = Path(__file__).parents[2]
 DEBUG = ROOT / "configs" / "debug" / "rl"
@@ -20,7 +20,7 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path):
     steps = 7
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
             "--inference-servers", "2", "--inference.port", "8021", "--output-dir", str(run),
             "--max-steps", str(steps), "--async-level", "0",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.broadcast import read_manifest
-from rl.metrics import read_metrics
+from contracts.broadcast import read_manifest
+from contracts.metrics import read_metrics
 
 pytestmark = pytest.mark.slow
 

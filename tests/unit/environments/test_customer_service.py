@@ -16,9 +16,9 @@ from customer_service.transcript import agent_replies, tool_calls
 from verifiers.v1.graph import MessageNode
 from verifiers.v1.trace import AgentInfo, TraceTask
 
+from contracts.config import parse_config
+from launch.rl_config import RLConfig, resolve_shared
 from orchestrator import harness
-from rl.config import parse_config
-from rl.launch.rl_config import RLConfig, resolve_shared
 
 
 def taskset(**config) -> list[customer_service.CustomerServiceTask]:

@@ -24,10 +24,10 @@ from recursive_reasoner.worker import ServerWorker, WorkerCall, WorkerError, Wor
 from verifiers.v1.graph import MessageNode
 from verifiers.v1.trace import AgentInfo, ModelCall, TraceTask
 
+from contracts.config import parse_config
+from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EnvConfig
 from orchestrator.envs import load_env
-from rl.config import parse_config
-from rl.launch.rl_config import RLConfig, resolve_shared
 
 BASE = "base/model"
 DIRECT = {"should_decompose": False, "subproblems": [], "plan": "Multiply, then subtract."}

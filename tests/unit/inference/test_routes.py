@@ -8,11 +8,11 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
+from contracts.broadcast import write_manifest
+from contracts.inference_api import adapter_name
+from contracts.protocol import ADAPTER_CONFIG, mark_stable
 from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, weights_router
-from rl.broadcast import write_manifest
-from rl.inference_api import adapter_name
-from rl.protocol import ADAPTER_CONFIG, mark_stable
 
 
 def test_token_id_logprobs_adds_token_field_everywhere():

@@ -6,9 +6,9 @@ from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
 
 import inference.main
+from contracts.errors import TridentError
+from contracts.protocol import mark_stable
 from inference.security import API_KEY_ENV, ApiKeyMiddleware, api_key_for, checked_weights_path, is_loopback
-from rl.errors import TridentError
-from rl.protocol import mark_stable
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from transformers import AutoTokenizer
 
-from rl.inference_api import MODELS
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.inference_api import MODELS
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 
 
 class FakePolicy(ThreadingHTTPServer):

@@ -4,9 +4,9 @@ import logging
 import httpx
 import pytest
 
+from contracts.errors import TridentError
+from contracts.protocol import Probe, write_probe
 from orchestrator.client import InferenceClient
-from rl.errors import TridentError
-from rl.protocol import Probe, write_probe
 
 
 def test_wait_ready_says_it_is_still_waiting_until_the_server_answers(caplog):

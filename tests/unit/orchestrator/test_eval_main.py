@@ -3,10 +3,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from contracts.errors import TridentError
+from contracts.inference_api import Served
+from contracts.protocol import mark_stable
 from orchestrator.eval_main import EvalCliConfig, serve_weights
-from rl.errors import TridentError
-from rl.inference_api import Served
-from rl.protocol import mark_stable
 
 
 class FakeServers:

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 import orchestrator.orchestrator as orchestrator_module
+from contracts.config import ConfigError, parse_config
+from contracts.metrics import read_metrics
+from contracts.progress import read_progress
+from contracts.protocol import mark_stable, weights_dir
+from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.evaluation import eval_scores
-from rl.config import ConfigError, parse_config
-from rl.metrics import read_metrics
-from rl.progress import read_progress
-from rl.protocol import mark_stable, weights_dir
-from rl.shared_config import WandbConfig
 
 
 def rollout(reward: float, ok: bool = True) -> Rollout:

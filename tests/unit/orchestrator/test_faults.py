@@ -13,13 +13,13 @@ import pytest
 import verifiers.v1 as vf
 
 import orchestrator.orchestrator as orch_module
+from contracts.errors import TridentError
+from contracts.model_path import resolve_model_path
+from contracts.protocol import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
 from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
-from rl.errors import TridentError
-from rl.model_path import resolve_model_path
-from rl.protocol import rollouts_dir
 
 # verifiers imports an environment by id: this module is the `trident-test-faults` environment.
 ENV_ID = "trident-test-faults"

@@ -11,10 +11,10 @@ from transformers import AutoTokenizer
 from verifiers.v1.clients.train import tool_to_wire
 from verifiers.v1.dialects.chat import message_to_wire
 
+from contracts.inference_api import GENERATE, MODELS
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, trace_branches
 from orchestrator.renderer import renderer_config
-from rl.inference_api import GENERATE, MODELS
 
 TOOL_CALLS = 3
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call><|im_end|>'

@@ -15,16 +15,16 @@ import pytest
 import verifiers.v1 as vf
 from fake_policy import FakePolicy, PolicyHandler, serving
 
+from contracts.errors import TridentError
+from contracts.inference_api import GENERATE
+from contracts.metrics import read_metrics
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.protocol import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.infra import check_lost
 from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.orchestrator import Orchestrator
-from rl.errors import TridentError
-from rl.inference_api import GENERATE
-from rl.metrics import read_metrics
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
-from rl.protocol import rollouts_dir
 
 ENV_ID = "trident-test-limits"  # this module is the environment of this id
 sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])

@@ -4,14 +4,14 @@ import json
 import pytest
 
 import orchestrator.orchestrator as orchestrator_module
+from contracts.config import parse_config
+from contracts.errors import TridentError
+from contracts.protocol import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
+from launch.launcher import resume_point
+from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
-from rl.config import parse_config
-from rl.errors import TridentError
-from rl.launch.launcher import resume_point
-from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.protocol import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):

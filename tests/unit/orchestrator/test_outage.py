@@ -9,11 +9,11 @@ import pytest
 
 import orchestrator.client as client_module
 import orchestrator.orchestrator as orchestrator_module
+from contracts.errors import TridentError
+from contracts.protocol import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
-from rl.errors import TridentError
-from rl.protocol import mark_stable, rollouts_dir, weights_dir
 
 
 class FakeServer:

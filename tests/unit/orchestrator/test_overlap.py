@@ -6,10 +6,10 @@ import json
 import time
 
 import orchestrator.orchestrator as orchestrator_module
+from contracts.metrics import read_metrics
+from contracts.protocol import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
-from rl.metrics import read_metrics
-from rl.protocol import mark_stable, weights_dir
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:

@@ -7,9 +7,9 @@ import json
 import pytest
 
 import orchestrator.orchestrator as orchestrator_module
+from contracts.metrics import read_metrics
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
-from rl.metrics import read_metrics
 
 TASKS = 40
 

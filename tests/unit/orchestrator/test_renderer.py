@@ -5,12 +5,12 @@ import pytest
 from renderers import create_renderer
 from renderers.base import load_tokenizer
 
+from contracts.chat_family import model_family
+from contracts.errors import TridentError
+from contracts.model_path import resolve_model_path
 from inference.server import tool_call_parser
 from orchestrator.config import OrchestratorConfig
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
-from rl.chat_family import model_family
-from rl.errors import TridentError
-from rl.model_path import resolve_model_path
 
 # tiny model -> (chat family, renderer picked by "auto", vLLM tool-call parser)
 EXPECTED = {

@@ -10,9 +10,9 @@ import sys
 import pytest
 import verifiers.v1 as vf
 
+from contracts.errors import TridentError
 from orchestrator.config import EnvConfig
 from orchestrator.envs import load_env
-from rl.errors import TridentError
 
 # verifiers imports a taskset by id: this module is the `trident-test-containers` taskset package.
 ENV_ID = "trident-test-containers"

@@ -7,14 +7,14 @@ import pytest
 
 import orchestrator.orchestrator as orchestrator_module
 import orchestrator.servers as servers_module
+from contracts.config import ConfigError, parse_config
+from contracts.metrics import read_metrics
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.protocol import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, model_context
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
-from rl.config import ConfigError, parse_config
-from rl.metrics import read_metrics
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
-from rl.protocol import mark_stable, weights_dir
 
 
 def test_base_url_takes_one_server_or_several():

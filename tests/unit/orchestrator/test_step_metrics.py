@@ -8,11 +8,11 @@ from pathlib import Path
 import httpx
 
 import orchestrator.orchestrator as orchestrator_module
+from contracts.metrics import read_metrics
+from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
-from rl.metrics import read_metrics
-from rl.shared_config import WandbConfig
 
 METRICS_DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
 

@@ -5,10 +5,10 @@ from collections import Counter
 
 import pytest
 
+from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env
 from orchestrator.tasks import TaskOrder, prompts_per_env
-from rl.errors import TridentError
 
 
 @pytest.mark.parametrize(

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.config import parse_config
-from rl.errors import TridentError
-from rl.launch import preflight
-from rl.launch.preflight import check_gpus
-from rl.launch.rl_config import RLConfig, resolve_shared
+from contracts.config import parse_config
+from contracts.errors import TridentError
+from launch import preflight
+from launch.preflight import check_gpus
+from launch.rl_config import RLConfig, resolve_shared
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
 FILES = ["--trainer", "@", str(DEBUG / "train.toml"), "--orchestrator", "@", str(DEBUG / "orch.toml"),
          "--inference", "@", str(DEBUG / "infer.toml")]  # fmt: skip
-RL = [sys.executable, "-m", "rl.launch.launcher"]
+RL = [sys.executable, "-m", "launch.launcher"]
 
 
 def rl(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

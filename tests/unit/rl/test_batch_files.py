@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from rl.protocol import (
+from contracts.protocol import (
     MICRO_BATCH_DTYPES,
     BatchError,
     BatchInfo,

@@ -4,9 +4,18 @@ import socket
 import pytest
 import torch
 
-from rl.broadcast import Sender, manifest_for, open_group, open_store, read_manifest, receive, send, write_manifest
-from rl.config import ConfigError, parse_config
-from rl.errors import TridentError
+from contracts.broadcast import (
+    Sender,
+    manifest_for,
+    open_group,
+    open_store,
+    read_manifest,
+    receive,
+    send,
+    write_manifest,
+)
+from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
 from trainer.config import TrainerConfig
 
 

@@ -1,8 +1,8 @@
 import pytest
 
+from contracts.config import ConfigError, parse_config
+from launch.rl_config import RLConfig, resolve_shared, sub_configs
 from orchestrator.config import OrchestratorConfig
-from rl.config import ConfigError, parse_config
-from rl.launch.rl_config import RLConfig, resolve_shared, sub_configs
 from trainer.config import TrainerConfig
 
 

@@ -12,7 +12,7 @@ WRITER = """
 import json, os, sys
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from rl.protocol import BatchInfo, DiskFullError, MicroBatch, Sample, weights_dir, write_batch
+from contracts.protocol import BatchInfo, DiskFullError, MicroBatch, Sample, weights_dir, write_batch
 from trainer.export import save_weights
 
 out, model_path = Path(sys.argv[1]), sys.argv[2]

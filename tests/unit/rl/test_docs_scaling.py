@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import parse_config
-from rl.launch.launcher import run
-from rl.launch.rl_config import RLConfig, resolve_shared
+from contracts.config import parse_config
+from launch.launcher import run
+from launch.rl_config import RLConfig, resolve_shared
 
 ROOT = Path(__file__).parents[3]
 DOC = ROOT / "docs" / "scaling.md"

@@ -1,6 +1,6 @@
-"""The floors of ``src/``: the contracts (``rl.*``) at the bottom, the three processes on them, the operator tools
-(``rl.tools``) and the launcher (``rl.launch``) above. No module imports from a floor above its own (lazy imports
-inside functions included), and the three processes import nothing from each other."""
+"""The floors of ``src/``, a folder each: the contracts (``contracts``) at the bottom, the three processes on them,
+the operator tools (``tools``) and the launcher (``launch``) above. No module imports from a floor above its own
+(lazy imports inside functions included), and the three processes import nothing from each other."""
 
 import ast
 from pathlib import Path
@@ -12,14 +12,10 @@ FLOORS = ["contracts", "processes", "tools", "launch"]  # bottom first
 
 def floor(module: str) -> int | None:
     """The floor of a module of ``src/`` by its dotted name; None for one from outside (stdlib, third party)."""
-    parts = module.split(".")
-    if parts[0] in PROCESSES:
+    top = module.split(".")[0]
+    if top in PROCESSES:
         return FLOORS.index("processes")
-    if parts[0] != "rl":
-        return None
-    if parts[1:2] in (["tools"], ["launch"]):
-        return FLOORS.index(parts[1])
-    return FLOORS.index("contracts")
+    return FLOORS.index(top) if top in FLOORS else None
 
 
 def module_name(path: Path) -> str:
@@ -28,7 +24,7 @@ def module_name(path: Path) -> str:
 
 
 def imported(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports (``from rl import x`` counts as ``rl.x``), with its line."""
+    """Every module a file imports (``from contracts import x`` counts as ``rl.x``), with its line."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -43,7 +39,7 @@ def source_files() -> list[Path]:
 
 
 def test_src_holds_only_the_floors_packages():
-    assert {path.relative_to(SRC).parts[0] for path in source_files()} == PROCESSES | {"rl"}
+    assert {path.relative_to(SRC).parts[0] for path in source_files()} == PROCESSES | {"contracts", "tools", "launch"}
 
 
 def test_no_module_imports_from_a_floor_above_its_own():

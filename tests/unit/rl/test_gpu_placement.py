@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.config import ConfigError, parse_config
-from rl.errors import TridentError
-from rl.launch.launcher import run
-from rl.launch.preflight import check_gpus, settle_broadcast
-from rl.launch.rl_config import RLConfig, resolve_shared
+from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
+from launch.launcher import run
+from launch.preflight import check_gpus, settle_broadcast
+from launch.rl_config import RLConfig, resolve_shared
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 

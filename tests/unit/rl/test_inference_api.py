@@ -1,10 +1,10 @@
-"""The inference server's HTTP API is defined once, in rl.inference_api: no other module of src/ or benchmarks/
+"""The inference server's HTTP API is defined once, in contracts.inference_api: no other module of src/ or benchmarks/
 spells a route, and its models accept what the server answers."""
 
 import ast
 from pathlib import Path
 
-from rl import inference_api
+from contracts import inference_api
 
 ROOT = Path(__file__).parents[3]
 ROUTES = {value for name, value in vars(inference_api).items() if name.isupper() and isinstance(value, str)} - {

@@ -10,7 +10,7 @@ from procs import group_running, wait_gone
 # A stand-in for rl: it starts the child (a group leader, or not) and a bystander in its own group, prints both pids.
 LAUNCHER = """
 import os, subprocess, sys, time
-from rl.lifeline import launcher_env
+from contracts.lifeline import launcher_env
 leader = sys.argv[2] == "leader"
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=leader, env=os.environ | launcher_env())
 bystander = subprocess.Popen(["sleep", "600"])
@@ -20,7 +20,7 @@ time.sleep(600)
 # A process of the run: it watches rl, and starts a process into its group that ignores SIGTERM.
 CHILD = """
 import subprocess, sys, time
-from rl.lifeline import watch_launcher
+from contracts.lifeline import watch_launcher
 watch_launcher(grace_s=1)
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(99)"
 subprocess.Popen([sys.executable, "-c", stubborn], stdout=sys.stdout).wait()
@@ -69,7 +69,7 @@ def test_a_child_that_leads_no_group_stops_only_itself():
 # orphan in yet another session (its parent exits at once), and one that ignores SIGTERM. Prints their pids.
 STARTER = """
 import subprocess, sys, time
-from rl.lifeline import stop_descendants_on_exit
+from contracts.lifeline import stop_descendants_on_exit
 stop_descendants_on_exit(grace_s=1)
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(99)"
 orphaning = "import subprocess as s; print(s.Popen(['sleep', '99'], start_new_session=True, stderr=s.DEVNULL,\

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig
 
 from inference.config import InferenceConfig
-from rl.launch.memory_plan import (
+from launch.memory_plan import (
     GIB,
     KNOWN_SHAPES,
     ModelShape,
@@ -171,7 +171,7 @@ def test_the_weight_broadcast_buffers_are_planned_where_they_are_held():
 
 
 def rl_dry_run(tmp_path, *flags):
-    argv = [sys.executable, "-m", "rl.launch.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
+    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
             "--orchestrator", "@", str(SWE_GREP / "orch.toml"), "--inference", "@", str(SWE_GREP / "infer.toml"),
             "--output-dir", str(tmp_path), "--dry-run", *flags]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -1,11 +1,11 @@
 import json
 import time
 
-from rl.config import parse_config
-from rl.launch.launcher import step_line
-from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.metrics import MetricsWriter, append_records, read_metrics, write_summary
-from rl.shared_config import WandbConfig
+from contracts.config import parse_config
+from contracts.metrics import MetricsWriter, append_records, read_metrics, write_summary
+from contracts.shared_config import WandbConfig
+from launch.launcher import step_line
+from launch.rl_config import RLConfig, resolve_shared
 
 
 def test_wandb_offline_flag_reaches_trainer_and_orchestrator():

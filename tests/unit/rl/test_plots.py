@@ -13,12 +13,12 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 from transformers import AutoTokenizer
 
-from rl.launch.launcher import write_plots_or_warn
-from rl.metrics import MetricsWriter
-from rl.model_path import TINY_MODEL_ID
-from rl.protocol import BatchInfo, MicroBatch, Sample, configs_dir, sample_summary, write_batch
-from rl.tools.plots import load_run, plot_runs, write_plots
-from rl.tools.report import write_report
+from contracts.metrics import MetricsWriter
+from contracts.model_path import TINY_MODEL_ID
+from contracts.protocol import BatchInfo, MicroBatch, Sample, configs_dir, sample_summary, write_batch
+from launch.launcher import write_plots_or_warn
+from tools.plots import load_run, plot_runs, write_plots
+from tools.report import write_report
 
 STEPS = 6
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -108,7 +108,7 @@ def test_one_run_is_labelled_by_key(tmp_path):
 def test_cli_refuses_a_folder_that_is_not_a_run_in_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "rl.tools.plots", str(tmp_path / "empty")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tools.plots", str(tmp_path / "empty")], capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import ConfigError, parse_config
-from rl.errors import TridentError
-from rl.launch.preflight import (
+from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
+from launch.preflight import (
     check_envs_installed,
     check_model,
     check_port_free,
@@ -18,8 +18,8 @@ from rl.launch.preflight import (
     placement,
     placement_lines,
 )
-from rl.launch.process import command
-from rl.launch.rl_config import RLConfig, resolve_shared, sub_configs
+from launch.process import command
+from launch.rl_config import RLConfig, resolve_shared, sub_configs
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
 

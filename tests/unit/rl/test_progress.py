@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rl.launch.launcher import WaitNotice, supervise
-from rl.launch.process import Child
-from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.progress import Progress, read_progress
-from rl.protocol import clear_run_state
+from contracts.progress import Progress, read_progress
+from contracts.protocol import clear_run_state
+from launch.launcher import WaitNotice, supervise
+from launch.process import Child
+from launch.rl_config import RLConfig, resolve_shared
 
 
 def test_activities_are_written_as_they_begin_count_and_end(tmp_path, monkeypatch):
@@ -26,10 +26,10 @@ def test_activities_are_written_as_they_begin_count_and_end(tmp_path, monkeypatc
             "trainer: writing checkpoint step 4 (0s)",  # the longest-running first
             "orchestrator: sampling step 5, 0/3 groups done (0s)",
         ]
-        monkeypatch.setattr("rl.progress.COUNT_WRITE_S", 0.0)
+        monkeypatch.setattr("contracts.progress.COUNT_WRITE_S", 0.0)
         orchestrator.advance(sampling)
         assert read_progress(tmp_path)[1].done == 1
-        monkeypatch.setattr("rl.progress.COUNT_WRITE_S", 3600.0)
+        monkeypatch.setattr("contracts.progress.COUNT_WRITE_S", 3600.0)
         orchestrator.advance(sampling)  # a count moving fast is written at most every COUNT_WRITE_S
         assert read_progress(tmp_path)[1].done == 1
         orchestrator.advance(sampling)  # its last part ends it
@@ -50,7 +50,7 @@ def test_only_the_first_rank_writes_and_a_new_run_starts_without_the_last_ones(t
 
 FAKE_PROCESS = """
 import json, os, sys, time
-from rl.progress import Progress
+from contracts.progress import Progress
 output_dir, name = sys.argv[1], sys.argv[2]
 progress = Progress(output_dir, name)
 

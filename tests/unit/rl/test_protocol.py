@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import rl.protocol
-from rl.errors import TridentError
-from rl.protocol import (
+import contracts.protocol
+from contracts.errors import TridentError
+from contracts.protocol import (
     BatchInfo,
     MicroBatch,
     Sample,
@@ -233,7 +233,7 @@ def test_resume_drops_a_torn_last_line_and_keeps_the_earlier_steps(tmp_path, cap
     (metrics / "sample_rollouts.jsonl").write_text(rows + '{"step": 4, "completion": "xx')  # killed mid-line
     (metrics / "trainer.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
     weights_dir(tmp_path, 4).mkdir(parents=True)
-    with caplog.at_level(logging.WARNING, "rl.protocol"):
+    with caplog.at_level(logging.WARNING, "contracts.protocol"):
         clear_run_state(tmp_path, resume_from=3)
     assert [r.getMessage() for r in caplog.records] == [
         f"dropped the torn last line of {metrics / 'sample_rollouts.jsonl'} (29 characters, no newline)"
@@ -254,12 +254,13 @@ def test_resume_deletes_nothing_when_a_metrics_file_cannot_be_read(tmp_path):
 
 
 def test_a_bad_line_in_the_middle_is_skipped_and_reported_once(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(rl.protocol, "_reported", set())
+    monkeypatch.setattr(contracts.protocol, "_reported", set())
     path = tmp_path / "orchestrator.jsonl"
     path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n[3]\n{"step": 4')
-    with caplog.at_level(logging.WARNING, "rl.protocol"):
-        assert rl.protocol.read_records(path) == [{"step": 0}, {"step": 2}]  # the last line is still being written
-        assert rl.protocol.read_records(path) == [{"step": 0}, {"step": 2}]
+    with caplog.at_level(logging.WARNING, "contracts.protocol"):
+        # the last line is still being written
+        assert contracts.protocol.read_records(path) == [{"step": 0}, {"step": 2}]
+        assert contracts.protocol.read_records(path) == [{"step": 0}, {"step": 2}]
     assert [r.getMessage() for r in caplog.records] == [
         f"skipped line 2 of {path}: not a JSON object",
         f"skipped line 4 of {path}: not a JSON object",

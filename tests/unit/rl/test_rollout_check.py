@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from rl.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
-from rl.tools.rollout_check import ChatFormat, check_step, read_step, segment
+from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
+from tools.rollout_check import ChatFormat, check_step, read_step, segment
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 TOOLS = [
@@ -499,7 +499,7 @@ def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
 
 
 def test_llama3_turns_are_read_and_checked(tmp_path):
-    from rl.model_path import resolve_model_path
+    from contracts.model_path import resolve_model_path
 
     path = resolve_model_path("trident/tiny-llama3")
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from rl.broadcast import MANIFEST, Sender, open_store, read_manifest, taken_key, write_manifest
-from rl.errors import TridentError
-from rl.shared_weights import ALIGN, SHM_DIR, SharedBuffer, layout
+from contracts.broadcast import MANIFEST, Sender, open_store, read_manifest, taken_key, write_manifest
+from contracts.errors import TridentError
+from contracts.shared_weights import ALIGN, SHM_DIR, SharedBuffer, layout
 
 TENSORS = {
     "model.embed_tokens.weight": torch.randn(5, 3),

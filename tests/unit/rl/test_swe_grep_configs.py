@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.config import ConfigError, parse_config
+from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
-from rl.config import ConfigError, parse_config
-from rl.launch.rl_config import RLConfig, resolve_shared
 
 CONFIGS = Path(__file__).parents[3] / "configs" / "swe-grep" / "rl"
 FILES = ["--trainer", "@", str(CONFIGS / "train.toml"), "--orchestrator", "@", str(CONFIGS / "orch.toml")]

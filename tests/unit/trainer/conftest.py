@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from rl.protocol import BatchInfo, MicroBatch, Sample, pack_samples, write_batch
+from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, write_batch
 from trainer.parallel import close_world, init_world
 
 

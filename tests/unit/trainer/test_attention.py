@@ -9,7 +9,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rl.protocol import MicroBatch, Sample
+from contracts.protocol import MicroBatch, Sample
 from trainer import attention
 from trainer import model as trainer_model
 from trainer.attention import PACKED_ATTENTION, Packing, packing

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from rl.progress import Progress
-from rl.protocol import rollouts_dir
+from contracts.progress import Progress
+from contracts.protocol import rollouts_dir
 from trainer.config import TrainerConfig
 from trainer.train import train
 

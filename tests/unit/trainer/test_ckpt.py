@@ -9,9 +9,9 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
+from contracts.errors import TridentError
+from contracts.protocol import checkpoint_dir, complete_checkpoints, weights_dir
 from orchestrator.ckpt import data_state, save_state
-from rl.errors import TridentError
-from rl.protocol import checkpoint_dir, complete_checkpoints, weights_dir
 from trainer.ckpt import prune_checkpoints
 from trainer.config import TrainerConfig
 from trainer.train import train

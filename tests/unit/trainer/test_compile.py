@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from rl.protocol import BatchInfo, MicroBatch
+from contracts.protocol import BatchInfo, MicroBatch
 from trainer.config import TrainerConfig
 from trainer.model import compile_layers
 from trainer.optim import build_optimizer

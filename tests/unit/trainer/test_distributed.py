@@ -8,7 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from rl.protocol import weights_dir
+from contracts.protocol import weights_dir
 from trainer.config import TrainerConfig
 from trainer.train import train
 

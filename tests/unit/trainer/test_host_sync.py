@@ -21,7 +21,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 import trainer.loss
 import trainer.train
-from rl.protocol import BatchInfo, MicroBatch
+from contracts.protocol import BatchInfo, MicroBatch
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
 from trainer.train import build_model, frozen_reference, train_step

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.config import ConfigError, parse_config
-from rl.launch.rl_config import RLConfig, resolve_shared
+from contracts.config import ConfigError, parse_config
+from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import TrainerConfig
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"

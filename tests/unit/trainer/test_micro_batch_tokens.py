@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from rl.config import ConfigError, parse_config
-from rl.protocol import BatchInfo, MicroBatch, pack_samples, repack
+from contracts.config import ConfigError, parse_config
+from contracts.protocol import BatchInfo, MicroBatch, pack_samples, repack
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
 from trainer.train import build_model, train, train_step

@@ -11,11 +11,11 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.config import ConfigError, parse_config
-from rl.errors import TridentError
-from rl.launch.memory_plan import GIB, plan_memory
-from rl.launch.rl_config import RLConfig, resolve_shared
-from rl.protocol import PROBE_TOLERANCE_4BIT, MicroBatch, Sample, read_probe
+from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
+from contracts.protocol import PROBE_TOLERANCE_4BIT, MicroBatch, Sample, read_probe
+from launch.memory_plan import GIB, plan_memory
+from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import SFTConfig, TrainerConfig, TrainerModelConfig
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import load_model, packed_logprobs

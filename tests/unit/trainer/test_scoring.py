@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rl.protocol import MicroBatch, Sample
+from contracts.protocol import MicroBatch, Sample
 from trainer import scoring
 from trainer.attention import packing
 from trainer.config import TrainerModelConfig

@@ -12,10 +12,10 @@ import torch
 from dataset_rows import DatasetSpec
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl.config import ConfigError, parse_config
-from rl.metrics import read_metrics
-from rl.model_path import resolve_model_path
-from rl.protocol import is_stable, weights_dir
+from contracts.config import ConfigError, parse_config
+from contracts.metrics import read_metrics
+from contracts.model_path import resolve_model_path
+from contracts.protocol import is_stable, weights_dir
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft

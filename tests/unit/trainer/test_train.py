@@ -13,7 +13,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from rl.protocol import (
+from contracts.protocol import (
     BatchError,
     BatchInfo,
     MicroBatch,

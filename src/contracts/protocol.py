@@ -33,11 +33,11 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import load_file, save_file
 
-from rl.errors import TridentError
+from contracts.errors import TridentError
 
 STABLE = "STABLE"
 
-logger = logging.getLogger("rl.protocol")
+logger = logging.getLogger("contracts.protocol")
 
 
 def rollouts_dir(output_dir: Path, step: int) -> Path:
@@ -99,7 +99,7 @@ def metrics_path(output_dir: Path, process: str) -> Path:
 
 
 def progress_dir(output_dir: Path) -> Path:
-    """``progress/<process>.json``: what each process is doing now (:mod:`rl.progress`)."""
+    """``progress/<process>.json``: what each process is doing now (:mod:`contracts.progress`)."""
     return Path(output_dir) / "progress"
 
 

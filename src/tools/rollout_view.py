@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from rl.tools.rollout_check import (
+from tools.rollout_check import (
     CONTENT,
     END,
     ERROR,

@@ -6,10 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-from rl.protocol import metrics_path, read_records
-from rl.shared_config import WandbConfig
+from contracts.protocol import metrics_path, read_records
+from contracts.shared_config import WandbConfig
 
-logger = logging.getLogger("rl.metrics")
+logger = logging.getLogger("contracts.metrics")
 
 
 class MetricsWriter:

@@ -16,10 +16,14 @@ import httpx
 import tomli_w
 from rich.console import Console
 
-from rl.config import ConfigError, exit_config_error, parse_config, to_toml_dict
-from rl.errors import TridentError, exit_on_user_error
-from rl.inference_api import HEALTH
-from rl.launch.preflight import (
+from contracts.config import ConfigError, exit_config_error, parse_config, to_toml_dict
+from contracts.errors import TridentError, exit_on_user_error
+from contracts.inference_api import HEALTH
+from contracts.lifeline import launcher_env
+from contracts.metrics import eval_line, read_metrics, setup_logging, write_summary
+from contracts.progress import Activity, read_progress
+from contracts.protocol import clear_run_state, configs_dir, logs_dir, resume_step
+from launch.preflight import (
     check_envs_installed,
     check_gpus,
     check_memory,
@@ -32,12 +36,8 @@ from rl.launch.preflight import (
     placement_lines,
     settle_broadcast,
 )
-from rl.launch.process import Child, command, shell_line, stop_all
-from rl.launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
-from rl.lifeline import launcher_env
-from rl.metrics import eval_line, read_metrics, setup_logging, write_summary
-from rl.progress import Activity, read_progress
-from rl.protocol import clear_run_state, configs_dir, logs_dir, resume_step
+from launch.process import Child, command, shell_line, stop_all
+from launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
 
 logger = logging.getLogger("rl")
 
@@ -94,7 +94,7 @@ def write_configs(config: RLConfig) -> dict[str, Path]:
 
 def child_env(placement: dict[str, str]) -> dict[str, str]:
     """Environment of a child: its GPUs, one OpenMP thread on CPU (three processes share the cores), and the
-    launcher's pid, so that it stops when the launcher is gone (:mod:`rl.lifeline`)."""
+    launcher's pid, so that it stops when the launcher is gone (:mod:`contracts.lifeline`)."""
     env = dict(os.environ) | placement | launcher_env()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -313,7 +313,7 @@ def run(config: RLConfig) -> int:
 def write_plots_or_warn(output_dir: Path) -> None:
     """The finished run's plots and ``report.html`` (``trident-plot``); failing to draw them never fails the run."""
     try:
-        from rl.tools.plots import plot_runs  # matplotlib is imported only once a run has finished
+        from tools.plots import plot_runs  # matplotlib is imported only once a run has finished
 
         logger.info(f"plots and report: {plot_runs([output_dir])}")
     except Exception as e:  # anything (matplotlib, a tokenizer, the disk): a warning, the run has succeeded

@@ -24,7 +24,7 @@ from pathlib import Path
 LAUNCHER_PID_ENV = "TRIDENT_LAUNCHER_PID"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL, as rl's own stop
 
-logger = logging.getLogger("rl.lifeline")
+logger = logging.getLogger("contracts.lifeline")
 
 
 def launcher_env() -> dict[str, str]:

@@ -6,10 +6,19 @@ from typing import Annotated, Any, get_args
 
 from pydantic import Field, ValidationError, field_validator
 
+from contracts.config import BaseConfig, ConfigError, format_errors
+from contracts.shared_config import (
+    AsyncLevel,
+    CkptSection,
+    LogConfig,
+    MaxSteps,
+    OutputDir,
+    SeqLen,
+    StrictModel,
+    WandbSection,
+)
 from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
 from orchestrator.config import OrchestratorConfig
-from rl.config import BaseConfig, ConfigError, format_errors
-from rl.shared_config import AsyncLevel, CkptSection, LogConfig, MaxSteps, OutputDir, SeqLen, StrictModel, WandbSection
 from trainer.config import TrainerConfig
 
 logger = logging.getLogger("rl")

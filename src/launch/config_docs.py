@@ -15,7 +15,7 @@ from trainer.config import SFTConfig, TrainerConfig
 INTRO = """\
 # Config reference
 
-Generated from the config models by `uv run python -m rl.launch.config_docs > docs/configs.md`; a test fails when
+Generated from the config models by `uv run python -m launch.config_docs > docs/configs.md`; a test fails when
 this file and the models disagree. How configs are loaded (files, flags, env vars, precedence) is described
 in [operations.md](operations.md#configs).
 """

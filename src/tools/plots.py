@@ -2,7 +2,7 @@
 
 Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, eval scores,
 loss, entropy, mismatch, lengths, truncation, throughput) against the training step, every run on the same axes,
-labelled by its folder name; then writes ``report.html`` beside them (:mod:`rl.tools.report`). Without ``--out`` both
+labelled by its folder name; then writes ``report.html`` beside them (:mod:`tools.report`). Without ``--out`` both
 go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of every finished run.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 from matplotlib.figure import Figure  # Figure alone draws with Agg and leaves pyplot's global state alone
 from matplotlib.ticker import MaxNLocator
 
-from rl.errors import TridentError, exit_on_user_error
-from rl.metrics import read_metrics, setup_logging
-from rl.protocol import metrics_path
-from rl.tools.report import write_report
+from contracts.errors import TridentError, exit_on_user_error
+from contracts.metrics import read_metrics, setup_logging
+from contracts.protocol import metrics_path
+from tools.report import write_report
 
 PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl
 LINE_STYLES = ("-", "--", ":", "-.")  # one per key of a plot; colours tell the runs apart

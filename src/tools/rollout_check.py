@@ -14,7 +14,7 @@ Checks (``Problem.check``), errors unless marked:
   ``num_tokens``, ``num_loss_tokens``) disagrees with the tensors.
 - ``position_mismatch``, ``advantage_mismatch``: positions do not restart at 0 per sample, or a sample's advantage
   is not constant or differs from ``batch.json``.
-- ``trainer_rejects``: the trainer's own reader (:func:`rl.protocol.read_batch`) refuses the batch (other dtypes,
+- ``trainer_rejects``: the trainer's own reader (:func:`contracts.protocol.read_batch`) refuses the batch (other dtypes,
   NaN or infinite advantages or logprobs, counts ``batch.json`` gets wrong, ...): the run would stop there.
 - ``empty_mask``: a sample with no trainable token.
 - ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
@@ -40,8 +40,8 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from rl.errors import TridentError
-from rl.protocol import (
+from contracts.errors import TridentError
+from contracts.protocol import (
     MICRO_BATCH_DTYPES,
     MICRO_BATCH_TENSORS,
     PER_TOKEN_TENSORS,
@@ -233,7 +233,7 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
     """The tokenizer of ``model``, else of the run's model; a one-line :class:`RolloutReadError` if neither loads."""
     from transformers import AutoTokenizer
 
-    from rl.model_path import resolve_model_path
+    from contracts.model_path import resolve_model_path
 
     name = model or run_model_name(output_dir)
     if name is None:

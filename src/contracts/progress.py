@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rl.protocol import atomic_file, progress_dir
+from contracts.protocol import atomic_file, progress_dir
 
 COUNT_WRITE_S = 1.0  # a moving count rewrites the file at most this often
-HEARTBEAT_S = 10.0  # a process that waits on others rewrites its file at least this often (rl.progress.last_written)
+HEARTBEAT_S = 10.0  # a waiting process rewrites its file at least this often (:func:`last_written`)
 
 
 @dataclass

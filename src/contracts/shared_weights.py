@@ -5,7 +5,8 @@ and the server's worker copying them from it into its own parameters.
 On a GPU the buffer is CUDA memory of the trainer's, opened by the worker through a CUDA IPC handle (no copy to the
 host, no disk, no NCCL, which cannot pair two ranks on one device); on the CPU it is a file in ``/dev/shm``. The
 handle travels in the weights folder's manifest as plain JSON, with each tensor's name, shape, dtype and byte offset
-(:func:`layout`). Imported by vLLM's worker process: keep its imports to torch, the standard library and rl.errors.
+(:func:`layout`). Imported by vLLM's worker process: keep its imports to torch, the standard library and
+contracts.errors.
 """
 
 import base64
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rl.errors import TridentError
+from contracts.errors import TridentError
 
 SHM_DIR = Path("/dev/shm")
 SHM_NAME = re.compile(r"trident-weights-[0-9a-f]{32}")  # the only files a worker maps

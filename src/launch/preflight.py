@@ -11,11 +11,11 @@ from typing import IO
 
 import torch
 
+from contracts.errors import TridentError
+from contracts.model_path import resolve_model_path
 from inference.security import is_loopback
-from rl.errors import TridentError
-from rl.launch.memory_plan import MemoryPlan, plan_memory
-from rl.launch.rl_config import RLConfig, servers
-from rl.model_path import resolve_model_path
+from launch.memory_plan import MemoryPlan, plan_memory
+from launch.rl_config import RLConfig, servers
 
 logger = logging.getLogger("rl")
 

@@ -1,7 +1,7 @@
 """Weights sent from the trainer to the inference server in memory: a two-rank process group of their own (the
 trainer rank 0, the server's worker rank 1), NCCL between GPUs and gloo otherwise, found through a TCP store the
 trainer hosts; or, for a trainer and a server on one device, a buffer both map (``backend = "shared"``,
-:mod:`rl.shared_weights`: CUDA IPC on a GPU, ``/dev/shm`` on the CPU), the store then only carrying the server's
+:mod:`contracts.shared_weights`: CUDA IPC on a GPU, ``/dev/shm`` on the CPU), the store then only carrying the server's
 word that it took the weights.
 
 The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the store's address and
@@ -9,7 +9,7 @@ the tensors' names, shapes and dtypes in sending order, and for a shared buffer 
 instead of weight files, then broadcasts the tensors (or has written them into the buffer); the server, asked to
 load that folder, joins the group (once per trainer session) and receives them in the same order, or copies them
 from the buffer. Imported by vLLM's worker process: keep its imports to torch, pydantic (vLLM's own), the standard
-library and rl.errors.
+library and contracts.errors.
 """
 
 import json
@@ -25,8 +25,8 @@ import torch.distributed as dist
 from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only on Python 3.12+
 
-from rl.errors import TridentError
-from rl.shared_weights import SharedBuffer, layout
+from contracts.errors import TridentError
+from contracts.shared_weights import SharedBuffer, layout
 
 MANIFEST = "broadcast.json"  # in a weights folder: its tensors come over the process group, not from files
 

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.errors import TridentError
+from contracts.model_path import resolve_model_path
 from inference.config import InferenceConfig
-from rl.errors import TridentError
-from rl.model_path import resolve_model_path
 from trainer.config import TrainerConfig
 from trainer.parallel import reshards_after_forward
 from trainer.scoring import chunk_rows

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl.model_path import TINY_MODEL_ID
+from contracts.model_path import TINY_MODEL_ID
 
 
 class StrictModel(BaseModel):

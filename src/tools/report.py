@@ -12,11 +12,11 @@ import math
 from itertools import groupby
 from pathlib import Path
 
-from rl.metrics import read_metrics
-from rl.protocol import configs_dir, rollouts_dir
-from rl.tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
+from contracts.metrics import read_metrics
+from contracts.protocol import configs_dir, rollouts_dir
+from tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
-logger = logging.getLogger("rl.tools.report")
+logger = logging.getLogger("tools.report")
 
 CONFIG_NAMES = ("trainer", "orchestrator", "inference")
 ROLLOUT_STEPS = 2  # the last logged steps of sample rollouts shown
