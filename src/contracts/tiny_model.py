@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts import tiny_templates
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 from contracts.protocol import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
@@ -46,8 +45,9 @@ class TinyFamily:
 _QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _HERMES_TOOLS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
+TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
 TINY_MODELS = {
-    "trident/tiny-qwen3": TinyFamily(
+    TINY_MODEL_ID: TinyFamily(
         "qwen3", tiny_templates.QWEN3, _QWEN_SPECIAL, ("<think>", "</think>", *_HERMES_TOOLS), "<|im_end|>",
         "<|endoftext|>",
     ),
@@ -187,4 +187,4 @@ def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else TINY_MODEL_ID
     if name not in TINY_MODELS:
         sys.exit(f"build-tiny-model: unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
-    print(resolve_model_path(name))
+    print(build_tiny_model(tiny_model_path(name), name))
