@@ -45,9 +45,13 @@ def crashes(start: int) -> bool:
 
 def crash_on_early_starts() -> None:
     """Count this start; if it :func:`crashes`, report a port nothing serves and exit."""
-    starts = Path(os.environ["FLAKY_TOOLS_DIR"])
-    count = len(list(starts.iterdir()))
-    (starts / str(count)).touch()
+    starts, count = Path(os.environ["FLAKY_TOOLS_DIR"]), 0
+    while True:  # take the next free number atomically: servers start at the same time
+        try:
+            os.close(os.open(starts / str(count), os.O_CREAT | os.O_EXCL))
+            break
+        except FileExistsError:
+            count += 1
     if crashes(count):
         Path(os.environ["MCP_PORT_FILE"]).write_text("9")
         sys.exit("flaky_tools: crashed on start")

@@ -171,7 +171,7 @@ def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and
         config = OrchestratorConfig(
             output_dir=output_dir, env=[{"id": flaky_tools.ENV_ID}], batch_size=1, rollouts_per_example=7,
             sample_rollouts_every=0, client={"base_url": server.base_url},
-            infra={"max_retries": 2, "retry_backoff_s": 0.01, "max_concurrent_setups": 2},
+            infra={"max_retries": 2, "retry_backoff_s": 0.01, "max_concurrent_setups": 7, "setup_timeout_s": 60},
         )  # fmt: skip
         orchestrator = Orchestrator(config)
         served = {"step": 0, "path": "/base", "adapter": None}
