@@ -60,13 +60,14 @@ def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     """The debug configs on the session's server (rl starting its own is the swe-grep test's and the two-server
     test's)."""
     result = run_rl(
-        tmp_path, "--orchestrator.client.base-url", inference_server, "--progress-every-s", "1", inference=False
+        tmp_path, "--orchestrator.client.base-url", inference_server, "--progress-every-s", "0.2", inference=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ") and " | reward " in line]
     assert len(steps) == 20 and steps[-1].startswith("step 20/20 | reward")
-    # a step running over a second: what each process was doing, and for how long; all of it ended
+    # a step running over 0.2 s (every step here: about 1 s each on a quiet machine, so a 1 s notice could miss
+    # them all): what each process was doing, and for how long; all of it ended
     activity = r" · (orchestrator|trainer): [a-z].* \(\d+s\)"
     shown = [line for line in result.stdout.splitlines() if re.fullmatch(rf"step \d+/20 \(\d+s\)({activity})+", line)]
     assert shown, result.stdout
