@@ -122,22 +122,13 @@ def flaky_tools_starts(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def test_a_tool_server_that_crashes_on_its_first_start_is_retried(flaky_tools_starts, monkeypatch):
-    monkeypatch.setenv("FLAKY_TOOLS_FAILS", "1")
-    with counting_server() as server:
-        limits = RolloutLimits.of(rollouts=1, setup_timeout_s=12, max_retries=2, backoff_s=0.01)
-        (rollout,) = rollouts_of(flaky_tools.ENV_ID, server.base_url, 1, limits)
-    assert rollout.ok and rollout.retries == 1 and not rollout.lost, rollout.error
-    assert len(list(flaky_tools_starts.iterdir())) == 2
-
-
-def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_step(flaky_tools_starts, monkeypatch):
-    monkeypatch.setenv("FLAKY_TOOLS_FAILS", "99")
+def flaky_tools_step(output_dir: Path, rollouts: int, infra: dict) -> None:
+    """Step 0 of an orchestrator on one flaky-tools task (``rollouts`` rollouts, ``infra`` as given), its model
+    calls answered by a counting server and its weight routes from memory."""
     with counting_server() as server:
         config = OrchestratorConfig(
-            output_dir=flaky_tools_starts / "run", env=[{"id": flaky_tools.ENV_ID}], batch_size=1,
-            rollouts_per_example=2, sample_rollouts_every=0, client={"base_url": server.base_url},
-            infra={"max_retries": 1, "retry_backoff_s": 0.01, "setup_timeout_s": 12},
+            output_dir=output_dir, env=[{"id": flaky_tools.ENV_ID}], batch_size=1, rollouts_per_example=rollouts,
+            sample_rollouts_every=0, client={"base_url": server.base_url}, infra=infra,
         )  # fmt: skip
         orchestrator = Orchestrator(config)
         served = {"step": 0, "path": "/base", "adapter": None}
@@ -149,8 +140,23 @@ def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_
             async with orchestrator.envs[0].serving():
                 await orchestrator.step(0)
 
-        with pytest.raises(TridentError) as error:
-            asyncio.run(step())
+        asyncio.run(step())
+
+
+def test_a_tool_server_that_crashes_on_its_first_start_is_retried(flaky_tools_starts, monkeypatch):
+    monkeypatch.setenv("FLAKY_TOOLS_FAILS", "1")
+    with counting_server() as server:
+        limits = RolloutLimits.of(rollouts=1, setup_timeout_s=12, max_retries=2, backoff_s=0.01)
+        (rollout,) = rollouts_of(flaky_tools.ENV_ID, server.base_url, 1, limits)
+    assert rollout.ok and rollout.retries == 1 and not rollout.lost, rollout.error
+    assert len(list(flaky_tools_starts.iterdir())) == 2
+
+
+def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_step(flaky_tools_starts, monkeypatch):
+    monkeypatch.setenv("FLAKY_TOOLS_FAILS", "99")
+    with pytest.raises(TridentError) as error:
+        flaky_tools_step(flaky_tools_starts / "run", rollouts=2,
+                         infra={"max_retries": 1, "retry_backoff_s": 0.01, "setup_timeout_s": 12})  # fmt: skip
     assert str(error.value) == (
         "step 0: 1 of 1 groups lost to infrastructure errors (more than infra.max_lost_groups = 0.5); first in "
         "environment 'flaky-tools' (task t0), after 1 retries: SetupTimeoutError: set-up took more than "
@@ -167,23 +173,9 @@ def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and
     starts_dir, output_dir = flaky_tools_starts / "starts", flaky_tools_starts / "run"
     starts_dir.mkdir()
     monkeypatch.setenv("FLAKY_TOOLS_DIR", str(starts_dir))
-    with counting_server() as server:
-        config = OrchestratorConfig(
-            output_dir=output_dir, env=[{"id": flaky_tools.ENV_ID}], batch_size=1, rollouts_per_example=7,
-            sample_rollouts_every=0, client={"base_url": server.base_url},
-            infra={"max_retries": 2, "retry_backoff_s": 0.01, "max_concurrent_setups": 7, "setup_timeout_s": 60},
-        )  # fmt: skip
-        orchestrator = Orchestrator(config)
-        served = {"step": 0, "path": "/base", "adapter": None}
-        orchestrator.servers.servers[0].client.http = httpx.AsyncClient(
-            base_url=server.base_url, transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
-        )
-
-        async def step():
-            async with orchestrator.envs[0].serving():
-                await orchestrator.step(0)
-
-        asyncio.run(step())
+    flaky_tools_step(output_dir, rollouts=7,
+                     infra={"max_retries": 2, "retry_backoff_s": 0.01, "max_concurrent_setups": 7,
+                            "setup_timeout_s": 60})  # fmt: skip
     starts = len(list(starts_dir.iterdir()))
     crashed = sum(map(flaky_tools.crashes, range(starts)))
     assert crashed >= 2 and starts == 7 + crashed  # each crash was run again, and every rollout served
