@@ -19,12 +19,24 @@ def tiny_model_path() -> str:
 
 @pytest.fixture(scope="session")
 def free_port() -> Callable[[], int]:
-    """Call it for a TCP port nobody listens on right now."""
+    """Call it for a TCP port nobody listens on right now; ``pick(count)``: the first of ``count`` consecutive ones
+    (``rl`` puts its servers on consecutive ports)."""
 
-    def pick() -> int:
+    def free(port: int) -> bool:
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    def pick(count: int = 1) -> int:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if all(free(port + i) for i in range(1, count)):
+                return port
 
     return pick
 

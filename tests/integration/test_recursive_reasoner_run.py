@@ -26,7 +26,6 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = ROOT / "configs" / "recursive-reasoner" / "rl"
-PORT = 8017
 SFT_STEPS = 150
 PLANS = [
     {"should_decompose": False, "subproblems": [], "plan": ""},
@@ -56,14 +55,15 @@ def teach_plans(folder: Path) -> Path:
     return folder / "sft" / "weights" / f"step_{SFT_STEPS}"
 
 
-def test_recursive_reasoner_configs_run_on_cpu_with_the_tiny_model(tmp_path):
+def test_recursive_reasoner_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
+    port = free_port()
     base = str(teach_plans(tmp_path / "planner"))
     output_dir, log = tmp_path / "run", tmp_path / "reasoner.jsonl"
-    args = {"worker_model": base, "worker_base_url": f"http://127.0.0.1:{PORT}/v1", "worker_max_tokens": 16,
+    args = {"worker_model": base, "worker_base_url": f"http://127.0.0.1:{port}/v1", "worker_max_tokens": 16,
             "token_budget": 256, "log_path": str(log)}  # fmt: skip
     argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(CONFIGS / "train.toml"),
             "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--inference", "@", str(CONFIGS / "infer.toml"),
-            "--model.name", base, "--max-steps", "3", "--output-dir", str(output_dir), "--inference.port", str(PORT),
+            "--model.name", base, "--max-steps", "3", "--output-dir", str(output_dir), "--inference.port", str(port),
             "--orchestrator.env", json.dumps([{"id": "recursive-reasoner", "args": args}]),
             "--orchestrator.sampling.max-tokens", "48", "--orchestrator.sampling.enable-thinking", "true"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=ROOT)

@@ -122,14 +122,14 @@ def standalone_eval(run_dir: Path, server_url: str, weights: Path) -> dict:
     return record
 
 
-def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
+def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
     """The single-GPU swe-grep configs, as they are, with only the model swapped: multi-turn tools, LoRA, full
     activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
     configs = ROOT / "configs" / "swe-grep" / "rl"
     argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--inference", "@", str(configs / "infer.toml"),
             "--model.name", "trident/tiny-qwen3", "--wandb.offline", "true", "--output-dir", str(tmp_path),
-            "--inference.port", "8015"]  # fmt: skip
+            "--inference.port", str(free_port())]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [
@@ -182,7 +182,7 @@ def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> No
         time.sleep(0.2)
 
 
-def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_path, inference_server):
+def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_path, inference_server, free_port):
     """SIGKILL the trainer, then the orchestrator, then inference, each at a random step: each time rl stops the
     whole run, and ``--ckpt.resume-step -1`` continues it from the newest complete checkpoint. In the end every
     step was trained once, on the prompts an uninterrupted run would have used. The run refills tied groups and
@@ -198,7 +198,7 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
              "--orchestrator.batch-size", str(batch_size), "--orchestrator.rollouts-per-example", "2",
              "--no-orchestrator.eval"]  # fmt: skip
     running_server = ["--orchestrator.client.base-url", inference_server]
-    own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8013"]
+    own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port())]
     resumed_from = []
     for victim in ("trainer", "orchestrator", "inference"):
         resume = ["--ckpt.resume-step", "-1"] if resumed_from else []
@@ -268,7 +268,7 @@ def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals,
     return gone
 
 
-def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, inference_server):
+def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, inference_server, free_port):
     """Stopped as users and schedulers stop a run, through ``uv run``: SIGTERM to the whole process group while the
     server starts, during a step and during a checkpoint; Ctrl-C twice; SIGKILL of rl itself. Each time no process of
     the run is left 30 s later, and ``--ckpt.resume-step -1`` continues it: every step trained once, in order."""
@@ -292,7 +292,7 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
         return json.loads((tmp_path / "summary.json").read_text())["status"]
 
     # while its own server starts (no step yet, nothing to resume)
-    rl = start("--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", "8016")
+    rl = start("--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port()))
     inference_log = tmp_path / "logs" / "inference.log"
     wait_for(lambda: inference_log.is_file() and inference_log.stat().st_size > 0, 120, rl, "the server's first log")
     signal_run(rl, tmp_path, signal.SIGTERM)

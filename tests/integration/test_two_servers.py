@@ -17,16 +17,16 @@ ROOT = Path(__file__).parents[2]
 DEBUG = ROOT / "configs" / "debug" / "rl"
 
 
-def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path):
-    steps = 7
+def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path, free_port):
+    steps, port = 7, free_port(2)
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
-            "--inference-servers", "2", "--inference.port", "8021", "--output-dir", str(run),
+            "--inference-servers", "2", "--inference.port", str(port), "--output-dir", str(run),
             "--max-steps", str(steps), "--async-level", "0",
             "--orchestrator.batch-size", "4", "--orchestrator.rollouts-per-example", "4",
             "--orchestrator.client.stall-timeout-s", "5"]  # fmt: skip
-    second, group = "http://127.0.0.1:8022", None
+    second, group = f"http://127.0.0.1:{port + 1}", None
     rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         for done, sig in ((1, signal.SIGSTOP), (3, signal.SIGCONT), (5, signal.SIGKILL)):
