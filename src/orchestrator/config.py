@@ -320,7 +320,7 @@ class InfraConfig(StrictModel):
         Field(
             gt=0,
             description="Seconds a rollout's set-up may take once it has its slot; past it the set-up is an "
-            "infrastructure error (verifiers itself waits 180 s for a tool server that crashed on start).",
+            "infrastructure error. A tool server whose process exits during set-up fails it at once.",
         ),
     ] = 120.0
     max_retries: Annotated[

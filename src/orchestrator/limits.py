@@ -5,7 +5,9 @@ that work:
 
 - a set-up (``Rollout.open``: runtime start, task and harness set-up, tool servers) holds a slot of the run's
   set-up limit, which the rollout carries in a context variable; waiting for the slot is not set-up time. A set-up
-  past its time fails with :class:`SetupTimeoutError` (verifiers waits 180 s for a tool server that crashed);
+  past its time fails with :class:`SetupTimeoutError`; one whose tool server (a background process of its
+  subprocess runtime) exits fails at once with ``ToolsetError``, naming the exit code and the server's last log
+  line (verifiers would poll the dead server for 180 s);
 - a model call (``TrainClient.get_response``, which every harness's calls reach, and a judge's call to a run's
   server) holds a slot of the server it is sent to, so a rollout that runs a tool or sets up holds none and a
   server's batch fills with the calls of other rollouts.
@@ -16,13 +18,18 @@ import contextlib
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 
 from verifiers.v1.clients.train import TrainClient
-from verifiers.v1.errors import RolloutError
+from verifiers.v1.errors import RolloutError, ToolsetError
 from verifiers.v1.rollout import Rollout
+from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
 _setups: ContextVar["RolloutLimits | None"] = ContextVar("trident_setups", default=None)
 _generation: dict[str, asyncio.Semaphore] = {}  # model calls in flight, by the server's /v1 URL
+# the servers (tool servers) a set-up started in the background, and their logs
+_started: ContextVar[list[tuple[asyncio.subprocess.Process, Path]] | None] = ContextVar("trident_started", default=None)
+EXIT_POLL_S = 0.2  # how often a set-up looks for a tool server that exited
 
 
 @dataclass
@@ -75,6 +82,7 @@ def model_call_slot(base_url: str) -> contextlib.AbstractAsyncContextManager:
 
 _open = Rollout.open
 _get_response = TrainClient.get_response
+_run_background = SubprocessRuntime.run_background
 
 
 class SetupTimeoutError(RolloutError):
@@ -86,12 +94,47 @@ async def _limited_open(self: Rollout) -> bool:
     if limits is None:
         return await _open(self)
     async with limits.setups:
+        token = _started.set([])
         try:
             async with asyncio.timeout(limits.setup_timeout_s):
-                return await _open(self)
+                return await _open_while_servers_live(self)
         except TimeoutError:  # open() freed what it had started when cancelled
             self.fail(SetupTimeoutError(f"set-up took more than infra.setup_timeout_s = {limits.setup_timeout_s}s"))
             return False
+        finally:
+            _started.reset(token)
+
+
+async def _open_while_servers_live(rollout: Rollout) -> bool:
+    """``rollout.open()``; cancelled (freeing what it started) as soon as a tool server it started exits, which fails
+    the rollout with a ``ToolsetError``."""
+    opening = asyncio.ensure_future(_open(rollout))
+    exited = None  # what the first server that exited left (read before its runtime is freed)
+    try:
+        while not exited and not (await asyncio.wait([opening], timeout=EXIT_POLL_S))[0]:
+            exited = next((server_exit(p, log) for p, log in _started.get() if p.returncode is not None), None)
+    finally:
+        if not opening.done():  # a server exited, or the set-up itself was cancelled (its timeout)
+            opening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await opening
+    if exited:
+        rollout.fail(ToolsetError(exited))
+        return False
+    return opening.result()
+
+
+def server_exit(process: asyncio.subprocess.Process, log: Path) -> str:
+    """What a tool server that exited during set-up left: its exit code and the last line of its log."""
+    lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return f"tool server exited with code {process.returncode} during set-up" + (f": {lines[-1]}" if lines else "")
+
+
+async def _watched_run_background(self: SubprocessRuntime, argv: list[str], env: dict[str, str], log: str) -> None:
+    known = set(map(id, self._background))
+    await _run_background(self, argv, env, log)
+    if (started := _started.get()) is not None:
+        started.extend((p, self.workdir / log) for p in self._background if id(p) not in known)
 
 
 async def _limited_get_response(self: TrainClient, *args, **kwargs):
@@ -100,6 +143,8 @@ async def _limited_get_response(self: TrainClient, *args, **kwargs):
 
 
 def install() -> None:
-    """Put the two limits into verifiers' set-up and model call (once per process)."""
+    """Put the two limits into verifiers' set-up and model call, and the watch on tool servers into its subprocess
+    runtime (once per process)."""
     Rollout.open = _limited_open
     TrainClient.get_response = _limited_get_response
+    SubprocessRuntime.run_background = _watched_run_background

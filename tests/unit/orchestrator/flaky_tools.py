@@ -1,9 +1,11 @@
 """A verifiers taskset whose per-rollout MCP tool server, written as verifiers' documentation shows, crashes on some
-of its starts (counted in ``FLAKY_TOOLS_DIR``; :func:`crashes`): it reports a port, then exits before serving.
-``python -m flaky_tools`` is how verifiers starts it, so this folder must be on ``PYTHONPATH``."""
+of its starts (counted in ``FLAKY_TOOLS_DIR``; :func:`crashes`): it reports a port, then exits before serving; with
+``FLAKY_TOOLS_HANG`` set, every start hangs instead, reporting no port. ``python -m flaky_tools`` is how verifiers
+starts it, so this folder must be on ``PYTHONPATH``."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import verifiers.v1 as vf
@@ -44,7 +46,7 @@ def crashes(start: int) -> bool:
 
 
 def crash_on_early_starts() -> None:
-    """Count this start; if it :func:`crashes`, report a port nothing serves and exit."""
+    """Count this start; hang when asked to; if it :func:`crashes`, report a port nothing serves and exit."""
     starts, count = Path(os.environ["FLAKY_TOOLS_DIR"]), 0
     while True:  # take the next free number atomically: servers start at the same time
         try:
@@ -52,6 +54,8 @@ def crash_on_early_starts() -> None:
             break
         except FileExistsError:
             count += 1
+    while os.environ.get("FLAKY_TOOLS_HANG"):
+        time.sleep(60)
     if crashes(count):
         Path(os.environ["MCP_PORT_FILE"]).write_text("9")
         sys.exit("flaky_tools: crashed on start")

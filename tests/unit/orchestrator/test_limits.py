@@ -146,23 +146,35 @@ def flaky_tools_step(output_dir: Path, rollouts: int, infra: dict) -> None:
 def test_a_tool_server_that_crashes_on_its_first_start_is_retried(flaky_tools_starts, monkeypatch):
     monkeypatch.setenv("FLAKY_TOOLS_FAILS", "1")
     with counting_server() as server:
-        limits = RolloutLimits.of(rollouts=1, setup_timeout_s=12, max_retries=2, backoff_s=0.01)
+        limits = RolloutLimits.of(rollouts=1, setup_timeout_s=60, max_retries=2, backoff_s=0.01)
         (rollout,) = rollouts_of(flaky_tools.ENV_ID, server.base_url, 1, limits)
     assert rollout.ok and rollout.retries == 1 and not rollout.lost, rollout.error
     assert len(list(flaky_tools_starts.iterdir())) == 2
 
 
-def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_step(flaky_tools_starts, monkeypatch):
+def test_a_tool_server_that_always_crashes_loses_its_group_naming_its_exit(flaky_tools_starts, monkeypatch):
     monkeypatch.setenv("FLAKY_TOOLS_FAILS", "99")
+    with counting_server() as server:
+        # noticed as it exits: verifiers would poll the dead server for 180 s, and the set-up would time out
+        limits = RolloutLimits.of(rollouts=2, setup_timeout_s=600, max_retries=1, backoff_s=0.01)
+        rollouts = rollouts_of(flaky_tools.ENV_ID, server.base_url, 2, limits)
+    assert all(r.lost and r.retries == 1 for r in rollouts)
+    assert {r.error for r in rollouts} == {
+        "ToolsetError: tool server exited with code 1 during set-up: flaky_tools: crashed on start"
+    }
+    assert len(list(flaky_tools_starts.iterdir())) == 4  # 2 rollouts × (1 start + 1 retry)
+
+
+def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_step(flaky_tools_starts, monkeypatch):
+    monkeypatch.setenv("FLAKY_TOOLS_HANG", "1")
     with pytest.raises(TridentError) as error:
         flaky_tools_step(flaky_tools_starts / "run", rollouts=2,
-                         infra={"max_retries": 1, "retry_backoff_s": 0.01, "setup_timeout_s": 12})  # fmt: skip
+                         infra={"max_retries": 1, "retry_backoff_s": 0.01, "setup_timeout_s": 3})  # fmt: skip
     assert str(error.value) == (
         "step 0: 1 of 1 groups lost to infrastructure errors (more than infra.max_lost_groups = 0.5); first in "
         "environment 'flaky-tools' (task t0), after 1 retries: SetupTimeoutError: set-up took more than "
-        "infra.setup_timeout_s = 12.0s"
+        "infra.setup_timeout_s = 3.0s"
     )
-    assert len(list(flaky_tools_starts.iterdir())) - 1 == 4  # 2 rollouts × (1 start + 1 retry), and the run folder
     assert not rollouts_dir(flaky_tools_starts / "run", 0).exists()
 
 
