@@ -84,14 +84,18 @@ def family_by_markers(vocab: set[str] | dict[str, int]) -> ChatFamily | None:
     return next((f for f in FAMILIES.values() if f.turn_start in vocab and f.turn_end in vocab), None)
 
 
+def local_model_type(path: str) -> str | None:
+    """The model_type in ``path``/config.json; None when ``path`` is no local model folder."""
+    config = Path(path).expanduser() / "config.json"
+    return json.loads(config.read_text()).get("model_type", "") if config.is_file() else None
+
+
 def model_family(path: str) -> ChatFamily | None:
     """:func:`detect_family` for the model at ``path`` (a local folder or a hub id in the local cache)."""
     from transformers import AutoTokenizer
 
-    folder = Path(path).expanduser()
-    if (folder / "config.json").is_file():
-        model_type = json.loads((folder / "config.json").read_text()).get("model_type", "")
-    else:
+    model_type = local_model_type(path)
+    if model_type is None:
         from transformers import AutoConfig
 
         model_type = AutoConfig.from_pretrained(path).model_type

@@ -391,8 +391,10 @@ def test_length_mismatch(tmp_path, samples, chat, tiny_model_path, check_loss_ma
 
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=drop_last_logprob)
     found = checks_found(tmp_path, chat)
-    assert set(found) == {"length_mismatch", "trainer_rejects"}
-    assert {p.sample for p in found["length_mismatch"]} == {None, 2}  # the micro-batch, and its last sample
+    assert set(found) == {"trainer_rejects"}  # the protocol's refusal, the only problem
+    (problem,) = found["trainer_rejects"]
+    assert re.search(r"micro_batch_1.safetensors: inference_logprobs has \d+ entries for \d+ tokens$", problem.message)
+    assert [s.micro_batch for s in read_step(tmp_path).samples] == [0]  # a micro-batch that does not split: unread
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
 
 
@@ -421,7 +423,8 @@ def test_sample_lengths_disagree_with_tensors(tmp_path, samples, chat, tiny_mode
         micro_batches[0].sample_lengths = micro_batches[0].sample_lengths + 1
 
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=longer_sample)
-    assert "length_mismatch" in checks_found(tmp_path, chat)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"trainer_rejects"} and "do not split" in found["trainer_rejects"][0].message
 
 
 def test_batch_json_sample_count_disagrees(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
