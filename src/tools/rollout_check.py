@@ -246,9 +246,7 @@ class ChatFormat:
             markers = "; ".join(f"{f.name}: {f.turn_start} {f.turn_end}" for f in FAMILIES.values())
             raise RolloutReadError(f"tokenizer {name!r} has the turn markers of no chat family ({markers})")
 
-        def token_id(
-            token: str | None,
-        ) -> int | None:  # None when the vocabulary lacks it (it maps to the unknown token)
+        def token_id(token: str | None) -> int | None:  # None when the vocabulary lacks it (it maps to unknown)
             tid = tokenizer.convert_tokens_to_ids(token) if token else None
             known = tid != tokenizer.unk_token_id or token == tokenizer.unk_token  # Qwen2's unknown is <|endoftext|>
             return tid if isinstance(tid, int) and known else None
