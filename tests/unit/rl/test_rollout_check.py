@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
-from tools.rollout_check import ChatFormat, check_step, read_step, segment
+from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 TOOLS = [
@@ -213,6 +214,14 @@ def test_old_batch_without_sample_records_passes(tmp_path, samples, chat, tiny_m
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=lambda info, mbs: setattr(info, "samples", []))
     report = check_step(read_step(tmp_path), chat)
     assert report.ok and report.samples[0].record.summary == {}
+
+
+def test_the_runs_chat_family_gives_the_turn_markers(tmp_path, samples, tiny_model_path):
+    write_step(tmp_path, baseline(samples), tiny_model_path)
+    assert open_step(tmp_path)[1].family is QWEN3  # "auto": the model's own
+    config = tmp_path / "configs" / "orchestrator.toml"
+    config.write_text(f'[model]\nname = "{tiny_model_path}"\nchat_family = "qwen2.5"\n')
+    assert open_step(tmp_path)[1].family is QWEN2_5  # the run's choice
 
 
 def test_missing_rollouts_is_one_line_and_exit_2(tmp_path, check_loss_mask, capsys):
