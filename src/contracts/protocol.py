@@ -384,7 +384,18 @@ class MicroBatch:
         return micro_batch
 
     def problem(self) -> str | None:
-        """What makes these tensors inconsistent (lengths, positions, non-finite values), or None."""
+        """What makes these tensors inconsistent (their layout, negative ids, non-finite values), or None."""
+        layout = self.layout_problem()
+        if layout:
+            return layout
+        if (self.input_ids < 0).any():
+            return "input_ids holds negative token ids"
+        if not (self.advantages.isfinite().all() and self.inference_logprobs.isfinite().all()):
+            return "advantages or inference_logprobs hold NaN or infinite values"
+        return None
+
+    def layout_problem(self) -> str | None:
+        """What keeps these tensors from splitting into samples (lengths, sample boundaries, positions), or None."""
         tokens, lengths = len(self.input_ids), self.sample_lengths
         for name in PER_TOKEN_TENSORS:
             if len(getattr(self, name)) != tokens:
@@ -393,10 +404,6 @@ class MicroBatch:
             return f"sample_lengths {lengths.tolist()[:8]} do not split {tokens} tokens into samples"
         if not torch.equal(self.position_ids, torch.cat([torch.arange(n) for n in lengths.tolist()])):
             return "position_ids do not count 0, 1, ... from the start of each sample"
-        if (self.input_ids < 0).any():
-            return "input_ids holds negative token ids"
-        if not (self.advantages.isfinite().all() and self.inference_logprobs.isfinite().all()):
-            return "advantages or inference_logprobs hold NaN or infinite values"
         return None
 
     def samples(self) -> list["MicroBatch"]:

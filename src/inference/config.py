@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from contracts.config import BaseConfig
-from contracts.shared_config import LogConfig, ModelConfig, Seed, StrictModel
+from contracts.shared_config import ChatFamilyName, LogConfig, ModelConfig, Seed, StrictModel
 
 
 class InferenceModelConfig(ModelConfig):
@@ -19,11 +19,13 @@ class InferenceModelConfig(ModelConfig):
         bool, Field(description="Skip CUDA graph capture (faster start, slower decode); always on CPU.")
     ] = False
     enable_auto_tool_choice: Annotated[bool, Field(description="Let the model decide when to call tools.")] = True
+    chat_family: ChatFamilyName = "auto"
     tool_call_parser: Annotated[
         str,
         Field(
-            description="vLLM tool-call parser matching the chat template. 'auto': from the model's chat family "
-            "('hermes' for Qwen3 and Qwen2.5, 'llama3_json' for Llama 3.x), 'hermes' for others."
+            description="vLLM tool-call parser matching the chat template. 'auto': the chat family's ('hermes' for "
+            "Qwen3 and Qwen2.5, 'llama3_json' for Llama 3.x), 'hermes' when no family fits. Another value overrides "
+            "the parser alone, for a format without a family."
         ),
     ] = "auto"
 

@@ -5,11 +5,11 @@ import signal
 
 import torch
 
-from contracts.chat_family import model_family
+from contracts.chat_family import resolve_family
 from contracts.inference_api import Served
 from contracts.model_path import resolve_model_path
 from inference.adapters import Adapters
-from inference.config import InferenceConfig
+from inference.config import InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
@@ -19,11 +19,12 @@ from inference.worker import WORKER_EXTENSION
 KEEP_ALIVE_S = 600
 
 
-def tool_call_parser(name: str, model_path: str) -> str:
-    """``name``, or for "auto" the parser of the model's chat family (``hermes`` when the family is unknown)."""
-    if name != "auto":
-        return name
-    family = model_family(model_path)
+def tool_call_parser(model: InferenceModelConfig, model_path: str) -> str:
+    """``model.tool_call_parser``, or for "auto" the parser of the chat family ``model.chat_family`` selects
+    (``hermes`` when no family fits the model)."""
+    if model.tool_call_parser != "auto":
+        return model.tool_call_parser
+    family = resolve_family(model.chat_family, model_path)
     return family.vllm_tool_call_parser if family else "hermes"
 
 
@@ -54,7 +55,7 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv += [
             "--enable-auto-tool-choice",
             "--tool-call-parser",
-            tool_call_parser(config.model.tool_call_parser, model_path),
+            tool_call_parser(config.model, model_path),
         ]
     if config.lora is not None:
         lora = config.lora

@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError, field_validator
 from contracts.config import BaseConfig, ConfigError, format_errors
 from contracts.shared_config import (
     AsyncLevel,
+    ChatFamilyName,
     CkptSection,
     LogConfig,
     MaxSteps,
@@ -26,11 +27,15 @@ logger = logging.getLogger("rl")
 
 class SharedModelConfig(StrictModel):
     name: Annotated[str | None, Field(description="Model for all three processes.")] = None
+    chat_family: Annotated[
+        ChatFamilyName | None, Field(description="Chat family for the orchestrator and the server ('auto': read).")
+    ] = None
 
 
 # Each shared field and where it lives in the sub-configs.
 SHARED_FIELDS = {
     "model.name": ("trainer.model.name", "orchestrator.model.name", "inference.model.name"),
+    "model.chat_family": ("orchestrator.model.chat_family", "inference.model.chat_family"),
     "output_dir": ("trainer.output_dir", "orchestrator.output_dir"),
     "max_steps": ("trainer.max_steps", "orchestrator.max_steps"),
     # the server stops a rollout's context at seq_len, so every sample fits in a micro-batch

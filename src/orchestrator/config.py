@@ -10,6 +10,7 @@ from contracts.config import BaseConfig
 from contracts.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
 from contracts.shared_config import (
     AsyncLevel,
+    ChatFamilyName,
     CkptSection,
     LogConfig,
     MaxSteps,
@@ -34,14 +35,15 @@ MaxConcurrent = Annotated[
 
 
 class OrchestratorModelConfig(ModelConfig):
+    chat_family: ChatFamilyName = "auto"
     renderer: Annotated[
         str,
         AfterValidator(known_renderer),
         Field(
             description="How conversations become token ids (a renderers name, e.g. 'qwen3', 'llama-3', or 'default': "
-            "the model's own chat template). 'auto': renderers' choice for a known hub id, else the model's chat "
-            "family (Qwen3, Qwen2.5, Llama 3.x) read from its files, else 'default'. Checked against the model's chat "
-            "template at start."
+            "the model's own chat template). 'auto': the chat family's renderer (with chat_family 'auto', renderers' "
+            "own choice for a hub id it knows comes first), else 'default'. Another value overrides the renderer "
+            "alone, for a format without a family. Checked against the model's chat template at start."
         ),
     ] = "auto"
 

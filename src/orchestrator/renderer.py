@@ -8,7 +8,7 @@ from renderers import DefaultRendererConfig, create_renderer
 from renderers.base import MODEL_RENDERER_MAP, load_tokenizer
 from renderers.configs import BaseRendererConfig, config_from_name
 
-from contracts.chat_family import FAMILIES, model_family
+from contracts.chat_family import AUTO, FAMILIES, ChatFamily, resolve_family
 from contracts.errors import TridentError
 
 PROBE_TOOLS = [
@@ -46,19 +46,20 @@ PROBE_MESSAGES = [
 ]
 
 
-def renderer_config(renderer: str, model_path: str, enable_thinking: bool) -> BaseRendererConfig:
-    """The renderers config for ``renderer`` (a renderers name, or "auto": renderers' own map of hub ids, then the
-    model's chat family read from its files, then "default", the model's own template) with ``enable_thinking``
-    applied."""
+def renderer_config(renderer: str, chat_family: str, model_path: str, enable_thinking: bool) -> BaseRendererConfig:
+    """The renderers config for ``[model] renderer`` and ``chat_family``, with ``enable_thinking`` applied.
+
+    ``renderer`` "auto": with ``chat_family`` "auto", renderers' own map of hub ids first; then the renderer of the
+    chat family ``chat_family`` selects (:func:`~contracts.chat_family.resolve_family`); then "default", the model's
+    own template."""
     name = renderer
-    if renderer == "auto":
-        name = MODEL_RENDERER_MAP.get(model_path)
-        if name is None:
-            family = model_family(model_path)
-            name = family.renderer if family else "default"
-    if name == "default":  # the model's own template; Hermes tool calls (<tool_call>{json}</tool_call>) parsed
-        hermes = "<tool_call>" in load_tokenizer(model_path).get_vocab()
-        config = DefaultRendererConfig(tool_parser="qwen3" if hermes else None)
+    if name == "auto" and chat_family == AUTO:
+        name = MODEL_RENDERER_MAP.get(model_path, "auto")
+    family = resolve_family(chat_family, model_path) if name in ("auto", "default") else None
+    if name == "auto":
+        name = family.renderer if family else "default"
+    if name == "default":  # the model's own template, and the family's tool parser
+        config = DefaultRendererConfig(tool_parser=default_tool_parser(family, model_path))
     else:
         config = config_from_name(name)
     if "enable_thinking" in type(config).model_fields:
@@ -66,6 +67,14 @@ def renderer_config(renderer: str, model_path: str, enable_thinking: bool) -> Ba
     if enable_thinking:
         raise TridentError(f"sampling.enable_thinking = true: renderer {name!r} has no thinking mode")
     return config
+
+
+def default_tool_parser(family: ChatFamily | None, model_path: str) -> str | None:
+    """The tool parser of the "default" renderer: the family's, else Hermes' (renderers' "qwen3":
+    <tool_call>{json}</tool_call>) for a tokenizer that has <tool_call>, else none."""
+    if family is not None:
+        return family.renderer_tool_parser
+    return "qwen3" if "<tool_call>" in load_tokenizer(model_path).get_vocab() else None
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

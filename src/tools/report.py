@@ -128,14 +128,10 @@ class TokenDecoder:
         if not rollouts_dir(self.output_dir, step).is_dir() or self.tokenizer is None:
             return []
         try:
-            rollouts = read_step(self.output_dir, step)
-            problem = rollouts.problems[0].message if rollouts.problems else None  # e.g. lengths that disagree
+            return read_step(self.output_dir, step).samples
         except RolloutReadError as e:
-            problem = str(e)
-        if problem:
-            logger.warning(f"report: sample rollouts of step {step} without highlighting: {problem}")
+            logger.warning(f"report: sample rollouts of step {step} without highlighting: {e}")
             return []
-        return rollouts.samples
 
     @property
     def tokenizer(self):

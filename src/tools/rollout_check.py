@@ -1,21 +1,20 @@
 """Read a step's rollouts back into per-sample records and check their loss masks against the chat format.
 
 The operator's tools (``scripts/check_loss_mask.py``, ``scripts/inspect_rollouts.py``, ``scripts/verify_env.py``)
-share this module. It splits the packed micro-batches of ``rollouts/step_N/`` back into samples, cuts each
-sample's tokens into chat turns (:class:`ChatFormat`: ChatML as Qwen3 and Qwen2.5 write it, or Llama 3's header
-turns) and checks that the loss mask covers sampled tokens only: assistant content after the header and the
-generation-prompt scaffold, up to and including the turn end (``<|im_end|>``, ``<|eot_id|>``) the model sampled.
+share this module. The batch itself is checked by the trainer's own reader (:func:`contracts.protocol.read_batch`);
+its sound micro-batches are split back into samples (:meth:`contracts.protocol.MicroBatch.samples`). Each sample's
+tokens are cut into chat turns at its chat family's markers (:class:`ChatFormat` over a
+:class:`contracts.chat_family.ChatFamily`: ChatML's ``<|im_start|>ROLE\\n ... <|im_end|>``, Llama 3's header turns,
+or any family's entry), and the loss mask must cover sampled tokens only: assistant content after the header and
+the generation-prompt scaffold, up to and including the turn end (``<|im_end|>``, ``<|eot_id|>``) the model sampled.
 
 Checks (``Problem.check``), errors unless marked:
 
-- ``missing_tensor``, ``length_mismatch``: a micro-batch lacks a tensor, or tensors, ``sample_lengths`` and the
-  sample's ids/mask/logprobs/advantages disagree in length.
-- ``sample_count_mismatch``, ``batch_info_mismatch``: ``batch.json`` (its ``samples``, ``num_samples``,
-  ``num_tokens``, ``num_loss_tokens``) disagrees with the tensors.
-- ``position_mismatch``, ``advantage_mismatch``: positions do not restart at 0 per sample, or a sample's advantage
-  is not constant or differs from ``batch.json``.
-- ``trainer_rejects``: the trainer's own reader (:func:`contracts.protocol.read_batch`) refuses the batch (other dtypes,
-  NaN or infinite advantages or logprobs, counts ``batch.json`` gets wrong, ...): the run would stop there.
+- ``trainer_rejects``: the trainer's reader refuses the batch (missing or extra tensors, other dtypes, lengths or
+  positions that disagree, NaN or infinite advantages or logprobs, counts ``batch.json`` gets wrong, ...): the run
+  would stop there. A micro-batch whose tensors cannot be split into samples is not checked further.
+- ``sample_count_mismatch``: ``batch.json``'s per-sample records (``samples``) disagree in number with the tensors.
+- ``advantage_mismatch``: a sample's advantage is not constant or differs from ``batch.json``.
 - ``empty_mask``: a sample with no trainable token.
 - ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
   a whole run of trained tokens (a lone 0.0 among real logprobs is the warning ``zero_logprob``: vLLM reports 0.0
@@ -24,11 +23,11 @@ Checks (``Problem.check``), errors unless marked:
 - ``mask_in_<role>_turn`` (``system``, ``user``, ``tool``, ...): trainable tokens in a turn the model did not write.
 - ``mask_outside_turn``: trainable tokens outside any chat turn.
 - ``mask_on_template``: trainable template tokens of an assistant turn: its header, the generation-prompt
-  scaffold (an empty ``<think>\\n\\n</think>\\n\\n``), the newline after ``<|im_end|>``, an ``<|im_end|>`` the
-  server added after a sampled ``<|endoftext|>``.
+  scaffold (Qwen3's empty ``<think>\\n\\n</think>\\n\\n``), the whitespace after the turn end, a turn end the
+  server added after a sampled end-of-text token.
 - warnings: ``zero_logprob`` (above), ``mask_gap`` (untrained tokens before or inside a trained assistant reply),
-  ``unmasked_turn_end`` (a trained reply whose closing ``<|im_end|>`` is not trained), ``no_chat_format`` (no
-  ``<|im_start|>`` in the sample: roles cannot be checked).
+  ``unmasked_turn_end`` (a trained reply whose closing turn end is not trained), ``no_chat_format`` (no turn start
+  in the sample: roles cannot be checked).
 """
 
 import json
@@ -40,12 +39,12 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from contracts.chat_family import FAMILIES, ChatFamily, detect_family, family_by_markers, local_model_type
 from contracts.errors import TridentError
 from contracts.protocol import (
     MICRO_BATCH_DTYPES,
-    MICRO_BATCH_TENSORS,
-    PER_TOKEN_TENSORS,
     BatchError,
+    MicroBatch,
     configs_dir,
     micro_batch_paths,
     read_batch,
@@ -55,10 +54,9 @@ from contracts.protocol import (
 
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
-# the <|im_end|> (or, in a reply, <|endoftext|>) closing the content; SEPARATOR the template after it: the newline,
-# and an <|im_end|> the server adds after a sampled <|endoftext|>.
+# the turn end (or, in a reply, another stop token) closing the content; SEPARATOR the template after it: the
+# whitespace, and a turn end the server adds after a sampled stop token.
 HEADER, SCAFFOLD, CONTENT, END, SEPARATOR, OUTSIDE = "header", "scaffold", "content", "end", "separator", "outside"
-SCAFFOLD_TEXT = "\n\n"  # what the template puts inside and after an empty <think></think>
 MAX_POSITIONS = 20  # positions listed per problem in messages and JSON
 
 
@@ -94,7 +92,6 @@ class SampleRecord:
 
     index: int  # in packed order over the whole step
     micro_batch: int
-    length: int  # its entry in ``sample_lengths``
     token_ids: list[int]
     loss_mask: list[bool]
     inference_logprobs: list[float]
@@ -112,7 +109,7 @@ class SampleRecord:
     ) -> "SampleRecord":
         """A record of a sample that was never packed (e.g. a rollout's branch, straight from the environment)."""
         n = len(token_ids)
-        return cls(index, -1, n, list(token_ids), list(loss_mask), list(logprobs), [0.0] * n, list(range(n)),
+        return cls(index, -1, list(token_ids), list(loss_mask), list(logprobs), [0.0] * n, list(range(n)),
                    summary or {})  # fmt: skip
 
 
@@ -121,8 +118,7 @@ class StepRollouts:
     path: Path
     step: int
     info: dict  # batch.json as written (old batches may lack keys)
-    samples: list[SampleRecord]
-    problems: list[Problem]  # found while splitting the micro-batches
+    samples: list[SampleRecord]  # those of the micro-batches that split into samples
 
 
 def rollout_steps(output_dir: Path) -> list[int]:
@@ -156,77 +152,53 @@ def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
         raise RolloutReadError(f"no micro_batch_*.safetensors files in {folder}")
     summaries = info.get("samples") if isinstance(info.get("samples"), list) else []
     samples: list[SampleRecord] = []
-    problems: list[Problem] = []
+    index = 0  # of the micro-batch's first sample over the whole step
     for k, path in enumerate(files):
         try:
             tensors = load_file(path)
         except Exception as e:  # safetensors raises several types for a damaged file
             raise RolloutReadError(f"cannot read {path}: {e}") from None
-        samples += _split_micro_batch(k, tensors, len(samples), summaries, problems)
-    return StepRollouts(folder, step, info, samples, problems)
+        samples += _split_micro_batch(k, tensors, index, summaries)
+        index += len(tensors["sample_lengths"]) if "sample_lengths" in tensors else 0
+    return StepRollouts(folder, step, info, samples)
 
 
-def _split_micro_batch(
-    k: int, tensors: dict, first_index: int, summaries: list, problems: list[Problem]
-) -> list[SampleRecord]:
-    name = f"micro_batch_{k}"
-    # read as the protocol's dtypes, so that float ids (even NaN) still split; trainer_rejects reports the dtype
-    values = {
-        key: tensors[key].to(dtype).flatten().tolist() for key, dtype in MICRO_BATCH_DTYPES.items() if key in tensors
-    }
-    missing = [key for key in MICRO_BATCH_TENSORS if key not in values]
-    if missing:
-        problems.append(Problem("missing_tensor", f"{name} has no {', '.join(missing)} tensor"))
-    input_ids = values.get("input_ids", [])
-    lengths = values.get("sample_lengths")
-    if lengths is None:  # fall back to where positions restart, else one sample
-        positions = values.get("position_ids", [])
-        starts = [i for i, p in enumerate(positions) if p == 0] or [0]
-        lengths = [b - a for a, b in zip(starts, starts[1:] + [len(input_ids)], strict=True)]
-    if sum(lengths) != len(input_ids):
-        problems.append(
-            Problem(
-                "length_mismatch",
-                f"{name}: sample_lengths sum to {sum(lengths)} but input_ids has {len(input_ids)} tokens",
-            )
-        )
-    for key in PER_TOKEN_TENSORS[1:]:  # each against input_ids
-        if key in values and len(values[key]) != len(input_ids):
-            problems.append(
-                Problem("length_mismatch", f"{name}: {key} has {len(values[key])} entries, input_ids {len(input_ids)}")
-            )
+def _split_micro_batch(k: int, tensors: dict, first_index: int, summaries: list) -> list[SampleRecord]:
+    """The samples of a micro-batch, read as the protocol's dtypes (so that float or NaN ids still split); none when
+    a tensor is missing or the layout does not split (the trainer's reader names the fault: ``trainer_rejects``)."""
+    if set(MICRO_BATCH_DTYPES) - set(tensors):
+        return []
+    micro_batch = MicroBatch(**{key: tensors[key].to(dtype).flatten() for key, dtype in MICRO_BATCH_DTYPES.items()})
+    if micro_batch.layout_problem():
+        return []
     records = []
-    offset = 0
-    for j, length in enumerate(lengths):
+    for j, sample in enumerate(micro_batch.samples()):
         index = first_index + j
-        cut = slice(offset, offset + length)
         summary = summaries[index] if index < len(summaries) and isinstance(summaries[index], dict) else {}
         records.append(
             SampleRecord(
                 index=index,
                 micro_batch=k,
-                length=length,
-                token_ids=[int(t) for t in input_ids[cut]],
-                loss_mask=[bool(m) for m in values.get("loss_mask", [])[cut]],
-                inference_logprobs=[float(x) for x in values.get("inference_logprobs", [])[cut]],
-                advantages=[float(x) for x in values.get("advantages", [])[cut]],
-                position_ids=[int(p) for p in values.get("position_ids", [])[cut]],
+                token_ids=sample.input_ids.tolist(),
+                loss_mask=sample.loss_mask.tolist(),
+                inference_logprobs=sample.inference_logprobs.tolist(),
+                advantages=sample.advantages.tolist(),
+                position_ids=sample.position_ids.tolist(),
                 summary=summary,
             )
         )
-        offset += length
     return records
 
 
-def run_model_name(output_dir: Path) -> str | None:
-    """The model the run's orchestrator used (``configs/orchestrator.toml`` ``[model] name``), if recorded."""
+def run_model_setting(output_dir: Path, key: str) -> str | None:
+    """A ``[model]`` value the run's orchestrator used (``configs/orchestrator.toml``), if recorded."""
     path = configs_dir(output_dir) / "orchestrator.toml"
     try:
         with path.open("rb") as f:
-            name = tomllib.load(f).get("model", {}).get("name")
+            value = tomllib.load(f).get("model", {}).get(key)
     except (OSError, tomllib.TOMLDecodeError):
         return None
-    return name if isinstance(name, str) else None
+    return value if isinstance(value, str) else None
 
 
 def load_tokenizer(output_dir: Path, model: str | None = None):
@@ -235,7 +207,7 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
 
     from contracts.model_path import resolve_model_path
 
-    name = model or run_model_name(output_dir)
+    name = model or run_model_setting(output_dir, "name")
     if name is None:
         path = configs_dir(output_dir) / "orchestrator.toml"
         raise RolloutReadError(f"no model name in {path}: pass --model NAME_OR_PATH (the run's [model] name)")
@@ -250,52 +222,43 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
 
 @dataclass
 class ChatFormat:
-    """How turns are delimited in the tokenizer's chat family, and cached per-token text.
-
-    ChatML (Qwen3, Qwen2.5): ``<|im_start|>ROLE\\n ... <|im_end|>\\n``, tool results in a user turn opening with
-    ``<tool_response>``. Llama 3: ``<|start_header_id|>ROLE<|end_header_id|>\\n\\n ... <|eot_id|>``, tool results
-    in an ``ipython`` turn.
-    """
+    """A chat family's turn markers (:class:`~contracts.chat_family.ChatFamily`) as a tokenizer's ids, and cached
+    per-token text."""
 
     tokenizer: object
-    turn_start: int  # <|im_start|>, <|start_header_id|>
-    turn_end: int  # <|im_end|>, <|eot_id|>
-    header_end: int | None  # <|end_header_id|>; None: the header ends with its newline
-    think: int | None
-    think_end: int | None
-    tool_response: int | None
-    tool_roles: frozenset[str]  # roles of turns holding tool results
+    family: ChatFamily
+    turn_start: int
+    turn_end: int
+    tool_response: int | None  # the family's tool-response token, when it is a single id of this tokenizer
     stop_ids: frozenset[int]  # tokens that end a reply besides turn_end (the server may add turn_end itself)
     vocab_size: int
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
-        def token_id(token: str) -> int | None:  # None when the vocabulary lacks it (it maps to the unknown token)
-            tid = tokenizer.convert_tokens_to_ids(token)
+    def from_tokenizer(cls, tokenizer, family: ChatFamily | None = None) -> "ChatFormat":
+        """The format of ``family``; else of the family of the tokenizer's model (its folder's model_type and its
+        tokens); else of the first family whose turn markers the tokenizer has."""
+        name = getattr(tokenizer, "name_or_path", "")
+        vocab = tokenizer.get_vocab()
+        model_type = local_model_type(name) if name else None
+        family = family or (model_type and detect_family(model_type, vocab)) or family_by_markers(vocab)
+        if family is None:
+            markers = "; ".join(f"{f.name}: {f.turn_start} {f.turn_end}" for f in FAMILIES.values())
+            raise RolloutReadError(f"tokenizer {name!r} has the turn markers of no chat family ({markers})")
+
+        def token_id(token: str | None) -> int | None:  # None when the vocabulary lacks it (it maps to unknown)
+            tid = tokenizer.convert_tokens_to_ids(token) if token else None
             known = tid != tokenizer.unk_token_id or token == tokenizer.unk_token  # Qwen2's unknown is <|endoftext|>
             return tid if isinstance(tid, int) and known else None
 
-        common = {"tokenizer": tokenizer, "think": token_id("<think>"), "think_end": token_id("</think>"),
-                  "tool_response": token_id("<tool_response>"), "vocab_size": len(tokenizer)}  # fmt: skip
-        start_header, end_header, eot = (
-            token_id("<|start_header_id|>"),
-            token_id("<|end_header_id|>"),
-            token_id("<|eot_id|>"),
-        )
-        if None not in (start_header, end_header, eot):
-            stops = frozenset({token_id("<|eom_id|>"), token_id("<|end_of_text|>")} - {None})
-            return cls(turn_start=start_header, turn_end=eot, header_end=end_header,
-                       tool_roles=frozenset({"ipython", "tool"}), stop_ids=stops, **common)  # fmt: skip
-        im_start, im_end = token_id("<|im_start|>"), token_id("<|im_end|>")
-        if im_start is None or im_end is None:
+        turn_start, turn_end = token_id(family.turn_start), token_id(family.turn_end)
+        if turn_start is None or turn_end is None:
             raise RolloutReadError(
-                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has neither <|im_start|>/<|im_end|> (ChatML) "
-                "nor <|start_header_id|>/<|end_header_id|>/<|eot_id|> (Llama 3) tokens: these tools read those formats"
+                f"tokenizer {name!r} lacks the turn markers of chat family {family.name!r}: "
+                f"{family.turn_start} and {family.turn_end} as single tokens"
             )
-        stops = frozenset({token_id("<|endoftext|>")} - {None})
-        return cls(turn_start=im_start, turn_end=im_end, header_end=None, tool_roles=frozenset({"tool"}),
-                   stop_ids=stops, **common)  # fmt: skip
+        stops = frozenset({token_id(t) for t in (family.end_of_text, *family.other_stops)} - {None})
+        return cls(tokenizer, family, turn_start, turn_end, token_id(family.tool_response), stops, len(tokenizer))
 
     def text(self, token_ids: list[int]) -> str:
         """The text of consecutive tokens, decoded together (characters split over tokens come out whole)."""
@@ -326,10 +289,10 @@ class ChatFormat:
 class Turn:
     index: int
     role: str  # system, user, tool, assistant, or whatever the header names
-    start: int  # position of its <|im_start|>
+    start: int  # position of its turn start (<|im_start|>, <|start_header_id|>)
     content_start: int  # first token after the header (and, for the assistant, the scaffold)
-    end: int  # exclusive; includes <|im_end|> (END) and the template after it (SEPARATOR)
-    closed: bool  # False when the sample ends (or a new turn starts) before <|im_end|> (or a reply's stop token)
+    end: int  # exclusive; includes the turn end (END) and the template after it (SEPARATOR)
+    closed: bool  # False when the sample ends (or a new turn starts) before its turn end (or a reply's stop token)
 
 
 @dataclass
@@ -360,10 +323,12 @@ def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None =
         start = i
         header_end, role = _read_header(token_ids, i, chat)
         i = header_end
-        if (role == "user" and _starts_tool_response(token_ids, header_end, chat)) or role in chat.tool_roles:
+        if (role == "user" and _starts_tool_response(token_ids, header_end, chat)) or role in chat.family.tool_roles:
             role = "tool"
-        content_start = _skip_scaffold(token_ids, header_end, chat) if role == "assistant" else header_end
-        # Content runs to <|im_end|> or, in a reply, another stop token (the server may add <|im_end|> after it).
+        content_start = header_end
+        if role == "assistant" and chat.family.scaffold:  # the template's prefill, e.g. an empty think block
+            content_start = _skip_text(token_ids, header_end, chat.family.scaffold, chat) or header_end
+        # Content runs to the turn end or, in a reply, another stop token (the server may add the turn end after it).
         stops = {chat.turn_start, chat.turn_end} | (chat.stop_ids if role == "assistant" else set())
         while i < n and (
             token_ids[i] not in stops or (role == "assistant" and _sampled_start(i, token_ids, sampled, chat))
@@ -389,40 +354,25 @@ def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None =
 
 
 def _read_header(token_ids: list[int], start: int, chat: ChatFormat) -> tuple[int, str]:
-    """Where the header of the turn opening at ``start`` ends, and the role it names. ChatML: the role's tokens up
-    to the token holding the newline; Llama 3: up to ``<|end_header_id|>`` and the blank line after it."""
-    n = len(token_ids)
+    """Where the header of the turn opening at ``start`` ends, and the role it names: the tokens up to and including
+    the family's ``role_end`` (ChatML's newline, Llama 3's ``<|end_header_id|>`` and blank line)."""
+    n, role_end = len(token_ids), chat.family.role_end
     header_text, i = "", start + 1
-    while i < n and token_ids[i] not in (chat.turn_start, chat.turn_end):
-        if chat.header_end is not None and token_ids[i] == chat.header_end:
-            i = _skip_text(token_ids, i + 1, "\n\n", chat) or i + 1
-            return i, header_text.strip() or "unknown"
+    while i < n and token_ids[i] not in (chat.turn_start, chat.turn_end) and role_end not in header_text:
         header_text += chat.piece(token_ids[i])
         i += 1
-        if chat.header_end is None and "\n" in header_text:
-            break
-    return i, header_text.split("\n")[0].strip() or "unknown"
+    return i, header_text.partition(role_end)[0].strip() or "unknown"
 
 
 def _starts_tool_response(token_ids: list[int], i: int, chat: ChatFormat) -> bool:
+    marker = chat.family.tool_response
     while i < len(token_ids) and chat.piece(token_ids[i]).isspace():
         i += 1
-    if i >= len(token_ids):
+    if marker is None or i >= len(token_ids):
         return False
     if chat.tool_response is not None:
         return token_ids[i] == chat.tool_response
-    return chat.piece(token_ids[i]).startswith("<tool_response>")
-
-
-def _skip_scaffold(token_ids: list[int], i: int, chat: ChatFormat) -> int:
-    """Past an empty ``<think>\\n\\n</think>\\n\\n`` starting at ``i`` (the template's prefill), else ``i``."""
-    if chat.think is None or chat.think_end is None or i >= len(token_ids) or token_ids[i] != chat.think:
-        return i
-    j = _skip_text(token_ids, i + 1, SCAFFOLD_TEXT, chat)
-    if j is None or j >= len(token_ids) or token_ids[j] != chat.think_end:
-        return i
-    k = _skip_text(token_ids, j + 1, SCAFFOLD_TEXT, chat)
-    return i if k is None else k
+    return chat.piece(token_ids[i]).startswith(marker)
 
 
 def _skip_text(token_ids: list[int], i: int, text: str, chat: ChatFormat) -> int | None:
@@ -518,7 +468,7 @@ def check_step(rollouts: StepRollouts, chat: ChatFormat) -> StepReport:
     """Check every sample of a step and the batch as a whole."""
     reports = [check_sample(record, chat) for record in rollouts.samples]
     model = str(getattr(chat.tokenizer, "name_or_path", ""))
-    problems = list(rollouts.problems) + _check_batch_info(rollouts) + _check_as_the_trainer(rollouts)
+    problems = _check_as_the_trainer(rollouts) or _check_sample_records(rollouts)  # records of a sound batch
     return StepReport(rollouts, reports, problems, model)
 
 
@@ -531,27 +481,13 @@ def _check_as_the_trainer(rollouts: StepRollouts) -> list[Problem]:
     return []
 
 
-def _check_batch_info(rollouts: StepRollouts) -> list[Problem]:
-    info, samples = rollouts.info, rollouts.samples
-    problems = []
-    recorded = info.get("samples")
+def _check_sample_records(rollouts: StepRollouts) -> list[Problem]:
+    """``batch.json``'s per-sample records (for the tools; the trainer reads none) against the samples."""
+    recorded, samples = rollouts.info.get("samples"), rollouts.samples
     if isinstance(recorded, list) and recorded and len(recorded) != len(samples):
-        problems.append(
-            Problem(
-                "sample_count_mismatch",
-                f"batch.json lists {len(recorded)} samples but the micro-batches hold {len(samples)}",
-            )
-        )
-    actual = {
-        "num_samples": len(samples),
-        "num_tokens": sum(len(s.token_ids) for s in samples),
-        "num_loss_tokens": sum(s.num_trainable for s in samples),
-    }
-    for key, value in actual.items():
-        if key in info and info[key] != value:
-            check = "sample_count_mismatch" if key == "num_samples" else "batch_info_mismatch"
-            problems.append(Problem(check, f"batch.json {key} = {info[key]} but the micro-batches hold {value}"))
-    return problems
+        message = f"batch.json lists {len(recorded)} samples but the micro-batches hold {len(samples)}"
+        return [Problem("sample_count_mismatch", message)]
+    return []
 
 
 def _span(positions: list[int]) -> str:
@@ -560,25 +496,13 @@ def _span(positions: list[int]) -> str:
 
 
 def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
-    """Check one sample's tensors against each other and its loss mask against its chat turns."""
+    """Check one sample's advantage, logprobs and token ids, and its loss mask against its chat turns."""
     problems: list[Problem] = []
 
     def add(check: str, message: str, positions: list[int] | None = None, severity: str = ERROR) -> None:
         problems.append(Problem(check, message, severity, record.index, positions or []))
 
     ids, mask, logprobs = record.token_ids, record.loss_mask, record.inference_logprobs
-    lengths = {
-        "sample_lengths": record.length,
-        "input_ids": len(ids),
-        "loss_mask": len(mask),
-        "inference_logprobs": len(logprobs),
-        "advantages": len(record.advantages),
-        "position_ids": len(record.position_ids),
-    }
-    if len(set(lengths.values())) > 1:
-        add("length_mismatch", "lengths differ: " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
-    if record.position_ids and record.position_ids != list(range(len(record.position_ids))):
-        add("position_mismatch", "position_ids do not run 0, 1, 2, ... within the sample")
     _check_advantage(record, add)
     if not any(mask):
         add("empty_mask", f"no trainable token in {len(ids)} tokens: the sample adds nothing to the loss")
@@ -603,11 +527,11 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
     for check, positions in by_check.items():
         where = {
             "mask_outside_turn": "outside any chat turn",
-            "mask_on_template": "on template tokens (turn header, generation-prompt scaffold, newline after "
-            "<|im_end|>)",
+            "mask_on_template": "on template tokens (turn header, generation-prompt scaffold, whitespace after "
+            f"{chat.family.turn_end})",
         }.get(check, f"in {check.removeprefix('mask_in_').removesuffix('_turn')} turns")
         add(check, f"trainable tokens {where}: {_span(positions)}", positions)
-    _check_assistant_turns(seg, mask, add)
+    _check_assistant_turns(seg, mask, chat, add)
     return SampleReport(record, seg, problems)
 
 
@@ -661,8 +585,8 @@ def _check_advantage(record: SampleRecord, add) -> None:
         add("advantage_mismatch", f"advantage {values[0]:.6g} in the tensors, {recorded:.6g} in batch.json")
 
 
-def _check_assistant_turns(seg: Segmentation, mask: list[bool], add) -> None:
-    """Warnings about replies trained only in part: holes in the mask, an untrained <|im_end|>."""
+def _check_assistant_turns(seg: Segmentation, mask: list[bool], chat: ChatFormat, add) -> None:
+    """Warnings about replies trained only in part: holes in the mask, an untrained turn end."""
     gaps: list[int] = []
     unmasked_ends: list[int] = []
     for turn in seg.turns:
@@ -681,7 +605,7 @@ def _check_assistant_turns(seg: Segmentation, mask: list[bool], add) -> None:
     if unmasked_ends:
         add(
             "unmasked_turn_end",
-            f"a trained assistant reply whose <|im_end|> is not trained: {_span(unmasked_ends)}",
+            f"a trained assistant reply whose {chat.family.turn_end} is not trained: {_span(unmasked_ends)}",
             unmasked_ends,
             WARNING,
         )
@@ -690,7 +614,8 @@ def _check_assistant_turns(seg: Segmentation, mask: list[bool], add) -> None:
 def open_step(output_dir: Path, step: int | None = None, model: str | None = None) -> tuple[StepRollouts, ChatFormat]:
     """What the tools start from: a step's samples and the run's chat format (errors: :class:`RolloutReadError`)."""
     rollouts = read_step(output_dir, step)
-    return rollouts, ChatFormat.from_tokenizer(load_tokenizer(output_dir, model))
+    family = FAMILIES.get(run_model_setting(output_dir, "chat_family") or "")  # the run's, unless "auto"
+    return rollouts, ChatFormat.from_tokenizer(load_tokenizer(output_dir, model), family)
 
 
 def choose_samples(count: int, wanted: list[int] | None, limit: int | None, default: list[int]) -> list[int]:

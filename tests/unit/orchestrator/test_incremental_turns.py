@@ -54,7 +54,7 @@ async def run_rollout(tiny_model_path: str, prompts: list[list[int]]):
 
 
 def test_each_turns_prompt_is_bridged_and_equals_a_full_render_of_the_conversation(tiny_model_path, monkeypatch):
-    config = renderer_config("auto", tiny_model_path, enable_thinking=False)
+    config = renderer_config("auto", "auto", tiny_model_path, enable_thinking=False)
     renderer = create_renderer(load_tokenizer(tiny_model_path), config)
     bridges = []
     bridge = type(renderer).bridge_to_next_turn

@@ -8,6 +8,7 @@ from renderers.base import load_tokenizer
 from contracts.chat_family import model_family
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
+from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from orchestrator.config import OrchestratorConfig
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
@@ -29,10 +30,12 @@ def test_auto_picks_the_families_renderer_and_tool_parser_and_they_match_the_tem
     model_id, path = tiny
     family, renderer, parser = EXPECTED[model_id]
     assert model_family(path).name == family
-    config = renderer_config("auto", path, enable_thinking=False)
+    config = renderer_config("auto", "auto", path, enable_thinking=False)
     assert config.name == renderer
-    assert tool_call_parser("auto", path) == parser
-    assert tool_call_parser("pythonic", path) == "pythonic"  # an explicit parser is kept
+    assert tool_call_parser(InferenceModelConfig(), path) == parser
+    assert (
+        tool_call_parser(InferenceModelConfig(tool_call_parser="pythonic"), path) == "pythonic"
+    )  # an explicit parser is kept
     check_renderer(config, path)
 
 
@@ -40,7 +43,7 @@ def test_a_tool_call_reply_in_the_familys_syntax_parses_and_the_next_turn_extend
     """What the model would sample for a tool call, in its family's own syntax, parses to that call."""
     model_id, path = tiny
     tokenizer = load_tokenizer(path)
-    renderer = create_renderer(tokenizer, renderer_config("auto", path, enable_thinking=False))
+    renderer = create_renderer(tokenizer, renderer_config("auto", "auto", path, enable_thinking=False))
     reply = {
         "qwen3": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>',
         "qwen2.5": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>',
@@ -55,23 +58,23 @@ def test_a_renderer_that_differs_from_the_template_is_refused_naming_both():
     qwen3 = resolve_model_path("trident/tiny-qwen3")
     # a renderer for other special tokens: Llama has no ChatML tokens, Qwen2.5 no <think>
     with pytest.raises(TridentError, match=r"renderer 'qwen3' cannot render for .*tiny-llama3.*not found"):
-        check_renderer(renderer_config("qwen3", llama, enable_thinking=False), llama)
+        check_renderer(renderer_config("qwen3", "auto", llama, enable_thinking=False), llama)
     with pytest.raises(TridentError, match=r"renderer 'qwen3' cannot render for .*tiny-qwen2.5.*not found"):
-        check_renderer(renderer_config("qwen3", qwen25, enable_thinking=False), qwen25)
+        check_renderer(renderer_config("qwen3", "auto", qwen25, enable_thinking=False), qwen25)
     # same tokens, other text: PrimeIntellect's Qwen3 template has its own system prompt and tool layout
     differs = r"renderer 'prime-qwen3' and the chat template of .*tiny-qwen3.* from token"
     with pytest.raises(TridentError, match=differs):
-        check_renderer(renderer_config("prime-qwen3", qwen3, enable_thinking=False), qwen3)
+        check_renderer(renderer_config("prime-qwen3", "auto", qwen3, enable_thinking=False), qwen3)
     # the model's own template always matches itself
-    check_renderer(renderer_config("default", llama, enable_thinking=False), llama)
+    check_renderer(renderer_config("default", "auto", llama, enable_thinking=False), llama)
 
 
 def test_thinking_needs_a_renderer_with_a_thinking_mode():
     llama = resolve_model_path("trident/tiny-llama3")
     with pytest.raises(TridentError, match="enable_thinking = true: renderer 'llama-3' has no thinking mode"):
-        renderer_config("auto", llama, enable_thinking=True)
+        renderer_config("auto", "auto", llama, enable_thinking=True)
     qwen3 = resolve_model_path("trident/tiny-qwen3")
-    assert renderer_config("auto", qwen3, enable_thinking=True).enable_thinking is True
+    assert renderer_config("auto", "auto", qwen3, enable_thinking=True).enable_thinking is True
 
 
 def test_an_unknown_renderer_is_a_config_error_naming_the_key():

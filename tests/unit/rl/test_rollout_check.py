@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
-from tools.rollout_check import ChatFormat, check_step, read_step, segment
+from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 TOOLS = [
@@ -215,6 +216,14 @@ def test_old_batch_without_sample_records_passes(tmp_path, samples, chat, tiny_m
     assert report.ok and report.samples[0].record.summary == {}
 
 
+def test_the_runs_chat_family_gives_the_turn_markers(tmp_path, samples, tiny_model_path):
+    write_step(tmp_path, baseline(samples), tiny_model_path)
+    assert open_step(tmp_path)[1].family is QWEN3  # "auto": the model's own
+    config = tmp_path / "configs" / "orchestrator.toml"
+    config.write_text(f'[model]\nname = "{tiny_model_path}"\nchat_family = "qwen2.5"\n')
+    assert open_step(tmp_path)[1].family is QWEN2_5  # the run's choice
+
+
 def test_missing_rollouts_is_one_line_and_exit_2(tmp_path, check_loss_mask, capsys):
     assert check_loss_mask.main(["--output-dir", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err.strip()
@@ -391,8 +400,10 @@ def test_length_mismatch(tmp_path, samples, chat, tiny_model_path, check_loss_ma
 
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=drop_last_logprob)
     found = checks_found(tmp_path, chat)
-    assert set(found) == {"length_mismatch", "trainer_rejects"}
-    assert {p.sample for p in found["length_mismatch"]} == {None, 2}  # the micro-batch, and its last sample
+    assert set(found) == {"trainer_rejects"}  # the protocol's refusal, the only problem
+    (problem,) = found["trainer_rejects"]
+    assert re.search(r"micro_batch_1.safetensors: inference_logprobs has \d+ entries for \d+ tokens$", problem.message)
+    assert [s.micro_batch for s in read_step(tmp_path).samples] == [0]  # a micro-batch that does not split: unread
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
 
 
@@ -421,7 +432,8 @@ def test_sample_lengths_disagree_with_tensors(tmp_path, samples, chat, tiny_mode
         micro_batches[0].sample_lengths = micro_batches[0].sample_lengths + 1
 
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=longer_sample)
-    assert "length_mismatch" in checks_found(tmp_path, chat)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"trainer_rejects"} and "do not split" in found["trainer_rejects"][0].message
 
 
 def test_batch_json_sample_count_disagrees(tmp_path, samples, chat, tiny_model_path, check_loss_mask):
