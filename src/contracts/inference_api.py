@@ -5,6 +5,7 @@ The server (``inference.routes``, ``inference.security``), its client (``orchest
 use these names; ``docs/protocol.md`` describes each route.
 """
 
+import ipaddress
 import os
 from typing import Annotated
 
@@ -75,3 +76,13 @@ def served_probe_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
     """The logprobs of ``token_ids`` in the answer to :func:`probe_request` (0.0 at position 0, which has none)."""
     per_position = answer["prompt_logprobs"]
     return [0.0] + [per_position[i][str(token)]["logprob"] for i, token in enumerate(token_ids) if i > 0]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False

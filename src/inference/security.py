@@ -1,7 +1,6 @@
 """Who may use the server, and which folders it loads weights from."""
 
 import hmac
-import ipaddress
 import os
 from pathlib import Path
 
@@ -12,18 +11,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
 from contracts.errors import TridentError
-from contracts.inference_api import API_KEY_ENV, OPEN_ROUTES
+from contracts.inference_api import API_KEY_ENV, OPEN_ROUTES, is_loopback
 from contracts.protocol import STABLE, step_of
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def api_key_for(host: str) -> str | None:

@@ -23,8 +23,7 @@ from pathlib import Path
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from inference.config import InferenceConfig
-from trainer.config import TrainerConfig
-from trainer.parallel import reshards_after_forward
+from trainer.config import TrainerConfig, reshards_after_forward
 from trainer.scoring import chunk_rows
 
 GIB = 2**30

@@ -12,8 +12,8 @@ from typing import IO
 import torch
 
 from contracts.errors import TridentError
+from contracts.inference_api import is_loopback
 from contracts.model_path import resolve_model_path
-from inference.security import is_loopback
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.rl_config import RLConfig, servers
 

@@ -21,7 +21,6 @@ from contracts.shared_config import (
     StrictModel,
     WandbSection,
 )
-from orchestrator.renderer import known_renderer
 from orchestrator.tasks import prompts_per_env
 
 MaxConcurrent = Annotated[
@@ -34,11 +33,19 @@ MaxConcurrent = Annotated[
 ]
 
 
+def known_renderer_name(name: str) -> str:
+    """``name`` if renderers knows it (:func:`orchestrator.renderer.known_renderer`); renderers is imported only when
+    a value is checked: it takes a second, which ``rl``'s start need not pay."""
+    from orchestrator.renderer import known_renderer
+
+    return known_renderer(name)
+
+
 class OrchestratorModelConfig(ModelConfig):
     chat_family: ChatFamilyName = "auto"
     renderer: Annotated[
         str,
-        AfterValidator(known_renderer),
+        AfterValidator(known_renderer_name),
         Field(
             description="How conversations become token ids (a renderers name, e.g. 'qwen3', 'llama-3', or 'default': "
             "the model's own chat template). 'auto': the chat family's renderer (with chat_family 'auto', renderers' "

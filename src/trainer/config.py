@@ -328,3 +328,13 @@ class SFTConfig(BaseConfig):
                 "exactly; fine-tune with [model.experimental.lora] on the full-precision base"
             )
         return self
+
+
+def reshards_after_forward(model: TrainerModelConfig, ranks: int, gpu: bool, offload: bool) -> bool:
+    """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``model.reshard_after_forward``).
+    ``auto``: yes with several ranks, where gathering is communication; on one GPU, where it is a copy, the copies
+    are kept in full training, but freed under LoRA (they would hold the frozen base twice) and under CPU offload
+    (they would hold every layer on the GPU); on the CPU freed, as keeping them was no faster there."""
+    if model.reshard_after_forward != "auto":
+        return model.reshard_after_forward
+    return ranks > 1 or not gpu or model.experimental.lora is not None or offload

@@ -30,7 +30,7 @@ from contracts.protocol import (
 )
 from trainer.attention import uses_varlen
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
-from trainer.config import TrainerConfig, TrainerModelConfig
+from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
 from trainer.loss import policy_loss
 from trainer.model import compile_layers, decoder_layers, load_model, packed_logprobs, packed_scores
@@ -40,7 +40,6 @@ from trainer.parallel import (
     close_world,
     init_world,
     rank_share,
-    reshards_after_forward,
     shard_model,
     sum_over_ranks,
 )

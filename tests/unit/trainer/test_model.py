@@ -4,10 +4,10 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.protocol import PROBE_TEXT, PROBE_TOLERANCE, MicroBatch, Sample, read_probe
-from trainer.config import TrainerModelConfig
+from trainer.config import TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
-from trainer.parallel import close_world, init_world, reshards_after_forward, shard_model
+from trainer.parallel import close_world, init_world, shard_model
 from trainer.train import build_model
 
 
