@@ -3,8 +3,9 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from contracts.chat_family import FAMILIES
 from contracts.model_path import TINY_MODEL_ID
 
 
@@ -38,6 +39,24 @@ AsyncLevel = Annotated[
     ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]
+
+
+def _known_family(name: str) -> str:
+    if name != "auto" and name not in FAMILIES:
+        raise ValueError(f"unknown chat family {name!r}; expected 'auto' or one of {', '.join(FAMILIES)}")
+    return name
+
+
+ChatFamilyName = Annotated[
+    str,
+    AfterValidator(_known_family),
+    Field(
+        description="Chat family of the model (" + ", ".join(repr(name) for name in FAMILIES) + "): it picks both "
+        "the orchestrator's renderer and the server's tool-call parser (where those say 'auto'). 'auto': read "
+        "from the model's files, once for the whole run under rl; a model of no known family renders with its own "
+        "template, its tool calls parsed as Hermes'."
+    ),
+]
 
 
 class LogConfig(StrictModel):

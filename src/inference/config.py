@@ -5,8 +5,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
-from contracts.shared_config import LogConfig, ModelConfig, Seed, StrictModel
+from contracts.run_spec import VLLM_LORA_RANKS
+from contracts.shared_config import ChatFamilyName, LogConfig, ModelConfig, Seed, StrictModel
 
 
 class InferenceModelConfig(ModelConfig):
@@ -18,21 +20,29 @@ class InferenceModelConfig(ModelConfig):
     enforce_eager: Annotated[
         bool, Field(description="Skip CUDA graph capture (faster start, slower decode); always on CPU.")
     ] = False
+    chat_family: ChatFamilyName = "auto"
     enable_auto_tool_choice: Annotated[bool, Field(description="Let the model decide when to call tools.")] = True
     tool_call_parser: Annotated[
         str,
         Field(
-            description="vLLM tool-call parser matching the chat template. 'auto': from the model's chat family "
-            "('hermes' for Qwen3 and Qwen2.5, 'llama3_json' for Llama 3.x), 'hermes' for others."
+            description="vLLM tool-call parser matching the chat template. 'auto': the parser of chat_family "
+            "('hermes' for Qwen3 and Qwen2.5, 'llama3_json' for Llama 3.x), 'hermes' for a model of no known family."
         ),
     ] = "auto"
+
+    @property
+    def chosen_tool_call_parser(self) -> str:
+        """``tool_call_parser``; for 'auto' the parser of the run's chat family, when the model has one."""
+        if self.tool_call_parser == "auto" and self.chat_family != "auto":
+            return FAMILIES[self.chat_family].vllm_tool_call_parser
+        return self.tool_call_parser
 
 
 class InferenceLoraConfig(StrictModel):
     """Serve LoRA adapters loaded at runtime (``POST /load_adapter``), one versioned name per trainer step."""
 
     max_rank: Annotated[
-        Literal[1, 8, 16, 32, 64, 128, 256, 320, 512],
+        Literal[VLLM_LORA_RANKS],
         Field(description="Largest adapter rank the server accepts (vLLM sizes its LoRA buffers for it): at least "
                           "the trainer's lora.rank."),
     ] = 16  # fmt: skip
@@ -90,5 +100,10 @@ class InferenceConfig(BaseConfig):
         InferenceLoraConfig | None,
         Field(description="Serve LoRA adapters swapped at runtime (absent: off, only full-weight reloads)."),
     ] = None
+    output_dir: Annotated[
+        Path | None,
+        Field(description="The run's output_dir (rl sets it): the server takes the run's model, max_model_len, chat "
+                          "family and LoRA rank from its configs/run.json, when there is one."),
+    ] = None  # fmt: skip
     seed: Seed = 0
     log: LogConfig = LogConfig()

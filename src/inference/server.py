@@ -54,7 +54,7 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv += [
             "--enable-auto-tool-choice",
             "--tool-call-parser",
-            tool_call_parser(config.model.tool_call_parser, model_path),
+            tool_call_parser(config.model.chosen_tool_call_parser, model_path),
         ]
     if config.lora is not None:
         lora = config.lora

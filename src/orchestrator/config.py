@@ -6,10 +6,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
 from contracts.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
 from contracts.shared_config import (
     AsyncLevel,
+    ChatFamilyName,
     CkptSection,
     LogConfig,
     MaxSteps,
@@ -34,16 +36,23 @@ MaxConcurrent = Annotated[
 
 
 class OrchestratorModelConfig(ModelConfig):
+    chat_family: ChatFamilyName = "auto"
     renderer: Annotated[
         str,
         AfterValidator(known_renderer),
         Field(
             description="How conversations become token ids (a renderers name, e.g. 'qwen3', 'llama-3', or 'default': "
-            "the model's own chat template). 'auto': renderers' choice for a known hub id, else the model's chat "
-            "family (Qwen3, Qwen2.5, Llama 3.x) read from its files, else 'default'. Checked against the model's chat "
-            "template at start."
+            "the model's own chat template). 'auto': the renderer of chat_family; for a model of no known family, "
+            "renderers' choice for a known hub id, else 'default'. Checked against the model's chat template at start."
         ),
     ] = "auto"
+
+    @property
+    def chosen_renderer(self) -> str:
+        """``renderer``; for 'auto' the renderer of the run's chat family, when the model has one."""
+        if self.renderer == "auto" and self.chat_family != "auto":
+            return FAMILIES[self.chat_family].renderer
+        return self.renderer
 
 
 class SamplingConfig(StrictModel):

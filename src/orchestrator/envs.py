@@ -145,7 +145,7 @@ def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelCo
         client=vf.TrainClientConfig(
             base_url=config.client.base_urls[0].rstrip("/") + "/v1",  # a lease points it at one of several servers
             api_key_var=key_var,
-            renderer=renderer_config(config.model.renderer, tokenizer_path, config.sampling.enable_thinking),
+            renderer=renderer_config(config.model.chosen_renderer, tokenizer_path, config.sampling.enable_thinking),
             renderer_model_name=tokenizer_path,
         ),
         sampling=vf.SamplingConfig(

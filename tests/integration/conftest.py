@@ -13,6 +13,8 @@ import pytest
 import renderers.client
 
 from contracts.model_path import TINY_MODEL_ID
+from contracts.run_spec import served_lora_rank
+from trainer.config import LoraConfig
 
 
 def wait_healthy(base_url: str, process: subprocess.Popen, log_path, timeout_s: float = 900) -> None:
@@ -38,7 +40,7 @@ def serve(folder, model: str, port: int, weights_root=None, broadcast_port: int 
     config.write_text(
         f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
         f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
-        "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
+        f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\n"  # for the trainer's default adapter rank
         + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
     )
     log_path = folder / "inference.log"
