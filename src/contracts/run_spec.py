@@ -158,8 +158,12 @@ def read_or_derive_run_spec(config: BaseConfig, process: str, output_dir: Path |
         return spec
     try:
         spec = RunSpec.model_validate(json.loads(path.read_text()))
-    except (ValueError, ValidationError) as e:
-        raise ConfigError(f"{path}: not a run spec ({str(e).splitlines()[0]}); delete it or run rl again") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ConfigError(f"{path}: not a run spec ({'.'.join(map(str, first['loc']))}: {first['msg']}); delete it "
+                          "or run rl again") from None  # fmt: skip
+    except ValueError as e:  # not JSON
+        raise ConfigError(f"{path}: not a run spec ({e}); delete it or run rl again") from None
     apply_run_spec(config, process, spec, str(path))
     return spec
 

@@ -6,11 +6,14 @@ from pathlib import Path
 import pytest
 
 from contracts.config import ConfigError, parse_config
+from contracts.model_path import resolve_model_path
 from contracts.run_spec import RunSpec, load_config, run_spec_path
 from inference.config import InferenceConfig
+from inference.server import vllm_argv
 from launch.launcher import run
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
+from orchestrator.envs import model_context
 from trainer.config import TrainerConfig
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
@@ -93,8 +96,9 @@ def test_one_chat_family_override_picks_both_the_renderer_and_the_tool_call_pars
     assert spec.chat_family == "llama-3"
     orchestrator, _ = start_alone("orchestrator", tmp_path / "configs" / "orchestrator.toml")
     inference, _ = start_alone("inference", tmp_path / "configs" / "inference.toml")
-    assert orchestrator.model.chosen_renderer == "llama-3"
-    assert inference.model.chosen_tool_call_parser == "llama3_json"
+    renderer = model_context(orchestrator, resolve_model_path(orchestrator.model.name)).client.renderer
+    argv = vllm_argv(inference)
+    assert (renderer.name, argv[argv.index("--tool-call-parser") + 1]) == ("llama-3", "llama3_json")
 
 
 def test_a_process_file_contradicting_the_run_spec_is_refused_in_one_line(tmp_path, capsys):
@@ -114,3 +118,17 @@ def test_an_unknown_chat_family_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError, match=r"^--model.chat-family: model.chat_family: unknown chat family 'qwen9'; "
                                           r"expected 'auto' or one of qwen3, qwen2.5, llama-3$"):  # fmt: skip
         parse_config(RLConfig, ["--model.chat-family", "qwen9"])
+
+
+def test_a_run_json_that_is_no_run_spec_is_refused_naming_it(tmp_path, capsys):
+    run_spec_path(tmp_path).parent.mkdir()
+    run_spec_path(tmp_path).write_text('{"model": "m", "seq_len": "long"}')
+    own = tmp_path / "own.toml"
+    own.write_text(f'output_dir = "{tmp_path}"\n')
+    with pytest.raises(SystemExit):
+        start_alone("orchestrator", own)
+    error = capsys.readouterr().err
+    assert error == (
+        f"error: {run_spec_path(tmp_path)}: not a run spec (seq_len: Input should be a valid integer, unable to parse "
+        "string as an integer); delete it or run rl again\n"
+    )
