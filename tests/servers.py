@@ -13,6 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from contracts.run_spec import served_lora_rank
+from trainer.config import LoraConfig
+
 
 @dataclass
 class Server:
@@ -29,7 +32,7 @@ def launch(folder: Path, model: str, port: int, weights_root=None, broadcast_por
     config.write_text(
         f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
         f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
-        "[lora]\nmax_rank = 8\n"  # the trainer's default adapter rank
+        f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\n"  # for the trainer's default adapter rank
         + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
     )
     log_path = folder / "inference.log"

@@ -217,6 +217,30 @@ def exit_config_error(error: ConfigError) -> NoReturn:
     sys.exit(2)
 
 
+def get_key(config: Any, dotted: str) -> Any:
+    """The value at ``dotted`` (``model.experimental.lora.rank``); None where a section on the way is absent."""
+    for part in dotted.split("."):
+        if config is None:
+            return None
+        config = getattr(config, part)
+    return config
+
+
+def is_set(config: Any, dotted: str) -> bool:
+    """Whether ``dotted`` was given explicitly (file, flag or env var) rather than left at its default."""
+    for part in dotted.split("."):
+        if config is None or part not in config.model_fields_set:
+            return False
+        config = getattr(config, part)
+    return True
+
+
+def set_key(config: Any, dotted: str, value: Any) -> None:
+    """Assign ``value`` at ``dotted`` (validated: the models assign with validation)."""
+    *parents, leaf = dotted.split(".")
+    setattr(get_key(config, ".".join(parents)) if parents else config, leaf, value)
+
+
 def to_toml_dict(config: BaseConfig) -> dict:
     """The config as plain TOML-able data (None values dropped), e.g. to hand to a child process."""
     return config.model_dump(mode="json", exclude_none=True)

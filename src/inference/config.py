@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from contracts.config import BaseConfig
+from contracts.run_spec import VLLM_LORA_RANKS
 from contracts.shared_config import ChatFamilyName, LogConfig, ModelConfig, Seed, StrictModel
 
 
@@ -34,7 +35,7 @@ class InferenceLoraConfig(StrictModel):
     """Serve LoRA adapters loaded at runtime (``POST /load_adapter``), one versioned name per trainer step."""
 
     max_rank: Annotated[
-        Literal[1, 8, 16, 32, 64, 128, 256, 320, 512],
+        Literal[VLLM_LORA_RANKS],
         Field(description="Largest adapter rank the server accepts (vLLM sizes its LoRA buffers for it): at least "
                           "the trainer's lora.rank."),
     ] = 16  # fmt: skip
@@ -92,5 +93,10 @@ class InferenceConfig(BaseConfig):
         InferenceLoraConfig | None,
         Field(description="Serve LoRA adapters swapped at runtime (absent: off, only full-weight reloads)."),
     ] = None
+    output_dir: Annotated[
+        Path | None,
+        Field(description="The run's output_dir (rl sets it): the server takes the run's model, max_model_len, chat "
+                          "family and LoRA rank from its configs/run.json, when there is one."),
+    ] = None  # fmt: skip
     seed: Seed = 0
     log: LogConfig = LogConfig()

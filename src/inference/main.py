@@ -2,17 +2,17 @@
 
 import os
 
-from contracts.config import run_cli
 from contracts.errors import exit_on_user_error
 from contracts.lifeline import watch_launcher
 from contracts.metrics import setup_logging
+from contracts.run_spec import load_config
 from inference.config import InferenceConfig
 from inference.security import api_key_for
 from inference.server import serve
 
 
 def main() -> None:
-    config = run_cli(InferenceConfig)
+    config, _ = load_config(InferenceConfig, "inference")  # with the run spec rl wrote to its output dir, if any
     watch_launcher()
     setup_logging("inference", config.log.level)
     with exit_on_user_error("inference"):

@@ -1,6 +1,7 @@
 """``uv run rl --trainer @ train.toml --orchestrator @ orch.toml --inference @ infer.toml``.
 
-Resolves the three configs (shared fields made to agree), writes them to ``output_dir/configs/``, starts
+Resolves the three configs (shared fields made to agree), writes them and the run spec they share
+(:mod:`contracts.run_spec`) to ``output_dir/configs/``, starts
 inference, orchestrator and trainer with their output in ``output_dir/logs/``, prints one line per step,
 and stops every process tree when the run ends, fails, or is interrupted.
 """
@@ -23,6 +24,7 @@ from contracts.lifeline import launcher_env
 from contracts.metrics import eval_line, read_metrics, setup_logging, write_summary
 from contracts.progress import Activity, read_progress
 from contracts.protocol import clear_run_state, configs_dir, logs_dir, resume_step
+from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
     check_envs_installed,
     check_gpus,
@@ -37,7 +39,7 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import Child, command, shell_line, stop_all
-from launch.rl_config import RLConfig, resolve_shared, servers, sub_configs
+from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, sub_configs
 
 logger = logging.getLogger("rl")
 
@@ -79,10 +81,10 @@ def resume_point(config: RLConfig) -> int:
     return step
 
 
-def write_configs(config: RLConfig) -> dict[str, Path]:
-    """Write each process's resolved config as TOML; returns their paths."""
+def write_configs(config: RLConfig, spec: RunSpec) -> dict[str, Path]:
+    """Write the run spec (``run.json``) and each process's resolved config as TOML; returns the configs' paths."""
     folder = configs_dir(config.trainer.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    write_run_spec(spec, config.trainer.output_dir)
     paths = {}
     for name, sub in sub_configs(config).items():
         paths[name] = folder / f"{name}.toml"
@@ -257,7 +259,7 @@ def run(config: RLConfig) -> int:
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
-    paths = write_configs(config)
+    paths = write_configs(config, settle_run_spec(config))
     processes = process_commands(config, paths, on_gpu)
     if config.dry_run:
         for name, path in paths.items():

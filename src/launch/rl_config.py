@@ -2,11 +2,12 @@
 
 import logging
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import Annotated
 
 from pydantic import Field, ValidationError, field_validator
 
-from contracts.config import BaseConfig, ConfigError, format_errors
+from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
+from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
 from contracts.shared_config import (
     AsyncLevel,
     ChatFamilyName,
@@ -32,15 +33,15 @@ class SharedModelConfig(StrictModel):
     ] = None
 
 
-# Each shared field and where it lives in the sub-configs.
+# Each shared field and where it lives in the sub-configs: the run spec's facts (contracts.run_spec.HOMES), and
+# settings rl hands every process.
 SHARED_FIELDS = {
-    "model.name": ("trainer.model.name", "orchestrator.model.name", "inference.model.name"),
-    "model.chat_family": ("orchestrator.model.chat_family", "inference.model.chat_family"),
-    "output_dir": ("trainer.output_dir", "orchestrator.output_dir"),
-    "max_steps": ("trainer.max_steps", "orchestrator.max_steps"),
-    # the server stops a rollout's context at seq_len, so every sample fits in a micro-batch
-    "seq_len": ("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"),
-    "async_level": ("orchestrator.async_level",),
+    "model.name": HOMES["model"],
+    "model.chat_family": HOMES["chat_family"],
+    "output_dir": ("trainer.output_dir", "orchestrator.output_dir", "inference.output_dir"),
+    "max_steps": HOMES["max_steps"],
+    "seq_len": HOMES["seq_len"],
+    "async_level": HOMES["async_level"],
     "wandb": ("trainer.wandb", "orchestrator.wandb"),
     "ckpt": ("trainer.ckpt", "orchestrator.ckpt"),
     "log": ("trainer.log", "orchestrator.log", "inference.log"),
@@ -125,26 +126,6 @@ class RLConfig(BaseConfig):
         return ids
 
 
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _is_set(obj: Any, dotted: str) -> bool:
-    """Whether ``dotted`` was given explicitly (file, flag or env var) rather than left at its default."""
-    for part in dotted.split("."):
-        if part not in obj.model_fields_set:
-            return False
-        obj = getattr(obj, part)
-    return True
-
-
-def _assign(obj: Any, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    setattr(_get(obj, ".".join(parents)) if parents else obj, leaf, value)
-
-
 def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     """Make the sub-configs agree on the shared fields, or raise a ConfigError naming the disagreement.
 
@@ -154,25 +135,25 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     """
     refused = []  # values a check across keys refused (async_level against the old max_steps): tried again at the end
     for shared, targets in SHARED_FIELDS.items():
-        value = _get(config, shared)
+        value = get_key(config, shared)
         if value is None:
-            explicit = {t: _get(config, t) for t in targets if _is_set(config, t)}
+            explicit = {t: get_key(config, t) for t in targets if is_set(config, t)}
             if len(set(map(str, explicit.values()))) > 1:
                 found = ", ".join(f"{t} = {v!r}" for t, v in explicit.items())
                 raise ConfigError(
                     f"sub-configs disagree on {shared}: {found}; make them equal or set --{shared} for all"
                 )
-            value = next(iter(explicit.values()), _get(config, targets[0]))
+            value = next(iter(explicit.values()), get_key(config, targets[0]))
         for target in targets:
             if target.startswith("inference.") and config.inference is None:
                 continue  # a running server: its settings are its own
             try:
-                _assign(config, target, value)
+                set_key(config, target, value)
             except ValidationError:
                 refused.append((target, value))
     for target, value in refused:
         try:
-            _assign(config, target, value)
+            set_key(config, target, value)
         except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
             raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
@@ -184,9 +165,9 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
         return config
     count_servers(config, on_gpu)
     broadcast_store(config)
-    if not _is_set(config, "inference.weights_root"):
+    if not is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
-    if not _is_set(config, "orchestrator.client.base_url"):
+    if not is_set(config, "orchestrator.client.base_url"):
         host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
         urls = [f"http://{host}:{server.port}" for server in servers(config).values()]
         config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
@@ -273,12 +254,8 @@ def serve_adapters(config: RLConfig) -> None:
         raise ConfigError(f"{key}.modules_to_save: vLLM cannot swap in fully trained modules; use export = 'merged'")
     if config.inference is None:
         return  # a running server: it must have been started with [lora] (/load_adapter says so otherwise)
-    ranks = get_args(InferenceLoraConfig.model_fields["max_rank"].annotation)  # the ranks vLLM accepts
     if config.inference.lora is None:
-        fitting = [rank for rank in ranks if rank >= lora.rank]
-        if not fitting:
-            raise ConfigError(f"{key}.rank = {lora.rank}: vLLM serves adapters of rank {max(ranks)} at most")
-        config.inference.lora = InferenceLoraConfig(max_rank=fitting[0])
+        config.inference.lora = InferenceLoraConfig(max_rank=served_lora_rank(lora.rank))
     elif config.inference.lora.max_rank < lora.rank:
         raise ConfigError(
             f"inference.lora.max_rank = {config.inference.lora.max_rank} is smaller than {key}.rank = {lora.rank}"
@@ -292,6 +269,21 @@ def one_trainer_gpu_for_a_4bit_base(config: RLConfig, on_gpu: bool) -> None:
         raise ConfigError(
             f"--trainer-gpu-ids {gpus}: trainer.model.experimental.load_in_4bit trains on one rank; give it one GPU"
         )
+
+
+def process_configs(config: RLConfig) -> dict[str, BaseConfig]:
+    """The config of each kind of process rl starts (``inference`` only when it starts servers)."""
+    configs = {"trainer": config.trainer, "orchestrator": config.orchestrator, "inference": config.inference}
+    return {process: sub for process, sub in configs.items() if sub is not None}
+
+
+def settle_run_spec(config: RLConfig) -> RunSpec:
+    """The run spec, derived once from the resolved configs (the chat family detected here), each sub-config given
+    its values (:func:`contracts.run_spec.apply_run_spec`)."""
+    spec = derive_run_spec(process_configs(config))
+    for process, sub in process_configs(config).items():
+        apply_run_spec(sub, process, spec, "the run spec")
+    return spec
 
 
 def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:

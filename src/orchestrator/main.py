@@ -2,17 +2,17 @@
 
 import asyncio
 
-from contracts.config import run_cli
 from contracts.errors import exit_on_user_error
 from contracts.lifeline import stop_descendants_on_exit, watch_launcher
 from contracts.metrics import setup_logging
+from contracts.run_spec import load_config
 from orchestrator.config import OrchestratorConfig
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
 
 
 def main() -> None:
-    config = run_cli(OrchestratorConfig)
+    config, _ = load_config(OrchestratorConfig, "orchestrator")  # with the run spec rl wrote to its output dir, if any
     watch_launcher()
     stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)

@@ -1,15 +1,15 @@
 """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
 
-from contracts.config import run_cli
 from contracts.errors import exit_on_user_error
 from contracts.lifeline import watch_launcher
+from contracts.run_spec import load_config
 from trainer.config import TrainerConfig
 from trainer.parallel import setup_rank_logging
 from trainer.train import train
 
 
 def main() -> None:
-    config = run_cli(TrainerConfig)
+    config, _ = load_config(TrainerConfig, "trainer")  # with the run spec rl wrote to its output dir, if any
     watch_launcher()
     setup_rank_logging("trainer", config.log.level)
     with exit_on_user_error("trainer"):

