@@ -91,7 +91,8 @@ async def evaluate(config: EvalCliConfig) -> dict:
         weights_step(config.weights)  # before touching any server
     groups = connect(config, InfraConfig(), config.eval.rollouts_per_example)
     metrics = MetricsWriter(config.output_dir, "orchestrator")
-    evaluation = Evaluation(config.eval, groups, metrics, Progress(config.output_dir, "orchestrator"))
+    # no progress file: that is for rl's console, and a run's orchestrator writes its own
+    evaluation = Evaluation(config.eval, groups, metrics, Progress(None, "eval"))
     servers = groups.servers
     try:
         await servers.wait_ready(config.client.server_timeout_s)
