@@ -9,7 +9,7 @@ import logging
 
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress
-from orchestrator.config import ClientConfig, EvalRunConfig, InfraConfig, OrchestratorConfig
+from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, model_context, run_group, task_id
 from orchestrator.limits import RolloutLimits, limit_generation
 from orchestrator.renderer import check_renderer
@@ -52,7 +52,7 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     ctx = model_context(config, model_path)
     check_renderer(ctx.client.renderer, model_path)
     logger.info(f"rendering chats with renderer {ctx.client.renderer.name!r}, checked against the template")
-    client: ClientConfig = config.client
+    client = config.client
     servers = Servers(client.base_urls, client.timeout_s, config.model.name, ctx, client.stall_timeout_s)
     limits = RolloutLimits.of(
         client.rollouts_in_flight(config.max_concurrent), infra.max_concurrent_setups, infra.setup_timeout_s,

@@ -96,7 +96,7 @@ class Orchestrator:
         """Sample, score and write the batch of step ``step``. With ``start_next``, step ``step + 1``'s groups
         start in this step's tail, once the servers serve weights it may use, to run while this step's last
         rollouts finish."""
-        started, slots = await self.schedule.finish(step, start_next)
+        started, slots = await self.schedule.sample(step, start_next)
         weight_step, start = started.weight_step, started.start
         groups = [slot.group for slot in slots]
         check_lost(step, groups, self.config.infra.max_lost_groups)

@@ -55,7 +55,7 @@ class StepSchedule:
         self.tasks, self.envs, self.per_env, self.progress = tasks, envs, per_env, progress
         self.next_step: asyncio.Task | None = None  # the next step's StartedStep, started during this step
 
-    async def finish(self, step: int, start_next: bool = False) -> tuple[StartedStep, list[Slot]]:
+    async def sample(self, step: int, start_next: bool = False) -> tuple[StartedStep, list[Slot]]:
         """Step ``step``'s groups, started now (or in the step before's tail) and finished: one Slot per place of
         the batch. With ``start_next``, step ``step + 1``'s groups start in this step's tail. If a group fails (no
         server left) or this is cancelled, the step's other groups and the next step's stop too."""
