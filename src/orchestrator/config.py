@@ -311,6 +311,10 @@ class ClientConfig(StrictModel):
         """The servers' URLs, one or several."""
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
+    def rollouts_in_flight(self, max_concurrent: int | None) -> int:
+        """``max_concurrent``, or ``max_concurrent_per_server`` for each server."""
+        return max_concurrent or self.max_concurrent_per_server * len(self.base_urls)
+
 
 class InfraConfig(StrictModel):
     """Rollout set-up and infrastructure errors (tool servers, sandboxes, the inference servers): see
@@ -424,11 +428,6 @@ class OrchestratorConfig(BaseConfig):
                           "metrics/eval.jsonl."),
     ] = None  # fmt: skip
 
-    @property
-    def rollouts_in_flight(self) -> int:
-        """``max_concurrent``, or ``client.max_concurrent_per_server`` for each server."""
-        return self.max_concurrent or self.client.max_concurrent_per_server * len(self.client.base_urls)
-
     @model_validator(mode="after")
     def _every_env_gets_prompts(self):
         counts = prompts_per_env([env.share for env in self.env], self.batch_size)
@@ -481,11 +480,3 @@ class EvalRunConfig(BaseConfig):
     output_dir: OutputDir = Path("outputs/eval")
     max_concurrent: MaxConcurrent = None
     log: LogConfig = LogConfig()
-
-    def orchestrator_config(self) -> OrchestratorConfig:
-        """The orchestrator's config that runs these evaluations (its environments are the held-out ones)."""
-        return OrchestratorConfig(
-            model=self.model, client=self.client, sampling=self.sampling, env=self.eval.env, eval=self.eval,
-            output_dir=self.output_dir, max_concurrent=self.max_concurrent, batch_size=len(self.eval.env),
-            sample_rollouts_every=0, log=self.log,
-        )  # fmt: skip

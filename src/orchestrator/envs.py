@@ -17,7 +17,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from orchestrator import generate_transport
-from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from orchestrator.infra import is_infra
 from orchestrator.judge import judging_rollouts_of, with_judge
@@ -128,7 +128,7 @@ def dataset_errors_named(env_id: str):
         raise TridentError(f"environment {env_id!r}: {e}") from None
 
 
-def model_context(config: OrchestratorConfig, tokenizer_path: str) -> vf.ModelContext:
+def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: str) -> vf.ModelContext:
     """How verifiers reaches our server: the training client, token in / token out through the model's renderer
     (:func:`~orchestrator.renderer.renderer_config`), with our sampling.
 

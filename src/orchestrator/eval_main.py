@@ -19,11 +19,13 @@ from pydantic import Field
 from contracts.config import run_cli
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import Served
-from contracts.metrics import setup_logging
+from contracts.metrics import MetricsWriter, setup_logging
+from contracts.progress import Progress
 from contracts.protocol import is_stable, step_of
-from orchestrator.config import EvalRunConfig
+from orchestrator.config import EvalRunConfig, InfraConfig
+from orchestrator.evaluation import Evaluation
 from orchestrator.gc_tuning import tune_gc
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.groups import connect
 from orchestrator.servers import Servers
 
 logger = logging.getLogger("orchestrator")
@@ -83,21 +85,24 @@ async def serve_weights(servers: Servers, config: EvalCliConfig) -> Served:
 
 
 async def evaluate(config: EvalCliConfig) -> dict:
-    """Serve the model or weights to score, evaluate them once, and return the scores' record."""
+    """Serve the model or weights to score, evaluate them once, and return the scores' record. Only the evaluation
+    part runs: no training orchestrator, no batch, no weights but what ``config`` names."""
     if config.weights is not None:
         weights_step(config.weights)  # before touching any server
-    orchestrator = Orchestrator(config.orchestrator_config())
-    servers = orchestrator.servers
+    groups = connect(config, InfraConfig(), config.eval.rollouts_per_example)
+    metrics = MetricsWriter(config.output_dir, "orchestrator")
+    # no progress file: that is for rl's console, and a run's orchestrator writes its own
+    evaluation = Evaluation(config.eval, groups, metrics, Progress(None, "eval"))
+    servers = groups.servers
     try:
         await servers.wait_ready(config.client.server_timeout_s)
         scored = await serve_weights(servers, config)
         adapter = f", adapter {scored.adapter}" if scored.adapter else ""
         logger.info(f"eval: scoring weights step {scored.step} from {scored.path}{adapter} on {urls(servers)}")
-        orchestrator.served_step = scored.step
-        return await orchestrator.evaluate(scored.step)
+        return await evaluation.evaluate(scored.step)
     finally:
         await servers.close()
-        orchestrator.metrics.close()
+        metrics.close()
 
 
 def main() -> None:

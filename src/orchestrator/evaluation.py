@@ -1,18 +1,28 @@
-"""Held-out evaluation during training (``[eval]``): the served weights' scores on held-out tasks, k rollouts each.
+"""Held-out evaluation (``[eval]``): the served weights' scores on held-out tasks, k rollouts each.
 
-The orchestrator runs an evaluation on the run's servers beside training (its rollouts queue behind the step's for
+:class:`Evaluation` needs only the servers to sample from (a :class:`~orchestrator.groups.GroupRunner`) and where to
+log: ``eval`` runs one alone (:mod:`orchestrator.eval_main`). During training the orchestrator starts one beside the
+step's groups whenever the served weights reach the next ``interval`` (its rollouts queue behind the step's for
 ``max_concurrent``'s slots) and holds the next weight reload until it is done, so every rollout of an evaluation
 samples from the weights it is logged under.
 """
 
+import asyncio
+import logging
 import statistics
+import time
 from dataclasses import dataclass
 
 import verifiers.v1 as vf
 
+from contracts.metrics import MetricsWriter, eval_line
+from contracts.progress import Progress
 from orchestrator.config import EvalConfig
 from orchestrator.envs import Rollout, load_env, load_tasks
+from orchestrator.groups import GroupRunner, track
 from orchestrator.judge import check_judged
+
+logger = logging.getLogger("orchestrator")
 
 
 @dataclass
@@ -51,3 +61,53 @@ def eval_scores(name: str, groups: list[list[Rollout]], pass_reward: float) -> d
         f"eval/{name}/avg@{k}": statistics.fmean(statistics.fmean(group) for group in passed),
         f"eval/{name}/failed": sum(not r.ok for group in groups for r in group),
     }
+
+
+class Evaluation:
+    """Evaluations of the served weights on ``config``'s held-out sets (none without ``config``), sampled with
+    ``groups``; their records go to ``metrics`` (``metrics/eval.jsonl``), what runs to ``progress``."""
+
+    def __init__(self, config: EvalConfig | None, groups: GroupRunner, metrics: MetricsWriter, progress: Progress):
+        self.config = config
+        self.sets = load_eval_sets(config) if config else []
+        self.groups, self.metrics, self.progress = groups, metrics, progress
+        self.running: tuple[int, asyncio.Task] | None = None  # the weights step in evaluation, and its evaluation
+        self.next_due = 0  # the weights step from which the next evaluation is due
+
+    async def evaluate(self, weight_step: int) -> dict:
+        """Score the served weights (``weight_step``) on every held-out task, k rollouts each; log the scores and
+        return their record."""
+        start = time.perf_counter()
+        k = self.config.rollouts_per_example
+        runs = [[asyncio.ensure_future(self.groups.run(s.env, task, k)) for task in s.tasks] for s in self.sets]
+        track(self.progress, f"evaluating weights step {weight_step}", [run for set_runs in runs for run in set_runs])
+        groups = await asyncio.gather(*(asyncio.gather(*set_runs) for set_runs in runs))
+        scores = {}
+        for eval_set, set_groups in zip(self.sets, groups, strict=True):
+            scores |= eval_scores(eval_set.name, set_groups, self.config.pass_reward)
+        record = {"step": weight_step, **scores, "eval/seconds": time.perf_counter() - start}
+        self.metrics.write_eval(record)
+        logger.info(eval_line(record))
+        return record
+
+    def start_if_due(self, served_step: int) -> None:
+        """Evaluate the served weights (``served_step``) in the background once they reach the next multiple of
+        ``interval`` (step 0 first), unless an evaluation runs."""
+        if not self.sets or self.running is not None or served_step < self.next_due:
+            return
+        interval = self.config.interval
+        self.next_due = (served_step // interval + 1) * interval
+        self.running = served_step, asyncio.create_task(self.evaluate(served_step))
+
+    async def finish(self) -> None:
+        """Wait for the evaluation in flight, if any."""
+        running, self.running = self.running, None
+        if running is not None:
+            step, evaluation = running
+            with self.progress.doing(f"waiting for the evaluation of weights step {step} to end"):
+                await evaluation
+
+    def cancel(self) -> None:
+        """Stop the evaluation in flight, if any (the run stops)."""
+        if self.running is not None:
+            self.running[1].cancel()

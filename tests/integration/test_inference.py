@@ -17,11 +17,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contracts.errors import TridentError
 from contracts.inference_api import adapter_name
 from contracts.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, mark_stable
+from orchestrator.batch import build_samples
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
-from orchestrator.orchestrator import build_samples
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import packed_logprobs, use_packed_forward
 

@@ -13,10 +13,10 @@ import pytest
 import verifiers.v1 as vf
 from transformers import AutoTokenizer
 
+from orchestrator.batch import build_samples
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
-from orchestrator.orchestrator import build_samples
 
 pytestmark = pytest.mark.slow
 

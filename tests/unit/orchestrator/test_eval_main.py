@@ -1,12 +1,17 @@
 import asyncio
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
+import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.inference_api import Served
+from contracts.metrics import read_metrics
 from contracts.protocol import mark_stable
-from orchestrator.eval_main import EvalCliConfig, serve_weights
+from orchestrator.envs import Rollout
+from orchestrator.eval_main import EvalCliConfig, evaluate, serve_weights
+from orchestrator.orchestrator import Orchestrator
 
 
 class FakeServers:
@@ -65,3 +70,44 @@ def test_reset_lets_eval_replace_what_the_server_serves(weights):
     servers = FakeServers(A_RUNS)
     assert asyncio.run(serve_weights(servers, config(weights=weights, reset=True))).step == 20
     assert servers.calls == ["reset", ("reload", 20)]
+
+
+def test_eval_runs_the_evaluation_part_alone(tmp_path, monkeypatch):
+    """eval builds no training orchestrator: it asks the server what it serves, scores that on the held-out tasks
+    and writes their record, and nothing else (no weights waited for or loaded, no batch, no training metrics)."""
+
+    def no_orchestrator(self, config):
+        raise AssertionError("eval built a training Orchestrator")
+
+    monkeypatch.setattr(Orchestrator, "__init__", no_orchestrator)
+    requests = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        requests.append(f"{request.method} {request.url.path}")
+        return httpx.Response(200, json={"step": 3, "path": "/run/weights/step_3", "adapter": None})
+
+    class ToServer(httpx.AsyncClient):  # every client eval opens talks to ``server``
+        def __init__(self, **kwargs):
+            super().__init__(transport=httpx.MockTransport(server), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", ToServer)
+    groups = []
+
+    async def run_group(env, task, n, ctx, limits):
+        groups.append((task.data.id, n))
+        return [Rollout(reward=1.0 if i == 0 else 0.0, branches=[], ok=True) for i in range(n)]
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    config = EvalCliConfig(
+        eval={"env": [{"id": "char-target", "args": {"seed": 1}}], "num_examples": 3, "rollouts_per_example": 2},
+        output_dir=tmp_path,
+    )
+    record = asyncio.run(evaluate(config))
+
+    assert len(groups) == 3 and {n for _, n in groups} == {2}  # each held-out task once, k rollouts
+    assert record["step"] == 3 and record["eval/char-target/pass@2"] == 1.0
+    assert record["eval/char-target/reward_mean"] == 0.5
+    assert read_metrics(tmp_path, "eval") == [record]
+    assert set(requests) == {"GET /health", "GET /weights"}  # what it serves was asked, never changed
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["metrics"]  # no rollouts, weights or checkpoints
+    assert [path.name for path in (tmp_path / "metrics").iterdir()] == ["eval.jsonl"]

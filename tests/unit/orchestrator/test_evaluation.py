@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
 from contracts.progress import read_progress
@@ -59,19 +59,19 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
         wandb=WandbConfig(name="run", offline=True),  # the scores go to W&B too, against their own step
     )  # fmt: skip
     orchestrator, server = on_weights_server(config)
-    assert len(orchestrator.eval_sets[0].tasks) == 3
+    assert len(orchestrator.evaluation.sets[0].tasks) == 3
 
     async def run_group(env, task, n, ctx, limit):
         # each rollout scores the weights step it sampled from, at its start and at its end: an evaluation that a
         # reload overtook would log rewards of two steps
         first = server.step
-        if env is orchestrator.eval_sets[0].env:  # the console is told what runs and how far it got
+        if env is orchestrator.evaluation.sets[0].env:  # the console is told what runs and how far it got
             shown = [a for a in read_progress(tmp_path) if a.text == f"evaluating weights step {first}"]
             assert len(shown) == 1 and shown[0].total == 3 and shown[0].process == "orchestrator"
-        await asyncio.sleep(0.05 if n == 2 and env is orchestrator.eval_sets[0].env else 0)
+        await asyncio.sleep(0.05 if n == 2 and env is orchestrator.evaluation.sets[0].env else 0)
         return [rollout(float(first + server.step) / 2) for _ in range(n)]
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def run():
         for step in range(config.max_steps):

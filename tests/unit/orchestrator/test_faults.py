@@ -12,7 +12,7 @@ import httpx
 import pytest
 import verifiers.v1 as vf
 
-import orchestrator.orchestrator as orch_module
+import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from contracts.protocol import rollouts_dir
@@ -149,7 +149,7 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
         branch = ([1, 2, 3], [False, True, True], [0.0, -0.5, -0.5])
         return [Rollout(reward=float(i), branches=[branch], ok=True, env=ENV_ID, task="t0") for i in range(n)]
 
-    monkeypatch.setattr(orch_module, "run_group", sample_without_server)
+    monkeypatch.setattr(groups_module, "run_group", sample_without_server)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         asyncio.run(orch.step(0))
     info = json.loads((rollouts_dir(tmp_path, 0) / "batch.json").read_text())

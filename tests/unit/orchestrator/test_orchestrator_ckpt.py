@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.protocol import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
@@ -72,7 +72,7 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
         return [Rollout(reward=r, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True, task=task.data.id)
                 for r in rewards]  # fmt: skip
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
 
     def build(output_dir, resume_step=None):
         config = OrchestratorConfig(

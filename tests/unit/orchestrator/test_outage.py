@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 import orchestrator.client as client_module
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.protocol import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
@@ -49,7 +49,7 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
     for step in (1, 2):
         (weights := weights_dir(tmp_path, step)).mkdir(parents=True)
         mark_stable(weights)
-    orchestrator.served_step = 2  # the server served the run's step-2 weights, then went away
+    orchestrator.weights.served_step = 2  # the server served the run's step-2 weights, then went away
     server = FakeServer(served_step=2)
     orchestrator.servers.servers[0].client.http = httpx.AsyncClient(
         base_url="http://server", transport=httpx.MockTransport(server.handle)
@@ -71,13 +71,13 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
             return rollouts(n, ok=False)
         return rollouts(n, ok=True)
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         asyncio.run(orchestrator.step_surviving_outage(3))
 
     assert sleeps == [1.0, 2.0, 4.0]  # backing off while the server is down
     assert "POST /reload_weights" in server.requests  # the restarted server got the run's weights back
-    assert orchestrator.served_step == 2 and len(attempts) == 2
+    assert orchestrator.weights.served_step == 2 and len(attempts) == 2
     assert weights_dir(tmp_path, 2).exists()  # what it serves again
     assert (rollouts_dir(tmp_path, 3) / "batch.json").exists()
     messages = " ".join(r.getMessage() for r in caplog.records)
@@ -97,6 +97,6 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
     async def run_group(env, task, n, ctx, limit):
         return rollouts(n, ok=False)  # the environment fails, the server is fine
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     with pytest.raises(TridentError, match="step 0: all 2 rollouts failed; first, in environment"):
         asyncio.run(orchestrator.step_surviving_outage(0))

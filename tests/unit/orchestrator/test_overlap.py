@@ -5,7 +5,7 @@ import asyncio
 import json
 import time
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.protocol import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
@@ -39,7 +39,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
         branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
         return [Rollout(reward=float(i), branches=[branch], ok=True) for i in range(n)]
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def steps():
         step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # on the base weights (step 0)
@@ -87,7 +87,7 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
     def done_groups() -> int:  # as the orchestrator counted them
         return sum(a.done for a in orchestrator.progress.activities.values() if a.text == "sampling step 1")
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def steps():
         step_0 = asyncio.create_task(orchestrator.step(0, start_next=True))  # step 1 may use weights 0: served

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
@@ -28,7 +28,7 @@ def fake_groups(monkeypatch, rewards_of) -> list[int]:
         return [Rollout(reward=r, branches=[branch], ok=True, env="char-target", task=task.data.id)
                 for r in rewards_of(index(task))]  # fmt: skip
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     return sampled
 
 

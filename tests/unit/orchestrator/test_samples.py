@@ -2,9 +2,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from orchestrator.batch import build_samples
 from orchestrator.config import AdvantageConfig
 from orchestrator.envs import Rollout, trace_branches
-from orchestrator.orchestrator import build_samples
 
 
 def node(n, sampled):

@@ -5,7 +5,7 @@ import logging
 import httpx
 import pytest
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 import orchestrator.servers as servers_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
@@ -91,7 +91,7 @@ def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch
             return rollouts(n, ok=False)
         return rollouts(n, ok=True)
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         asyncio.run(orchestrator.step(0))
     assert ran_on == ["http://a:1/v1", "http://b:2/v1"]
@@ -110,7 +110,7 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
     orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
     (weights := weights_dir(tmp_path, 2)).mkdir(parents=True)
     mark_stable(weights)
-    orchestrator.served_step = a.step = b.step = 2
+    orchestrator.weights.served_step = a.step = b.step = 2
     cancelled = []
 
     async def run_group(env, task, n, ctx, limit):
@@ -130,7 +130,7 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
         await orchestrator.step(3)
         watch.cancel()
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.INFO, logger="orchestrator"):
         asyncio.run(steps())
     assert cancelled == [True]

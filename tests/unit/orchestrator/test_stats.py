@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from orchestrator.batch import build_samples
 from orchestrator.envs import Rollout
-from orchestrator.orchestrator import build_samples
 from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
 
 

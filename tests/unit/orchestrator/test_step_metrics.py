@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-import orchestrator.orchestrator as orchestrator_module
+import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
@@ -54,7 +54,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
             for i in range(n)
         ]
 
-    monkeypatch.setattr(orchestrator_module, "run_group", run_group)
+    monkeypatch.setattr(groups_module, "run_group", run_group)
     asyncio.run(orchestrator.step(0))
     orchestrator.metrics.close()
 

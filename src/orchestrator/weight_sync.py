@@ -1,0 +1,77 @@
+"""Keeping the servers on weights fresh enough: the rollouts of step N sample from weights no older than
+N - ``async_level``. Each new weights folder of the trainer is loaded into every server and probe-checked; a server
+that comes back (restarted on its base model) gets the run's weights again before it gets work.
+"""
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from contracts.progress import Progress, last_written
+from contracts.protocol import latest_stable_weights, wait_for, weights_dir
+from orchestrator.servers import Servers
+
+logger = logging.getLogger("orchestrator")
+
+
+class WeightSync:
+    """The weights the run's ``servers`` serve (``served_step``, 0 for the base model), moved to the trainer's
+    newest in ``output_dir/weights`` as steps need them. ``before_reload`` runs before each reload (the evaluation
+    of the weights served until then ends first)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        servers: Servers,
+        progress: Progress,
+        async_level: int,
+        timeout_s: float,
+        probe_tolerance: float | None,
+        before_reload: Callable[[], Awaitable[None]],
+    ):
+        self.output_dir, self.servers, self.progress = output_dir, servers, progress
+        self.async_level, self.timeout_s, self.probe_tolerance = async_level, timeout_s, probe_tolerance
+        self.before_reload = before_reload
+        self.served_step = 0
+        self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
+
+    async def bring_servers_back(self) -> None:
+        """Make every server that answers serve ``served_step`` (:meth:`Servers.bring_to`)."""
+        served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
+        await self.servers.bring_to(served, self.served_step, self.probe_tolerance)
+
+    async def update(self, step: int) -> tuple[float, float]:
+        """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
+        needed = step - self.async_level
+        start = time.perf_counter()
+        if needed > self.served_step:
+            with self.progress.doing(f"waiting for the trainer's weights step {needed}"):
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: latest_stable_weights(self.output_dir) >= needed,
+                    self.timeout_s,
+                    f"the trainer's weights {weights_dir(self.output_dir, needed)}/STABLE",
+                    sign_of_life=lambda: last_written(self.output_dir, "trainer"),
+                )
+        waited = time.perf_counter() - start
+        newest = latest_stable_weights(self.output_dir)
+        if newest <= self.served_step:
+            return waited, 0.0
+        await self.before_reload()
+        path = weights_dir(self.output_dir, newest)
+        with self.progress.doing(f"loading weights step {newest} into the server"):
+            reload_s, gap = await self.servers.reload_weights(path, newest, self.probe_tolerance)
+        self.probe_gap = gap
+        count = len(self.servers.up)
+        which = "server now serves" if len(self.servers.servers) == 1 else f"all {count} servers serve"
+        logger.info(f"{which} weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
+        # Nothing can ask for older weights any more: the server moved past them. The folder served until now
+        # goes at the next swap (requests admitted under a retired adapter may still read it).
+        for old in range(1, newest):
+            if old != self.served_step:
+                shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
+        self.served_step = newest
+        return waited, reload_s

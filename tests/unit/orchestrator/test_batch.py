@@ -1,0 +1,157 @@
+"""assemble_batch: hand-built finished groups in, the exact batch out, as the disk protocol defines it
+(docs/protocol.md, "A micro-batch"; contracts.protocol): samples packed end to end into rows of at most seq_len
+tokens (first fit, longest first), position ids restarting per sample, the loss mask True exactly on sampled tokens,
+the server's logprobs there and 0 elsewhere, each sample's group-relative advantage over its tokens."""
+
+import copy
+
+import pytest
+
+from contracts.errors import TridentError
+from contracts.protocol import read_batch, write_batch
+from orchestrator.batch import assemble_batch
+from orchestrator.config import AdvantageConfig
+from orchestrator.envs import Rollout
+
+
+def rollout(reward: float, *branches, ok: bool = True, **fields) -> Rollout:
+    """A finished rollout; each branch is (token ids, index of its first sampled token, logprob of each sampled)."""
+    built = []
+    for ids, first, logprobs in branches:
+        mask = [i >= first for i in range(len(ids))]
+        built.append((ids, mask, [0.0] * first + logprobs))
+    return Rollout(reward=reward, branches=built, ok=ok, env=fields.pop("env", "math"), **fields)
+
+
+def tensors(micro_batch) -> dict[str, list]:
+    return {name: tensor.tolist() for name, tensor in micro_batch.to_dict().items()}
+
+
+A = rollout(1.0, ([10, 11, 12, 13], 2, [-0.5, -0.25]), task="a")
+B = rollout(0.0, ([10, 11, 14], 2, [-1.0]), task="a")
+C = rollout(3.0, ([20, 21, 22, 23, 24], 3, [-0.125, -2.0]), task="c")
+D = rollout(1.0, ([20, 25], 1, [-3.0]), task="c")
+
+
+def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_advantages():
+    batch = assemble_batch(7, [[A, B], [C, D]], weight_step=5, seq_len=8)
+    # lengths A 4, B 3, C 5, D 2; longest first: C opens row 0 (3 left), A row 1 (4 left), B fills row 0, D row 1
+    assert [s.token_ids for s in batch.samples] == [C.branches[0][0], B.branches[0][0], A.branches[0][0], [20, 25]]
+    # advantages: reward minus the group's mean, (1, 0) -> +-0.5 and (3, 1) -> +-1
+    assert [s.advantage for s in batch.samples] == [1.0, -0.5, 0.5, -1.0]
+    assert [tensors(m) for m in batch.micro_batches] == [
+        {
+            "input_ids": [20, 21, 22, 23, 24, 10, 11, 14],
+            "position_ids": [0, 1, 2, 3, 4, 0, 1, 2],
+            "loss_mask": [False, False, False, True, True, False, False, True],
+            "advantages": [1.0] * 5 + [-0.5] * 3,
+            "inference_logprobs": [0.0, 0.0, 0.0, -0.125, -2.0, 0.0, 0.0, -1.0],
+            "sample_lengths": [5, 3],
+        },
+        {
+            "input_ids": [10, 11, 12, 13, 20, 25],
+            "position_ids": [0, 1, 2, 3, 0, 1],
+            "loss_mask": [False, False, True, True, False, True],
+            "advantages": [0.5] * 4 + [-1.0] * 2,
+            "inference_logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, -3.0],
+            "sample_lengths": [4, 2],
+        },
+    ]
+    assert batch.rewards.tolist() == [[1.0, 0.0], [3.0, 1.0]] and batch.advantages.tolist() == [[0.5, -0.5], [1, -1]]
+    assert (batch.overlong, batch.empty, batch.failed) == (0, 0, [])
+    info = batch.info(7, temperature=0.7, reward_mean=1.25, metrics={"m": 1.0})
+    assert (info.step, info.num_samples, info.num_tokens, info.num_loss_tokens) == (7, 4, 14, 6)
+    assert (info.weight_steps, info.temperature, info.reward_mean, info.metrics) == ([5], 0.7, 1.25, {"m": 1.0})
+    # batch.json describes the samples in the rows' order
+    assert [(s["task"], s["reward"], s["advantage"], s["weight_step"]) for s in info.samples] == [
+        ("c", 3.0, 1.0, 5), ("a", 0.0, -0.5, 5), ("a", 1.0, 0.5, 5), ("c", 1.0, -1.0, 5)
+    ]  # fmt: skip
+
+
+def test_the_batch_is_what_the_trainer_reads_back(tmp_path):
+    batch = assemble_batch(3, [[A, B], [C, D]], weight_step=2, seq_len=8)
+    write_batch(tmp_path, batch.info(3, 1.0, 0.5, {}), batch.micro_batches)
+    info, micro_batches = read_batch(tmp_path, 3, vocab_size=32)  # the trainer's checks pass
+    assert [tensors(m) for m in micro_batches] == [tensors(m) for m in batch.micro_batches]
+    assert info.num_loss_tokens == 6
+
+
+def test_the_same_groups_give_the_same_batch_and_are_left_as_they_were():
+    groups = [[A, B], [C, rollout(1.0, ([20, 25], 1, [-3.0]), truncated=True)]]
+    before = copy.deepcopy(groups)
+    first = assemble_batch(0, groups, 0, seq_len=8, mask_truncated=True)
+    second = assemble_batch(0, groups, 0, seq_len=8, mask_truncated=True)
+    assert [tensors(m) for m in first.micro_batches] == [tensors(m) for m in second.micro_batches]
+    assert groups == before  # masking the truncated rollout's sample did not touch the rollout
+
+
+def test_every_branch_of_a_rollout_is_a_sample_with_the_rollouts_advantage():
+    forked = rollout(1.0, ([1, 2, 3], 1, [-0.5, -0.5]), ([1, 2, 9, 4], 3, [-2.0]))
+    batch = assemble_batch(0, [[forked, rollout(0.0, ([1, 5], 1, [-1.0]))]], 0, seq_len=16)
+    assert [(s.token_ids, s.advantage, s.reward) for s in batch.samples] == [
+        ([1, 2, 9, 4], 0.5, 1.0), ([1, 2, 3], 0.5, 1.0), ([1, 5], -0.5, 0.0)
+    ]  # fmt: skip
+    assert tensors(batch.micro_batches[0])["sample_lengths"] == [4, 3, 2]
+
+
+def test_uniform_groups_are_left_out_only_with_drop_uniform_groups_and_never_all():
+    tied = [rollout(1.0, ([7, 8], 1, [-1.0])), rollout(1.0, ([7, 9], 1, [-1.0]))]
+    split = [A, B]
+    kept = assemble_batch(0, [tied, split], 0, seq_len=16)
+    assert sorted(s.token_ids[-1] for s in kept.samples) == [8, 9, 13, 14]  # tied samples train at advantage 0
+    assert [s.advantage for s in kept.samples if s.token_ids[0] == 7] == [0.0, 0.0]
+
+    drop = AdvantageConfig(drop_uniform_groups=True)
+    dropped = assemble_batch(0, [tied, split], 0, seq_len=16, advantage=drop)
+    assert [s.token_ids for s in dropped.samples] == [A.branches[0][0], B.branches[0][0]]
+    assert dropped.rewards.tolist() == [[1.0, 1.0], [1.0, 0.0]]  # the left-out group still counts in the metrics
+
+    all_tied = assemble_batch(0, [tied], 0, seq_len=16, advantage=drop)  # a step of ties still writes its batch
+    assert [s.advantage for s in all_tied.samples] == [0.0, 0.0]
+
+
+def test_failed_rollouts_give_no_sample_and_lost_groups_nothing_at_all():
+    failed = rollout(0.0, ok=False, error="ValueError: boom", task="b")
+    lost = [rollout(1.0, ([3, 4], 1, [-1.0])), rollout(0.0, ok=False, error="ToolsetError: down", lost=True)]
+    batch = assemble_batch(0, [[A, failed, B], lost], 4, seq_len=16)
+    assert [s.token_ids for s in batch.samples] == [A.branches[0][0], B.branches[0][0]]
+    assert [s.advantage for s in batch.samples] == [0.5, -0.5]  # the baseline is the finished rollouts' mean
+    assert batch.groups == [[A, failed, B]] and batch.failed == [failed]
+    assert batch.rewards.tolist() == [[1.0, 0.0, 0.0]] and batch.advantages.tolist() == [[0.5, 0.0, -0.5]]
+
+
+def test_truncated_rollouts_are_masked_or_scored_zero_as_asked():
+    cut = rollout(1.0, ([1, 2, 3], 1, [-1.0, -1.0]), truncated=True)
+    group = [cut, rollout(0.5, ([1, 4], 1, [-1.0])), rollout(0.0, ([1, 5], 1, [-1.0]))]
+
+    masked = assemble_batch(0, [group], 0, seq_len=16, mask_truncated=True)
+    assert masked.samples[0].loss_mask == [False, False, False] and masked.empty == 1
+    assert tensors(masked.micro_batches[0])["loss_mask"] == [False] * 3 + [False, True] * 2
+    assert [s.advantage for s in masked.samples] == [0.5, 0.0, -0.5]  # its reward still counts in the baseline
+
+    zeroed = assemble_batch(0, [group], 0, seq_len=16, zero_truncated=True)
+    assert zeroed.rewards.tolist() == [[0.0, 0.5, 0.0]]
+    assert [s.advantage for s in zeroed.samples] == pytest.approx([-1 / 6, 1 / 3, -1 / 6])
+    assert zeroed.samples[0].loss_mask == [False, True, True]  # still trained, as a bad example
+
+
+def test_samples_longer_than_seq_len_are_left_out_and_counted():
+    long = rollout(1.0, ([1, 2, 3, 4, 5], 1, [-1.0] * 4))
+    batch = assemble_batch(0, [[long, B], [C, D]], 0, seq_len=4)
+    assert batch.overlong == 2  # long and C
+    assert [s.token_ids for s in batch.samples] == [B.branches[0][0], [20, 25]]
+    assert all(len(m.input_ids) <= 4 for m in batch.micro_batches) and len(batch.micro_batches) == 2
+
+
+def test_a_step_with_nothing_to_train_on_is_an_error_naming_why():
+    failed = rollout(0.0, ok=False, error="TaskError: no data", task="t1", env="code")
+    with pytest.raises(TridentError, match=r"^step 3: all 2 rollouts failed; first, in environment 'code' \(task t1\): "
+                                           r"TaskError: no data$"):  # fmt: skip
+        assemble_batch(3, [[failed, failed]], 0, seq_len=16)
+    with pytest.raises(TridentError, match=r"^step 3: no rollout produced a training sample \(all longer than seq_len"):
+        assemble_batch(3, [[A, B]], 0, seq_len=2)
+    with pytest.raises(TridentError, match=r"^step 3: no rollout produced a training sample \(first error: boom\)"):
+        assemble_batch(3, [[A, rollout(0.0, ok=False, error="boom")]], 0, seq_len=2)
+    lost = [rollout(0.0, ok=False, error="SandboxError: gone", lost=True)] * 2
+    with pytest.raises(TridentError, match=r"^step 3: no rollout to train on \(all 1 groups lost\)"):
+        assemble_batch(3, [lost], 0, seq_len=16)
