@@ -13,6 +13,7 @@ import time
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
@@ -21,6 +22,7 @@ from contracts.metrics import eval_line, read_metrics
 from contracts.progress import read_progress
 from contracts.protocol import complete_checkpoints
 from orchestrator.ckpt import read_state
+from tools.plots import load_runs, write_plots
 
 pytestmark = pytest.mark.slow
 
@@ -56,13 +58,21 @@ def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> N
             time.sleep(0.5)
 
 
-def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
-    """The debug configs on the session's server (rl starting its own is the swe-grep test's and the two-server
-    test's)."""
+@pytest.fixture(scope="module")
+def debug_run(tmp_path_factory, session_server) -> tuple[Path, subprocess.CompletedProcess]:
+    """The debug configs run once on the session's server, for the tests below to inspect: its output_dir and what
+    rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
+    output_dir = tmp_path_factory.mktemp("debug-run")
     result = run_rl(
-        tmp_path, "--orchestrator.client.base-url", inference_server, "--progress-every-s", "0.2", inference=False
+        output_dir, "--orchestrator.client.base-url", session_server, "--progress-every-s", "0.2", inference=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    yield output_dir, result
+    httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
+
+
+def test_debug_run_learns_and_cleans_up(debug_run):
+    tmp_path, result = debug_run
 
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ") and " | reward " in line]
     assert len(steps) == 20 and steps[-1].startswith("step 20/20 | reward")
@@ -98,14 +108,39 @@ def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     # 64 rollouts each: a standard error of ~0.012 on the mean reward, ~0.017 on a difference
     assert evals[-1]["eval/char-target/reward_mean"] - evals[0]["eval/char-target/reward_mean"] > 0.05, evals
     assert all(e["eval/char-target/failed"] == 0 for e in evals)
-    # `eval` alone on the run's last weights, with the run's [eval] as it is: the final scores, within noise
-    rescored = standalone_eval(tmp_path, inference_server, tmp_path / "weights" / "step_20")
-    assert abs(rescored["eval/char-target/reward_mean"] - evals[-1]["eval/char-target/reward_mean"]) < 0.06
     assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 19
     assert_process_groups_gone(started_pids(tmp_path))
+
+
+def test_eval_alone_scores_the_runs_final_weights_as_the_run_did(debug_run, inference_server):
+    """``eval`` alone on the run's last weights, with the run's [eval] as it is: the final scores, within noise."""
+    run_dir, _ = debug_run
+    rescored = standalone_eval(run_dir, inference_server, run_dir / "weights" / "step_20")
+    final = read_metrics(run_dir, "eval")[-1]
+    assert abs(rescored["eval/char-target/reward_mean"] - final["eval/char-target/reward_mean"]) < 0.06
+
+
+def test_the_loss_mask_checker_passes_on_the_debug_run(debug_run):
+    run_dir, _ = debug_run
+    check = subprocess.run([sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(run_dir)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert check.returncode == 0 and "loss masks OK" in check.stdout, check.stdout + check.stderr
+
+
+def test_the_plots_of_the_debug_run_draw_its_metrics_at_their_steps(debug_run, tmp_path):
+    """rl left its report and plots in the run; drawn again, each point is a step's metric at that step."""
+    run_dir, _ = debug_run
+    assert (run_dir / "plots" / "report.html").is_file() and (run_dir / "plots" / "reward.png").is_file()
+    plots = {plot.name: plot for plot in write_plots(load_runs([run_dir]), tmp_path)}
+    orchestrator, evals = read_metrics(run_dir, "orchestrator"), read_metrics(run_dir, "eval")
+    assert list(plots["reward"].series.values()) == [
+        ([r["step"] for r in orchestrator], [r["reward_mean"] for r in orchestrator])
+    ]
+    scores = ([e["step"] for e in evals], [e["eval/char-target/reward_mean"] for e in evals])
+    assert scores in plots["eval"].series.values()
 
 
 def standalone_eval(run_dir: Path, server_url: str, weights: Path) -> dict:
@@ -120,48 +155,6 @@ def standalone_eval(run_dir: Path, server_url: str, weights: Path) -> dict:
     [record] = read_metrics(run_dir / "eval", "eval")
     assert record["step"] == 20 and "eval of weights step 20 | char-target/reward_mean" in result.stderr
     return record
-
-
-def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
-    """The single-GPU swe-grep configs, as they are, with only the model swapped: multi-turn tools, LoRA, full
-    activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
-    configs = ROOT / "configs" / "swe-grep" / "rl"
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
-            "--orchestrator", "@", str(configs / "orch.toml"), "--inference", "@", str(configs / "infer.toml"),
-            "--model.name", "trident/tiny-qwen3", "--wandb.offline", "true", "--output-dir", str(tmp_path),
-            "--inference.port", str(free_port())]  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert [
-        line.split(" |")[0] for line in result.stdout.splitlines() if line.startswith("step ") and " | " in line
-    ] == [f"step {i}/5" for i in range(1, 6)]
-    # the server takes well over 30 s to start: the user is told what the run waits for
-    assert "waiting for step 1: starting the inference server" in result.stdout
-    orchestrator = read_metrics(tmp_path, "orchestrator")
-    assert len(orchestrator) == 5 and all(r["failed_rollouts"] == 0 for r in orchestrator)
-    batch = json.loads((tmp_path / "rollouts" / "step_4" / "batch.json").read_text())
-    assert {s["env"] for s in batch["samples"]} == {"swe-grep-oss-env"}
-    assert "missed_files_penalty" in batch["samples"][0]["rewards"]
-    runs = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))  # no API key here: offline either way
-    assert len(runs) == 2 and all(b"reward_mean" in run.read_bytes() for run in runs)
-    orchestrator_keys = (b"advantage_std", b"completion_len_mean", b"sampled_tokens_per_s", b"generate_s")
-    assert any(all(key in run.read_bytes() for key in orchestrator_keys) for run in runs)
-    # a table of sample rollouts every 10 steps from step 0: in the JSON lines and the orchestrator's W&B run
-    rows = read_metrics(tmp_path, "sample_rollouts")
-    assert rows and {r["step"] for r in rows} == {0} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
-    assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_0_*.table.json"))) == 1
-    check = subprocess.run(
-        [sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "loss masks OK" in check.stdout
-    # LoRA hot-swap: each step's adapter alone, swapped in under its own name, checked through the probe
-    assert (tmp_path / "weights" / "step_5" / "adapter_config.json").exists()
-    inference_log = (tmp_path / "logs" / "inference.log").read_text()
-    swapped = [int(s) for s in re.findall(r"serving adapter lora-step-(\d+) of step", inference_log)]
-    assert swapped == sorted({r["weight_step"] for r in orchestrator} - {0})
-    assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])
 
 
 def test_failing_process_stops_the_run(tmp_path, inference_server):
@@ -182,80 +175,6 @@ def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> No
         time.sleep(0.2)
 
 
-def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_path, inference_server, free_port):
-    """SIGKILL the trainer, then the orchestrator, then inference, each at a random step: each time rl stops the
-    whole run, and ``--ckpt.resume-step -1`` continues it from the newest complete checkpoint. In the end every
-    step was trained once, on the prompts an uninterrupted run would have used. The run refills tied groups and
-    draws its tasks from a difficulty pool (configs/debug/rl/filter.toml): each resume restores the pool saved.
-
-    The first two runs use the session's server (no ``--inference``: rl starts none and the run resets the
-    server to its base model); the third starts its own, to kill it."""
-    seed = random.randrange(10**6)
-    rng = random.Random(seed)
-    steps, batch_size = 8, 4
-    # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
-    flags = ["@", str(DEBUG / "filter.toml"), "--max-steps", str(steps), "--ckpt.interval", "2",
-             "--orchestrator.batch-size", str(batch_size), "--orchestrator.rollouts-per-example", "2",
-             "--no-orchestrator.eval"]  # fmt: skip
-    running_server = ["--orchestrator.client.base-url", inference_server]
-    own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port())]
-    resumed_from = []
-    for victim in ("trainer", "orchestrator", "inference"):
-        resume = ["--ckpt.resume-step", "-1"] if resumed_from else []
-        server = own_server if victim == "inference" else running_server
-        argv = rl_argv(tmp_path, *flags, *server, *resume, inference=False)
-        (tmp_path / "logs" / "rl.log").unlink(missing_ok=True)  # the pids of the run before
-        rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            names = 3 if victim == "inference" else 2
-            wait_for(lambda n=names: len(started_pids(tmp_path)) == n, 120, rl, "start its processes")
-            pids = started_pids(tmp_path)
-            if victim == "trainer":
-                other = rl_argv(tmp_path, *flags, "--orchestrator.client.base-url", "http://x:1", inference=False)
-                refused = subprocess.run(other, capture_output=True, text=True, timeout=120, cwd=ROOT)
-                assert refused.returncode == 1
-                assert f"another rl run (pid {rl.pid}) is using {tmp_path}" in refused.stderr
-                # the refused run wrote nothing: the first run's processes still read their own configs
-                assert inference_server in (tmp_path / "configs" / "orchestrator.toml").read_text()
-            done = len(read_metrics(tmp_path, "trainer"))
-            kill_after = max(done + rng.randint(1, 3), 3)  # a checkpoint (step 2) exists before the first kill
-            trained = lambda n=kill_after: len(read_metrics(tmp_path, "trainer")) >= n  # noqa: E731
-            wait_for(trained, 900, rl, f"{kill_after} trained steps")
-            os.kill(pids[victim], signal.SIGKILL)
-            killed_at = time.monotonic()
-            _, stderr = rl.communicate(timeout=60)
-            assert rl.returncode == 1, f"seed {seed}: {stderr}"
-            assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
-            assert f"{victim} exited with code {-signal.SIGKILL}" in stderr
-            assert_process_groups_gone(pids)
-            assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
-        finally:
-            rl.kill()
-        resumed_from.append(complete_checkpoints(tmp_path)[-1])
-
-    pool = read_state(tmp_path, resumed_from[-1])["difficulty_pool"]  # what the last resume must start from
-    resumed = subprocess.run(
-        rl_argv(tmp_path, *flags, *running_server, "--ckpt.resume-step", "-1", inference=False),
-        capture_output=True, text=True, timeout=1200, cwd=ROOT,
-    )  # fmt: skip
-    assert resumed.returncode == 0, f"seed {seed}: {resumed.stdout + resumed.stderr}"
-    last = resumed_from[-1]
-    assert [
-        line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
-    ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
-    # each step trained exactly once across the four runs, on the prompts an uninterrupted run would have used
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
-    orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
-    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
-    rated = sum(map(len, pool["pass_rates"]))
-    assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
-    metrics = read_metrics(tmp_path, "orchestrator")
-    assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
-    assert complete_checkpoints(tmp_path)[-1] == steps
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "finished"
-
-
 def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals, whole_group: bool = True) -> float:
     """Send ``signals`` to ``uv run rl``'s whole process group (as a scheduler or Ctrl-C does: uv forwards each, so
     rl gets it twice) or to rl alone; returns the seconds until no process of the run was left."""
@@ -268,18 +187,29 @@ def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals,
     return gone
 
 
-def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, inference_server, free_port):
-    """Stopped as users and schedulers stop a run, through ``uv run``: SIGTERM to the whole process group while the
-    server starts, during a step and during a checkpoint; Ctrl-C twice; SIGKILL of rl itself. Each time no process of
-    the run is left 30 s later, and ``--ckpt.resume-step -1`` continues it: every step trained once, in order."""
-    steps, batch_size = 8, 4
+def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_server, free_port):
+    """One run, stopped in turn as processes die and as users and schedulers stop runs, through ``uv run``: SIGTERM
+    to the whole process group while its own server starts; SIGKILL of the trainer, of the orchestrator and of the
+    inference server, each at a random step (each time rl stops the whole run, exits 1 naming the process, and
+    leaves no process group behind); SIGTERM twice during a step and once during a checkpoint; Ctrl-C twice; SIGKILL
+    of rl itself (the processes stop themselves). After each, ``--ckpt.resume-step -1`` continues from the newest
+    complete checkpoint; in the end every step was trained once, on the prompts an uninterrupted run would have used.
+    The run refills tied groups and draws its tasks from a difficulty pool (configs/debug/rl/filter.toml): each
+    resume restores the pool saved. The session's server serves it, but for the stages that start their own."""
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    steps, batch_size = 16, 4
     # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
-    flags = ["--max-steps", str(steps), "--ckpt.interval", "2", "--orchestrator.batch-size", str(batch_size),
-             "--orchestrator.rollouts-per-example", "2", "--no-orchestrator.eval"]  # fmt: skip
+    flags = ["@", str(DEBUG / "filter.toml"), "--max-steps", str(steps), "--ckpt.interval", "2",
+             "--orchestrator.batch-size", str(batch_size), "--orchestrator.rollouts-per-example", "2",
+             "--no-orchestrator.eval"]  # fmt: skip
     uv_rl = [shutil.which("uv"), "run", "--no-sync", "rl", *rl_argv(tmp_path, *flags, inference=False)[3:]]
+    session_server = ["--orchestrator.client.base-url", inference_server]
+    own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port())]
+    resume = ["--ckpt.resume-step", "-1"]
 
     def start(*extra: str) -> subprocess.Popen:
-        (tmp_path / "logs" / "rl.log").unlink(missing_ok=True)
+        (tmp_path / "logs" / "rl.log").unlink(missing_ok=True)  # the pids of the run before
         rl = subprocess.Popen([*uv_rl, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT, start_new_session=True)  # fmt: skip
         wait_for(lambda: len(started_pids(tmp_path)) == (3 if "--inference" in extra else 2), 120, rl, "start")
@@ -291,8 +221,26 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
     def status() -> str:
         return json.loads((tmp_path / "summary.json").read_text())["status"]
 
-    # while its own server starts (no step yet, nothing to resume)
-    rl = start("--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port()))
+    def train_a_step(rl: subprocess.Popen) -> None:
+        done = trained()
+        wait_for(lambda: trained() > done, 600, rl, "a step")
+
+    def kill(victim: str, rl: subprocess.Popen) -> None:
+        """SIGKILL ``victim`` 1-3 steps on (after step 3 at the earliest, so a checkpoint exists): rl stops it all."""
+        pids = started_pids(tmp_path)
+        kill_after = max(trained() + rng.randint(1, 3), 3)
+        wait_for(lambda: trained() >= kill_after, 900, rl, f"{kill_after} trained steps")
+        os.kill(pids[victim], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = rl.communicate(timeout=60)
+        assert rl.returncode == 1, f"seed {seed}: {stderr}"
+        assert time.monotonic() - killed_at < 30  # the stop grace is 10 s per process at most
+        assert f"{victim} exited with code {-signal.SIGKILL}" in stderr
+        assert_process_groups_gone(pids)
+        assert status() == "failed"
+
+    # SIGTERM while its own server starts (no step yet, nothing to resume)
+    rl = start(*own_server)
     inference_log = tmp_path / "logs" / "inference.log"
     wait_for(lambda: inference_log.is_file() and inference_log.stat().st_size > 0, 120, rl, "the server's first log")
     signal_run(rl, tmp_path, signal.SIGTERM)
@@ -301,43 +249,60 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
     assert "Application startup complete" not in inference_log  # it was still starting
     assert "rl (pid" not in inference_log  # rl stopped it, not its lifeline
 
-    server = ["--orchestrator.client.base-url", inference_server]
-    rl = start(*server)  # during a step
-    wait_for(lambda: trained() >= 3, 600, rl, "3 trained steps")
+    rl = start(*session_server)  # SIGKILL of the trainer; meanwhile a second rl on the run's folder is refused
+    refused = subprocess.run([*uv_rl, "--orchestrator.client.base-url", "http://x:1"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)  # fmt: skip
+    launcher = int((tmp_path / "rl.lock").read_text())
+    assert refused.returncode == 1 and f"another rl run (pid {launcher}) is using {tmp_path}" in refused.stderr
+    # the refused run wrote nothing: the first run's processes still read their own configs
+    assert inference_server in (tmp_path / "configs" / "orchestrator.toml").read_text()
+    kill("trainer", rl)
+
+    rl = start(*session_server, *resume)  # SIGTERM twice, mid-step
+    train_a_step(rl)
     signal_run(rl, tmp_path, signal.SIGTERM, signal.SIGTERM)  # uv's forwarded copy may merge with the first
     assert status() == "interrupted"  # rl's exit; uv, signalled twice, may have exited before it
     rl_log = (tmp_path / "logs" / "rl.log").read_text()
     assert "SIGTERM: already stopping" in rl_log and "all processes stopped" in rl_log
 
-    resume = [*server, "--ckpt.resume-step", "-1"]
-    rl = start(*resume)  # during a checkpoint: as soon as the next one's folder appears
+    kill("orchestrator", start(*session_server, *resume))
+
+    rl = start(*session_server, *resume)  # SIGTERM during a checkpoint: as soon as the next one's folder appears
     next_ckpt = tmp_path / "checkpoints" / f"step_{complete_checkpoints(tmp_path)[-1] + 2}"
     wait_for(next_ckpt.exists, 600, rl, f"{next_ckpt} to appear")
     signal_run(rl, tmp_path, signal.SIGTERM)
 
-    rl = start(*resume)  # Ctrl-C twice, mid-step
-    done = trained()
-    wait_for(lambda: trained() > done, 600, rl, "a step")
+    rl = start(*session_server, *resume)  # Ctrl-C twice, mid-step
+    train_a_step(rl)
     signal_run(rl, tmp_path, signal.SIGINT, signal.SIGINT)
     assert status() == "interrupted"
     assert "SIGINT: already stopping" in (tmp_path / "logs" / "rl.log").read_text()
 
-    rl = start(*resume)  # SIGKILL of rl alone: the processes stop themselves
-    done = trained()
-    wait_for(lambda: trained() > done, 600, rl, "a step")
+    kill("inference", start(*own_server, *resume))  # the run's own server (the session's serves other tests)
+
+    rl = start(*session_server, *resume)  # SIGKILL of rl alone: the processes stop themselves
+    train_a_step(rl)
     signal_run(rl, tmp_path, signal.SIGKILL, whole_group=False)
     assert "has exited: stopping process group" in (tmp_path / "logs" / "orchestrator.log").read_text()
 
     last = complete_checkpoints(tmp_path)[-1]
-    resumed = subprocess.run([*uv_rl, *resume], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    pool = read_state(tmp_path, last)["difficulty_pool"]  # what the last resume must start from
+    resumed = subprocess.run([*uv_rl, *session_server, *resume], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert resumed.returncode == 0, f"seed {seed}: {resumed.stdout + resumed.stderr}"
     assert [
         line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
-    ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)]
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps))
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps))
+    ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
+    # each step trained exactly once across the runs, on the prompts an uninterrupted run would have used
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    rated = sum(map(len, pool["pass_rates"]))
+    assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
+    metrics = read_metrics(tmp_path, "orchestrator")
+    assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
+    assert complete_checkpoints(tmp_path)[-1] == steps
+    assert status() == "finished"
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):
