@@ -158,9 +158,9 @@ class Orchestrator:
         zero_truncated = self.config.zero_truncated_completions
         return asyncio.ensure_future(fill_slot(run, tasks, slot, self.config.filter, zero_truncated))
 
-    async def update_weights(self, step: int) -> tuple[float, float]:
-        """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
-        needed = step - self.config.async_level
+    async def update_weights(self, needed: int) -> tuple[float, float]:
+        """Serve the newest weights, waiting for weights step ``needed`` or newer; returns (seconds waited, seconds
+        reloading)."""
         start = time.perf_counter()
         if needed > self.served_step:
             with self.progress.doing(f"waiting for the trainer's weights step {needed}"):
@@ -209,11 +209,11 @@ class Orchestrator:
         groups."""
         served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
         await self.servers.bring_to(served, self.served_step, self.config.client.probe_tolerance)
-        wait_s, reload_s = await self.update_weights(step)
+        wait_s, reload_s = await self.update_weights(step - 1 - self.config.async_level)
         per_server = [0] * len(self.servers.servers)
         tasks = self.tasks.step_tasks(step)
         runs = [self.fill_slot(tasks, slot, per_server) for slot in range(len(tasks.tasks))]
-        self.track(f"sampling step {step + 1}", runs)
+        self.track(f"sampling step {step}", runs)
         self.start_evaluation_if_due()
         return StartedStep(runs, per_server, self.served_step, time.perf_counter(), wait_s, reload_s)
 
@@ -263,7 +263,7 @@ class Orchestrator:
 
     async def evaluate_final_weights(self) -> None:
         """Wait for the trainer's last weights, serve them, and evaluate them."""
-        await self.update_weights(self.config.max_steps + self.config.async_level)
+        await self.update_weights(self.config.max_steps)
         await self.finish_evaluation()
         await self.evaluate(self.served_step)
 
@@ -352,7 +352,7 @@ class Orchestrator:
             "empty_samples": empty,
             "overlong_samples": overlong,
             **({"probe_gap": self.probe_gap} if self.probe_gap is not None else {}),
-            "staleness": step - weight_step,
+            "staleness": step - 1 - weight_step,
             "started_early_s": started_early_s,
         }
         info = BatchInfo(
@@ -375,7 +375,7 @@ class Orchestrator:
              "tokens": info.num_tokens, "weight_step": weight_step, **timings}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
-        if every and step % every == 0:
+        if every and (step - 1) % every == 0:
             rows = sample_rows(step, groups, rewards, advantages, self.decode)
             self.metrics.write_table("sample_rollouts", step, rows)
         logger.info(
@@ -421,13 +421,14 @@ class Orchestrator:
                 )
 
     def start_step(self) -> int:
-        """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""
+        """The steps done before this run: 0, or the step of the checkpoint it resumes from (checked to have the
+        same task order)."""
         ckpt = self.config.ckpt
         if ckpt is None or ckpt.resume_step is None:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
-        logger.info(f"resuming at step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
+        logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
         saved = read_state(self.output_dir, step).get("difficulty_pool")
         if self.pool is not None and saved is not None:
             self.pool.load_state_dict(saved)
@@ -444,7 +445,7 @@ class Orchestrator:
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
         ckpt = self.config.ckpt
-        if ckpt and step > 0 and (step % ckpt.interval == 0 or step == self.config.max_steps):
+        if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
             save_state(self.output_dir, self.data_state(step))
 
     def decode(self, token_ids: list[int]) -> str:
@@ -471,10 +472,9 @@ class Orchestrator:
             stack.callback(self.cancel_next_step)
             stack.callback(lambda: self.evaluation and self.evaluation.cancel())
             overlap = self.config.overlap_steps and self.config.async_level > 0
-            for step in range(self.start_step(), self.config.max_steps):
+            for step in range(self.start_step() + 1, self.config.max_steps + 1):
+                await self.step_surviving_outage(step, start_next=overlap and step < self.config.max_steps)
                 self.save_checkpoint(step)
-                await self.step_surviving_outage(step, start_next=overlap and step + 1 < self.config.max_steps)
-            self.save_checkpoint(self.config.max_steps)
             if self.eval_sets:
                 await self.evaluate_final_weights()
         await self.servers.close()
