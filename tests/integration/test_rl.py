@@ -83,7 +83,7 @@ def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     # 5-step means is over 5 standard errors
     assert last - first > 0.05, rewards
 
-    # rollouts of step N come from weights N-1 (async_level 1), and the server loaded each of them
+    # rollouts of step N come from weights N - 2 (async_level 1; step 1 from the base model); the server loaded each
     assert [r["weight_step"] for r in orchestrator] == [0] + list(range(19))
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     reloaded = [int(s) for s in re.findall(r"server now serves weights step (\d+)", orchestrator_log)]
@@ -101,10 +101,10 @@ def test_debug_run_learns_and_cleans_up(tmp_path, inference_server):
     # `eval` alone on the run's last weights, with the run's [eval] as it is: the final scores, within noise
     rescored = standalone_eval(tmp_path, inference_server, tmp_path / "weights" / "step_20")
     assert abs(rescored["eval/char-target/reward_mean"] - evals[-1]["eval/char-target/reward_mean"]) < 0.06
-    assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
+    assert trainer[0]["mismatch_kl"] < 1e-6  # step 1: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 19
+    assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 20
     assert_process_groups_gone(started_pids(tmp_path))
 
 
@@ -146,10 +146,10 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path):
     assert len(runs) == 2 and all(b"reward_mean" in run.read_bytes() for run in runs)
     orchestrator_keys = (b"advantage_std", b"completion_len_mean", b"sampled_tokens_per_s", b"generate_s")
     assert any(all(key in run.read_bytes() for key in orchestrator_keys) for run in runs)
-    # a table of sample rollouts every 10 steps from step 0: in the JSON lines and the orchestrator's W&B run
+    # a table of sample rollouts every 10 steps from step 1: in the JSON lines and the orchestrator's W&B run
     rows = read_metrics(tmp_path, "sample_rollouts")
-    assert rows and {r["step"] for r in rows} == {0} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
-    assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_0_*.table.json"))) == 1
+    assert rows and {r["step"] for r in rows} == {1} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
+    assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_1_*.table.json"))) == 1
     check = subprocess.run(
         [sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
@@ -244,10 +244,10 @@ def test_each_process_killed_at_a_random_step_and_the_run_resumes_exactly(tmp_pa
         line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
     ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
     # each step trained exactly once across the four runs, on the prompts an uninterrupted run would have used
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(1, steps + 1)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(1, steps + 1)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
-    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    assert f"resuming after step {last}: prompts from task {last * batch_size} on" in orchestrator_log
     rated = sum(map(len, pool["pass_rates"]))
     assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
     metrics = read_metrics(tmp_path, "orchestrator")
@@ -334,10 +334,10 @@ def test_signals_stop_every_process_of_the_run_and_it_resumes_exactly(tmp_path, 
     assert [
         line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
     ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)]
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps))
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps))
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(1, steps + 1))
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(1, steps + 1))
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
-    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    assert f"resuming after step {last}: prompts from task {last * batch_size} on" in orchestrator_log
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):
