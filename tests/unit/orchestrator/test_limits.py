@@ -163,7 +163,7 @@ def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_
         "infra.setup_timeout_s = 12.0s"
     )
     assert len(list(flaky_tools_starts.iterdir())) - 1 == 4  # 2 rollouts × (1 start + 1 retry), and the run folder
-    assert not rollouts_dir(flaky_tools_starts / "run", 0).exists()
+    assert not rollouts_dir(flaky_tools_starts / "run", 1).exists()
 
 
 def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and_counts_its_retries(
