@@ -12,8 +12,10 @@ Under ``output_dir``::
     metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl, eval.jsonl)
     progress/{trainer,orchestrator}.json   what each process is doing now, for the console
 
-Weights ``step_0`` are the initial model: the server starts with them, nothing is written. The rollouts of
-step N come from weights ``step_K`` with ``N - async_level <= K <= N``.
+Steps are numbered the same way everywhere (folders, metrics, logs, console, ``--ckpt.resume-step``): step N is
+the N-th optimizer update, 1..max_steps. It trains on ``rollouts/step_N`` and its result is ``weights/step_N``
+(and ``checkpoints/step_N``). Weights ``step_0`` are the initial model: the server starts with them, nothing is
+written. The rollouts of step N come from weights ``step_K`` with ``N - 1 - async_level <= K <= N - 1``.
 """
 
 import json
@@ -105,7 +107,7 @@ def progress_dir(output_dir: Path) -> Path:
 
 def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
-    was deleted. A run resuming after ``resume_from`` steps keeps the metrics of the steps before (every metrics
+    was deleted. A run resuming after ``resume_from`` steps keeps the metrics of those steps (every metrics
     file is read and rewritten before anything is deleted). Logs are overwritten by the new run; checkpoints are
     kept."""
     metrics = Path(output_dir) / "metrics"
@@ -123,12 +125,15 @@ def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
 
 
 def kept_records(path: Path, resume_from: int) -> list[dict]:
-    """The records of the metrics file ``path`` from steps before ``resume_from`` (a torn last line dropped)."""
+    """The records of the metrics file ``path`` that a run resuming after ``resume_from`` steps does not write
+    again (a torn last line dropped): those of steps 1..resume_from; in ``eval.jsonl``, whose step names the
+    weights evaluated, those before ``resume_from`` (the resumed run evaluates the weights it resumes from)."""
     try:
         records = read_records(path, finished=True)
     except OSError as e:
         raise TridentError(f"cannot read {path} to resume: {e.strerror}; fix its permissions or move it away") from e
-    return [record for record in records if isinstance(record.get("step"), int) and record["step"] < resume_from]
+    last = resume_from - 1 if path.stem == "eval" else resume_from
+    return [record for record in records if isinstance(record.get("step"), int) and record["step"] <= last]
 
 
 _reported: set[tuple[Path, int]] = set()  # bad lines already logged, so a file polled every second logs each once
@@ -501,7 +506,7 @@ def prune_rollouts(output_dir: Path, step: int, keep: int | None) -> None:
     """Delete the batches older than the newest ``keep`` up to ``step`` (all kept for ``keep`` None)."""
     if keep is None:
         return
-    for old in range(step - keep, -1, -1):
+    for old in range(step - keep, 0, -1):
         folder = rollouts_dir(output_dir, old)
         if not folder.exists():
             break  # deleted with an earlier step

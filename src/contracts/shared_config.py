@@ -45,7 +45,9 @@ SeqLen = Annotated[
 AsyncLevel = Annotated[
     int,
     Field(
-        ge=0, description="Rollouts for step N may come from weights of step N - async_level or newer. 0 is on-policy."
+        ge=0,
+        description="Rollouts for step N may come from weights step N - 1 - async_level or newer (weights step N - 1 "
+        "are the newest: 0 is on-policy).",
     ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]

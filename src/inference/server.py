@@ -41,7 +41,7 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         "--seed", str(config.seed),
         "--dtype", dtype,
         "--max-model-len", str(config.model.max_model_len),
-        "--logprobs-mode", "processed_logprobs",  # logprobs after temperature: ratio 1 at step 0
+        "--logprobs-mode", "processed_logprobs",  # logprobs after temperature: ratio 1 on-policy
         "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
         "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip

@@ -144,7 +144,7 @@ def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: 
     """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records."""
     truncated = f" | truncated {orchestrator['truncated_rate']:.0%}" if orchestrator else ""
     return (
-        f"step {record['step'] + 1}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
+        f"step {record['step']}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
         f"| tokens {record['tokens']}{truncated} | {seconds:.1f}s"
     )
 

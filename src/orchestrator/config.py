@@ -408,7 +408,7 @@ class OrchestratorConfig(BaseConfig):
         int,
         Field(
             ge=0,
-            description="Every this many steps (from step 0), write the rollouts of one group per environment "
+            description="Every this many steps (from step 1), write the rollouts of one group per environment "
             "(decoded prompt and completion, reward, advantage) to output_dir/metrics/sample_rollouts.jsonl and, "
             "with W&B, a table. 0: never.",
         ),

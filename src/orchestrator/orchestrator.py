@@ -64,8 +64,8 @@ class Orchestrator:
         self.progress = Progress(self.output_dir, "orchestrator")
         self.evaluation = Evaluation(config.eval, self.groups, self.metrics, self.progress)
         client = config.client
-        self.weights = WeightSync(self.output_dir, self.servers, self.progress, config.async_level,
-                                  config.weights_timeout_s, client.probe_tolerance, self.evaluation.finish)  # fmt: skip
+        self.weights = WeightSync(self.output_dir, self.servers, self.progress, config.weights_timeout_s,
+                                  client.probe_tolerance, self.evaluation.finish)  # fmt: skip
         self.schedule = StepSchedule(config, self.groups, self.weights, self.evaluation, self.tasks, self.envs,
                                      self.per_env, self.progress)  # fmt: skip
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
@@ -88,7 +88,7 @@ class Orchestrator:
 
     async def evaluate_final_weights(self) -> None:
         """Wait for the trainer's last weights, serve them, and evaluate them."""
-        await self.weights.update(self.config.max_steps + self.config.async_level)
+        await self.weights.update(self.config.max_steps)
         await self.evaluation.finish()
         await self.evaluation.evaluate(self.weights.served_step)
 
@@ -130,7 +130,7 @@ class Orchestrator:
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,
             **({"probe_gap": self.weights.probe_gap} if self.weights.probe_gap is not None else {}),
-            "staleness": step - weight_step,
+            "staleness": step - 1 - weight_step,
             "started_early_s": started_early_s,
         }
         info = batch.info(step, self.config.sampling.temperature, metrics.pop("reward_mean"), metrics)
@@ -143,7 +143,7 @@ class Orchestrator:
              "tokens": info.num_tokens, "weight_step": weight_step, **timings}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
-        if every and step % every == 0:
+        if every and (step - 1) % every == 0:
             rows = sample_rows(step, groups, rewards, batch.advantages, self.decode)
             self.metrics.write_table("sample_rollouts", step, rows)
         logger.info(
@@ -171,13 +171,14 @@ class Orchestrator:
                 )
 
     def start_step(self) -> int:
-        """0, or the step of the checkpoint the run resumes from (checked to have the same task order)."""
+        """The steps done before this run: 0, or the step of the checkpoint it resumes from (checked to have the
+        same task order)."""
         ckpt = self.config.ckpt
         if ckpt is None or ckpt.resume_step is None:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
-        logger.info(f"resuming at step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
+        logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
         saved = read_state(self.output_dir, step).get("difficulty_pool")
         if self.pool is not None and saved is not None:
             self.pool.load_state_dict(saved)
@@ -194,7 +195,7 @@ class Orchestrator:
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
         ckpt = self.config.ckpt
-        if ckpt and step > 0 and (step % ckpt.interval == 0 or step == self.config.max_steps):
+        if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
             save_state(self.output_dir, self.data_state(step))
 
     def decode(self, token_ids: list[int]) -> str:
@@ -221,10 +222,9 @@ class Orchestrator:
             stack.callback(self.schedule.cancel_next)
             stack.callback(self.evaluation.cancel)
             overlap = self.config.overlap_steps and self.config.async_level > 0
-            for step in range(self.start_step(), self.config.max_steps):
+            for step in range(self.start_step() + 1, self.config.max_steps + 1):
+                await self.step_surviving_outage(step, start_next=overlap and step < self.config.max_steps)
                 self.save_checkpoint(step)
-                await self.step_surviving_outage(step, start_next=overlap and step + 1 < self.config.max_steps)
-            self.save_checkpoint(self.config.max_steps)
             if self.evaluation.sets:
                 await self.evaluate_final_weights()
         await self.servers.close()

@@ -85,11 +85,11 @@ class StepSchedule:
         """Bring the servers to weights that step ``step`` may use (waiting for the trainer's), then start its
         groups."""
         await self.weights.bring_servers_back()
-        wait_s, reload_s = await self.weights.update(step)
+        wait_s, reload_s = await self.weights.update(step - 1 - self.config.async_level)
         per_server = [0] * len(self.groups.servers.servers)
         tasks = self.tasks.step_tasks(step)
         runs = [self.fill_slot(tasks, slot, per_server) for slot in range(len(tasks.tasks))]
-        track(self.progress, f"sampling step {step + 1}", runs)
+        track(self.progress, f"sampling step {step}", runs)
         self.evaluation.start_if_due(self.weights.served_step)
         return StartedStep(runs, per_server, self.weights.served_step, time.perf_counter(), wait_s, reload_s)
 

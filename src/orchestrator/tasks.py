@@ -41,8 +41,8 @@ def draw(weights: Sequence[float], k: int, rng: random.Random, exclude: Collecti
 
 
 class TaskOrder:
-    """Each environment's task indices shuffled with ``seed``; step N takes the next ``counts[e]`` of environment
-    e's, wrapping around when they run out."""
+    """Each environment's task indices shuffled with ``seed``; step N (from 1) takes the N-th ``counts[e]`` of
+    environment e's, wrapping around when they run out."""
 
     def __init__(self, sizes: list[int], counts: list[int], seed: int):
         self.order = [list(range(size)) for size in sizes]
@@ -53,7 +53,7 @@ class TaskOrder:
     def batch(self, step: int) -> list[tuple[int, int]]:
         """(environment index, task index) of each prompt of step ``step``."""
         return [
-            (e, order[(step * count + i) % len(order)])
+            (e, order[((step - 1) * count + i) % len(order)])
             for e, (order, count) in enumerate(zip(self.order, self.counts, strict=True))
             for i in range(count)
         ]

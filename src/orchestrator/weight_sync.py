@@ -1,6 +1,7 @@
 """Keeping the servers on weights fresh enough: the rollouts of step N sample from weights no older than
-N - ``async_level``. Each new weights folder of the trainer is loaded into every server and probe-checked; a server
-that comes back (restarted on its base model) gets the run's weights again before it gets work.
+N - 1 - ``async_level`` (steps and weights are numbered as docs/protocol.md says). Each new weights folder of the
+trainer is loaded into every server and probe-checked; a server that comes back (restarted on its base model) gets
+the run's weights again before it gets work.
 """
 
 import asyncio
@@ -27,13 +28,12 @@ class WeightSync:
         output_dir: Path,
         servers: Servers,
         progress: Progress,
-        async_level: int,
         timeout_s: float,
         probe_tolerance: float | None,
         before_reload: Callable[[], Awaitable[None]],
     ):
         self.output_dir, self.servers, self.progress = output_dir, servers, progress
-        self.async_level, self.timeout_s, self.probe_tolerance = async_level, timeout_s, probe_tolerance
+        self.timeout_s, self.probe_tolerance = timeout_s, probe_tolerance
         self.before_reload = before_reload
         self.served_step = 0
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
@@ -43,9 +43,9 @@ class WeightSync:
         served = weights_dir(self.output_dir, self.served_step) if self.served_step else None
         await self.servers.bring_to(served, self.served_step, self.probe_tolerance)
 
-    async def update(self, step: int) -> tuple[float, float]:
-        """Serve weights no older than ``step - async_level``; returns (seconds waited, seconds reloading)."""
-        needed = step - self.async_level
+    async def update(self, needed: int) -> tuple[float, float]:
+        """Serve the newest weights, waiting for weights step ``needed`` or newer; returns (seconds waited, seconds
+        reloading)."""
         start = time.perf_counter()
         if needed > self.served_step:
             with self.progress.doing(f"waiting for the trainer's weights step {needed}"):

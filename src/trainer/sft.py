@@ -110,7 +110,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
         f"of {config.data.batch_size} samples"
     )
 
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(batches, start=1):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         loss = accumulate_gradients(model, batch, config.seq_len, world)
@@ -119,9 +119,9 @@ def run_sft(config: SFTConfig, world: World) -> None:
         optimizer.step()
         scheduler.step()
         train_s = time.perf_counter() - start
-        if step + 1 == num_steps or (config.save_every and (step + 1) % config.save_every == 0):
+        if step == num_steps or (config.save_every and step % config.save_every == 0):
             # always a full model: what an RL run (or any server) starts from
-            save_weights(model, tokenizer, weights_dir(config.output_dir, step + 1), export="merged")
+            save_weights(model, tokenizer, weights_dir(config.output_dir, step), export="merged")
 
         tokens = sum(len(sample.token_ids) for sample in batch)
         record = {
@@ -136,7 +136,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
         if metrics:
             metrics.write(record)
         logger.info(
-            f"step {step + 1}/{num_steps} | loss {loss:.4f} | tokens {tokens} | grad_norm {record['grad_norm']:.3f} "
+            f"step {step}/{num_steps} | loss {loss:.4f} | tokens {tokens} | grad_norm {record['grad_norm']:.3f} "
             f"| lr {lr:.2e} | {record['tokens_per_s']:.0f} tokens/s"
         )
     if metrics:

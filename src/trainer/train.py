@@ -220,14 +220,14 @@ def run_training(config: TrainerConfig, world: World) -> None:
     if config.ckpt and config.ckpt.resume_step is not None:
         start = resume_step(config.output_dir, config.ckpt.resume_step)
         load_checkpoint(config.output_dir, start, model, optimizer, scheduler, world)
-        # the run's weights were cleared: the server needs these before it samples step `start`
+        # the run's weights were cleared: the server needs these before it samples step `start + 1`
         save_weights(model, tokenizer, weights_dir(config.output_dir, start), export, sender, dtype)
-    logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start}..{config.max_steps - 1}")
+    logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start + 1}..{config.max_steps}")
 
-    for step in range(start, config.max_steps):
+    for step in range(start + 1, config.max_steps + 1):  # step N: the N-th optimizer update, its result weights N
         wait_start = time.perf_counter()
         batch_dir = rollouts_dir(config.output_dir, step)
-        with progress.doing(f"waiting for the batch of step {step + 1}"):
+        with progress.doing(f"waiting for the batch of step {step}"):
             wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
@@ -241,18 +241,18 @@ def run_training(config: TrainerConfig, world: World) -> None:
             )
         train_start = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        with progress.doing(f"training step {step + 1}"):
+        with progress.doing(f"training step {step}"):
             record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
         scheduler.step()
         save_start = time.perf_counter()
-        last = step + 1 == config.max_steps  # no one samples from the last weights: files, the run's model
-        with progress.doing(f"writing weights step {step + 1}"):
+        last = step == config.max_steps  # no one samples from the last weights: files, the run's model
+        with progress.doing(f"writing weights step {step}"):
             save_weights(
-                model, tokenizer, weights_dir(config.output_dir, step + 1), export, None if last else sender, dtype
+                model, tokenizer, weights_dir(config.output_dir, step), export, None if last else sender, dtype
             )
-        if config.ckpt and ((step + 1) % config.ckpt.interval == 0 or step + 1 == config.max_steps):
-            with progress.doing(f"writing checkpoint step {step + 1}"):
-                save_checkpoint(config.output_dir, step + 1, model, optimizer, scheduler, world)
+        if config.ckpt and (step % config.ckpt.interval == 0 or last):
+            with progress.doing(f"writing checkpoint step {step}"):
+                save_checkpoint(config.output_dir, step, model, optimizer, scheduler, world)
             if world.is_main:
                 prune_checkpoints(config.output_dir, config.ckpt.keep)
 

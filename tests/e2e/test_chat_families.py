@@ -113,6 +113,6 @@ def test_rl_runs_gsm8k_calc_on_the_family_with_clean_masks(family_server, tmp_pa
     log = (tmp_path / "logs" / "orchestrator.log").read_text()
     assert f"rendering chats with renderer {FAMILIES[model][0]!r}, checked against the template" in log
     assert "server now serves weights step 1" in log  # the trainer's weights reached this server, probe-checked
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == [1, 2, 3]
     report = check_step(*open_step(tmp_path, None, None))
     assert [p for p in report.all_problems() if p.severity == "error"] == []

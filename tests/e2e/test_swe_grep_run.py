@@ -39,10 +39,10 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
     assert len(runs) == 2 and all(b"reward_mean" in run.read_bytes() for run in runs)
     orchestrator_keys = (b"advantage_std", b"completion_len_mean", b"sampled_tokens_per_s", b"generate_s")
     assert any(all(key in run.read_bytes() for key in orchestrator_keys) for run in runs)
-    # a table of sample rollouts every 10 steps from step 0: in the JSON lines and the orchestrator's W&B run
+    # a table of sample rollouts every 10 steps from step 1: in the JSON lines and the orchestrator's W&B run
     rows = read_metrics(tmp_path, "sample_rollouts")
-    assert rows and {r["step"] for r in rows} == {0} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
-    assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_0_*.table.json"))) == 1
+    assert rows and {r["step"] for r in rows} == {1} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
+    assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_1_*.table.json"))) == 1
     check = subprocess.run(
         [sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,

@@ -180,8 +180,8 @@ def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_
                             cwd=ROOT)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     orchestrator = read_metrics(tmp_path, "orchestrator")
-    assert [r["step"] for r in orchestrator] == [0, 1] and all(r["failed_rollouts"] == 0 for r in orchestrator)
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [0, 1]
+    assert [r["step"] for r in orchestrator] == [1, 2] and all(r["failed_rollouts"] == 0 for r in orchestrator)
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [1, 2]
     samples = json.loads((tmp_path / "rollouts" / "step_1" / "batch.json").read_text())["samples"]
     assert {s["env"] for s in samples} == {"notes-env"} and all("looked_it_up" in s["rewards"] for s in samples)
     report = check_step(*open_step(tmp_path, None, None))

@@ -46,7 +46,7 @@ def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_p
     assert "inference-1 exited with code -9: the run goes on with the other servers" in stdout + stderr
 
     # every step trained once, on a full batch: rollouts of a set-aside server ran again on the other
-    assert [r["step"] for r in read_metrics(run, "trainer")] == list(range(steps))
+    assert [r["step"] for r in read_metrics(run, "trainer")] == list(range(1, steps + 1))
     log = (run / "logs" / "orchestrator.log").read_text()
     per_step = [(int(a), int(b)) for a, b in re.findall(r"rollouts per server (\d+)/(\d+)", log)]
     batch = sum(per_step[0])

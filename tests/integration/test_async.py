@@ -35,17 +35,17 @@ def test_async_level_bounds_the_staleness_of_every_batch(tmp_path, inference_ser
 
     weight_steps = [record["weight_step"] for record in read_metrics(tmp_path, "orchestrator")]
     assert len(weight_steps) == STEPS
-    for step, weight_step in enumerate(weight_steps):
-        assert step - async_level <= weight_step <= step, weight_steps
+    for step, weight_step in enumerate(weight_steps, start=1):
+        assert step - 1 - async_level <= weight_step <= step - 1, weight_steps
         batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
         assert {sample["weight_step"] for sample in batch["samples"]} == {weight_step}
     if async_level == 0:
         assert weight_steps == list(range(STEPS))  # on-policy: each batch from the weights just trained
     staleness = [record["staleness"] for record in read_metrics(tmp_path, "orchestrator")]
-    assert staleness == [step - weight_step for step, weight_step in enumerate(weight_steps)]
+    assert staleness == [step - 1 - weight_step for step, weight_step in enumerate(weight_steps, start=1)]
     started_early = [record["started_early_s"] for record in read_metrics(tmp_path, "orchestrator")]
     if async_level == 0:
         assert started_early == [0.0] * STEPS  # each step needs the one before trained: nothing overlaps
     else:
-        # step 1 may use the base weights and starts with step 0 (overlap_tail 1): it ran beside step 0
+        # step 2 may use the base weights and starts with step 1 (overlap_tail 1): it ran beside step 1
         assert started_early[1] > 0, started_early

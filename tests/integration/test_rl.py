@@ -93,7 +93,7 @@ def test_debug_run_learns_and_cleans_up(debug_run):
     # 5-step means is over 5 standard errors
     assert last - first > 0.05, rewards
 
-    # rollouts of step N come from weights N-1 (async_level 1), and the server loaded each of them
+    # rollouts of step N come from weights N - 2 (async_level 1; step 1 from the base model); the server loaded each
     assert [r["weight_step"] for r in orchestrator] == [0] + list(range(19))
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     reloaded = [int(s) for s in re.findall(r"server now serves weights step (\d+)", orchestrator_log)]
@@ -108,10 +108,10 @@ def test_debug_run_learns_and_cleans_up(debug_run):
     # 64 rollouts each: a standard error of ~0.012 on the mean reward, ~0.017 on a difference
     assert evals[-1]["eval/char-target/reward_mean"] - evals[0]["eval/char-target/reward_mean"] > 0.05, evals
     assert all(e["eval/char-target/failed"] == 0 for e in evals)
-    assert trainer[0]["mismatch_kl"] < 1e-6  # step 0: same weights, processed logprobs: ratio 1
+    assert trainer[0]["mismatch_kl"] < 1e-6  # step 1: same weights, processed logprobs: ratio 1
     assert all(r["probe_gap"] < 1e-3 for r in orchestrator[2:])  # every reload served the trainer's weights
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 19
+    assert summary["status"] == "finished" and summary["steps"] == 20 and summary["final"]["step"] == 20
     assert_process_groups_gone(started_pids(tmp_path))
 
 
@@ -293,10 +293,10 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
         line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
     ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
     # each step trained exactly once across the runs, on the prompts an uninterrupted run would have used
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(steps)), f"seed {seed}"
-    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(steps)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(1, steps + 1)), f"seed {seed}"
+    assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(1, steps + 1)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
-    assert f"resuming at step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    assert f"resuming after step {last}: prompts from task {last * batch_size} on" in orchestrator_log
     rated = sum(map(len, pool["pass_rates"]))
     assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
     metrics = read_metrics(tmp_path, "orchestrator")

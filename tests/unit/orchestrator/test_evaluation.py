@@ -74,8 +74,8 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def run():
-        for step in range(config.max_steps):
-            for weights in range(1, step + 1):  # the trainer keeps up
+        for step in range(1, config.max_steps + 1):
+            for weights in range(1, step):  # the trainer keeps up
                 if not weights_dir(tmp_path, weights).exists():
                     weights_dir(tmp_path, weights).mkdir(parents=True)
                     mark_stable(weights_dir(tmp_path, weights))

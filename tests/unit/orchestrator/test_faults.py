@@ -132,9 +132,9 @@ def orchestrator(tmp_path, broken_tasks: list[str], batch_size: int = 1) -> Orch
 
 def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment(tmp_path):
     with pytest.raises(TridentError) as error:
-        asyncio.run(orchestrator(tmp_path, broken_tasks=["t0", "t1"]).step(0))
+        asyncio.run(orchestrator(tmp_path, broken_tasks=["t0", "t1"]).step(1))
     assert re.fullmatch(
-        rf"step 0: all 2 rollouts failed; first, in environment '{ENV_ID}' \(task t[01]\): "
+        rf"step 1: all 2 rollouts failed; first, in environment '{ENV_ID}' \(task t[01]\): "
         r"TaskError: task setup: RuntimeError: the task's data volume is not mounted",
         str(error.value),
     )
@@ -151,7 +151,7 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
 
     monkeypatch.setattr(groups_module, "run_group", sample_without_server)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
-        asyncio.run(orch.step(0))
-    info = json.loads((rollouts_dir(tmp_path, 0) / "batch.json").read_text())
+        asyncio.run(orch.step(1))
+    info = json.loads((rollouts_dir(tmp_path, 1) / "batch.json").read_text())
     assert info["num_samples"] == 2 and info["metrics"]["failed_rollouts"] == 2
-    assert f"step 0: 2 rollouts failed in environment '{ENV_ID}': TaskError: task setup" in caplog.text
+    assert f"step 1: 2 rollouts failed in environment '{ENV_ID}': TaskError: task setup" in caplog.text

@@ -227,10 +227,10 @@ def test_a_step_whose_judge_is_unreachable_fails_naming_the_judge(tmp_path, on_w
 
         async def step():
             async with orchestrator.envs[0].serving():
-                await orchestrator.step(0)
+                await orchestrator.step(1)
 
         cause = f"JudgeError: the judge (model 'grader' at {CLOSED}) failed: APIConnectionError"
-        with pytest.raises(TridentError, match=rf"^step 0: 1 of 1 groups lost .* after 1 retries: {re.escape(cause)}"):
+        with pytest.raises(TridentError, match=rf"^step 1: 1 of 1 groups lost .* after 1 retries: {re.escape(cause)}"):
             asyncio.run(step())
 
 

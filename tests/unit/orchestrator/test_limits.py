@@ -138,7 +138,7 @@ def flaky_tools_step(output_dir: Path, rollouts: int, infra: dict) -> None:
 
         async def step():
             async with orchestrator.envs[0].serving():
-                await orchestrator.step(0)
+                await orchestrator.step(1)
 
         asyncio.run(step())
 
@@ -171,11 +171,11 @@ def test_a_tool_server_that_never_starts_loses_its_group_and_past_the_bound_the_
         flaky_tools_step(flaky_tools_starts / "run", rollouts=2,
                          infra={"max_retries": 1, "retry_backoff_s": 0.01, "setup_timeout_s": 3})  # fmt: skip
     assert str(error.value) == (
-        "step 0: 1 of 1 groups lost to infrastructure errors (more than infra.max_lost_groups = 0.5); first in "
+        "step 1: 1 of 1 groups lost to infrastructure errors (more than infra.max_lost_groups = 0.5); first in "
         "environment 'flaky-tools' (task t0), after 1 retries: SetupTimeoutError: set-up took more than "
         "infra.setup_timeout_s = 3.0s"
     )
-    assert not rollouts_dir(flaky_tools_starts / "run", 0).exists()
+    assert not rollouts_dir(flaky_tools_starts / "run", 1).exists()
 
 
 def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and_counts_its_retries(
@@ -194,7 +194,7 @@ def test_with_30_percent_of_tool_server_starts_crashing_a_step_loses_nothing_and
     (record,) = read_metrics(output_dir, "orchestrator")
     assert record["infra/flaky-tools/retries"] == crashed
     assert record["infra/flaky-tools/lost_groups"] == 0 and record["failed_rollouts"] == 0
-    assert rollouts_dir(output_dir, 0).exists()  # the step's batch was written
+    assert rollouts_dir(output_dir, 1).exists()  # the step's batch was written
 
 
 def test_a_step_fails_only_past_the_share_of_lost_groups():

@@ -52,17 +52,17 @@ def test_rl_resolves_the_newest_checkpoint_for_both_processes(tmp_path):
 def test_resuming_keeps_the_metrics_of_earlier_steps(tmp_path):
     metrics = tmp_path / "metrics" / "trainer.jsonl"
     metrics.parent.mkdir()
-    metrics.write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in range(5)))
+    metrics.write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in range(1, 6)))
     (tmp_path / "rollouts" / "step_4").mkdir(parents=True)
     clear_run_state(tmp_path, resume_from=3)
-    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [0, 1, 2]
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
     assert not (tmp_path / "rollouts").exists()
     clear_run_state(tmp_path)
     assert not metrics.exists()
 
 
 def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_path, monkeypatch, on_weights_server):
-    """A run with refill and a difficulty pool, dropped after the checkpoint of step 4 while that step's groups run
+    """A run with refill and a difficulty pool, dropped after the checkpoint of step 4 while step 5's groups run
     (nothing of it but its files survives), resumes from it with the pool it saved and draws the same tasks as an
     uninterrupted run from there on. (A real SIGKILL of a full run: tests/integration/test_rl.py.)"""
     steps = 6
@@ -85,8 +85,9 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
 
     async def run(orchestrator, stop_at=steps):
         """Its steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint
-        before each (the trainer's part and weights faked); it stops right after the checkpoint of ``stop_at``."""
-        for step in range(orchestrator.start_step(), steps):
+        after each (the trainer's part and weights faked); it stops right after the checkpoint of ``stop_at``."""
+        for step in range(orchestrator.start_step() + 1, steps + 1):
+            await orchestrator.step(step, start_next=step < steps)
             orchestrator.save_checkpoint(step)
             for folder in (
                 checkpoint_dir(orchestrator.output_dir, step) / "trainer",
@@ -96,7 +97,6 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
                 mark_stable(folder)
             if step == stop_at:
                 return
-            await orchestrator.step(step, start_next=step + 1 < steps)
 
     def batch_tasks(output_dir, step):
         batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
@@ -113,8 +113,8 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
 
     resumed = build(tmp_path / "stopped", resume_step=-1)
     asyncio.run(run(resumed))
-    for step in range(4, steps):  # the same tasks (and replacements) as the uninterrupted run drew
+    for step in range(5, steps + 1):  # the same tasks (and replacements) as the uninterrupted run drew
         assert batch_tasks(tmp_path / "stopped", step) == batch_tasks(tmp_path / "whole", step)
     assert resumed.pool.state_dict() == whole.pool.state_dict()
     fresh = build(tmp_path / "fresh")  # an empty pool draws other tasks: the restore is what made them the same
-    assert fresh.tasks.step_tasks(4).tasks != whole.tasks.step_tasks(4).tasks
+    assert fresh.tasks.step_tasks(5).tasks != whole.tasks.step_tasks(5).tasks

@@ -35,32 +35,32 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
     async def run_group(env, task, n, ctx, limit):
         started.append(server.step)
         if len(started) == 1:
-            await slowest.wait()  # step 1's first group is its slowest
+            await slowest.wait()  # step 2's first group is its slowest
         branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
         return [Rollout(reward=float(i), branches=[branch], ok=True) for i in range(n)]
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def steps():
-        step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # on the base weights (step 0)
+        step_2 = asyncio.create_task(orchestrator.step(2, start_next=True))  # on the base weights (step 0)
         await until(lambda: len(started) == 2)
         await until(lambda: waiting_for("the trainer's weights step 1"))  # in the tail (1 group of 2 left) ...
-        assert len(started) == 2  # ... but step 2 needs weights 1: none yet
+        assert len(started) == 2  # ... but step 3 needs weights 1: none yet
         weights = weights_dir(tmp_path, 1)
         weights.mkdir(parents=True)
         mark_stable(weights)
-        await until(lambda: len(started) == 4)  # the server loads them, and step 2's groups start ...
-        assert not step_1.done()  # ... while step 1's slowest group still runs
+        await until(lambda: len(started) == 4)  # the server loads them, and step 3's groups start ...
+        assert not step_2.done()  # ... while step 2's slowest group still runs
         slowest.set()
-        await step_1
-        await orchestrator.step(2)
+        await step_2
+        await orchestrator.step(3)
 
     asyncio.run(steps())
     assert started == [0, 0, 1, 1] and server.steps == [1]
     metrics = read_metrics(tmp_path, "orchestrator")
     assert [m["weight_step"] for m in metrics] == [0, 1]
     assert metrics[0]["started_early_s"] == 0 and metrics[1]["started_early_s"] > 0
-    for step, weight_step in [(1, 0), (2, 1)]:  # every sample records the weights its group started on
+    for step, weight_step in [(2, 0), (3, 1)]:  # every sample records the weights its group started on
         batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
         assert {sample["weight_step"] for sample in batch["samples"]} == {weight_step}
 
@@ -71,9 +71,9 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=4, rollouts_per_example=2, async_level=2,
                                 sample_rollouts_every=0, max_steps=3, overlap_tail=0.25)  # fmt: skip
     orchestrator, server = on_weights_server(config)
-    finish = [asyncio.Event() for _ in range(4)]  # step 0's groups end when told; step 1's at once
+    finish = [asyncio.Event() for _ in range(4)]  # step 1's groups end when told; step 2's at once
     started, returned = [], []
-    running_when_next_started = []  # step 0's groups still running as step 1's first group started
+    running_when_next_started = []  # step 1's groups still running as step 2's first group started
 
     async def run_group(env, task, n, ctx, limit):
         started.append(len(started))
@@ -90,18 +90,18 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
     async def steps():
-        step_0 = asyncio.create_task(orchestrator.step(0, start_next=True))  # step 1 may use weights 0: served
+        step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # step 2 may use weights 0: served
         await until(lambda: len(started) == 4)
         for group in range(2):  # 3, then 2 groups of 4 left: more than a quarter
             finish[group].set()
             await until(lambda group=group: done_groups() == group + 1)  # seen by the orchestrator
         finish[2].set()
-        await until(lambda: len(started) == 8)  # 1 of 4 left: step 1's groups start ...
+        await until(lambda: len(started) == 8)  # 1 of 4 left: step 2's groups start ...
         assert running_when_next_started == [1]  # ... not sooner ...
-        assert not step_0.done()  # ... beside step 0's last
+        assert not step_1.done()  # ... beside step 1's last
         finish[3].set()
-        await step_0
-        await orchestrator.step(1)
+        await step_1
+        await orchestrator.step(2)
 
     asyncio.run(steps())
     assert [m["weight_step"] for m in read_metrics(tmp_path, "orchestrator")] == [0, 0]

@@ -47,13 +47,13 @@ def test_groups_with_no_reward_variance_are_replaced_until_the_batch_is_full(tmp
     # only tasks divisible by 5 split their group (rewards 0 and 1); the others score 1 in both rollouts
     sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 5 == 0 else [1.0, 1.0])
     orchestrator, _ = on_weights_server(config(tmp_path, filter={"refill": True, "max_attempts": 40}))
-    first = [index(task) for _, task in orchestrator.batch_tasks(0)]
-    asyncio.run(orchestrator.step(0))
+    first = [index(task) for _, task in orchestrator.batch_tasks(1)]
+    asyncio.run(orchestrator.step(1))
 
     assert sampled[:4] == first  # the step's own tasks first, then the replacements
     kept = [task for task in sampled if task % 5 == 0]
     assert len(kept) == 4  # every place ends with a group that splits ...
-    assert sorted(batch_tasks(tmp_path, 0)) == sorted(f"char-target-{task}" for task in kept for _ in range(2))
+    assert sorted(batch_tasks(tmp_path, 1)) == sorted(f"char-target-{task}" for task in kept for _ in range(2))
     assert not set(sampled[4:]) & set(first)  # ... and no replacement repeats a task of the step
     [metrics] = read_metrics(tmp_path, "orchestrator")
     replaced = len(sampled) - 4
@@ -73,26 +73,26 @@ def test_attempts_are_bounded_and_what_they_could_not_fill_is_counted_and_left_o
     sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task in splits else [0.0, 0.0])
     orchestrator, _ = on_weights_server(config(tmp_path, filter={"refill": True, "max_attempts": 3}))
     monkeypatch.setattr(orchestrator.tasks.order, "batch", lambda step: [(0, 0), (0, 1), (0, 2), (0, 3)])
-    asyncio.run(orchestrator.step(0))
+    asyncio.run(orchestrator.step(1))
 
     assert len(sampled) == 1 + 3 * 3  # task 0's place: one group; the three others: three each, then they stop
-    assert batch_tasks(tmp_path, 0) == ["char-target-0"] * 2  # the places left unfilled are not trained
+    assert batch_tasks(tmp_path, 1) == ["char-target-0"] * 2  # the places left unfilled are not trained
     [metrics] = read_metrics(tmp_path, "orchestrator")
     assert metrics["refill/groups"] == 6 and metrics["refill/unfilled"] == 3
     assert metrics["refill/dropped_groups"] == 9 and metrics["refill/attempts_max"] == 3
 
     sampled.clear()  # every group of a step ties, attempts run out: the step still writes its batch (trains nothing)
     splits.clear()
-    asyncio.run(orchestrator.step(1))
-    assert len(sampled) == 12 and len(batch_tasks(tmp_path, 1)) == 8
+    asyncio.run(orchestrator.step(2))
+    assert len(sampled) == 12 and len(batch_tasks(tmp_path, 2)) == 8
     assert read_metrics(tmp_path, "orchestrator")[1]["refill/unfilled"] == 4
 
 
 def test_without_refill_a_tied_group_stays_and_nothing_is_refilled(tmp_path, monkeypatch, on_weights_server):
     sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 2 else [1.0, 1.0])
     orchestrator, _ = on_weights_server(config(tmp_path))
-    asyncio.run(orchestrator.step(0))
-    assert len(sampled) == 4 and len(batch_tasks(tmp_path, 0)) == 8
+    asyncio.run(orchestrator.step(1))
+    assert len(sampled) == 4 and len(batch_tasks(tmp_path, 1)) == 8
     assert not any(key.startswith("refill/") for key in read_metrics(tmp_path, "orchestrator")[0])
 
 
@@ -102,6 +102,6 @@ def test_replacements_are_the_same_in_every_run_of_a_step(tmp_path, monkeypatch,
     for run in ("first", "second"):
         sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 7 == 0 else [0.0, 0.0])
         orchestrator, _ = on_weights_server(config(tmp_path / run, filter={"refill": True, "max_attempts": 5}))
-        asyncio.run(orchestrator.step(0))
+        asyncio.run(orchestrator.step(1))
         runs.append(sorted(sampled))  # places run concurrently: compare as sets of draws
     assert runs[0] == runs[1] and len(runs[0]) > 4

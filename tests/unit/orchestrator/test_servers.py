@@ -93,7 +93,7 @@ def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
-        asyncio.run(orchestrator.step(0))
+        asyncio.run(orchestrator.step(1))
     assert ran_on == ["http://a:1/v1", "http://b:2/v1"]
     assert [s.up for s in orchestrator.servers.servers] == [False, True]
     assert read_metrics(tmp_path, "orchestrator")[0]["samples"] == 2  # the group from b, once
@@ -125,9 +125,9 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
 
     async def steps():
         watch = asyncio.create_task(orchestrator.servers.watch())
-        await orchestrator.step(2)  # a stalls: its group is cancelled and runs on b
+        await orchestrator.step(3)  # a stalls: its group is cancelled and runs on b
         a.state, a.step = "up", 0  # it answers again, restarted on its base model
-        await orchestrator.step(3)
+        await orchestrator.step(4)
         watch.cancel()
 
     monkeypatch.setattr(groups_module, "run_group", run_group)

@@ -55,7 +55,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
         ]
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
-    asyncio.run(orchestrator.step(0))
+    asyncio.run(orchestrator.step(1))
     orchestrator.metrics.close()
 
     (record,) = read_metrics(tmp_path, "orchestrator")
@@ -79,9 +79,9 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     assert [key for key in expected - {"step"} if key.encode() not in data] == []
 
     rows = read_metrics(tmp_path, "sample_rollouts")
-    assert [(r["step"], r["reward"], r["advantage"]) for r in rows] == [(0, 0.0, -0.5), (0, 1.0, 0.5)]
+    assert [(r["step"], r["reward"], r["advantage"]) for r in rows] == [(1, 0.0, -0.5), (1, 1.0, 0.5)]
     assert rows[0]["prompt"].endswith("Reverse: abc<|im_end|>\n<|im_start|>assistant\n")
     assert rows[0]["completion"] == "cba<|im_end|>"
-    (table_file,) = run_dir.glob("files/media/table/sample_rollouts_0_*.table.json")
+    (table_file,) = run_dir.glob("files/media/table/sample_rollouts_1_*.table.json")
     table = json.loads(table_file.read_text())
     assert table["columns"] == list(rows[0]) and table["data"] == [list(r.values()) for r in rows]

@@ -46,8 +46,8 @@ def test_tables_go_to_jsonl_and_a_wandb_table(tmp_path, monkeypatch):
 
 
 def test_step_line_is_compact_and_adds_the_orchestrators_truncation_when_known():
-    trainer = {"step": 2, "reward_mean": 0.27821, "loss": 0.0008, "tokens": 5134}
-    line = step_line(trainer, {"step": 2, "truncated_rate": 0.04}, max_steps=20, seconds=16.94)
+    trainer = {"step": 3, "reward_mean": 0.27821, "loss": 0.0008, "tokens": 5134}
+    line = step_line(trainer, {"step": 3, "truncated_rate": 0.04}, max_steps=20, seconds=16.94)
     assert line == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | truncated 4% | 16.9s"
     assert step_line(trainer, None, 20, 1.0) == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | 1.0s"
 

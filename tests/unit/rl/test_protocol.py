@@ -226,22 +226,24 @@ def test_a_crash_while_replacing_a_folder_leaves_the_old_or_the_new_one_whole(tm
     assert not (tmp_path / ".step_1.old").exists()
 
 
-def test_resume_drops_a_torn_last_line_and_keeps_the_earlier_steps(tmp_path, caplog):
+def test_resume_drops_a_torn_last_line_and_keeps_the_steps_done(tmp_path, caplog):
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    rows = "".join(json.dumps({"step": s, "completion": "x" * 1000}) + "\n" for s in range(4))
-    (metrics / "sample_rollouts.jsonl").write_text(rows + '{"step": 4, "completion": "xx')  # killed mid-line
-    (metrics / "trainer.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
+    rows = "".join(json.dumps({"step": s, "completion": "x" * 1000}) + "\n" for s in range(1, 5))
+    (metrics / "sample_rollouts.jsonl").write_text(rows + '{"step": 5, "completion": "xx')  # killed mid-line
+    (metrics / "trainer.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
+    # evaluations name the weights step; the resumed run evaluates the weights it resumes from again
+    (metrics / "eval.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
     weights_dir(tmp_path, 4).mkdir(parents=True)
     with caplog.at_level(logging.WARNING, "contracts.protocol"):
         clear_run_state(tmp_path, resume_from=3)
     assert [r.getMessage() for r in caplog.records] == [
         f"dropped the torn last line of {metrics / 'sample_rollouts.jsonl'} (29 characters, no newline)"
     ]
-    for name in ("sample_rollouts", "trainer"):
+    for name, kept in [("sample_rollouts", [1, 2, 3]), ("trainer", [1, 2, 3]), ("eval", [0, 1, 2])]:
         lines = (metrics / f"{name}.jsonl").read_text().splitlines()
-        assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
-    assert sorted(p.name for p in metrics.iterdir()) == ["sample_rollouts.jsonl", "trainer.jsonl"]  # no temporaries
+        assert [json.loads(line)["step"] for line in lines] == kept
+    assert sorted(p.name for p in metrics.iterdir()) == ["eval.jsonl", "sample_rollouts.jsonl", "trainer.jsonl"]
     assert not (tmp_path / "weights").exists()
 
 

@@ -27,14 +27,14 @@ def random_samples_fixture():
 
 @pytest.fixture
 def write_batches():
-    """Write the same random batch for steps 0..steps-1 under an output dir, packed into ``seq_len`` tokens."""
+    """Write the same random batch for steps 1..steps under an output dir, packed into ``seq_len`` tokens."""
 
     def write(output_dir, steps: int = 2, num_samples: int = 10, seq_len: int = 128) -> int:
         samples = random_samples(num_samples)
         micro_batches = [MicroBatch.pack(bin) for bin in pack_samples(samples, seq_len)]
         num_tokens = sum(len(s.token_ids) for s in samples)
         num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
-        for step in range(steps):
+        for step in range(1, steps + 1):
             write_batch(output_dir, BatchInfo(step, num_samples, num_tokens, num_loss_tokens, 0.0, 1.0), micro_batches)
         return len(micro_batches)
 

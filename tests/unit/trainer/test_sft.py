@@ -223,7 +223,7 @@ def tiny_run_config(tmp_path, model: dict, max_steps: int, **overrides) -> SFTCo
 def test_sft_memorizes_a_tiny_dataset_and_writes_weights(tiny_model_path, tmp_path):
     train_sft(tiny_run_config(tmp_path, {"name": tiny_model_path}, max_steps=6, save_every=3))
     records = read_metrics(tmp_path, "sft")
-    assert [r["step"] for r in records] == list(range(6))
+    assert [r["step"] for r in records] == list(range(1, 7))
     assert records[-1]["loss"] < records[0]["loss"] / 2
     assert is_stable(weights_dir(tmp_path, 3)) and is_stable(weights_dir(tmp_path, 6))
 

@@ -57,7 +57,7 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     stale = samples[4]  # but the server gave this one's sampled tokens e^-12 of the trainer's probability
     stale.inference_logprobs = [lp - 12.0 * m for lp, m in zip(stale.inference_logprobs, stale.loss_mask, strict=True)]
     loss_tokens = [sum(s.loss_mask) for s in samples]
-    info = BatchInfo(0, len(samples), sum(len(s.token_ids) for s in samples), sum(loss_tokens), 0.0, 1.0)
+    info = BatchInfo(1, len(samples), sum(len(s.token_ids) for s in samples), sum(loss_tokens), 0.0, 1.0)
     write_batch(tmp_path, info, [MicroBatch.pack(samples[:3]), MicroBatch.pack(samples[3:])])
     loss = {"correction": "geometric_mask", "correction_low": 0.5, "correction_high": 2.0}
     (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss=loss)
@@ -170,24 +170,24 @@ def test_gpu_default_is_bf16_compute_with_fp32_master_weights_and_offload_works(
 
 def test_a_batch_without_trainable_tokens_stops_the_trainer_naming_it(tmp_path, random_samples, tiny_model_path):
     samples = [replace(s, loss_mask=[False] * len(s.loss_mask)) for s in random_samples(3)]
-    info = BatchInfo(0, 3, sum(len(s.token_ids) for s in samples), 0, 0.0, 1.0)
+    info = BatchInfo(1, 3, sum(len(s.token_ids) for s in samples), 0, 0.0, 1.0)
     write_batch(tmp_path, info, [MicroBatch.pack(samples)])
-    with pytest.raises(EmptyBatchError, match=r"step 0: the batch in .*rollouts/step_0 has no sampled token"):
+    with pytest.raises(EmptyBatchError, match=r"step 1: the batch in .*rollouts/step_1 has no sampled token"):
         run(tmp_path, tiny_model_path)
 
 
 def test_a_spoiled_batch_stops_the_trainer_before_it_trains_or_deletes(tmp_path, write_batches, tiny_model_path):
     write_batches(tmp_path, steps=3)
-    spoiled = rollouts_dir(tmp_path, 1) / "micro_batch_0.safetensors"
+    spoiled = rollouts_dir(tmp_path, 2) / "micro_batch_0.safetensors"
     spoiled.write_bytes(spoiled.read_bytes()[:100])  # truncated
     with pytest.raises(BatchError, match=f"{spoiled}: not a readable safetensors file"):
         run(tmp_path, tiny_model_path, max_steps=3, keep_rollouts=1)
-    assert len((tmp_path / "metrics" / "trainer.jsonl").read_text().splitlines()) == 1  # step 0 only
+    assert len((tmp_path / "metrics" / "trainer.jsonl").read_text().splitlines()) == 1  # step 1 only
     assert not weights_dir(tmp_path, 2).exists()
-    assert rollouts_dir(tmp_path, 0).exists()  # pruned only after the next batch is read and checked
+    assert rollouts_dir(tmp_path, 1).exists()  # pruned only after the next batch is read and checked
 
 
 def test_batches_older_than_keep_rollouts_are_deleted_once_trained_on(tmp_path, write_batches, tiny_model_path):
     write_batches(tmp_path, steps=3)
     run(tmp_path, tiny_model_path, max_steps=3, keep_rollouts=2)
-    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_1", "step_2"]
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["step_2", "step_3"]
