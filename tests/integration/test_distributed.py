@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from batches import write_random_batches
 from safetensors.torch import load_file
 
 from contracts.protocol import weights_dir
@@ -16,11 +17,11 @@ TORCHRUN = ["--standalone", "--nproc-per-node", "2"]  # a free rendezvous port o
 
 
 @pytest.mark.slow
-def test_two_ranks_match_one_rank(tmp_path, write_batches, tiny_model_path):
+def test_two_ranks_match_one_rank(tmp_path, tiny_model_path):
     settings = {"max_steps": 2, "optim": {"lr": 1e-3}, "loss": {"kl_coef": 0.1, "entropy_coef": 0.01}}
     # three micro-batches on two ranks: one rank also runs a zero-weight pass to match the other's collectives
-    assert write_batches(tmp_path / "one", num_samples=9) == 3
-    write_batches(tmp_path / "two", num_samples=9)
+    assert write_random_batches(tmp_path / "one", num_samples=9) == 3
+    write_random_batches(tmp_path / "two", num_samples=9)
     train(TrainerConfig(output_dir=tmp_path / "one", model={"name": tiny_model_path, "ac": {"freq": 1}}, **settings))
     flags = ["--output-dir", str(tmp_path / "two"), "--model.name", tiny_model_path, "--model.ac.freq", "1",
              "--max-steps", "2", "--optim.lr", "1e-3", "--loss.kl-coef", "0.1",

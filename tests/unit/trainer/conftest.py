@@ -1,23 +1,7 @@
 import pytest
-import torch
+from batches import random_samples, write_random_batches
 
-from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, write_batch
 from trainer.parallel import close_world, init_world
-
-
-def random_samples(num_samples: int, seed: int = 0) -> list[Sample]:
-    """Samples of 20–60 random tokens whose last two thirds were "sampled" with logprobs near the tiny model's."""
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for _ in range(num_samples):
-        length = int(torch.randint(20, 60, (1,), generator=generator))
-        prompt = length // 3
-        token_ids = torch.randint(0, 2000, (length,), generator=generator).tolist()
-        logprobs = (-7.6 + 0.05 * torch.randn(length - prompt, generator=generator)).tolist()
-        advantage = float(torch.randn(1, generator=generator))
-        samples.append(Sample(token_ids, [False] * prompt + [True] * (length - prompt), [0.0] * prompt + logprobs,
-                              advantage, 0.0, 0))  # fmt: skip
-    return samples
 
 
 @pytest.fixture(name="random_samples")
@@ -27,18 +11,8 @@ def random_samples_fixture():
 
 @pytest.fixture
 def write_batches():
-    """Write the same random batch for steps 1..steps under an output dir, packed into ``seq_len`` tokens."""
-
-    def write(output_dir, steps: int = 2, num_samples: int = 10, seq_len: int = 128) -> int:
-        samples = random_samples(num_samples)
-        micro_batches = [MicroBatch.pack(bin) for bin in pack_samples(samples, seq_len)]
-        num_tokens = sum(len(s.token_ids) for s in samples)
-        num_loss_tokens = sum(sum(s.loss_mask) for s in samples)
-        for step in range(1, steps + 1):
-            write_batch(output_dir, BatchInfo(step, num_samples, num_tokens, num_loss_tokens, 0.0, 1.0), micro_batches)
-        return len(micro_batches)
-
-    return write
+    """:func:`batches.write_random_batches`."""
+    return write_random_batches
 
 
 @pytest.fixture

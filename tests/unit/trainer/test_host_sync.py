@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import random_samples
+from batches import random_samples
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
