@@ -265,9 +265,12 @@ def applied(model, config, world) -> dict:
     model_config = config.model
     reshard = True  # FSDP2's default for the layers, before the setting existed
     if "reshard_after_forward" in type(model_config).model_fields:
-        from trainer.parallel import reshards_after_forward
+        import trainer.config
+        import trainer.parallel
 
-        reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", config.optim.offload)
+        # in trainer.config now; in trainer.parallel in an older trainer
+        decide = getattr(trainer.config, "reshards_after_forward", None) or trainer.parallel.reshards_after_forward
+        reshard = decide(model_config, world.size, world.device.type == "cuda", config.optim.offload)
     return {
         "compiled": getattr(layer, "_compiled_call_impl", None) is not None,
         "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),
