@@ -78,12 +78,27 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
     needed = not config.option.collectonly and any("session_server" in item.fixturenames for item in items)
     if needed and not os.environ.get("TRIDENT_TEST_SERVER"):
-        factory = config._tmp_path_factory  # what the tmp_path_factory fixture hands out, before any fixture runs
+        launch_session_server(config)
+
+
+def session_broadcast_port(config) -> int:
+    """The port of the broadcast store of the session's server: ``$TRIDENT_TEST_BROADCAST_PORT``, else a free one,
+    chosen once per session."""
+    if BROADCAST_PORT not in config.stash:
         config.stash[BROADCAST_PORT] = int(os.environ.get("TRIDENT_TEST_BROADCAST_PORT", 0)) or pick_free_port()
+    return config.stash[BROADCAST_PORT]
+
+
+def launch_session_server(config) -> servers.Server:
+    """The session's server, started on the first call (it serves the tiny model, loads weights from under the
+    session's base temporary folder, and broadcast weights through :func:`session_broadcast_port`)."""
+    if EARLY_SERVER not in config.stash:
+        factory = config._tmp_path_factory  # what the tmp_path_factory fixture hands out, before any fixture runs
         config.stash[EARLY_SERVER] = servers.launch(
             factory.mktemp("inference"), TINY_MODEL_ID, pick_free_port(), factory.getbasetemp(),
-            config.stash[BROADCAST_PORT],
+            session_broadcast_port(config),
         )  # fmt: skip
+    return config.stash[EARLY_SERVER]
 
 
 def pytest_sessionfinish(session):
@@ -101,28 +116,22 @@ def start_server():
 @pytest.fixture(scope="session")
 def broadcast_port(pytestconfig) -> int:
     """The port of the weight broadcast store that the session's server takes broadcast weights through."""
-    if BROADCAST_PORT in pytestconfig.stash:
-        return pytestconfig.stash[BROADCAST_PORT]
-    return int(os.environ.get("TRIDENT_TEST_BROADCAST_PORT", 0)) or pick_free_port()
+    return session_broadcast_port(pytestconfig)
 
 
 @pytest.fixture(scope="session")
-def session_server(pytestconfig, broadcast_port):
+def session_server(pytestconfig):
     """Base URL of a running ``inference`` process serving the tiny model, shared by the session (started at
     collection), loading weights from the session's temporary folders and broadcast weights through
-    :func:`broadcast_port`.
+    :func:`session_broadcast_port`.
 
     ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests) with
     ``weights_root`` pytest's base temporary folder and ``[weight_broadcast] port = $TRIDENT_TEST_BROADCAST_PORT``.
     """
     if os.environ.get("TRIDENT_TEST_SERVER"):
         return os.environ["TRIDENT_TEST_SERVER"]
-    if EARLY_SERVER not in pytestconfig.stash:  # asked for by name (request.getfixturevalue), not seen at collection
-        factory = pytestconfig._tmp_path_factory
-        pytestconfig.stash[EARLY_SERVER] = servers.launch(
-            factory.mktemp("inference"), TINY_MODEL_ID, pick_free_port(), factory.getbasetemp(), broadcast_port
-        )
-    return servers.wait_healthy(pytestconfig.stash[EARLY_SERVER])
+    # started at collection, or now for a test that asked for it by name (request.getfixturevalue)
+    return servers.wait_healthy(launch_session_server(pytestconfig))
 
 
 @pytest.fixture
