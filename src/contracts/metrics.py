@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.protocol import metrics_path, read_records
+from contracts.run_dir import metrics_path, read_records
 from contracts.shared_config import WandbConfig
 
 logger = logging.getLogger("contracts.metrics")

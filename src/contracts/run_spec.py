@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from contracts.chat_family import model_family
 from contracts.config import BaseConfig, ConfigError, exit_config_error, get_key, is_set, parse_config, set_key
 from contracts.model_path import resolve_model_path
-from contracts.protocol import configs_dir
+from contracts.run_dir import configs_dir
 from contracts.shared_config import StrictModel
 
 logger = logging.getLogger(__name__)

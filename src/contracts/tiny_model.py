@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, ChatFamily
-from contracts.protocol import atomic_dir
+from contracts.run_dir import atomic_dir
 
 # Bump when anything below changes, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 4

@@ -15,7 +15,7 @@ from starlette.datastructures import State
 
 from contracts import inference_api as api
 from contracts.broadcast import read_manifest
-from contracts.protocol import ADAPTER_CONFIG, is_adapter
+from contracts.run_dir import ADAPTER_CONFIG, is_adapter
 from inference.security import check_full_weights, check_manifest, checked_weights_path
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.

@@ -12,7 +12,7 @@ from starlette.websockets import WebSocketClose
 
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV, OPEN_ROUTES, is_loopback
-from contracts.protocol import STABLE, step_of
+from contracts.run_dir import STABLE, step_of
 
 
 def api_key_for(host: str) -> str | None:

@@ -23,7 +23,7 @@ from contracts.inference_api import HEALTH
 from contracts.lifeline import launcher_env
 from contracts.metrics import eval_line, read_metrics, setup_logging, write_summary
 from contracts.progress import Activity, read_progress
-from contracts.protocol import clear_run_state, configs_dir, logs_dir, resume_step
+from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
 from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
     check_envs_installed,

@@ -23,8 +23,7 @@ from pathlib import Path
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from inference.config import InferenceConfig
-from trainer.config import TrainerConfig, reshards_after_forward
-from trainer.scoring import chunk_rows
+from trainer.config import TrainerConfig, chunk_rows, reshards_after_forward
 
 GIB = 2**30
 # Measured on an H200 (torch 2.11, 2026-11-26, benchmarks/results/gpu_check_history.json): what the device holds for

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from contracts.errors import TridentError
-from contracts.protocol import atomic_dir, checkpoint_dir, mark_stable
+from contracts.run_dir import atomic_dir, checkpoint_dir, mark_stable
 
 STATE_FILE = "state.json"
 

@@ -23,7 +23,7 @@ from contracts.inference_api import (
     probe_request,
     served_probe_logprobs,
 )
-from contracts.protocol import is_adapter, read_probe
+from contracts.run_dir import is_adapter, read_probe
 
 logger = logging.getLogger("orchestrator")
 

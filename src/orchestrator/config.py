@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from contracts.config import BaseConfig
-from contracts.protocol import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
+from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
 from contracts.shared_config import (
     AsyncLevel,
     ChatFamilyName,

@@ -21,7 +21,7 @@ from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import Served
 from contracts.metrics import MetricsWriter, setup_logging
 from contracts.progress import Progress
-from contracts.protocol import is_stable, step_of
+from contracts.run_dir import is_stable, step_of
 from orchestrator.config import EvalRunConfig, InfraConfig
 from orchestrator.evaluation import Evaluation
 from orchestrator.gc_tuning import tune_gc

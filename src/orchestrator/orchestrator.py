@@ -17,7 +17,8 @@ from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
 from contracts.progress import HEARTBEAT_S, Progress
-from contracts.protocol import resume_step, write_batch
+from contracts.protocol import write_batch
+from contracts.run_dir import resume_step
 from orchestrator.batch import assemble_batch
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig

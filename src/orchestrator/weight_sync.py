@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from contracts.progress import Progress, last_written
-from contracts.protocol import latest_stable_weights, wait_for, weights_dir
+from contracts.run_dir import latest_stable_weights, wait_for, weights_dir
 from orchestrator.servers import Servers
 
 logger = logging.getLogger("orchestrator")

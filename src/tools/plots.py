@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.metrics import read_metrics, setup_logging
-from contracts.protocol import metrics_path
+from contracts.run_dir import metrics_path
 from tools.report import write_report
 
 PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl

@@ -13,7 +13,7 @@ from itertools import groupby
 from pathlib import Path
 
 from contracts.metrics import read_metrics
-from contracts.protocol import configs_dir, rollouts_dir
+from contracts.run_dir import configs_dir, rollouts_dir
 from tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
 logger = logging.getLogger("tools.report")

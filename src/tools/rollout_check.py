@@ -41,16 +41,8 @@ from safetensors.torch import load_file
 
 from contracts.chat_family import FAMILIES, ChatFamily, detect_family, family_by_markers, local_model_type
 from contracts.errors import TridentError
-from contracts.protocol import (
-    MICRO_BATCH_DTYPES,
-    BatchError,
-    MicroBatch,
-    configs_dir,
-    micro_batch_paths,
-    read_batch,
-    rollouts_dir,
-    step_dirs,
-)
+from contracts.protocol import MICRO_BATCH_DTYPES, BatchError, MicroBatch, micro_batch_paths, read_batch
+from contracts.run_dir import configs_dir, rollouts_dir, step_dirs
 
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from contracts.errors import TridentError
-from contracts.protocol import (
+from contracts.run_dir import (
     checkpoint_dir,
     complete_checkpoints,
     disk_full,

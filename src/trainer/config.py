@@ -330,6 +330,16 @@ class SFTConfig(BaseConfig):
         return self
 
 
+# Elements of one chunk's logits (trainer.scoring): 2**25 fp32 values are 128 MiB (220 positions at a 152k
+# vocabulary). Here, without torch, because the launcher's memory plan counts them too.
+CHUNK_ELEMENTS = 2**25
+
+
+def chunk_rows(vocab_size: int) -> int:
+    """Positions per scoring chunk: as many as keep one chunk's logits within :data:`CHUNK_ELEMENTS`."""
+    return max(1, CHUNK_ELEMENTS // vocab_size)
+
+
 def reshards_after_forward(model: TrainerModelConfig, ranks: int, gpu: bool, offload: bool) -> bool:
     """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``model.reshard_after_forward``).
     ``auto``: yes with several ranks, where gathering is communication; on one GPU, where it is a copy, the copies

@@ -12,7 +12,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from contracts.broadcast import Sender, write_manifest
-from contracts.protocol import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
+from contracts.run_dir import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
-from contracts.protocol import ADAPTER_CONFIG, atomic_dir, is_adapter
+from contracts.run_dir import ADAPTER_CONFIG, atomic_dir, is_adapter
 from trainer.export import full_weights
 
 

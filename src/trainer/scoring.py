@@ -22,11 +22,10 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-if TYPE_CHECKING:  # transformers takes seconds to import; the launcher's memory plan imports this module
-    from transformers import PreTrainedModel
+from trainer.config import chunk_rows
 
-# Elements of one chunk's logits: 2**25 fp32 values are 128 MiB (220 positions at a 152k vocabulary).
-CHUNK_ELEMENTS = 2**25
+if TYPE_CHECKING:  # transformers takes seconds to import
+    from transformers import PreTrainedModel
 
 # Positions per micro-batch whose entropy is computed when it is only logged (``logged`` mode), not trained on.
 LOGGED_ENTROPY_POSITIONS = 128
@@ -57,11 +56,6 @@ def scoring(targets: Int[Tensor, " positions"], temperature: float, entropy: Ent
         yield
     finally:
         _request.reset(token)
-
-
-def chunk_rows(vocab_size: int) -> int:
-    """Positions per chunk: as many as keep one chunk's logits within :data:`CHUNK_ELEMENTS`."""
-    return max(1, CHUNK_ELEMENTS // vocab_size)
 
 
 def chunk_scores(

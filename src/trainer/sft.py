@@ -20,7 +20,8 @@ from contracts.config import run_cli
 from contracts.errors import exit_on_user_error
 from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
-from contracts.protocol import MicroBatch, Sample, metrics_path, pack_samples, weights_dir
+from contracts.protocol import MicroBatch, Sample, pack_samples
+from contracts.run_dir import metrics_path, weights_dir
 from trainer.config import SFTConfig
 from trainer.export import save_weights
 from trainer.model import packed_logprobs

@@ -17,17 +17,8 @@ from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress, last_written
-from contracts.protocol import (
-    BatchInfo,
-    MicroBatch,
-    prune_rollouts,
-    read_batch,
-    repack,
-    resume_step,
-    rollouts_dir,
-    wait_for,
-    weights_dir,
-)
+from contracts.protocol import BatchInfo, MicroBatch, prune_rollouts, read_batch, repack
+from contracts.run_dir import resume_step, rollouts_dir, wait_for, weights_dir
 from trainer.attention import uses_varlen
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward

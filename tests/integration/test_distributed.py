@@ -9,7 +9,7 @@ import pytest
 from batches import write_random_batches
 from safetensors.torch import load_file
 
-from contracts.protocol import weights_dir
+from contracts.run_dir import weights_dir
 from trainer.config import TrainerConfig
 from trainer.train import train
 

@@ -16,7 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.errors import TridentError
 from contracts.inference_api import adapter_name
-from contracts.protocol import PROBE_FILE, PROBE_TEXT, MicroBatch, mark_stable
+from contracts.protocol import MicroBatch
+from contracts.run_dir import PROBE_FILE, PROBE_TEXT, mark_stable
 from orchestrator.batch import build_samples
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig

@@ -20,7 +20,7 @@ from procs import group_running, run_processes, wait_gone
 
 from contracts.metrics import eval_line, read_metrics
 from contracts.progress import read_progress
-from contracts.protocol import complete_checkpoints
+from contracts.run_dir import complete_checkpoints
 from orchestrator.ckpt import read_state
 from tools.plots import load_runs, write_plots
 

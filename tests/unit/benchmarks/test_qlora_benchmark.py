@@ -2,7 +2,7 @@
 
 import json
 
-from contracts.protocol import PROBE_TOLERANCE_4BIT
+from contracts.run_dir import PROBE_TOLERANCE_4BIT
 
 
 def test_smoke_run_measures_a_probe_gap_within_the_tolerance(tmp_path, benchmarks):

@@ -10,7 +10,7 @@ from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
 from contracts.broadcast import write_manifest
 from contracts.inference_api import adapter_name
-from contracts.protocol import ADAPTER_CONFIG, mark_stable
+from contracts.run_dir import ADAPTER_CONFIG, mark_stable
 from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, weights_router
 

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 import inference.main
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
-from contracts.protocol import mark_stable
+from contracts.run_dir import mark_stable
 from inference.security import API_KEY_ENV, ApiKeyMiddleware, api_key_for, checked_weights_path
 
 

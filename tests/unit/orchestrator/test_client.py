@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from contracts.errors import TridentError
-from contracts.protocol import Probe, write_probe
+from contracts.run_dir import Probe, write_probe
 from orchestrator.client import InferenceClient
 
 

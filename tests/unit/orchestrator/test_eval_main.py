@@ -8,7 +8,7 @@ import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.inference_api import Served
 from contracts.metrics import read_metrics
-from contracts.protocol import mark_stable
+from contracts.run_dir import mark_stable
 from orchestrator.envs import Rollout
 from orchestrator.eval_main import EvalCliConfig, evaluate, serve_weights
 from orchestrator.orchestrator import Orchestrator

@@ -10,7 +10,7 @@ import orchestrator.groups as groups_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
 from contracts.progress import read_progress
-from contracts.protocol import mark_stable, weights_dir
+from contracts.run_dir import mark_stable, weights_dir
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout

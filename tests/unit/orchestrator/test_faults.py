@@ -15,7 +15,7 @@ import verifiers.v1 as vf
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
-from contracts.protocol import rollouts_dir
+from contracts.run_dir import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
 from orchestrator.limits import RolloutLimits

@@ -19,7 +19,7 @@ from contracts.errors import TridentError
 from contracts.inference_api import GENERATE
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
-from contracts.protocol import rollouts_dir
+from contracts.run_dir import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.infra import check_lost

@@ -6,7 +6,7 @@ import pytest
 import orchestrator.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
-from contracts.protocol import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
+from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
 from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state

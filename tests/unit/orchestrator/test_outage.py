@@ -10,7 +10,7 @@ import pytest
 import orchestrator.client as client_module
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
-from contracts.protocol import mark_stable, rollouts_dir, weights_dir
+from contracts.run_dir import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator

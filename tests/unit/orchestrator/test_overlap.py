@@ -7,7 +7,7 @@ import time
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
-from contracts.protocol import mark_stable, weights_dir
+from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout
 

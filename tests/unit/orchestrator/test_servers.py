@@ -10,7 +10,7 @@ import orchestrator.servers as servers_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
-from contracts.protocol import mark_stable, weights_dir
+from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, model_context
 from orchestrator.orchestrator import Orchestrator

@@ -104,7 +104,7 @@ def test_gpu_ids_on_a_machine_without_gpus_start_one_cpu_server_and_say_so(tmp_p
 
 
 def test_a_gpu_id_beyond_the_machines_gpus_is_named(monkeypatch):
-    monkeypatch.setattr(preflight.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(preflight, "cuda_memory_gib", lambda: [80.0, 80.0])
     config = resolve_shared(parse_config(RLConfig, [*FILES, "--inference-gpu-ids", "0,2", "--trainer-gpu-ids", "1"]))
     with pytest.raises(TridentError, match=r"^--inference-gpu-ids \[0, 2\]: this machine has GPUs 0..1; name those$"):
         check_gpus(config, on_gpu=True)

@@ -23,9 +23,9 @@ from contracts.protocol import (
     Sample,
     prune_rollouts,
     read_batch,
-    rollouts_dir,
     write_batch,
 )
+from contracts.run_dir import rollouts_dir
 
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -15,7 +15,8 @@ from transformers import AutoTokenizer
 
 from contracts.metrics import MetricsWriter
 from contracts.model_path import TINY_MODEL_ID
-from contracts.protocol import BatchInfo, MicroBatch, Sample, configs_dir, sample_summary, write_batch
+from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
+from contracts.run_dir import configs_dir
 from launch.launcher import write_plots_or_warn
 from tools.plots import load_run, plot_runs, write_plots
 from tools.report import write_report

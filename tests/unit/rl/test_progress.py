@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contracts.progress import Progress, read_progress
-from contracts.protocol import clear_run_state
+from contracts.run_dir import clear_run_state
 from launch.launcher import WaitNotice, supervise
 from launch.process import Child
 from launch.rl_config import RLConfig, resolve_shared

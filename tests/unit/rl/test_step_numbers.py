@@ -7,7 +7,8 @@ import httpx
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
-from contracts.protocol import complete_checkpoints, configs_dir, read_batch, rollouts_dir, step_dirs
+from contracts.protocol import read_batch
+from contracts.run_dir import complete_checkpoints, configs_dir, rollouts_dir, step_dirs
 from launch.launcher import step_line
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import Rollout

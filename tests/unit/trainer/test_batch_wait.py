@@ -7,7 +7,7 @@ import time
 import pytest
 
 from contracts.progress import Progress
-from contracts.protocol import rollouts_dir
+from contracts.run_dir import rollouts_dir
 from trainer.config import TrainerConfig
 from trainer.train import train
 

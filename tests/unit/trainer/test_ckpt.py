@@ -10,7 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from contracts.errors import TridentError
-from contracts.protocol import checkpoint_dir, complete_checkpoints, weights_dir
+from contracts.run_dir import checkpoint_dir, complete_checkpoints, weights_dir
 from orchestrator.ckpt import data_state, save_state
 from trainer.ckpt import prune_checkpoints
 from trainer.config import TrainerConfig

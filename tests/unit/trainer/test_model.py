@@ -3,7 +3,8 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contracts.protocol import PROBE_TEXT, PROBE_TOLERANCE, MicroBatch, Sample, read_probe
+from contracts.protocol import MicroBatch, Sample
+from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE, read_probe
 from trainer.config import TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward

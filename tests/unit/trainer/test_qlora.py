@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
-from contracts.protocol import PROBE_TOLERANCE_4BIT, MicroBatch, Sample, read_probe
+from contracts.protocol import MicroBatch, Sample
+from contracts.run_dir import PROBE_TOLERANCE_4BIT, read_probe
 from launch.memory_plan import GIB, plan_memory
 from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import SFTConfig, TrainerConfig, TrainerModelConfig

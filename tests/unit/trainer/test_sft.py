@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
 from contracts.model_path import resolve_model_path
-from contracts.protocol import is_stable, weights_dir
+from contracts.run_dir import is_stable, weights_dir
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft

@@ -13,16 +13,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from contracts.protocol import (
-    BatchError,
-    BatchInfo,
-    MicroBatch,
-    checkpoint_dir,
-    read_probe,
-    rollouts_dir,
-    weights_dir,
-    write_batch,
-)
+from contracts.protocol import BatchError, BatchInfo, MicroBatch, write_batch
+from contracts.run_dir import checkpoint_dir, read_probe, rollouts_dir, weights_dir
 from trainer.config import TrainerConfig
 from trainer.model import packed_logprobs, use_packed_forward
 from trainer.train import EmptyBatchError, train
