@@ -131,7 +131,8 @@ def session_server(pytestconfig):
     :func:`session_broadcast_port`.
 
     ``TRIDENT_TEST_SERVER=http://127.0.0.1:PORT`` reuses a server you started (faster when iterating on tests) with
-    ``weights_root`` pytest's base temporary folder and ``[weight_broadcast] port = $TRIDENT_TEST_BROADCAST_PORT``.
+    ``weights_root`` pytest's base temporary folder and ``[weight_broadcast] port = $TRIDENT_TEST_BROADCAST_PORT``;
+    run one worker then (no ``-n``), since two would load weights into it at once.
     """
     if os.environ.get("TRIDENT_TEST_SERVER"):
         return os.environ["TRIDENT_TEST_SERVER"]
