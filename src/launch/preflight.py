@@ -119,12 +119,23 @@ def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
     return lines
 
 
-def gpu_env(config: RLConfig, on_gpu: bool) -> dict[str, dict[str, str]]:
-    """Environment overrides placing each process: ``CUDA_VISIBLE_DEVICES``, its GPUs or none on the CPU."""
+# vLLM's CPU backend pins each server's compute threads; left to choose ("auto"), every server takes the same core
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def placement_env(config: RLConfig, on_gpu: bool) -> dict[str, dict[str, str]]:
+    """Environment overrides placing each process: ``CUDA_VISIBLE_DEVICES``, its GPUs or none on the CPU. Several
+    servers on the CPU each get a core of their own (``VLLM_CPU_OMP_THREADS_BIND``, unless it is set already):
+    left to vLLM, every one of them would compute on the same core."""
     where = placement(config)
     if not on_gpu:
         logger.info("no GPU found: inference and trainer run on the CPU")
-        return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in where}
+        env = {name: {"CUDA_VISIBLE_DEVICES": ""} for name in where}
+        started, cores = list(servers(config)), sorted(os.sched_getaffinity(0))
+        if len(started) > 1 and BIND_ENV not in os.environ:
+            for i, name in enumerate(started):
+                env[name][BIND_ENV] = str(cores[i % len(cores)])
+        return env
     shared = set(config.trainer_gpu_ids) & set(config.inference_gpu_ids if config.inference else [])
     logger.info(
         f"inference on GPU {config.inference_gpu_ids}, trainer on GPU {config.trainer_gpu_ids}"

@@ -9,13 +9,14 @@ import pytest
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
+from launch import preflight
 from launch.preflight import (
     check_envs_installed,
     check_model,
     check_port_free,
-    gpu_env,
     lock_output_dir,
     placement,
+    placement_env,
     placement_lines,
 )
 from launch.process import command
@@ -45,9 +46,22 @@ def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
     config = parse_config(RLConfig, ["--trainer-gpu-ids", "0,1", "--inference-gpu-ids", "[0]"])
     assert config.trainer_gpu_ids == [0, 1] and config.inference_gpu_ids == [0]
     with caplog.at_level("INFO"):
-        placement = gpu_env(config, on_gpu=False)
+        placement = placement_env(config, on_gpu=False)
     assert all(env == {"CUDA_VISIBLE_DEVICES": ""} for env in placement.values())
     assert "no GPU found: inference and trainer run on the CPU" in caplog.text
+
+
+def test_several_cpu_servers_compute_on_cores_of_their_own_unless_the_binding_is_set(monkeypatch):
+    monkeypatch.delenv(preflight.BIND_ENV, raising=False)
+    monkeypatch.setattr(preflight.os, "sched_getaffinity", lambda pid: {3, 1})  # the cores rl may use
+    config = parse_config(RLConfig, ["--inference", "@", str(DEBUG / "infer.toml"), "--inference-servers", "3"])
+    placement = placement_env(config, on_gpu=False)
+    binds = {name: env.get(preflight.BIND_ENV) for name, env in placement.items()}
+    assert binds == {"inference-0": "1", "inference-1": "3", "inference-2": "1", "orchestrator": None, "trainer": None}
+    one = parse_config(RLConfig, ["--inference", "@", str(DEBUG / "infer.toml")])
+    assert placement_env(one, on_gpu=False)["inference"] == {"CUDA_VISIBLE_DEVICES": ""}  # vLLM's own choice
+    monkeypatch.setenv(preflight.BIND_ENV, "nobind")  # the user's choice stands
+    assert all(preflight.BIND_ENV not in env for env in placement_env(config, on_gpu=False).values())
 
 
 def test_unknown_environment_is_named_before_anything_starts():
