@@ -2,13 +2,13 @@
 non-zero exit, nothing started or written (issue 30). The checks that need no process are in
 tests/unit/rl/test_bad_input.py."""
 
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 from debug_configs import FILES
+from namespaces import user_namespaces
 
 RL = [sys.executable, "-m", "launch.launcher"]
 
@@ -35,10 +35,6 @@ def test_an_output_dir_that_is_a_file_or_under_one(tmp_path):
     under = taken / "run"
     assert f"--output-dir {under}: cannot hold the run (Not a directory: {under}); choose a folder you can" in line
     assert taken.read_text() == "not a folder"
-
-
-def user_namespaces() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
 
 
 @pytest.mark.skipif(not user_namespaces(), reason="needs unprivileged user namespaces to mount a read-only tmpfs")

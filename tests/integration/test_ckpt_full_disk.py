@@ -4,12 +4,12 @@ resumes exactly as if never stopped. The other checkpoint tests are in tests/uni
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 from batches import write_random_batches
+from namespaces import user_namespaces
 from safetensors.torch import load_file
 from trainer_runs import SETTINGS, config, losses
 
@@ -39,10 +39,6 @@ train(TrainerConfig(**settings, ckpt={"interval": 2, "resume_step": -1}))
 results["resumed"] = sorted(str(p.relative_to(out / "checkpoints")) for p in (out / "checkpoints").rglob("STABLE"))
 print(json.dumps(results))
 """
-
-
-def user_namespaces() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
 
 
 @pytest.mark.skipif(not user_namespaces(), reason="needs unprivileged user namespaces to mount a small tmpfs")
