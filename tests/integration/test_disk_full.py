@@ -2,11 +2,11 @@
 fail with one line naming the folder, leave nothing partial, and what was written before stays intact."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
+from namespaces import user_namespaces
 
 WRITER = """
 import json, os, sys
@@ -36,10 +36,6 @@ for what, write in {
 results["left"] = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
 print(json.dumps(results))
 """
-
-
-def user_namespaces() -> bool:
-    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-rm", "true"]).returncode == 0
 
 
 @pytest.mark.skipif(not user_namespaces(), reason="needs unprivileged user namespaces to mount a small tmpfs")

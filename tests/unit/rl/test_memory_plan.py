@@ -1,6 +1,8 @@
+"""The memory plan ``rl`` makes before a run: parameter, adapter and activation bytes against real models and what an
+H200 held, the weight broadcast's buffers, full training, QLoRA. ``rl --dry-run`` printing and refusing a plan is
+checked in tests/integration/test_memory_plan_cli.py."""
+
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +23,6 @@ from trainer.config import LoraConfig, TrainerConfig, TrainerModelConfig
 from trainer.model import add_lora, load_model, use_packed_forward
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-ROOT = Path(__file__).parents[3]
-SWE_GREP = ROOT / "configs" / "swe-grep" / "rl"
 
 
 def test_parameter_counts_are_the_models(tiny_model_path):
@@ -168,27 +167,6 @@ def test_the_weight_broadcast_buffers_are_planned_where_they_are_held():
     plan = plan_memory(shared, inference, [0], [0], gpu_gib=80.0)
     assert plan.trainer["broadcast"] == pytest.approx(shape.parameters * 2 / GIB)
     assert "broadcast" not in plan.inference
-
-
-def rl_dry_run(tmp_path, *flags):
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
-            "--orchestrator", "@", str(SWE_GREP / "orch.toml"), "--inference", "@", str(SWE_GREP / "infer.toml"),
-            "--output-dir", str(tmp_path), "--dry-run", *flags]  # fmt: skip
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
-
-
-def test_swe_grep_fits_one_80_gb_gpu_and_an_oversize_config_is_refused(tmp_path):
-    result = rl_dry_run(tmp_path / "fits", "--gpu-memory-gib", "80")
-    assert result.returncode == 0, result.stderr
-    assert "trainer, per rank: 20.7 GiB (weights 15.3 GiB," in result.stdout  # Qwen3-8B in bf16 beside its adapter
-    assert "inference: 40.0 GiB claimed by vLLM" in result.stdout
-    assert "GPU 0: trainer + inference = 60.7 GiB, free 19.3 GiB" in result.stdout
-
-    result = rl_dry_run(tmp_path / "oversize", "--gpu-memory-gib", "80", "--inference.gpu-memory-utilization", "0.9")
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "the run does not fit in memory: GPU 0: trainer 20.7 GiB + inference 72.0 GiB = 92.7 GiB does not fit " \
-           "in its 80.0 GiB" in result.stderr  # fmt: skip
-    assert not (tmp_path / "oversize").exists()  # refused before anything was written
 
 
 def test_full_training_of_8b_needs_its_optimizer_state_and_the_server_its_weights():

@@ -1,48 +1,20 @@
-"""trident-plot: PNGs of two fake runs' metrics, checked for content and axis ranges; the HTML report; CLI errors."""
+"""trident-plot: PNGs of two fake runs' metrics, checked for content and axis ranges; the HTML report. Its command
+line's errors and the report in a browser (each run in a process of their own) are checked in
+tests/integration/test_plots_cli.py."""
 
 import html
-import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from fake_runs import STEPS, fake_reported_run, fake_run
 from matplotlib.figure import Figure
 from matplotlib.image import imread
-from transformers import AutoTokenizer
 
-from contracts.metrics import MetricsWriter
-from contracts.model_path import TINY_MODEL_ID
-from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
 from contracts.run_dir import configs_dir
 from launch.launcher import write_plots_or_warn
 from tools.plots import load_run, plot_runs, write_plots
 from tools.report import write_report
-
-STEPS = 6
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def fake_run(output_dir: Path, reward_start: float, with_entropy: bool = True, with_evals: bool = True) -> Path:
-    """Metrics of a run whose reward rises by 0.1 a step from ``reward_start``."""
-    trainer, orchestrator = MetricsWriter(output_dir, "trainer"), MetricsWriter(output_dir, "orchestrator")
-    for step in range(STEPS):
-        record = {"step": step, "reward_mean": reward_start + 0.1 * step, "truncated_rate": 0.5 - 0.05 * step,
-                  "completion_len_mean": 20.0 + step, "completion_len_max": 40 + 2 * step, "rollouts_per_s": 3.0,
-                  "sampled_tokens_per_s": 100.0 + step}  # fmt: skip
-        if step > 0:
-            record["probe_gap"] = 0.01 / step  # absent until the first reload
-        orchestrator.write(record)
-        if with_evals and step % 2 == 0:  # the scores are plotted, not the failures or the seconds
-            orchestrator.write_eval({"step": step, "eval/gsm8k/reward_mean": 0.2 + 0.05 * step,
-                                     "eval/gsm8k/failed": 1, "eval/seconds": 30.0})  # fmt: skip
-        trained = {"step": step, "loss": 0.3 - 0.1 * step, "mismatch_kl": 1e-3, "tokens_per_s": 500.0 - step}
-        if with_entropy:
-            trained["entropy"] = 2.0 - 0.2 * step
-        trainer.write(trained)
-    return output_dir
 
 
 @pytest.fixture
@@ -106,17 +78,6 @@ def test_one_run_is_labelled_by_key(tmp_path):
     assert plot.name == "reward" and set(plot.series) == {"reward_mean"}
 
 
-def test_cli_refuses_a_folder_that_is_not_a_run_in_one_line(tmp_path):
-    (tmp_path / "empty").mkdir()
-    result = subprocess.run(
-        [sys.executable, "-m", "tools.plots", str(tmp_path / "empty")], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr
-    (line,) = result.stderr.strip().splitlines()
-    assert "is not a run's output_dir" in line and str(tmp_path / "empty") in line
-
-
 def test_default_out_is_the_first_runs_plots_folder(runs):
     report = plot_runs(runs)
     assert report == runs[0] / "plots" / "report.html"
@@ -126,50 +87,10 @@ def test_default_out_is_the_first_runs_plots_folder(runs):
 # ── the HTML report ─────────────────────────────────────────────────────────────────────────────────────
 
 
-def rollout_with_tool_call(tokenizer) -> tuple[list[int], list[bool], str, str]:
-    """Token ids and loss mask of a chat: a prompt, a sampled reply, a tool result, a second sampled reply.
-    Also the texts of the two replies."""
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 6 x 7? Use < and > if you like."}],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    first, tool, second = "I will compute 6 x 7.<|im_end|>", "\n<|im_start|>user\n<tool_response>\n42", "It is 42."
-    pieces = [(prompt, False), (first, True), (tool, False), (second, True)]
-    token_ids, mask = [], []
-    for text, trained in pieces:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        token_ids += ids
-        mask += [trained] * len(ids)
-    return token_ids, mask, first, second
-
-
-def write_rollouts(output_dir: Path, tokenizer, step: int, keep_batch: bool) -> tuple[str, str]:
-    """A sample-rollouts row for ``step`` and, with ``keep_batch``, its batch ``rollouts/step_N/``."""
-    token_ids, mask, first, second = rollout_with_tool_call(tokenizer)
-    meta = {"env": "calc", "task": "t1"}
-    sample = Sample(token_ids, mask, [-0.5 if m else 0.0 for m in mask], 0.25, 1.0, step, meta)
-    prompt_len = mask.index(True)
-    row = {"step": step, **meta, "prompt": tokenizer.decode(token_ids[:prompt_len], skip_special_tokens=False),
-           "completion": tokenizer.decode(token_ids[prompt_len:], skip_special_tokens=False), "reward": 1.0,
-           "advantage": 0.25, "truncated": False}  # fmt: skip
-    MetricsWriter(output_dir, "orchestrator").write_table("sample_rollouts", step, [row])
-    if keep_batch:
-        info = BatchInfo(step, 1, len(token_ids), sum(mask), 1.0, 1.0, [step], samples=[sample_summary(sample)])
-        write_batch(output_dir, info, [MicroBatch.pack([sample])])
-    return first, second
-
-
 @pytest.fixture
 def reported_run(tmp_path, tiny_model_path) -> tuple[Path, tuple[str, str]]:
-    """A fake run with configs, an old sample step whose batch is gone and a last one whose batch is on disk."""
-    run = fake_run(tmp_path / "run", 0.1)
-    configs_dir(run).mkdir()
-    (configs_dir(run) / "orchestrator.toml").write_text(f'[model]\nname = "{TINY_MODEL_ID}"\n')
-    (configs_dir(run) / "trainer.toml").write_text('[wandb]\nname = "a<b & c>"\n')
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    write_rollouts(run, tokenizer, 0, keep_batch=False)
-    return run, write_rollouts(run, tokenizer, 5, keep_batch=True)
+    """:func:`fake_runs.fake_reported_run` in the test's folder."""
+    return fake_reported_run(tmp_path / "run", tiny_model_path)
 
 
 def test_report_has_images_configs_and_highlighted_trained_tokens(reported_run):
@@ -200,26 +121,6 @@ def test_report_without_a_tokenizer_shows_the_text(reported_run):
     page = write_report(run, [("run", run)], []).read_text()
     assert "<mark class='trained'>I" not in page and "I will compute 6 x 7." in page
     assert "No metrics to plot yet." in page
-
-
-def test_report_images_load_in_a_browser(reported_run, tmp_path):
-    if not Path(CHROMIUM).is_file():  # .ci/run installs it: in CI its absence is a failure, not a skip
-        (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)("needs chromium")
-    run, _ = reported_run
-    report = plot_runs([run])
-    probe = report.with_name("probe.html")  # the report, telling the width of each image once the page loaded
-    script = (
-        "<script>addEventListener('load', () => document.body.setAttribute('data-widths', "
-        "[...document.images].map(i => i.naturalWidth).join(',')))</script></body>"
-    )
-    probe.write_text(report.read_text().replace("</body>", script))
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run",
-             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom"]  # fmt: skip
-    result = subprocess.run([CHROMIUM, *flags, probe.as_uri()], capture_output=True, text=True, timeout=120)
-    widths = re.search(r'data-widths="([^"]*)"', result.stdout)
-    assert widths, result.stderr[-2000:]
-    assert widths.group(1).split(",") == ["800"] * 9  # every plot loaded at its full width
 
 
 def test_rl_writes_the_report_and_only_warns_when_it_cannot(runs, tmp_path, caplog):

@@ -1,22 +1,17 @@
 """The shared-memory weight handover (``backend = "shared"``) on the CPU: a buffer in /dev/shm that a second
 process maps; the trainer's Sender writes each step's weights into it and waits until the receiver says it took
-them."""
+them. Here: the buffer's layout, a timeout when nobody takes the weights, and what a worker attaches to; a second
+process taking each step is checked in tests/integration/test_weights_to_a_second_process.py."""
 
-import multiprocessing
 import os
 
 import pytest
 import torch
+from weight_tensors import TENSORS
 
-from contracts.broadcast import MANIFEST, Sender, open_store, read_manifest, taken_key, write_manifest
+from contracts.broadcast import MANIFEST, Sender
 from contracts.errors import TridentError
 from contracts.shared_weights import ALIGN, SHM_DIR, SharedBuffer, layout
-
-TENSORS = {
-    "model.embed_tokens.weight": torch.randn(5, 3),
-    "model.layers.0.mlp.up_proj.weight": torch.randn(4, 3, dtype=torch.bfloat16),
-    "model.norm.weight": torch.ones(3),
-}
 
 
 def test_layout_aligns_every_tensor_and_sizes_the_buffer():
@@ -25,47 +20,6 @@ def test_layout_aligns_every_tensor_and_sizes_the_buffer():
                                         ["model.layers.0.mlp.up_proj.weight", [4, 3], "bfloat16"],
                                         ["model.norm.weight", [3], "float32"]]  # fmt: skip
     assert [e[3] for e in entries] == [0, ALIGN, 2 * ALIGN] and nbytes == 3 * ALIGN
-
-
-def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_taken(tmp_path, free_port):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=60, backend="shared", device=torch.device("cpu"))
-    context = multiprocessing.get_context("spawn")
-    inbox, outbox = context.Queue(), context.Queue()
-    manifest = sender.send(TENSORS)  # the first step: the buffer is made and holds the weights on return
-    write_manifest(tmp_path, manifest)
-    assert read_manifest(tmp_path) == manifest  # valid JSON of the shared kind, as the server reads it
-    shm_file = SHM_DIR / f"trident-weights-{sender.address['session']}"
-    assert manifest["buffer"] == {"kind": "shm", "path": str(shm_file), "nbytes": layout(TENSORS)[1]}
-    assert manifest["sequence"] == 1 and shm_file.is_file()
-
-    process = context.Process(target=relay, args=(manifest, 2, inbox, outbox))
-    process.start()
-    for step in range(2):
-        if step:
-            manifest = sender.send({name: t + step for name, t in TENSORS.items()})  # waits for step 0's taking
-            assert manifest["sequence"] == 2
-        inbox.put(manifest)
-        received = outbox.get(timeout=60)
-        assert [name for name, _, _ in received] == list(TENSORS)
-        for (_, dtype, got), want in zip(received, TENSORS.values(), strict=True):
-            assert dtype == str(want.dtype) and got == (want + step).float().tolist()
-    sender.wait()  # step 1 was taken
-    process.join(timeout=60)
-    assert process.exitcode == 0
-    sender.close()
-    assert not shm_file.exists()  # the trainer's exit removes the buffer
-
-
-def relay(manifest: dict, steps: int, inbox, outbox) -> None:
-    """The server's worker, as inference.worker does it: attach once, copy each step's tensors out, say so."""
-    buffer = SharedBuffer.attach(manifest["buffer"])
-    store = open_store(manifest, rank=1)
-    for _ in range(steps):
-        manifest = inbox.get(timeout=60)
-        outbox.put(
-            [(name, str(tensor.dtype), tensor.float().tolist()) for name, tensor in buffer.read(manifest["tensors"])]
-        )
-        store.set(taken_key(manifest), "1")
 
 
 def test_weights_nobody_takes_fail_the_next_write_naming_the_timeout(free_port):

@@ -1,16 +1,22 @@
 """A local HTTP server in the place of the inference server: the policy (``/inference/v1/generate``) always replies
-"hi" in the tiny model's tokens; subclasses of its handler answer more."""
+"hi" in the tiny model's tokens; subclasses of its handler answer more (:class:`CountingServer` counts the requests in
+flight). :func:`rollouts_of` runs a group of an environment's rollouts against one."""
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from transformers import AutoTokenizer
 
-from contracts.inference_api import MODELS
+from contracts.inference_api import GENERATE, MODELS
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.envs import load_env, model_context, run_group
+from orchestrator.limits import RolloutLimits
 
 
 class FakePolicy(ThreadingHTTPServer):
@@ -66,3 +72,41 @@ def serving(server: FakePolicy) -> Iterator[FakePolicy]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class CountingServer(FakePolicy):
+    """Answers ``/inference/v1/generate`` with "hi" after ``delay_s``, counting the requests in flight."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(CountingHandler)
+        self.delay_s, self.in_flight, self.peak, self.lock = delay_s, 0, 0, threading.Lock()
+
+
+class CountingHandler(PolicyHandler):
+    server: CountingServer
+
+    def do_POST(self) -> None:
+        self.read_json()
+        assert self.path == GENERATE, self.path
+        with self.server.lock:
+            self.server.in_flight += 1
+            self.server.peak = max(self.server.peak, self.server.in_flight)
+        time.sleep(self.server.delay_s)
+        with self.server.lock:
+            self.server.in_flight -= 1
+        self.respond(200, self.server.hi)
+
+
+def counting_server(delay_s: float = 0.0) -> AbstractContextManager[CountingServer]:
+    return serving(CountingServer(delay_s))
+
+
+def rollouts_of(env_id: str, url: str, n: int, limits: RolloutLimits, **env):
+    env = load_env(EnvConfig(id=env_id, **env))
+    ctx = model_context(OrchestratorConfig(client={"base_url": url}), resolve_model_path(TINY_MODEL_ID))
+
+    async def run():
+        async with env.serving():
+            return await run_group(env, next(iter(env.taskset.load())), n, ctx, limits)
+
+    return asyncio.run(run())
