@@ -3,11 +3,9 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-DEBUG = Path(__file__).parents[2] / "configs" / "debug" / "rl"
-FILES = ["--trainer", "@", str(DEBUG / "train.toml"), "--orchestrator", "@", str(DEBUG / "orch.toml"),
-         "--inference", "@", str(DEBUG / "infer.toml")]  # fmt: skip
+from debug_configs import FILES
+
 HEAVY = ("torch", "transformers", "verifiers", "vllm")
 # rl's whole dry run in one process, then the heavy libraries it left in sys.modules
 SCRIPT = f"""

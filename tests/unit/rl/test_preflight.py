@@ -54,12 +54,11 @@ def test_no_gpu_places_everything_on_cpu_and_says_so(caplog):
 def test_several_cpu_servers_compute_on_cores_of_their_own_unless_the_binding_is_set(monkeypatch):
     monkeypatch.delenv(preflight.BIND_ENV, raising=False)
     monkeypatch.setattr(preflight.os, "sched_getaffinity", lambda pid: {3, 1})  # the cores rl may use
-    config = parse_config(RLConfig, ["--inference", "@", str(DEBUG / "infer.toml"), "--inference-servers", "3"])
+    config = resolved("--inference-servers", "3")
     placement = placement_env(config, on_gpu=False)
     binds = {name: env.get(preflight.BIND_ENV) for name, env in placement.items()}
     assert binds == {"inference-0": "1", "inference-1": "3", "inference-2": "1", "orchestrator": None, "trainer": None}
-    one = parse_config(RLConfig, ["--inference", "@", str(DEBUG / "infer.toml")])
-    assert placement_env(one, on_gpu=False)["inference"] == {"CUDA_VISIBLE_DEVICES": ""}  # vLLM's own choice
+    assert placement_env(resolved(), on_gpu=False)["inference"] == {"CUDA_VISIBLE_DEVICES": ""}  # vLLM's own choice
     monkeypatch.setenv(preflight.BIND_ENV, "nobind")  # the user's choice stands
     assert all(preflight.BIND_ENV not in env for env in placement_env(config, on_gpu=False).values())
 
