@@ -10,15 +10,19 @@ starting ``in_flight`` rollouts at once:
 
 - **trident**: gsm8k-calc's tasks through the orchestrator's rollout path (``load_env``, ``run_group``): the
   in-process harness, verifiers' interception endpoint and training client rendering each turn to token ids.
+- **trident, N workers**: the same rollouts spread over N rollout worker processes (``rollout_workers``), the
+  orchestrator's way past one core; their CPU time is counted with this process's.
 - **bare**: a plain aiohttp loop, ``in_flight`` coroutines each sending one rollout's requests in turn: the very
   request bodies the trident side sent (recorded by the server), each reply's JSON parsed. The least a client in
   Python does for the same exchange.
 
-CPU time is this process's (user + system, all threads) over a batch, per model turn; the server's is not in it.
-One untimed warm-up batch first; then, per size and repetition, a trident batch and a bare batch.
+CPU time is this process's (user + system, all threads; with workers, theirs too) over a batch, per model turn; the
+server's is not in it. One untimed warm-up batch first; then, per size and repetition, a trident batch, one per worker
+count, and a bare batch.
 """
 
 import asyncio
+import os
 import resource
 import statistics
 import subprocess
@@ -37,13 +41,13 @@ from transformers import AutoTokenizer
 
 from contracts.inference_api import GENERATE
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
-from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import RolloutLimits
+from orchestrator.workers import RolloutWorkers
 
 SERVER = Path(__file__).parent / "scripted_server.py"
-SIDES = ("trident", "bare")
 ENV = "gsm8k-calc"
 
 
@@ -55,10 +59,15 @@ class BenchmarkConfig:
     group_size: int  # rollouts per task
     tool_calls: int  # calculator calls per rollout before the answer
     repetitions: int  # timed batches per side and size
+    workers: tuple[int, ...]  # rollout worker counts, a trident side each
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return ("trident", *(f"trident, {count} workers" for count in self.workers), "bare")
 
 
-FULL = BenchmarkConfig(in_flight=(512, 2048), group_size=8, tool_calls=7, repetitions=2)
-SMOKE = BenchmarkConfig(in_flight=(4,), group_size=2, tool_calls=1, repetitions=1)
+FULL = BenchmarkConfig(in_flight=(512, 2048), group_size=8, tool_calls=7, repetitions=2, workers=(2,))
+SMOKE = BenchmarkConfig(in_flight=(4,), group_size=2, tool_calls=1, repetitions=1, workers=(2,))
 
 
 @contextmanager
@@ -76,10 +85,11 @@ def scripted_server(tool_calls: int) -> Iterator[str]:
         server.wait()
 
 
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process so far, all its threads."""
+def cpu_seconds(pids: list[int] = ()) -> float:
+    """User and system CPU seconds so far of this process and of the processes ``pids`` (Linux), all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    ticks = sum(sum(map(int, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])) for pid in pids)
+    return usage.ru_utime + usage.ru_stime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def trident_batch(env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig) -> list[Rollout]:
@@ -87,6 +97,13 @@ async def trident_batch(env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: B
     limits = RolloutLimits.of(len(tasks) * bench.group_size)
     groups = await asyncio.gather(*(run_group(env, task, bench.group_size, ctx, limits) for task in tasks))
     return [rollout for group in groups for rollout in group]
+
+
+async def workers_batch(workers: RolloutWorkers, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig) -> list:
+    """As :func:`trident_batch`, the groups run by ``workers``."""
+    config = EnvConfig(id=ENV, args={"max_turns": bench.tool_calls + 1})
+    run = [workers.run_group(config, task, bench.group_size, ctx.client.base_url, ctx.model) for task in tasks]
+    return [rollout for group in await asyncio.gather(*run) for rollout in group]
 
 
 def rollout_requests(bodies: list[dict], tool_response_id: int, turns: int) -> list[list[dict]]:
@@ -115,11 +132,11 @@ async def bare_batch(base_url: str, rollouts: list[list[dict]]) -> int:
         return sum(await asyncio.gather(*(rollout(http, bodies) for bodies in rollouts)))
 
 
-async def measured(batch) -> tuple[dict, object]:
-    """Wall and CPU seconds of awaiting ``batch``, and its result."""
-    wall, cpu = time.perf_counter(), cpu_seconds()
+async def measured(batch, pids: list[int] = ()) -> tuple[dict, object]:
+    """Wall and CPU seconds (this process's and ``pids``') of awaiting ``batch``, and its result."""
+    wall, cpu = time.perf_counter(), cpu_seconds(pids)
     result = await batch
-    return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds() - cpu}, result
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": cpu_seconds(pids) - cpu}, result
 
 
 async def record(base_url: str, http: aiohttp.ClientSession, on: bool) -> list[dict]:
@@ -156,8 +173,10 @@ def bare_summary(timing: dict, rollouts: int, turns: int, sampled_tokens: int) -
     }
 
 
-async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: BenchmarkConfig) -> dict:
-    """A warm-up batch, then per size and repetition a trident and a bare batch; the batches' summaries by size."""
+async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: BenchmarkConfig,
+                    pools: dict[int, RolloutWorkers]) -> dict:  # fmt: skip
+    """A warm-up batch per trident side, then per size and repetition a batch of each side; the batches' summaries
+    by size."""
     turns = bench.tool_calls + 1
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
     tool_response_id = tokenizer.convert_tokens_to_ids(TOOL_RESPONSE)
@@ -165,27 +184,33 @@ async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: Ben
     sizes: dict[str, dict] = {}
     async with env.serving(), aiohttp.ClientSession() as http:
         await trident_batch(env, tasks[:1], ctx, bench)
+        for count, workers in pools.items():
+            await workers_batch(workers, tasks[:1] * count, ctx, bench)  # a group each: every worker loads the env
         for _ in range(bench.repetitions):
             for in_flight in bench.in_flight:
+                batch_tasks = tasks[: in_flight // bench.group_size]
+                size = sizes.setdefault(str(in_flight), {side: [] for side in bench.sides})
                 await record(base_url, http, on=True)
-                timing, rollouts = await measured(trident_batch(env, tasks[: in_flight // bench.group_size], ctx,
-                                                                bench))  # fmt: skip
+                timing, rollouts = await measured(trident_batch(env, batch_tasks, ctx, bench))
                 requests = rollout_requests(await record(base_url, http, on=False), tool_response_id, turns)
-                bare_timing, tokens = await measured(bare_batch(base_url, requests))
-                size = sizes.setdefault(str(in_flight), {side: [] for side in SIDES})
                 size["trident"].append(trident_summary(timing, rollouts, turns))
+                for count, workers in pools.items():
+                    timing, rollouts = await measured(workers_batch(workers, batch_tasks, ctx, bench), workers.pids)
+                    size[f"trident, {count} workers"].append(trident_summary(timing, rollouts, turns))
+                bare_timing, tokens = await measured(bare_batch(base_url, requests))
                 size["bare"].append(bare_summary(bare_timing, len(requests), turns, tokens))
     return sizes
 
 
 def size_summary(batches: dict[str, list[dict]]) -> dict:
-    """Medians over one size's repetitions, and trident's rollouts/s over the bare loop's."""
+    """Medians over one size's repetitions, and each trident side's rollouts/s over the bare loop's."""
     medians = {
-        side: {key: statistics.median(b[key] for b in batches[side]) for key in ("cpu_ms_per_turn", "rollouts_per_s")}
-        for side in SIDES
+        side: {key: statistics.median(b[key] for b in runs) for key in ("cpu_ms_per_turn", "rollouts_per_s")}
+        for side, runs in batches.items()
     }
-    ratio = medians["trident"]["rollouts_per_s"] / medians["bare"]["rollouts_per_s"]
-    return {"batches": batches, "median": medians, "trident_over_bare_rollouts_per_s": ratio}
+    bare = medians["bare"]["rollouts_per_s"]
+    ratios = {side: median["rollouts_per_s"] / bare for side, median in medians.items() if side != "bare"}
+    return {"batches": batches, "median": medians, "rollouts_per_s_over_bare": ratios}
 
 
 def run_benchmark(bench: BenchmarkConfig) -> dict:
@@ -194,8 +219,17 @@ def run_benchmark(bench: BenchmarkConfig) -> dict:
     env = load_env(EnvConfig(id=ENV, args={"max_turns": bench.tool_calls + 1}))
     tune_gc()  # as the orchestrator's main does once its environments are loaded
     with scripted_server(bench.tool_calls) as base_url:
-        config = OrchestratorConfig(client={"base_url": base_url}, env=[{"id": ENV}])
-        sizes = asyncio.run(run_sizes(env, model_context(config, model_path), base_url, bench))
+        config = OrchestratorConfig(client={"base_url": base_url}, env=[{"id": ENV}],
+                                    max_concurrent=max(bench.in_flight))  # fmt: skip
+
+        async def run() -> dict:
+            pools = {count: RolloutWorkers(count, config, InfraConfig(), model_path) for count in bench.workers}
+            try:
+                return await run_sizes(env, model_context(config, model_path), base_url, bench, pools)
+            finally:
+                await asyncio.gather(*(workers.close() for workers in pools.values()))
+
+        sizes = asyncio.run(run())
     return benchmark_result(
         "orchestrator_rollouts",
         config=asdict(bench) | {"model": TINY_MODEL_ID, "env": ENV, "turns": bench.tool_calls + 1},
@@ -205,12 +239,12 @@ def run_benchmark(bench: BenchmarkConfig) -> dict:
 
 def summary_table(result: dict) -> str:
     """A few lines for the terminal."""
-    rows = [f"{'in flight':>10} {'side':8}{'CPU ms/turn':>12}{'rollouts/s':>12}"]
+    rows = [f"{'in flight':>10} {'side':22}{'CPU ms/turn':>12}{'rollouts/s':>12}{'of bare':>9}"]
     for size, summary in result["in_flight"].items():
-        for side in SIDES:
-            median = summary["median"][side]
-            rows.append(f"{size:>10} {side:8}{median['cpu_ms_per_turn']:>12.2f}{median['rollouts_per_s']:>12.1f}")
-        rows.append(f"{'':>10} trident / bare rollouts/s: {summary['trident_over_bare_rollouts_per_s']:.2f}")
+        for side, median in summary["median"].items():
+            ratio = summary["rollouts_per_s_over_bare"].get(side)
+            rows.append(f"{size:>10} {side:22}{median['cpu_ms_per_turn']:>12.2f}{median['rollouts_per_s']:>12.1f}"
+                        + (f"{ratio:>9.2f}" if ratio is not None else ""))  # fmt: skip
     return "\n".join(rows)
 
 

@@ -32,6 +32,16 @@ MaxConcurrent = Annotated[
     ),
 ]
 
+RolloutWorkers = Annotated[
+    int,
+    Field(
+        ge=1,
+        description="Processes that run rollouts, each with an equal share of the rollout, set-up and per-server "
+        "limits. One process handles a few hundred model turns a second (docs/scaling.md); raise this when the "
+        "orchestrator keeps a core busy while the servers wait. 1: rollouts run in the orchestrator's process.",
+    ),
+]
+
 
 def known_renderer_name(name: str) -> str:
     """``name`` if renderers knows it (:func:`orchestrator.renderer.known_renderer`); renderers is imported only when
@@ -382,6 +392,7 @@ class OrchestratorConfig(BaseConfig):
         int, Field(ge=1, description="Rollouts sampled per prompt: the group of the advantage baseline.")
     ] = 8
     max_concurrent: MaxConcurrent = None
+    rollout_workers: RolloutWorkers = 1
     infra: InfraConfig = InfraConfig()
     overlap_steps: Annotated[
         bool,
@@ -479,4 +490,5 @@ class EvalRunConfig(BaseConfig):
     ] = None  # fmt: skip
     output_dir: OutputDir = Path("outputs/eval")
     max_concurrent: MaxConcurrent = None
+    rollout_workers: RolloutWorkers = 1
     log: LogConfig = LogConfig()

@@ -5,6 +5,7 @@ import asyncio
 import itertools
 import logging
 import os
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that dec
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 install()  # set-up and model-call limits (orchestrator.limits)
 generate_transport.install()  # verifiers' calls to the server over aiohttp
+_configs: weakref.WeakKeyDictionary[vf.Env, EnvConfig] = weakref.WeakKeyDictionary()  # what load_env loaded
 
 
 @dataclass
@@ -80,17 +82,24 @@ def load_env(env: EnvConfig) -> vf.Env:
             with dataset_errors_named(env.id):  # reads the first task
                 need = container_need(loaded, harness) if env.runtime == "auto" else None
             if need is None:
+                _configs[loaded] = env
                 return loaded
         else:
             need = f"[[env]] runtime = {env.runtime!r}"
         runtime = container_runtime(env.id, env.runtime, need)
         logger.info(f"environment {env.id!r} runs its agents in {runtime.type} containers: {need}")
-        return _construct(env, harness, runtime)
+        _configs[loaded := _construct(env, harness, runtime)] = env
+        return loaded
     except ModuleNotFoundError as e:
         raise TridentError(f"environment {env.id!r} is not installed: {e}") from None
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
         raise TridentError(f"environment {env.id!r} rejects its args: {problems}") from None
+
+
+def env_config(env: vf.Env) -> EnvConfig:
+    """The config :func:`load_env` loaded ``env`` from."""
+    return _configs[env]
 
 
 def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:

@@ -101,6 +101,7 @@ async def evaluate(config: EvalCliConfig) -> dict:
         logger.info(f"eval: scoring weights step {scored.step} from {scored.path}{adapter} on {urls(servers)}")
         return await evaluation.evaluate(scored.step)
     finally:
+        await groups.close()
         await servers.close()
         metrics.close()
 

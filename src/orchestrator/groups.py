@@ -6,25 +6,29 @@ server is set aside before it ends, or fails rollouts and then does not answer.
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress
 from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, model_context, run_group, task_id
-from orchestrator.limits import RolloutLimits, limit_generation
+from orchestrator.envs import Rollout, env_config, model_context, run_group, task_id
+from orchestrator.limits import RolloutLimits, run_limits
 from orchestrator.renderer import check_renderer
-from orchestrator.servers import ServerDown, Servers
+from orchestrator.servers import Server, ServerDown, Servers
+from orchestrator.workers import RolloutWorkers, WorkerLost
 
 logger = logging.getLogger("orchestrator")
 
 
 class GroupRunner:
-    """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, within ``limits``."""
+    """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, within ``limits``: in this
+    process, or on rollout ``workers`` (each within its share of the limits)."""
 
-    def __init__(self, servers: Servers, limits: RolloutLimits, group_size: int):
+    def __init__(self, servers: Servers, limits: RolloutLimits, group_size: int, workers: RolloutWorkers | None = None):
         self.servers = servers
         self.limits = limits
         self.group_size = group_size
+        self.workers = workers
 
     async def run(self, env, task, n: int | None = None, per_server: list[int] | None = None) -> list[Rollout]:
         """One group of ``n`` rollouts of ``task`` (default ``group_size``), on the least loaded server; run again
@@ -34,15 +38,28 @@ class GroupRunner:
         while True:
             async with self.servers.lease() as server:
                 try:
-                    call = run_group(env, task, n, self.servers.context(server), self.limits)
-                    rollouts = await self.servers.guard(server, call)
+                    rollouts = await self.servers.guard(server, self.group(env, task, n, server))
                 except ServerDown:
                     rollouts = None
+                except WorkerLost:
+                    continue  # the pool said so, and starts another worker
                 if rollouts is not None and (all(r.ok for r in rollouts) or await self.servers.answers(server)):
                     if per_server is not None:
                         per_server[self.servers.servers.index(server)] += n
                     return rollouts
             logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
+
+    def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
+        """The rollouts of one group on ``server``, run here or by a worker."""
+        ctx = self.servers.context(server)
+        if self.workers is None:
+            return run_group(env, task, n, ctx, self.limits)
+        return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
+
+    async def close(self) -> None:
+        """Stop the rollout workers, if any."""
+        if self.workers is not None:
+            await self.workers.close()
 
 
 def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, group_size: int) -> GroupRunner:
@@ -54,12 +71,11 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     logger.info(f"rendering chats with renderer {ctx.client.renderer.name!r}, checked against the template")
     client = config.client
     servers = Servers(client.base_urls, client.timeout_s, config.model.name, ctx, client.stall_timeout_s)
-    limits = RolloutLimits.of(
-        client.rollouts_in_flight(config.max_concurrent), infra.max_concurrent_setups, infra.setup_timeout_s,
-        infra.max_retries, infra.retry_backoff_s,
-    )  # fmt: skip
-    limit_generation(client.base_urls, client.max_concurrent_per_server)
-    return GroupRunner(servers, limits, group_size)
+    count = config.rollout_workers
+    workers = RolloutWorkers(count, config, infra, model_path) if count > 1 else None
+    if workers:
+        logger.info(f"rollouts run in {count} worker processes")
+    return GroupRunner(servers, run_limits(config, infra), group_size, workers)
 
 
 def track(progress: Progress, text: str, runs: list[asyncio.Future]) -> None:

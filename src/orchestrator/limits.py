@@ -15,6 +15,7 @@ that work:
 
 import asyncio
 import contextlib
+import math
 import os
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.errors import RolloutError, ToolsetError
 from verifiers.v1.rollout import Rollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
+
+from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
 
 _setups: ContextVar["RolloutLimits | None"] = ContextVar("trident_setups", default=None)
 _generation: dict[str, asyncio.Semaphore] = {}  # model calls in flight, by the server's /v1 URL
@@ -66,6 +69,21 @@ class RolloutLimits:
 def default_setups() -> int:
     """Set-ups at once when the config names none: one per CPU core (a tool server's start is mostly imports)."""
     return os.cpu_count() or 1
+
+
+def run_limits(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, workers: int = 1) -> RolloutLimits:
+    """The limits of a run with ``config`` and ``infra``, and its model calls limited per server from now on; with
+    several rollout workers (:mod:`orchestrator.workers`), one worker's equal share of each, rounded up."""
+
+    def share(total: int) -> int:
+        return max(1, math.ceil(total / workers))
+
+    client = config.client
+    limit_generation(client.base_urls, share(client.max_concurrent_per_server))
+    return RolloutLimits.of(
+        share(client.rollouts_in_flight(config.max_concurrent)), share(infra.max_concurrent_setups or default_setups()),
+        infra.setup_timeout_s, infra.max_retries, infra.retry_backoff_s,
+    )  # fmt: skip
 
 
 def limit_generation(base_urls: list[str], per_server: int) -> None:

@@ -218,6 +218,7 @@ class Orchestrator:
             await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)
+            stack.push_async_callback(self.groups.close)
             for env in self.envs:
                 await stack.enter_async_context(env.serving())
             stack.callback(self.schedule.cancel_next)

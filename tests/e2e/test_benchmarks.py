@@ -87,14 +87,16 @@ def test_orchestrator_rollouts_smoke_run(benchmarks, tiny_model_path, tmp_path):
     assert config["turns"] == config["tool_calls"] + 1
     for size in config["in_flight"]:
         summary = result["in_flight"][str(size)]
-        for trident, bare in zip(summary["batches"]["trident"], summary["batches"]["bare"], strict=True):
-            assert trident["first_error"] is None and trident["ok_share"] == 1 and trident["rollouts"] == size
-            assert trident["turns_mean"] == config["turns"]
-            assert trident["rewards_mean"]["tool_use"] == 1  # every rollout called the calculator validly
-            assert bare["rollouts"] == size  # the bare loop replayed every rollout's requests
-            for side in (trident, bare):
-                assert side["cpu_ms_per_turn"] > 0 and side["rollouts_per_s"] > 0
-        assert summary["trident_over_bare_rollouts_per_s"] > 0
+        batches = summary["batches"]
+        assert list(batches) == ["trident", *(f"trident, {n} workers" for n in config["workers"]), "bare"]
+        for side, runs in batches.items():
+            assert len(runs) == config["repetitions"]
+            for run in runs:
+                assert run["rollouts"] == size and run["cpu_ms_per_turn"] > 0 and run["rollouts_per_s"] > 0
+                if side != "bare":  # every rollout ran every turn, the calculator called validly
+                    assert run["first_error"] is None and run["ok_share"] == 1, run
+                    assert run["turns_mean"] == config["turns"] and run["rewards_mean"]["tool_use"] == 1
+        assert summary["rollouts_per_s_over_bare"].keys() == batches.keys() - {"bare"}
 
 
 def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):

@@ -166,13 +166,15 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
 
 
 def notes_env_rl(server: str, output_dir: Path, steps: int) -> list[str]:
-    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``."""
+    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``, its rollouts
+    run by two rollout workers (which start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
     return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
-            "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2"]  # fmt: skip
+            "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2",
+            "--orchestrator.rollout-workers", "2"]  # fmt: skip
 
 
 def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):

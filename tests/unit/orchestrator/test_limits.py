@@ -11,9 +11,10 @@ import verifiers.v1 as vf
 from fake_policy import counting_server, rollouts_of
 
 from contracts.errors import TridentError
+from orchestrator.config import InfraConfig, OrchestratorConfig
 from orchestrator.envs import Rollout
 from orchestrator.infra import check_lost
-from orchestrator.limits import RolloutLimits, limit_generation
+from orchestrator.limits import RolloutLimits, default_setups, limit_generation, model_call_slot, run_limits
 
 ENV_ID = "trident-test-limits"  # this module is the environment of this id
 sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])
@@ -75,3 +76,20 @@ def test_a_step_fails_only_past_the_share_of_lost_groups():
         check_lost(0, [group(True), group(True), group(False)], max_share=0.5)
     with pytest.raises(TridentError, match="^step 0: 1 of 1 groups lost"):
         check_lost(0, [group(True)], max_share=1.0)  # nothing left to train on
+
+
+def test_each_rollout_worker_gets_an_equal_share_of_each_limit_rounded_up():
+    urls = ["http://a:8000", "http://b:8000"]
+    config = OrchestratorConfig(client={"base_url": urls, "max_concurrent_per_server": 64}, max_concurrent=100)
+    try:
+        whole = run_limits(config, InfraConfig(max_concurrent_setups=5))
+        assert (whole.rollouts._value, whole.setups._value) == (100, 5)
+        assert [model_call_slot(f"{url}/v1")._value for url in urls] == [64, 64]
+        third = run_limits(config, InfraConfig(max_concurrent_setups=5, max_retries=7), workers=3)
+        assert (third.rollouts._value, third.setups._value, third.max_retries) == (34, 2, 7)
+        assert [model_call_slot(f"{url}/v1")._value for url in urls] == [22, 22]
+        many = run_limits(config.model_copy(update={"max_concurrent": None}), InfraConfig(), workers=1000)
+        assert (many.rollouts._value, many.setups._value) == (1, 1)  # never none
+        assert run_limits(config, InfraConfig()).setups._value == default_setups()
+    finally:
+        limit_generation([], 1)
