@@ -17,7 +17,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
-from orchestrator import generate_transport
+from orchestrator import generate_transport, tokenizer_memo
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.harness import HARNESS_ID
 from orchestrator.infra import is_infra
@@ -32,6 +32,7 @@ VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that dec
 remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
 install()  # set-up and model-call limits (orchestrator.limits)
 generate_transport.install()  # verifiers' calls to the server over aiohttp
+tokenizer_memo.install()  # renderers' tokenizers remember short encodes and decodes
 _configs: weakref.WeakKeyDictionary[vf.Env, EnvConfig] = weakref.WeakKeyDictionary()  # what load_env loaded
 
 
