@@ -6,6 +6,7 @@ server is set aside before it ends, or fails rollouts and then does not answer.
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable
 
 from contracts.model_path import resolve_model_path
@@ -15,7 +16,7 @@ from orchestrator.envs import Rollout, env_config, model_context, run_group, tas
 from orchestrator.limits import RolloutLimits, run_limits
 from orchestrator.renderer import check_renderer
 from orchestrator.servers import Server, ServerDown, Servers
-from orchestrator.workers import RolloutWorkers, WorkerLost
+from orchestrator.workers import RolloutWorkers, WorkerLost, cpu_seconds
 
 logger = logging.getLogger("orchestrator")
 
@@ -56,6 +57,11 @@ class GroupRunner:
             return run_group(env, task, n, ctx, self.limits)
         return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
 
+    def rollout_cpu(self) -> dict[int, float]:
+        """CPU seconds used so far by each process that runs rollouts (this one, or the workers), by pid."""
+        pids = self.workers.pids if self.workers is not None else [os.getpid()]
+        return {pid: cpu_seconds(pid) for pid in pids}
+
     async def close(self) -> None:
         """Stop the rollout workers, if any."""
         if self.workers is not None:
@@ -76,6 +82,13 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     if workers:
         logger.info(f"rollouts run in {count} worker processes")
     return GroupRunner(servers, run_limits(config, infra), group_size, workers)
+
+
+def busiest_share(before: dict[int, float], after: dict[int, float], seconds: float) -> float:
+    """The share of a core that the busiest process used over ``seconds``, from :meth:`GroupRunner.rollout_cpu`
+    before and after (a process started meanwhile counts from 0)."""
+    used = [cpu - before.get(pid, 0.0) for pid, cpu in after.items()]
+    return max(used, default=0.0) / max(seconds, 1e-9)
 
 
 def track(progress: Progress, text: str, runs: list[asyncio.Future]) -> None:

@@ -25,7 +25,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.envs import Rollout, load_env, load_tasks
 from orchestrator.evaluation import Evaluation
-from orchestrator.groups import connect
+from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
 from orchestrator.judge import check_judged
 from orchestrator.refill import pool_results, refill_metrics
@@ -37,6 +37,7 @@ from orchestrator.tasks import TaskSampler, prompts_per_env
 from orchestrator.weight_sync import WeightSync
 
 logger = logging.getLogger("orchestrator")
+CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up
 
 
 class Orchestrator:
@@ -70,6 +71,8 @@ class Orchestrator:
         self.schedule = StepSchedule(config, self.groups, self.weights, self.evaluation, self.tasks, self.envs,
                                      self.per_env, self.progress)  # fmt: skip
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
+        self.cpu_mark = (time.perf_counter(), self.groups.rollout_cpu())  # when, and the rollout processes' CPU
+        self.cpu_hinted = False
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -133,6 +136,7 @@ class Orchestrator:
             **({"probe_gap": self.weights.probe_gap} if self.weights.probe_gap is not None else {}),
             "staleness": step - 1 - weight_step,
             "started_early_s": started_early_s,
+            "rollout_cpu_share": self.rollout_cpu_share(step),
         }
         info = batch.info(step, self.config.sampling.temperature, metrics.pop("reward_mean"), metrics)
         write_batch(self.output_dir, info, batch.micro_batches)
@@ -155,6 +159,22 @@ class Orchestrator:
             + (f" (started {started_early_s:.2f}s early)" if started_early_s else "")
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
+
+    def rollout_cpu_share(self, step: int) -> float:
+        """The share of a core that the busiest process running rollouts used since the previous step (1.0: a
+        whole one). Past step 1 (which includes start-up), :data:`CPU_BOUND_SHARE` or more is logged once, with what
+        to do about it."""
+        then, before = self.cpu_mark
+        self.cpu_mark = (now, after) = (time.perf_counter(), self.groups.rollout_cpu())
+        share = busiest_share(before, after, now - then)
+        if share >= CPU_BOUND_SHARE and step > 1 and not self.cpu_hinted:
+            self.cpu_hinted = True
+            who = "the orchestrator's process" if self.groups.workers is None else "a rollout worker"
+            logger.warning(
+                f"step {step}: {who} kept {share:.0%} of a core busy running rollouts, which wait for its CPU: "
+                "more orchestrator.rollout_workers spread them over more cores (docs/scaling.md#rollout-workers)"
+            )
+        return share
 
     def log_infra(self, step: int, groups: list[list[Rollout]]) -> None:
         """One line per environment whose rollouts met infrastructure errors: retries, lost groups, a cause."""

@@ -15,11 +15,13 @@ run again, and a new one starts in its place. Messages are pickled, each after i
 import asyncio
 import dataclasses
 import logging
+import os
 import pickle
 import signal
 import socket
 import sys
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 from contracts.errors import TridentError
 from contracts.lifeline import stop_descendants_on_exit
@@ -30,6 +32,17 @@ from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import run_limits
 
 logger = logging.getLogger("orchestrator")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` (all its threads) has used, from Linux's ``/proc``; 0 when it
+    cannot be read (gone, or not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    utime, stime = stat.rsplit(")", 1)[1].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
 
 class WorkerLost(Exception):

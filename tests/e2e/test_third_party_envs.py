@@ -165,16 +165,16 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
         assert report.errors == [] and report.role_counts()["assistant"]["trainable"] == sum(mask) > 0
 
 
-def notes_env_rl(server: str, output_dir: Path, steps: int) -> list[str]:
+def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int = 1) -> list[str]:
     """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``, its rollouts
-    run by two rollout workers (which start the tool servers)."""
+    run by the orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
     return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
             "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2",
-            "--orchestrator.rollout-workers", "2"]  # fmt: skip
+            "--orchestrator.rollout-workers", str(rollout_workers)]  # fmt: skip
 
 
 def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
@@ -205,10 +205,11 @@ def tool_servers(launcher: int) -> list[int]:
 
 def test_stopping_rl_during_a_tool_using_step_leaves_no_tool_server(user_env_installed, inference_server, tmp_path):
     """verifiers starts each tool server in a session of its own, outside the orchestrator's process group that rl
-    stops: SIGTERM to rl while they serve a step, and 30 s later no process of the run is left, tool servers
-    included."""
-    rl = subprocess.Popen(notes_env_rl(inference_server, tmp_path, 20), cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    stops, here from two rollout workers: SIGTERM to rl while they serve a step, and 30 s later no process of the
+    run is left, workers and tool servers included."""
+    command = notes_env_rl(inference_server, tmp_path, 20, rollout_workers=2)
+    rl = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 300
         while not ((tmp_path / "rl.lock").exists() and (tmp_path / "rl.lock").read_text() and

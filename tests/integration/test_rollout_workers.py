@@ -76,6 +76,8 @@ def test_worker_groups_match_in_process_ones_within_their_share_and_a_cancelled_
                     assert [samples(group) for group in by_workers] == [samples(group) for group in own]
                     assert all(r.ok and r.branches for group in by_workers for r in group)
                     assert len(groups.workers.pids) == 2 and os.getpid() not in groups.workers.pids
+                    cpu = groups.rollout_cpu()  # what rollout_cpu_share is computed from: the workers' CPU
+                    assert cpu.keys() == set(groups.workers.pids) and all(seconds > 0 for seconds in cpu.values())
                     assert server.peak <= 2  # each worker within its share (1) of max_concurrent_per_server
 
                     server.release.clear()  # model calls now hang until released
@@ -127,7 +129,7 @@ def test_a_worker_killed_mid_group_has_its_group_run_again_on_a_new_worker(caplo
 def test_a_worker_that_cannot_start_is_one_error_naming_it(tmp_path):
     with held_server() as server:
         config = run_config(server)
-        workers = RolloutWorkers(2, config, InfraConfig(), str(tmp_path / "no-model"))
+        workers = RolloutWorkers(1, config, InfraConfig(), str(tmp_path / "no-model"))
         env_config, task = config.env[0], load_tasks(load_env(config.env[0]), 1)[0]
 
         async def run():
@@ -136,5 +138,5 @@ def test_a_worker_that_cannot_start_is_one_error_naming_it(tmp_path):
             finally:
                 await workers.close()
 
-        with pytest.raises(TridentError, match=r"rollout worker \d exited with code 1 while starting"):
+        with pytest.raises(TridentError, match=r"rollout worker 0 exited with code 1 while starting"):
             asyncio.run(run())
