@@ -1,7 +1,8 @@
 """Benchmark: the orchestrator's CPU time per model turn and its rollouts/s with hundreds to thousands of multi-turn
 rollouts in flight, against a bare aiohttp client loop sending the same requests to the same server.
 
-``uv run --no-sync python benchmarks/orchestrator_rollouts.py`` (``--smoke``: a few rollouts).
+``uv run --no-sync python benchmarks/orchestrator_rollouts.py`` (``--smoke``: a few rollouts; ``--workers 4,8``: the
+worker counts to compare, on a machine with the cores).
 
 The server is ``benchmarks/scripted_server.py`` in a process of its own, answering ``POST /inference/v1/generate``
 at once: while the prompt holds fewer than ``tool_calls`` tool responses, a calculator call, then the answer. So
@@ -30,12 +31,12 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import aiohttp
 import verifiers.v1 as vf
-from common import benchmark_result, run_and_report
+from common import benchmark_parser, benchmark_result, report
 from scripted_server import TOOL_RESPONSE
 from transformers import AutoTokenizer
 
@@ -63,11 +64,15 @@ class BenchmarkConfig:
 
     @property
     def sides(self) -> tuple[str, ...]:
-        return ("trident", *(f"trident, {count} workers" for count in self.workers), "bare")
+        return ("trident", *map(workers_side, self.workers), "bare")
+
+
+def workers_side(count: int) -> str:
+    return f"trident, {count} worker" + ("s" if count > 1 else "")
 
 
 FULL = BenchmarkConfig(in_flight=(512, 2048), group_size=8, tool_calls=7, repetitions=2, workers=(2,))
-SMOKE = BenchmarkConfig(in_flight=(4,), group_size=2, tool_calls=1, repetitions=1, workers=(2,))
+SMOKE = BenchmarkConfig(in_flight=(4,), group_size=2, tool_calls=1, repetitions=1, workers=(1,))
 
 
 @contextmanager
@@ -196,7 +201,7 @@ async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: Ben
                 size["trident"].append(trident_summary(timing, rollouts, turns))
                 for count, workers in pools.items():
                     timing, rollouts = await measured(workers_batch(workers, batch_tasks, ctx, bench), workers.pids)
-                    size[f"trident, {count} workers"].append(trident_summary(timing, rollouts, turns))
+                    size[workers_side(count)].append(trident_summary(timing, rollouts, turns))
                 bare_timing, tokens = await measured(bare_batch(base_url, requests))
                 size["bare"].append(bare_summary(bare_timing, len(requests), turns, tokens))
     return sizes
@@ -250,10 +255,15 @@ def summary_table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark, write its JSON to ``--output`` and print a summary; returns the results."""
-    return run_and_report(
-        argv, __doc__, "orchestrator_rollouts", "a tiny run: one batch of 4 rollouts per side",
-        lambda smoke: run_benchmark(SMOKE if smoke else FULL), summary_table,
-    )  # fmt: skip
+    parser = benchmark_parser(__doc__, "orchestrator_rollouts", "a tiny run: one batch of 4 rollouts per side")
+    counts = "rollout worker counts, a trident side each, e.g. 2,4,8 (default: 2; empty: none)"
+    parser.add_argument("--workers", type=lambda text: tuple(int(n) for n in text.split(",") if n), help=counts)
+    args = parser.parse_args(argv)
+    bench = SMOKE if args.smoke else FULL
+    if args.workers is not None:
+        bench = replace(bench, workers=args.workers)
+    result = run_benchmark(bench)
+    return report(args.output, result, summary_table(result))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ run again, and a new one starts in its place. Messages are pickled, each after i
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import pickle
@@ -74,6 +75,7 @@ class _Worker:
     jobs: dict[int, asyncio.Future] = dataclasses.field(default_factory=dict)
     rollouts: int = 0  # rollouts of its groups in flight
     ready: bool = False  # it has loaded its config and answered
+    reading: asyncio.Task | None = None  # hands its answers to their groups
 
 
 class RolloutWorkers:
@@ -85,7 +87,7 @@ class RolloutWorkers:
         self.setup = (config, infra, model_path, count)
         self.workers: list[_Worker | None] = [None] * count
         self.starting = asyncio.Lock()
-        self.job_ids = iter(range(1, sys.maxsize))
+        self.job_ids = itertools.count(1)
         self.restarts = 0
 
     @property
@@ -131,7 +133,7 @@ class RolloutWorkers:
         reader, writer = await asyncio.open_connection(sock=mine)
         worker = _Worker(number, process, writer)
         await send(writer, ("init", number, *self.setup))
-        asyncio.create_task(self._read(worker, reader))
+        worker.reading = asyncio.create_task(self._read(worker, reader))
         logger.debug(f"rollout worker {number} started (pid {process.pid})")
         return worker
 

@@ -59,7 +59,51 @@ def samples(rollouts) -> list:
     return [(r.ok, r.reward, r.turns, r.branches) for r in rollouts]
 
 
-def test_worker_groups_match_in_process_ones_within_their_share_and_a_cancelled_group_frees_its_slot():
+async def same_as_in_process(groups, env, tasks, server) -> None:
+    """Groups run by the workers give the rollouts this process gives, each worker within its share of the limits."""
+    ctx = groups.servers.context(groups.servers.servers[0])
+    own = [await run_group(env, task, 2, ctx, RolloutLimits.of(2)) for task in tasks]
+    server.peak = 0
+    by_workers = await asyncio.gather(*(groups.run(env, task) for task in tasks))
+    assert [samples(group) for group in by_workers] == [samples(group) for group in own]
+    assert all(r.ok and r.branches for group in by_workers for r in group)
+    assert len(groups.workers.pids) == 2 and os.getpid() not in groups.workers.pids
+    cpu = groups.rollout_cpu()  # what rollout_cpu_share is computed from: the workers' CPU
+    assert cpu.keys() == set(groups.workers.pids) and all(seconds > 0 for seconds in cpu.values())
+    assert server.peak <= 2  # each worker within its share (1) of max_concurrent_per_server
+
+
+async def cancelled_groups_free_their_slots(groups, env, tasks, server) -> None:
+    """Cancelled groups (as when their server is set aside) are cancelled in their workers: what they held there is
+    free for the next group, while their own calls still hang in the server."""
+    server.release.clear()  # model calls now hang until released
+    held = asyncio.gather(*(groups.run(env, task) for task in tasks[:2]))  # a group per worker
+    await until(lambda: server.in_flight == 2)  # each worker's one slot taken
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
+    again = asyncio.ensure_future(groups.run(env, tasks[1]))
+    await until(lambda: server.in_flight > 2, timeout_s=60)  # the new group's calls reached the server
+    server.release.set()
+    assert all(r.ok for r in await again)
+    await until(lambda: server.in_flight == 0)
+
+
+async def a_killed_workers_group_runs_again(groups, env, task, server) -> None:
+    """A worker killed mid-group: the group runs again, on a new worker in its place."""
+    server.release.clear()
+    group = asyncio.ensure_future(groups.run(env, task))
+    await until(lambda: server.in_flight == 1)
+    (busy,) = [worker for worker in groups.workers.workers if worker is not None and worker.jobs]
+    os.kill(busy.process.pid, signal.SIGKILL)
+    await until(lambda: groups.workers.restarts == 1)
+    server.release.set()
+    rollouts = await group
+    assert len(rollouts) == 2 and all(r.ok for r in rollouts)
+    assert busy.process.pid not in groups.workers.pids and len(groups.workers.pids) == 2
+
+
+def test_groups_on_two_workers_as_in_process_cancelled_and_after_a_worker_is_killed(caplog):
     with held_server() as server:
         config = run_config(server, per_server=2)
         env = load_env(config.env[0])
@@ -68,59 +112,13 @@ def test_worker_groups_match_in_process_ones_within_their_share_and_a_cancelled_
 
         async def run():
             async with env.serving():
-                ctx = groups.servers.context(groups.servers.servers[0])
-                own = [await run_group(env, task, 2, ctx, RolloutLimits.of(2)) for task in tasks]
-                server.peak = 0
                 try:
-                    by_workers = await asyncio.gather(*(groups.run(env, task) for task in tasks))
-                    assert [samples(group) for group in by_workers] == [samples(group) for group in own]
-                    assert all(r.ok and r.branches for group in by_workers for r in group)
-                    assert len(groups.workers.pids) == 2 and os.getpid() not in groups.workers.pids
-                    cpu = groups.rollout_cpu()  # what rollout_cpu_share is computed from: the workers' CPU
-                    assert cpu.keys() == set(groups.workers.pids) and all(seconds > 0 for seconds in cpu.values())
-                    assert server.peak <= 2  # each worker within its share (1) of max_concurrent_per_server
-
-                    server.release.clear()  # model calls now hang until released
-                    held = asyncio.gather(*(groups.run(env, task) for task in tasks[:2]))  # a group per worker
-                    await until(lambda: server.in_flight == 2)  # each worker's one slot taken
-                    held.cancel()
-                    with pytest.raises(asyncio.CancelledError):
-                        await held
-                    # its calls still hang in the server, but their slots in the workers are free: a new group's
-                    # calls reach the server
-                    again = asyncio.ensure_future(groups.run(env, tasks[1]))
-                    await until(lambda: server.in_flight > 2, timeout_s=60)
-                    server.release.set()
-                    assert all(r.ok for r in await again)
+                    await same_as_in_process(groups, env, tasks, server)
+                    await cancelled_groups_free_their_slots(groups, env, tasks, server)
+                    await a_killed_workers_group_runs_again(groups, env, tasks[2], server)
                 finally:
                     server.release.set()
                     await groups.close()
-
-        asyncio.run(run())
-
-
-def test_a_worker_killed_mid_group_has_its_group_run_again_on_a_new_worker(caplog):
-    with held_server() as server:
-        config = run_config(server)
-        env = load_env(config.env[0])
-        (task,) = load_tasks(env, 1)
-        groups = connect(config, config.infra, 2)
-
-        async def run():
-            try:
-                server.release.clear()
-                group = asyncio.ensure_future(groups.run(env, task))
-                await until(lambda: server.in_flight == 2)
-                (busy,) = [w for w in groups.workers.workers if w is not None and w.jobs]
-                os.kill(busy.process.pid, signal.SIGKILL)
-                await until(lambda: groups.workers.restarts == 1)
-                server.release.set()
-                rollouts = await group
-                assert len(rollouts) == 2 and all(r.ok for r in rollouts)
-                assert busy.process.pid not in groups.workers.pids and len(groups.workers.pids) == 2
-            finally:
-                server.release.set()
-                await groups.close()
 
         asyncio.run(run())
     assert f"exited with code {-signal.SIGKILL}: its groups run again, on a new worker" in caplog.text
