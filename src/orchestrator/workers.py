@@ -98,13 +98,21 @@ class RolloutWorkers:
         """The rollouts of a group of ``n`` of ``task`` in ``env_config``'s environment, sampled from the server at
         ``base_url`` (its ``/v1`` URL) as ``model``, run by the least busy worker. Cancelling this cancels the group
         in the worker; :class:`WorkerLost` if the worker ends first."""
-        worker = await self._least_busy()
         job = next(self.job_ids)
+        try:
+            message = frame(("run", job, env_config, task, n, base_url, model))
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise TridentError(
+                f"environment {env_config.id!r}: its task {type(task).__name__} cannot be sent to a rollout worker "
+                f"({type(e).__name__}: {e}); run its rollouts in the orchestrator with rollout_workers = 1"
+            ) from None
+        worker = await self._least_busy()
         future = asyncio.get_running_loop().create_future()
         worker.jobs[job] = future
         worker.rollouts += n
         try:
-            await send(worker.writer, ("run", job, env_config, task, n, base_url, model))
+            worker.writer.write(message)
+            await worker.writer.drain()
             kind, value = await future
         except asyncio.CancelledError:
             if worker.process.returncode is None and not worker.writer.is_closing():
