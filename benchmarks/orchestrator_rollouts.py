@@ -23,7 +23,6 @@ count, and a bare batch.
 """
 
 import asyncio
-import os
 import resource
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import RolloutLimits
 from orchestrator.workers import RolloutWorkers
+from orchestrator.workers import cpu_seconds as process_cpu_seconds
 
 SERVER = Path(__file__).parent / "scripted_server.py"
 ENV = "gsm8k-calc"
@@ -93,8 +93,7 @@ def scripted_server(tool_calls: int) -> Iterator[str]:
 def cpu_seconds(pids: list[int] = ()) -> float:
     """User and system CPU seconds so far of this process and of the processes ``pids`` (Linux), all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    ticks = sum(sum(map(int, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])) for pid in pids)
-    return usage.ru_utime + usage.ru_stime + ticks / os.sysconf("SC_CLK_TCK")
+    return usage.ru_utime + usage.ru_stime + sum(map(process_cpu_seconds, pids))
 
 
 async def trident_batch(env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig) -> list[Rollout]:

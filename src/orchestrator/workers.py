@@ -240,9 +240,10 @@ async def serve(sock: socket.socket) -> None:
                 running[job].add_done_callback(lambda _, job=job: running.pop(job, None))
             elif message[0] == "cancel" and message[1] in running:
                 running[message[1]].cancel()
-        for task in list(running.values()):
+        left = list(running.values())
+        for task in left:
             task.cancel()
-        await asyncio.gather(*running.values(), return_exceptions=True)
+        await asyncio.gather(*left, return_exceptions=True)
 
 
 def main() -> None:
