@@ -5,6 +5,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from wandb_runs import finished_runs
 
 import orchestrator.groups as groups_module
 from contracts.config import ConfigError, parse_config
@@ -95,5 +96,5 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
         assert record["eval/char-target/pass@2"] == (record["step"] >= 2)
         assert record["eval/seconds"] > 0
     assert len(read_metrics(tmp_path, "orchestrator")) == config.max_steps  # training's records are apart
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    assert all(key.encode() in run_file.read_bytes() for key in ("eval/char-target/pass@2", "eval/step"))
+    (data,) = finished_runs(tmp_path)
+    assert all(key.encode() in data for key in ("eval/char-target/pass@2", "eval/step"))

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import httpx
+from wandb_runs import finished_run
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
@@ -74,8 +75,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     )
 
     (run_dir,) = tmp_path.glob("wandb/offline-run-*")
-    (run_file,) = run_dir.glob("run-*.wandb")
-    data = run_file.read_bytes()
+    data = finished_run(run_dir)
     assert [key for key in expected - {"step"} if key.encode() not in data] == []
 
     rows = read_metrics(tmp_path, "sample_rollouts")

@@ -1,5 +1,6 @@
 import json
-import time
+
+from wandb_runs import finished_runs
 
 from contracts.config import parse_config
 from contracts.metrics import MetricsWriter, append_records, read_metrics, write_summary
@@ -23,11 +24,7 @@ def test_metrics_go_to_jsonl_and_an_offline_wandb_run(tmp_path, monkeypatch):
         writer.write({"step": step, "loss": 0.5 - step, "mismatch_kl": 1e-7})
     writer.close()
     assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [0, 1]
-    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
-    # W&B's service process writes the file; on a loaded machine it may still be at it after finish() returns
-    deadline = time.monotonic() + 30
-    while b"mismatch_kl" not in (data := run_file.read_bytes()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    (data,) = finished_runs(tmp_path)
     assert b"mismatch_kl" in data and b"run-trainer" in data
 
 
