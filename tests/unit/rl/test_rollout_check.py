@@ -511,9 +511,9 @@ def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
 
 
 def test_llama3_turns_are_read_and_checked(tmp_path):
-    from contracts.model_path import resolve_model_path
+    from tools.tiny_model import built_model_path
 
-    path = resolve_model_path("trident/tiny-llama3")
+    path = built_model_path("trident/tiny-llama3")
     tokenizer = AutoTokenizer.from_pretrained(path)
     chat = ChatFormat.from_tokenizer(tokenizer)
     sample, b = llama_tool_sample(tokenizer)

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
-from contracts.model_path import resolve_model_path
 from contracts.run_dir import is_stable, weights_dir
+from tools.tiny_model import built_model_path
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft
@@ -70,7 +70,7 @@ CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"ex
 
 @pytest.mark.parametrize("model", ["trident/tiny-qwen3", "trident/tiny-llama3"])
 def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+    tokenizer = AutoTokenizer.from_pretrained(built_model_path(model))
     messages = [{"role": "user", "content": "What is 2 + 3?"},
                 {"role": "assistant", "content": "", "tool_calls": [CALL]},
                 {"role": "tool", "content": "5"}, {"role": "assistant", "content": "#### 5"}]  # fmt: skip
