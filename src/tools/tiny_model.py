@@ -21,10 +21,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.atomic_io import atomic_dir
 from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, ChatFamily
 from contracts.errors import TridentError
 from contracts.model_path import TINY_MODEL_ID, TINY_MODEL_IDS, resolve_model_path, tiny_model_path
-from contracts.run_dir import atomic_dir
 from tools import tiny_templates
 
 # Anything below that changes what is built bumps contracts.model_path.TINY_MODEL_VERSION.
