@@ -1,6 +1,5 @@
 """SFT: the assistant-only loss mask, data errors, the step loss, and short runs on the tiny model."""
 
-import json
 import re
 import sys
 from itertools import groupby, islice
@@ -10,6 +9,7 @@ import datasets
 import pytest
 import torch
 from dataset_rows import DatasetSpec
+from jsonl_files import write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
@@ -84,11 +84,6 @@ def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
     if model == "trident/tiny-llama3":
         call = '{"name": "calculator", "parameters": {"expression": "2 + 3"}}'
     assert masked_texts(tokenizer, sample) == [call + end, "#### 5" + end]
-
-
-def write_jsonl(path, rows: list) -> str:
-    path.write_text("\n".join(row if isinstance(row, str) else json.dumps(row) for row in rows) + "\n")
-    return str(path)
 
 
 @pytest.mark.parametrize(
