@@ -23,9 +23,10 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from contracts.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from launch.launcher import child_env, log_tail
 from launch.process import Child, stop_all
+from tools.tiny_model import built_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
 DEBUG_CONFIGS = Path(__file__).parents[1] / "configs" / "debug" / "rl"
@@ -117,7 +118,7 @@ def run_and_report(
 def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
     """Save a random Qwen3 with the tiny model's config and tokenizer, reshaped by ``shape``: a model the
     inference server can serve and the trainer can train, larger than the tiny one."""
-    tiny = resolve_model_path(TINY_MODEL_ID)
+    tiny = built_model_path(TINY_MODEL_ID)
     config = AutoConfig.from_pretrained(tiny)
     for name, value in shape.items():
         setattr(config, name, value)
@@ -129,8 +130,12 @@ def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Pa
 
 
 def benchmark_model(shape: dict[str, int], folder: Path) -> str:
-    """The model a benchmark runs: the tiny model for an empty ``shape``, else one built into ``folder``."""
-    return str(build_random_model(folder, shape)) if shape else TINY_MODEL_ID
+    """The model a benchmark runs: the tiny model (built if it is not yet) for an empty ``shape``, else one built into
+    ``folder``."""
+    if shape:
+        return str(build_random_model(folder, shape))
+    built_model_path(TINY_MODEL_ID)
+    return TINY_MODEL_ID
 
 
 def model_summary(model_folder: Path) -> dict:
@@ -214,6 +219,7 @@ def inference_process(
     adapters; ``env``: more environment variables), loading weights from the step folders under ``weights_root``
     (and in-memory weights through a trainer's store on ``broadcast_port``); yield its base URL and process once
     healthy, and stop it (its whole process group) on exit."""
+    built_model_path(model)  # a tiny model is built first
     port = free_port()
     config = log_dir / "infer.toml"
     lora = f"[lora]\nmax_rank = {lora_rank}\n" if lora_rank is not None else ""

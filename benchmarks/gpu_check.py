@@ -100,11 +100,12 @@ def qwen3_config(shape: str):
     """A transformers Qwen3 config of ``shape`` (a known hub model's, or the tiny model's own)."""
     from transformers import AutoConfig, Qwen3Config
 
-    from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+    from contracts.model_path import TINY_MODEL_ID
     from launch.memory_plan import KNOWN_SHAPES
+    from tools.tiny_model import built_model_path
 
     if shape == "tiny":
-        return AutoConfig.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+        return AutoConfig.from_pretrained(built_model_path(TINY_MODEL_ID))
     s = KNOWN_SHAPES[shape]
     return Qwen3Config(
         vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
@@ -120,14 +121,15 @@ def make_model(shape: str, folder: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+    from contracts.model_path import TINY_MODEL_ID
+    from tools.tiny_model import built_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.bfloat16)
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(built_model_path(TINY_MODEL_ID)).save_pretrained(folder)
     return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_tflops": matmul_tflops(device)}
 
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from common import benchmark_parser, build_random_model, machine_info, report, reset_peak_rss, rss_mib, utc_now
+from common import benchmark_model, benchmark_parser, machine_info, report, reset_peak_rss, rss_mib, utc_now
 
 TOKENS_UNTRAINED = 16  # the packed sample's prompt
 
@@ -76,11 +76,10 @@ def measure(case: Case, model_dir: str, queue) -> None:
 
 
 def run_case(case: Case, tmp: Path) -> dict:
-    from contracts.model_path import TINY_MODEL_ID
     from launch.memory_plan import model_shape, trainer_plan
     from trainer.config import TrainerConfig
 
-    model_dir = str(build_random_model(tmp / case.name, case.shape)) if case.shape else TINY_MODEL_ID
+    model_dir = benchmark_model(case.shape, tmp / case.name)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=measure, args=(case, model_dir, queue))

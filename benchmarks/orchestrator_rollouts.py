@@ -40,13 +40,14 @@ from scripted_server import TOOL_RESPONSE
 from transformers import AutoTokenizer
 
 from contracts.inference_api import GENERATE
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.limits import RolloutLimits
 from orchestrator.workers import RolloutWorkers
 from orchestrator.workers import cpu_seconds as process_cpu_seconds
+from tools.tiny_model import built_model_path
 
 SERVER = Path(__file__).parent / "scripted_server.py"
 ENV = "gsm8k-calc"
@@ -182,7 +183,7 @@ async def run_sizes(env: vf.Env, ctx: vf.ModelContext, base_url: str, bench: Ben
     """A warm-up batch per trident side, then per size and repetition a batch of each side; the batches' summaries
     by size."""
     turns = bench.tool_calls + 1
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+    tokenizer = AutoTokenizer.from_pretrained(built_model_path(TINY_MODEL_ID))
     tool_response_id = tokenizer.convert_tokens_to_ids(TOOL_RESPONSE)
     tasks = list(env.taskset.take(max(bench.in_flight) // bench.group_size))
     sizes: dict[str, dict] = {}
@@ -219,7 +220,7 @@ def size_summary(batches: dict[str, list[dict]]) -> dict:
 
 def run_benchmark(bench: BenchmarkConfig) -> dict:
     """Both sides against one scripted server process; the results as a JSON-able dict."""
-    model_path = resolve_model_path(TINY_MODEL_ID)
+    model_path = built_model_path(TINY_MODEL_ID)
     env = load_env(EnvConfig(id=ENV, args={"max_turns": bench.tool_calls + 1}))
     tune_gc()  # as the orchestrator's main does once its environments are loaded
     with scripted_server(bench.tool_calls) as base_url:

@@ -27,8 +27,9 @@ import torch
 from transformers import AutoTokenizer
 
 from contracts.metrics import read_metrics
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE_4BIT
+from tools.tiny_model import built_model_path
 from trainer.config import TrainerModelConfig
 from trainer.export import probe_logprobs
 from trainer.model import load_model
@@ -50,7 +51,7 @@ RUN_PROBE_TOLERANCE = 1.0
 def probe_gaps(model: str, adapters: int) -> list[float]:
     """The probe's mean absolute gap, 4-bit base against unquantized base, under each of ``adapters`` random
     adapters."""
-    token_ids = AutoTokenizer.from_pretrained(resolve_model_path(model)).encode(PROBE_TEXT)
+    token_ids = AutoTokenizer.from_pretrained(built_model_path(model)).encode(PROBE_TEXT)
     models = [
         load_model(
             TrainerModelConfig(name=model, experimental={"lora": LORA, "load_in_4bit": in_4bit}), torch.device("cpu")

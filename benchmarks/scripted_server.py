@@ -16,7 +16,8 @@ from aiohttp import web
 from transformers import AutoTokenizer
 
 from contracts.inference_api import GENERATE, MODELS
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
+from tools.tiny_model import built_model_path
 
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 8) * 3"}}\n</tool_call><|im_end|>'
 ANSWER = "(12 + 8) * 3 = 60\n#### 60<|im_end|>"
@@ -33,7 +34,7 @@ def generate_response(token_ids: list[int]) -> bytes:
 
 def scripted_app(tool_calls: int) -> web.Application:
     """The server's routes, answering for the tiny model's tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+    tokenizer = AutoTokenizer.from_pretrained(built_model_path(TINY_MODEL_ID))
     tool_response_id = tokenizer.convert_tokens_to_ids(TOOL_RESPONSE)
     call = generate_response(tokenizer.encode(TOOL_CALL, add_special_tokens=False))
     answer = generate_response(tokenizer.encode(ANSWER, add_special_tokens=False))

@@ -73,9 +73,9 @@ from common import (
 )
 
 from contracts.metrics import read_metrics
-from contracts.model_path import resolve_model_path
 from launch.launcher import child_env
 from launch.process import Child
+from tools.tiny_model import built_model_path
 
 SIDES = ("trident", "trl")
 
@@ -221,7 +221,7 @@ def trl_side(bench: BenchmarkConfig, model: str, prompts: list[dict], threads: i
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
     torch.set_num_threads(threads)
-    model_path = resolve_model_path(model)
+    model_path = built_model_path(model)
     renderer = create_renderer(AutoTokenizer.from_pretrained(model_path), Qwen3RendererConfig(enable_thinking=False))
 
     def reply_share(completion_ids: list[list[int]], target_chars: list[str], **_) -> list[float]:
@@ -364,7 +364,7 @@ def run_benchmark(bench: BenchmarkConfig, server: str | None, threads: int, work
         "date": utc_now(),
         "machine": machine_info(),
         "config": asdict(bench)
-        | {"model": model_summary(resolve_model_path(model)), "env": "char-target", "trl": runs["trl"][0]["trl"]},
+        | {"model": model_summary(built_model_path(model)), "env": "char-target", "trl": runs["trl"][0]["trl"]},
         "server_start_s": server_start_s,
         **sides,
         **compare(sides["trident"], sides["trl"]),

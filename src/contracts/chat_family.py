@@ -1,7 +1,7 @@
 """The chat families Trident knows, one registry entry each: everything the processes and tools must agree on about
 a chat format. The orchestrator renders with the entry's renderer, the inference server parses tool calls with its
-vLLM parser, the rollout checker cuts samples into turns at its markers, and the tiny test models take their
-tokenizer's tokens and chat template from it. A new family is one more entry in :data:`FAMILIES`.
+vLLM parser, the rollout checker cuts samples into turns at its markers, and the tiny test models (a tool,
+:mod:`tools.tiny_model`) take their tokenizer's tokens from it. A new family is one more entry in :data:`FAMILIES`.
 
 Which family a run speaks is chosen once (``[model] chat_family``, "auto": read from the model's files) and looked
 up here by name on both sides (:func:`resolve_family`).
@@ -11,12 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts import tiny_templates
-
 
 @dataclass(frozen=True)
 class ChatFamily:
-    """A chat format: how it is detected, rendered, served, split into turns, and built into a tiny tokenizer."""
+    """A chat format: how it is detected, rendered, served, and split into turns."""
 
     name: str
     renderer: str  # a renderers config name; "default" renders with the model's own chat template
@@ -35,12 +33,6 @@ class ChatFamily:
     tool_response: str | None = None  # a user turn opening with this holds tool results (Hermes)
     scaffold: str = ""  # text a reply's turn may open with that the model did not sample (an empty think block)
     renderer_tool_parser: str | None = None  # renderers' parser of its tool calls, for renderer "default"
-    tiny_template: str | None = None  # its tiny models' chat template; None: plain turns of the markers
-
-    @property
-    def chat_template(self) -> str:
-        """The chat template of this family's tiny models."""
-        return self.tiny_template or tiny_templates.plain(self.turn_start, self.role_end, self.turn_end)
 
 
 _QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -56,11 +48,9 @@ _QWEN = {
     "renderer_tool_parser": "qwen3",  # renderers' parser of Hermes tool calls
 }
 QWEN3 = ChatFamily("qwen3", "qwen3", "hermes", ("qwen3", "qwen3_moe"), **_QWEN,
-                   added_tokens=("<think>", "</think>", *_HERMES), scaffold="<think>\n\n</think>\n\n",
-                   tiny_template=tiny_templates.QWEN3)  # fmt: skip
+                   added_tokens=("<think>", "</think>", *_HERMES), scaffold="<think>\n\n</think>\n\n")  # fmt: skip
 # renderers has no Qwen2.5 renderer: the model's own template renders it (its tool calls are Hermes', as Qwen3's).
-QWEN2_5 = ChatFamily("qwen2.5", "default", "hermes", ("qwen2", "qwen2_moe"), **_QWEN, added_tokens=_HERMES,
-                     tiny_template=tiny_templates.QWEN2_5)  # fmt: skip
+QWEN2_5 = ChatFamily("qwen2.5", "default", "hermes", ("qwen2", "qwen2_moe"), **_QWEN, added_tokens=_HERMES)
 # Llama 3.x: <|start_header_id|>ROLE<|end_header_id|>\n\n ... <|eot_id|>, tool results in an ipython turn.
 LLAMA3 = ChatFamily(
     "llama-3", "llama-3", "llama3_json", ("llama",),
@@ -68,7 +58,7 @@ LLAMA3 = ChatFamily(
     end_of_text="<|end_of_text|>", other_stops=("<|eom_id|>",), bos_token="<|begin_of_text|>",
     special_tokens=("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                     "<|eom_id|>", "<|python_tag|>"),
-    tool_roles=("ipython", "tool"), tiny_template=tiny_templates.LLAMA3,
+    tool_roles=("ipython", "tool"),
 )  # fmt: skip
 FAMILIES = {family.name: family for family in (QWEN3, QWEN2_5, LLAMA3)}
 AUTO = "auto"

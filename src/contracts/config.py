@@ -210,7 +210,7 @@ def run_cli(cls: type[C], argv: list[str] | None = None) -> C:
     return config
 
 
-def exit_config_error(error: ConfigError) -> NoReturn:
+def exit_config_error(error: Exception) -> NoReturn:
     """Print each problem as its own ``error: ...`` line and exit 2 (nothing started)."""
     for line in str(error).splitlines():
         print(f"error: {line}", file=sys.stderr)

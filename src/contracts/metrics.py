@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from contracts.run_dir import metrics_path, read_records
+from contracts.records import append_records, read_records
+from contracts.run_dir import metrics_path
 from contracts.shared_config import WandbConfig
 
 logger = logging.getLogger("contracts.metrics")
@@ -53,23 +54,6 @@ class MetricsWriter:
     def close(self) -> None:
         if self.run is not None:
             self.run.finish()
-
-
-def append_records(path: Path, records: list[dict]) -> None:
-    """Append ``records`` to the JSON-lines file ``path``, one line each; a last line a kill tore is ended first, so
-    that it stays one bad line instead of spoiling the first record appended."""
-    lines = "".join(json.dumps(record) + "\n" for record in records)
-    with path.open("a") as f:
-        f.write("\n" + lines if ends_torn(path) else lines)
-
-
-def ends_torn(path: Path) -> bool:
-    """Whether the file ``path`` ends inside a line (written in part when its writer was killed)."""
-    if path.stat().st_size == 0:
-        return False
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) != b"\n"
 
 
 def start_wandb(config: WandbConfig, output_dir: Path, process: str):

@@ -1,13 +1,55 @@
-"""Which folder a model name loads from (in transformers and vLLM): a tiny test model's build, made on first use by
-:mod:`contracts.tiny_model`, or the name itself (a hub id or a local folder)."""
+"""Which folder a model name loads from (in transformers and vLLM): a tiny test model's build in the cache, or the
+name itself (a hub id or a local folder).
 
-from contracts.tiny_model import TINY_MODEL_ID, TINY_MODELS, build_tiny_model, tiny_model_path
+The tiny models are random models Trident builds locally (no model hub is reachable on CPU machines), named in the
+``trident/`` namespace. What every process must agree on lives here: their ids and where a build of each lives. The
+builder is a tool (:mod:`tools.tiny_model`, ``uv run --no-sync build-tiny-model [ID]``); ``rl`` and the tests build
+the models they name before starting any process, and a process run alone on one not built yet stops with one line
+saying how to build it.
+"""
 
-__all__ = ["TINY_MODEL_ID", "resolve_model_path"]
+import os
+from pathlib import Path
+
+from contracts.errors import TridentError
+
+TINY_NAMESPACE = "trident/"
+TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
+TINY_MODEL_IDS = (TINY_MODEL_ID, "trident/tiny-qwen2.5", "trident/tiny-llama3")
+# The builds' version, part of their folder's name: bumped whenever tools.tiny_model or tools.tiny_templates changes
+# what they build, so a stale cached build is never reused.
+TINY_MODEL_VERSION = 4
+
+
+def cache_dir() -> Path:
+    """Where built models live: ``$TRIDENT_CACHE`` or ``~/.cache/trident``."""
+    return Path(os.environ.get("TRIDENT_CACHE", Path.home() / ".cache" / "trident"))
+
+
+def tiny_model_path(model_id: str = TINY_MODEL_ID) -> Path:
+    """The folder of the build of the tiny model ``model_id`` (which may not be built yet)."""
+    return cache_dir() / "models" / f"{model_id.split('/')[-1]}-v{TINY_MODEL_VERSION}"
+
+
+def known_model(name: str) -> str:
+    """Validate a model name: a name in the ``trident/`` namespace must be one of the tiny models."""
+    if name.startswith(TINY_NAMESPACE) and name not in TINY_MODEL_IDS:
+        raise ValueError(f"{name!r} is no model Trident builds; the tiny models are {', '.join(TINY_MODEL_IDS)}")
+    return name
 
 
 def resolve_model_path(name: str) -> str:
-    """Map a model name to what transformers and vLLM load: a tiny model's built folder, else ``name``."""
-    if name in TINY_MODELS:
-        return str(build_tiny_model(tiny_model_path(name), name))
-    return name
+    """Map a model name to what transformers and vLLM load: a tiny model's built folder, else ``name``.
+
+    Raises a TridentError for a ``trident/`` name that is no tiny model, or for a tiny model not built yet."""
+    try:
+        known_model(name)
+    except ValueError as e:
+        raise TridentError(f"model {e}") from None
+    if name not in TINY_MODEL_IDS:
+        return name
+    path = tiny_model_path(name)
+    if not (path / "config.json").is_file():
+        raise TridentError(f"model {name!r} is not built yet: run `uv run --no-sync build-tiny-model {name}` "
+                           "(rl builds it before it starts the processes)")  # fmt: skip
+    return str(path)

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.run_dir import atomic_file, progress_dir
+from contracts.atomic_io import atomic_file
+from contracts.run_dir import progress_dir
 
 COUNT_WRITE_S = 1.0  # a moving count rewrites the file at most this often
 HEARTBEAT_S = 10.0  # a waiting process rewrites its file at least this often (:func:`last_written`)

@@ -12,8 +12,9 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import load_file, save_file
 
+from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
-from contracts.run_dir import atomic_dir, rollouts_dir
+from contracts.run_dir import rollouts_dir
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""A run's folder, defined once: where each file lives, and how files are written so that a crash never leaves
-half of one (atomic folders and files, ``STABLE`` markers, JSON-lines records). No torch: the launcher and the
-tools read runs without it; the batch files themselves are :mod:`contracts.protocol`.
+"""A run's folder, defined once: where each file lives, the ``STABLE`` markers that say a folder is complete, and the
+weights' probe file. No torch: the launcher and the tools read runs without it. How its files are written so that a
+crash never leaves half of one is :mod:`contracts.atomic_io`, its JSON-lines records :mod:`contracts.records`, the
+batch files themselves :mod:`contracts.protocol`.
 
 
 Under ``output_dir``::
@@ -22,22 +23,18 @@ written. The rollouts of step N come from weights ``step_K`` with ``N - 1 - asyn
 """
 
 import json
-import logging
-import os
 import re
 import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from contracts.atomic_io import fsync_path, fsync_tree
 from contracts.errors import TridentError
+from contracts.records import read_records, write_records
 
 STABLE = "STABLE"
-
-logger = logging.getLogger("contracts.run_dir")
 
 
 def rollouts_dir(output_dir: Path, step: int) -> Path:
@@ -111,7 +108,7 @@ def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     metrics = Path(output_dir) / "metrics"
     kept = {path: kept_records(path, resume_from) for path in metrics.glob("*.jsonl")} if resume_from else {}
     for path, records in kept.items():
-        atomic_file(path, "".join(json.dumps(record) + "\n" for record in records))
+        write_records(path, records)
     stale = [Path(output_dir) / name for name in ("rollouts", "weights", "progress")]
     stale = [path for path in stale if path.exists()]
     for path in stale:
@@ -132,166 +129,6 @@ def kept_records(path: Path, resume_from: int) -> list[dict]:
         raise TridentError(f"cannot read {path} to resume: {e.strerror}; fix its permissions or move it away") from e
     last = resume_from - 1 if path.stem == "eval" else resume_from
     return [record for record in records if isinstance(record.get("step"), int) and record["step"] <= last]
-
-
-_reported: set[tuple[Path, int]] = set()  # bad lines already logged, so a file polled every second logs each once
-
-
-def read_records(path: Path, finished: bool = False) -> list[dict]:
-    """The JSON objects of the JSON-lines file ``path``, skipping (and logging once) each line that is not one.
-
-    A last line without its newline is still being written, and is dropped; with ``finished`` (its writer is gone)
-    it was torn by a kill, and is reported as such.
-    """
-    lines = Path(path).read_bytes().decode(errors="replace").split("\n")
-    *complete, last = lines
-    records = []
-    for number, line in enumerate(complete, 1):
-        record = parse_record(line)
-        if record is None and line.strip():
-            report_once(path, number, f"skipped line {number} of {path}: not a JSON object")
-        elif record is not None:
-            records.append(record)
-    if last and finished:
-        report_once(path, len(lines), f"dropped the torn last line of {path} ({len(last)} characters, no newline)")
-    return records
-
-
-def parse_record(line: str) -> dict | None:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def report_once(path: Path, line: int, message: str) -> None:
-    if (Path(path), line) not in _reported:
-        _reported.add((Path(path), line))
-        logger.warning(message)
-
-
-class DiskFullError(TridentError):
-    """A file of the run could not be written for lack of space."""
-
-
-LOW_SPACE_BYTES = 16 * 2**20  # free space below this after a failed write: the write failed for lack of space
-
-
-def disk_full(path: Path) -> bool:
-    """Whether the filesystem of ``path`` has (next to) no space left that this process may use."""
-    try:
-        return shutil.disk_usage(path).free < LOW_SPACE_BYTES
-    except OSError:
-        return False
-
-
-def fsync_path(path: Path) -> None:
-    """Flush a file's or a folder's contents (a folder's: its entries) from the page cache to the disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(folder: Path) -> None:
-    """Flush every file and folder under ``folder``, and ``folder`` itself, to the disk (files first)."""
-    for root, _, files in os.walk(folder, topdown=False):
-        for name in files:
-            fsync_path(Path(root) / name)
-        fsync_path(Path(root))
-
-
-def aside(final: Path) -> Path:
-    """Where :func:`move_into_place` keeps the folder it replaces until the new one is in."""
-    return final.with_name(f".{final.name}.old")
-
-
-def recover_aside(final: Path) -> None:
-    """Finish a replacement a crash interrupted: put the old folder back if the new one never came in, else
-    delete it."""
-    old = aside(final)
-    if old.exists() and not final.exists():
-        old.rename(final)
-    elif old.exists():
-        shutil.rmtree(old)
-
-
-def move_into_place(tmp: Path, final: Path) -> None:
-    """Rename the complete folder ``tmp`` to ``final``, its contents on the disk first; an existing ``final`` is
-    renamed aside and deleted only once the new one is in, so a crash leaves the old or the new folder whole."""
-    fsync_tree(tmp)
-    recover_aside(final)
-    if final.exists():
-        final.rename(aside(final))
-    tmp.rename(final)
-    fsync_path(final.parent)
-    shutil.rmtree(aside(final), ignore_errors=True)
-
-
-@contextmanager
-def atomic_dir(final: Path, replace: bool = True) -> Iterator[Path]:
-    """Yield a temporary sibling folder to fill; on success it is renamed to ``final`` in one step.
-
-    Readers never see a partial folder: it has a hidden temporary name until complete, and is on the disk
-    (fsynced) before it is renamed (see :func:`move_into_place`). A failure (or a kill) leaves only a ``.tmp``
-    folder that no reader looks at. A write that fails for lack of space (whatever the writing library raises:
-    OSError, safetensors' or torch's own errors) becomes a one-line :class:`DiskFullError`, with the partial folder
-    removed. With ``replace`` False, a ``final`` that another writer completed meanwhile is kept and this folder
-    dropped.
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o755)
-        if replace:
-            move_into_place(tmp, final)
-        else:
-            keep_first(tmp, final)
-    except BaseException as e:
-        full = isinstance(e, Exception) and disk_full(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if full:
-            raise DiskFullError(
-                f"no space left on the disk of {final.parent}: could not write {final.name}, nothing of it was kept "
-                f"and what was written before is intact ({free_space(final.parent)} free; free space, then resume "
-                "with --ckpt.resume-step -1)"
-            ) from e
-        raise
-
-
-def keep_first(tmp: Path, final: Path) -> None:
-    """Rename ``tmp`` to ``final`` unless another writer completed ``final`` first (then drop ``tmp``)."""
-    fsync_tree(tmp)
-    try:
-        tmp.rename(final)
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(tmp)
-        return
-    fsync_path(final.parent)
-
-
-def free_space(path: Path) -> str:
-    """The space free on the disk of ``path``, for an error message (``unknown`` where it cannot be read)."""
-    try:
-        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
-    except OSError:
-        return "unknown space"
-
-
-def atomic_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling renamed over it: readers see the old or the new text,
-    also after a crash (the text is on the disk before the rename, the rename before this returns)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    fsync_path(tmp)
-    tmp.replace(path)
-    fsync_path(path.parent)
 
 
 PROBE_FILE = "probe.json"

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from contracts.chat_family import model_family
 from contracts.config import BaseConfig, ConfigError, exit_config_error, get_key, is_set, parse_config, set_key
+from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from contracts.run_dir import configs_dir
 from contracts.shared_config import StrictModel
@@ -178,10 +179,11 @@ def write_run_spec(spec: RunSpec, output_dir: Path) -> Path:
 
 def load_config(cls: type[C], process: str, argv: list[str] | None = None) -> tuple[C, RunSpec]:
     """An entry point's config (``sys.argv``) with the run spec applied (:func:`read_or_derive_run_spec`); a config
-    mistake prints one line and exits 2."""
+    mistake, or a tiny model not built yet, prints one line and exits 2."""
     try:
         config = parse_config(cls, sys.argv[1:] if argv is None else argv)
+        resolve_model_path(config.model.name)  # a tiny model must be built before a process starts on it
         spec = read_or_derive_run_spec(config, process, getattr(config, "output_dir", None))
-    except ConfigError as e:
+    except (ConfigError, TridentError) as e:
         exit_config_error(e)
     return config, spec

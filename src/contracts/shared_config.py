@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from contracts.chat_family import FAMILIES, known_family
-from contracts.model_path import TINY_MODEL_ID
+from contracts.model_path import TINY_MODEL_ID, known_model
 
 
 class StrictModel(BaseModel):
@@ -15,10 +15,16 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+ModelName = Annotated[str, AfterValidator(known_model)]
+
+
 class ModelConfig(StrictModel):
     name: Annotated[
-        str,
-        Field(description=f"HF hub id or local folder of the model. '{TINY_MODEL_ID}' is built locally on first use."),
+        ModelName,
+        Field(
+            description=f"HF hub id or local folder of the model. The 'trident/' ids are tiny models built locally "
+            f"('{TINY_MODEL_ID}' and others: docs/operations.md); rl builds them, build-tiny-model by hand."
+        ),
     ] = TINY_MODEL_ID
 
 

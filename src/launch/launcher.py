@@ -39,7 +39,8 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import Child, command, shell_line, stop_all
-from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, sub_configs
+from launch.rl_config import RLConfig, process_configs, resolve_shared, servers, settle_run_spec, sub_configs
+from tools.tiny_model import built_model_path
 
 logger = logging.getLogger("rl")
 
@@ -249,8 +250,16 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
     return 0
 
 
+def build_tiny_models(config: RLConfig) -> None:
+    """Build the tiny models the processes will load that are not built yet (:mod:`tools.tiny_model`): a process
+    started on one that is not would stop at once."""
+    for sub in process_configs(config).values():
+        built_model_path(sub.model.name)
+
+
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
+    build_tiny_models(config)
     check_model(config.trainer.model.name)
     on_gpu = gpu_memory_gib(config) is not None
     settle_broadcast(config, on_gpu)

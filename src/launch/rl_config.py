@@ -14,6 +14,7 @@ from contracts.shared_config import (
     CkptSection,
     LogConfig,
     MaxSteps,
+    ModelName,
     OutputDir,
     SeqLen,
     StrictModel,
@@ -27,7 +28,7 @@ logger = logging.getLogger("rl")
 
 
 class SharedModelConfig(StrictModel):
-    name: Annotated[str | None, Field(description="Model for all three processes.")] = None
+    name: Annotated[ModelName | None, Field(description="Model for all three processes.")] = None
     chat_family: Annotated[
         ChatFamilyName | None, Field(description="Chat family for the orchestrator and the server ('auto': read).")
     ] = None

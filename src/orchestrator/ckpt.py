@@ -8,8 +8,9 @@ rollout outlives the batch it was written in, so the state is the step and what 
 import json
 from pathlib import Path
 
+from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
-from contracts.run_dir import atomic_dir, checkpoint_dir, mark_stable
+from contracts.run_dir import checkpoint_dir, mark_stable
 
 STATE_FILE = "state.json"
 

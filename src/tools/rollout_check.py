@@ -197,14 +197,14 @@ def load_tokenizer(output_dir: Path, model: str | None = None):
     """The tokenizer of ``model``, else of the run's model; a one-line :class:`RolloutReadError` if neither loads."""
     from transformers import AutoTokenizer
 
-    from contracts.model_path import resolve_model_path
+    from tools.tiny_model import built_model_path
 
     name = model or run_model_setting(output_dir, "name")
     if name is None:
         path = configs_dir(output_dir) / "orchestrator.toml"
         raise RolloutReadError(f"no model name in {path}: pass --model NAME_OR_PATH (the run's [model] name)")
     try:
-        return AutoTokenizer.from_pretrained(resolve_model_path(name))
+        return AutoTokenizer.from_pretrained(built_model_path(name))
     except Exception as e:  # transformers raises OSError, ValueError, ... for a missing or broken tokenizer
         raise RolloutReadError(f"cannot load the tokenizer of model {name!r}: {e}") from None
 

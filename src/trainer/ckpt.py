@@ -17,16 +17,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from contracts.atomic_io import disk_full, free_space, move_into_place
 from contracts.errors import TridentError
-from contracts.run_dir import (
-    checkpoint_dir,
-    complete_checkpoints,
-    disk_full,
-    free_space,
-    mark_stable,
-    move_into_place,
-    step_dirs,
-)
+from contracts.run_dir import checkpoint_dir, complete_checkpoints, mark_stable, step_dirs
 from trainer.parallel import World
 
 logger = logging.getLogger("trainer")

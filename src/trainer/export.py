@@ -11,8 +11,9 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from contracts.atomic_io import atomic_dir
 from contracts.broadcast import Sender, write_manifest
-from contracts.run_dir import PROBE_TEXT, Probe, atomic_dir, mark_stable, write_probe
+from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
 

@@ -7,9 +7,10 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
-from contracts.run_dir import ADAPTER_CONFIG, atomic_dir, is_adapter
+from contracts.run_dir import ADAPTER_CONFIG, is_adapter
 from trainer.export import full_weights
 
 

@@ -16,11 +16,11 @@ from gsm8k_calc import calculator
 from transformers import AutoTokenizer
 
 from contracts.metrics import read_metrics
-from contracts.model_path import resolve_model_path
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.limits import RolloutLimits
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from tools.tiny_model import built_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def family_server(request, tmp_path_factory, free_port, start_server):
 def test_tool_turns_train_exactly_the_sampled_text_in_the_familys_syntax(family_server, recorded_calls):
     model, base_url = family_server
     renderer, call_regex, answer_frame = FAMILIES[model]
-    path = resolve_model_path(model)
+    path = built_model_path(model)
     tokenizer = AutoTokenizer.from_pretrained(path)
     plain_angle = [i for i in range(len(tokenizer)) if "<" in tokenizer.decode([i])]
     plain_angle = [i for i in plain_angle if i not in set(tokenizer.get_added_vocab().values())]

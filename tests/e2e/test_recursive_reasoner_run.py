@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from jsonl_files import write_jsonl
 from recursive_reasoner import RecursiveReasonerConfig, RecursiveReasonerTaskset
 
 from contracts.metrics import read_metrics
@@ -45,7 +46,7 @@ def teach_plans(folder: Path) -> Path:
     ]  # fmt: skip
     data = folder / "planner.jsonl"
     folder.mkdir()
-    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl(data, rows)
     argv = [sys.executable, "-m", "trainer.sft", "--model.name", "trident/tiny-qwen3", "--data.path", str(data),
             "--output-dir", str(folder / "sft"), "--max-steps", str(SFT_STEPS), "--optim.lr", "3e-3",
             "--seq-len", "1024"]  # fmt: skip

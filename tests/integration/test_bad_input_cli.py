@@ -1,6 +1,6 @@
 """Bad input to the real ``rl`` command line, run in a process of its own: one line naming the fault and the fix, a
 non-zero exit, nothing started or written (issue 30). The checks that need no process are in
-tests/unit/rl/test_bad_input.py."""
+tests/unit/launch/test_bad_input.py."""
 
 import subprocess
 import sys

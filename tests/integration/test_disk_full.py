@@ -13,7 +13,8 @@ import json, os, sys
 from pathlib import Path
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from contracts.protocol import BatchInfo, MicroBatch, Sample, write_batch
-from contracts.run_dir import DiskFullError, weights_dir
+from contracts.atomic_io import DiskFullError
+from contracts.run_dir import weights_dir
 from trainer.export import save_weights
 
 out, model_path = Path(sys.argv[1]), sys.argv[2]

@@ -1,6 +1,6 @@
 """The memory plan as ``rl --dry-run`` prints it, run in a process of its own on the swe-grep configs: the run fits
 one 80 GB GPU, and a config past it is refused before anything is written. The plan's numbers themselves are checked
-in tests/unit/rl/test_memory_plan.py."""
+in tests/unit/launch/test_memory_plan.py."""
 
 import subprocess
 import sys

@@ -1,6 +1,6 @@
 """trident-plot in processes of its own: its command line refuses a folder that is not a run in one line, and the
 HTML report's images load in a browser (headless chromium). The plots and the report themselves are checked in
-tests/unit/rl/test_plots.py."""
+tests/unit/tools/test_plots.py."""
 
 import os
 import re

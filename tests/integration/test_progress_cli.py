@@ -1,6 +1,6 @@
 """What ``rl`` prints from progress/<process>.json while a step runs long: two processes of their own write progress
 as the trainer and the orchestrator do, and ``rl``'s supervisor shows each activity. How progress is written and read
-is checked in tests/unit/rl/test_progress.py."""
+is checked in tests/unit/contracts/test_progress.py."""
 
 import os
 import sys

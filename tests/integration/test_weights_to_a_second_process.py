@@ -2,7 +2,7 @@
 weight broadcast: each tensor arrives in the manifest's order with its values, shape and dtype, two steps over one
 group) and through shared memory (``backend = "shared"``: a buffer in /dev/shm that the second process maps; the
 trainer's Sender writes each step's weights into it and waits until the receiver says it took them). What needs no
-second process is checked in tests/unit/rl/test_broadcast.py and tests/unit/rl/test_shared_weights.py."""
+second process is checked in tests/unit/contracts/test_broadcast.py and tests/unit/contracts/test_shared_weights.py."""
 
 import multiprocessing
 

@@ -1,19 +1,13 @@
 """dataset_rows: the same rows from every format datasets reads, loaded or streamed, named by file and line; column
 renames, seeded shuffling of streamed sets, and one-line errors."""
 
-import json
-
 import datasets
 import huggingface_hub
 import pytest
 from dataset_rows import DatasetError, DatasetSpec, read_rows, without_nulls
+from jsonl_files import write_jsonl
 
 ROWS = [{"question": f"What is {i} + 1?", "answer": i + 1} for i in range(6)]
-
-
-def write_jsonl(path, lines: list) -> str:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-    return str(path)
 
 
 def write_dataset(tmp_path, kind: str) -> str:

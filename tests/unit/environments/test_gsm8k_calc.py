@@ -1,5 +1,4 @@
 import asyncio
-import json
 import re
 import time
 from decimal import Decimal
@@ -12,6 +11,7 @@ from gsm8k_calc import Gsm8kCalcConfig, Gsm8kCalcTaskset, calculator_expressions
 from gsm8k_calc.answers import canonical_number, is_correct, parse_final_answer
 from gsm8k_calc.problems import TEMPLATES, generate_problems, load_gsm8k
 from gsm8k_calc.tools import MAX_EXPRESSION_CHARS, CalculatorError, calculator
+from jsonl_files import write_jsonl
 from verifiers.v1.graph import MessageNode
 from verifiers.v1.trace import AgentInfo, TraceTask
 
@@ -181,11 +181,6 @@ def test_canonical_number():
 
 
 # --- GSM8K loader
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    return path
 
 
 def test_load_gsm8k(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 import swe_grep_oss_env
 import verifiers.v1 as vf
 from dataset_rows import DatasetSpec
+from jsonl_files import write_jsonl
 from swe_grep_oss_env import rewards, sandbox, swebench, synthetic, tools
 from swe_grep_oss_env.catalog import BUGS, MODULES
 from verifiers.v1.graph import MessageNode
@@ -256,7 +257,7 @@ def _write_dataset(tmp_path: Path) -> Path:
         },
     ]
     path = tmp_path / "lite.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+    write_jsonl(path, [*rows, ""])  # a blank last line
     return path
 
 
@@ -292,10 +293,10 @@ def test_the_taskset_reads_a_parquet_dataset_with_a_renamed_column_streamed(tmp_
 def test_loader_error_names_file_line_and_field(tmp_path):
     path = tmp_path / "bad.jsonl"
     good = {"instance_id": "a", "problem_statement": "p", "patch": PATCH, "repo_path": "."}
-    path.write_text(json.dumps(good) + "\n" + json.dumps({"instance_id": "b", "patch": PATCH}) + "\n")
+    write_jsonl(path, [good, {"instance_id": "b", "patch": PATCH}])
     with pytest.raises(swebench.DatasetError, match=r"bad\.jsonl:2: missing field 'problem_statement'"):
         list(swebench.read_records(DatasetSpec(path=str(path))))
-    path.write_text(json.dumps(good | {"repo_path": "nowhere"}) + "\n")
+    write_jsonl(path, [good | {"repo_path": "nowhere"}])
     with pytest.raises(swebench.DatasetError, match=r"bad\.jsonl:1: no repository snapshot"):
         list(swebench.read_records(DatasetSpec(path=str(path))))
 

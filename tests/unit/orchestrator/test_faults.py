@@ -14,12 +14,12 @@ import verifiers.v1 as vf
 
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
-from contracts.model_path import resolve_model_path
 from contracts.run_dir import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
 from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
+from tools.tiny_model import built_model_path
 
 # verifiers imports an environment by id: this module is the `trident-test-faults` environment.
 ENV_ID = "trident-test-faults"
@@ -61,7 +61,7 @@ __all__ = ["FaultTaskset"]
 
 def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():
     env = load_env(EnvConfig(id=ENV_ID))
-    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), resolve_model_path("trident/tiny-qwen3"))
+    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), built_model_path("trident/tiny-qwen3"))
     task = next(iter(env.taskset.load()))
 
     async def run():
@@ -78,7 +78,7 @@ def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():
 
 def test_a_rollout_past_its_timeout_is_a_failed_rollout():
     env = load_env(EnvConfig(id=ENV_ID, args={"setup_s": 30.0}, timeout_s=0.5))
-    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), resolve_model_path("trident/tiny-qwen3"))
+    ctx = model_context(OrchestratorConfig(client={"base_url": UNREACHABLE}), built_model_path("trident/tiny-qwen3"))
     task = next(iter(env.taskset.load()))
 
     async def run():

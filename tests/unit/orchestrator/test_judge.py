@@ -16,7 +16,7 @@ from fake_policy import FakePolicy, PolicyHandler, serving
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.inference_api import CHAT_COMPLETIONS, GENERATE
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, EvalConfig, JudgeConfig, OrchestratorConfig
 from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.evaluation import load_eval_sets
@@ -24,6 +24,7 @@ from orchestrator.infra import infra_metrics
 from orchestrator.judge import JudgeError, check_judged, constraint, parse_score
 from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
+from tools.tiny_model import built_model_path
 
 CLOSED = "http://127.0.0.1:9/v1"  # nothing listens there
 ENV_ID = "trident-test-judge"  # this module is the environment of this id: a taskset that drops its task config
@@ -90,7 +91,7 @@ def judged_rollouts(server: PolicyAndJudge, n: int, judge: dict, max_retries: in
     window"),
     the policy served by ``server``, judged as ``judge`` says."""
     env = load_env(EnvConfig(id="reverse-text", args={"num_examples": 1}, judge=judge))
-    ctx = model_context(OrchestratorConfig(client={"base_url": server.base_url}), resolve_model_path(TINY_MODEL_ID))
+    ctx = model_context(OrchestratorConfig(client={"base_url": server.base_url}), built_model_path(TINY_MODEL_ID))
     limits = RolloutLimits.of(rollouts=n, max_retries=max_retries, backoff_s=0.01)
 
     async def run():

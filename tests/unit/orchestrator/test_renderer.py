@@ -7,11 +7,11 @@ from renderers.base import load_tokenizer
 
 from contracts.chat_family import model_family
 from contracts.errors import TridentError
-from contracts.model_path import resolve_model_path
 from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from orchestrator.config import OrchestratorConfig
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
+from tools.tiny_model import built_model_path
 
 # tiny model -> (chat family, renderer picked by "auto", vLLM tool-call parser)
 EXPECTED = {
@@ -23,7 +23,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
 def tiny(request) -> tuple[str, str]:
-    return request.param, resolve_model_path(request.param)
+    return request.param, built_model_path(request.param)
 
 
 def test_auto_picks_the_families_renderer_and_tool_parser_and_they_match_the_template(tiny):
@@ -54,8 +54,8 @@ def test_a_tool_call_reply_in_the_familys_syntax_parses_and_the_next_turn_extend
 
 
 def test_a_renderer_that_differs_from_the_template_is_refused_naming_both():
-    llama, qwen25 = resolve_model_path("trident/tiny-llama3"), resolve_model_path("trident/tiny-qwen2.5")
-    qwen3 = resolve_model_path("trident/tiny-qwen3")
+    llama, qwen25 = built_model_path("trident/tiny-llama3"), built_model_path("trident/tiny-qwen2.5")
+    qwen3 = built_model_path("trident/tiny-qwen3")
     # a renderer for other special tokens: Llama has no ChatML tokens, Qwen2.5 no <think>
     with pytest.raises(TridentError, match=r"renderer 'qwen3' cannot render for .*tiny-llama3.*not found"):
         check_renderer(renderer_config("qwen3", "auto", llama, enable_thinking=False), llama)
@@ -70,10 +70,10 @@ def test_a_renderer_that_differs_from_the_template_is_refused_naming_both():
 
 
 def test_thinking_needs_a_renderer_with_a_thinking_mode():
-    llama = resolve_model_path("trident/tiny-llama3")
+    llama = built_model_path("trident/tiny-llama3")
     with pytest.raises(TridentError, match="enable_thinking = true: renderer 'llama-3' has no thinking mode"):
         renderer_config("auto", "auto", llama, enable_thinking=True)
-    qwen3 = resolve_model_path("trident/tiny-qwen3")
+    qwen3 = built_model_path("trident/tiny-qwen3")
     assert renderer_config("auto", "auto", qwen3, enable_thinking=True).enable_thinking is True
 
 

@@ -9,12 +9,13 @@ import orchestrator.groups as groups_module
 import orchestrator.servers as servers_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
-from contracts.model_path import TINY_MODEL_ID, resolve_model_path
+from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
 from orchestrator.envs import Rollout, model_context
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
+from tools.tiny_model import built_model_path
 
 
 def test_base_url_takes_one_server_or_several():
@@ -29,7 +30,7 @@ def test_base_url_takes_one_server_or_several():
 
 def test_each_group_goes_to_the_least_loaded_server_with_its_url_and_served_name():
     config = OrchestratorConfig(client={"base_url": "http://a:1,http://b:2,http://c:3"})
-    ctx = model_context(config, resolve_model_path(TINY_MODEL_ID))
+    ctx = model_context(config, built_model_path(TINY_MODEL_ID))
     servers = Servers(config.client.base_urls, 10, "base", ctx, stall_timeout_s=5)
     servers.servers[1].client.model = "lora-step-3"  # what server b serves the policy under
 

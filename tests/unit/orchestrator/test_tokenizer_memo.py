@@ -7,9 +7,9 @@ import renderers.base
 from renderers import create_renderer
 from transformers import AutoTokenizer
 
-from contracts.model_path import resolve_model_path
 from orchestrator import tokenizer_memo
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, renderer_config
+from tools.tiny_model import built_model_path
 
 TINY = ["trident/tiny-qwen3", "trident/tiny-qwen2.5", "trident/tiny-llama3"]
 TEXTS = ["", "\n", "<|im_start|>assistant\n", "<|start_header_id|>assistant<|end_header_id|>\n\n", "60",
@@ -19,7 +19,7 @@ TEXTS = ["", "\n", "<|im_start|>assistant\n", "<|start_header_id|>assistant<|end
 
 @pytest.fixture(scope="module", params=TINY)
 def path(request) -> str:
-    return resolve_model_path(request.param)
+    return built_model_path(request.param)
 
 
 def test_encodes_and_decodes_are_the_tokenizers_own(path):

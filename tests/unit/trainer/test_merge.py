@@ -1,19 +1,10 @@
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from script_modules import load_script
 from transformers import AutoModelForCausalLM
-
-SCRIPT = Path(__file__).parents[3] / "scripts" / "merge_lora.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("merge_lora", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -32,10 +23,8 @@ def adapter(tmp_path, tiny_model_path) -> Path:
 
 def test_merged_model_reproduces_the_adapter_applied_logits(tmp_path, tiny_model_path, adapter):
     out = tmp_path / "merged"
-    assert (
-        load_script().main(["--base-model", tiny_model_path, "--adapter-path", str(adapter), "--output-dir", str(out)])
-        == 0
-    )
+    argv = ["--base-model", tiny_model_path, "--adapter-path", str(adapter), "--output-dir", str(out)]
+    assert load_script("merge_lora").main(argv) == 0
     ids = torch.arange(3, 40)[None]
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
@@ -65,14 +54,14 @@ def test_push_uploads_the_merged_folder_with_its_model_card(tmp_path, tiny_model
     card.write_text("# my model\n")
     args = ["--base-model", tiny_model_path, "--adapter-path", str(adapter), "--output-dir", str(tmp_path / "m"),
             "--push", "--repo-name", "me/model", "--private", "--model-card", str(card)]  # fmt: skip
-    assert load_script().main(args) == 0
+    assert load_script("merge_lora").main(args) == 0
     assert calls[0] == ("create_repo", "me/model", True)
     assert calls[1][:2] == ("upload_folder", "me/model") and {"README.md", "model.safetensors"} <= set(calls[1][2])
     assert (tmp_path / "m" / "README.md").read_text() == "# my model\n"
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path, tiny_model_path, capsys):
-    script = load_script()
+    script = load_script("merge_lora")
     assert script.main(["--base-model", tiny_model_path, "--adapter-path", str(tmp_path), "--output-dir", "x"]) == 2
     assert f"error: --adapter-path {tmp_path}: no adapter_config.json there" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

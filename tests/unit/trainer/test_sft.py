@@ -1,6 +1,5 @@
 """SFT: the assistant-only loss mask, data errors, the step loss, and short runs on the tiny model."""
 
-import json
 import re
 import sys
 from itertools import groupby, islice
@@ -10,12 +9,13 @@ import datasets
 import pytest
 import torch
 from dataset_rows import DatasetSpec
+from jsonl_files import write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
-from contracts.model_path import resolve_model_path
 from contracts.run_dir import is_stable, weights_dir
+from tools.tiny_model import built_model_path
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
 from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft
@@ -70,7 +70,7 @@ CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"ex
 
 @pytest.mark.parametrize("model", ["trident/tiny-qwen3", "trident/tiny-llama3"])
 def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+    tokenizer = AutoTokenizer.from_pretrained(built_model_path(model))
     messages = [{"role": "user", "content": "What is 2 + 3?"},
                 {"role": "assistant", "content": "", "tool_calls": [CALL]},
                 {"role": "tool", "content": "5"}, {"role": "assistant", "content": "#### 5"}]  # fmt: skip
@@ -84,11 +84,6 @@ def test_a_row_with_tools_renders_them_and_trains_the_calls(model, tmp_path):
     if model == "trident/tiny-llama3":
         call = '{"name": "calculator", "parameters": {"expression": "2 + 3"}}'
     assert masked_texts(tokenizer, sample) == [call + end, "#### 5" + end]
-
-
-def write_jsonl(path, rows: list) -> str:
-    path.write_text("\n".join(row if isinstance(row, str) else json.dumps(row) for row in rows) + "\n")
-    return str(path)
 
 
 @pytest.mark.parametrize(

@@ -7,21 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import contracts.run_dir
+import contracts.records
+from contracts.atomic_io import atomic_dir, atomic_file, move_into_place, recover_aside
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, read_batch, repack, write_batch
-from contracts.run_dir import (
-    atomic_dir,
-    atomic_file,
-    clear_run_state,
-    latest_stable_weights,
-    mark_stable,
-    move_into_place,
-    recover_aside,
-    rollouts_dir,
-    step_dirs,
-    weights_dir,
-)
+from contracts.run_dir import clear_run_state, latest_stable_weights, mark_stable, rollouts_dir, step_dirs, weights_dir
 
 
 def sample(n_prompt, n_completion, advantage=1.0):
@@ -229,7 +219,7 @@ def test_resume_drops_a_torn_last_line_and_keeps_the_steps_done(tmp_path, caplog
     # evaluations name the weights step; the resumed run evaluates the weights it resumes from again
     (metrics / "eval.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(5)))
     weights_dir(tmp_path, 4).mkdir(parents=True)
-    with caplog.at_level(logging.WARNING, "contracts.run_dir"):
+    with caplog.at_level(logging.WARNING, "contracts.records"):
         clear_run_state(tmp_path, resume_from=3)
     assert [r.getMessage() for r in caplog.records] == [
         f"dropped the torn last line of {metrics / 'sample_rollouts.jsonl'} (29 characters, no newline)"
@@ -250,13 +240,13 @@ def test_resume_deletes_nothing_when_a_metrics_file_cannot_be_read(tmp_path):
 
 
 def test_a_bad_line_in_the_middle_is_skipped_and_reported_once(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(contracts.run_dir, "_reported", set())
+    monkeypatch.setattr(contracts.records, "_reported", set())
     path = tmp_path / "orchestrator.jsonl"
     path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n[3]\n{"step": 4')
-    with caplog.at_level(logging.WARNING, "contracts.run_dir"):
+    with caplog.at_level(logging.WARNING, "contracts.records"):
         # the last line is still being written
-        assert contracts.run_dir.read_records(path) == [{"step": 0}, {"step": 2}]
-        assert contracts.run_dir.read_records(path) == [{"step": 0}, {"step": 2}]
+        assert contracts.records.read_records(path) == [{"step": 0}, {"step": 2}]
+        assert contracts.records.read_records(path) == [{"step": 0}, {"step": 2}]
     assert [r.getMessage() for r in caplog.records] == [
         f"skipped line 2 of {path}: not a JSON object",
         f"skipped line 4 of {path}: not a JSON object",

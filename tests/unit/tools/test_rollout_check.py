@@ -1,7 +1,6 @@
 """The rollout checker on realistic batches: token-in/token-out samples built with the tiny model's chat template,
 masks exactly on what the model sampled; then one planted fault per check."""
 
-import importlib.util
 import json
 import math
 import re
@@ -9,13 +8,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 from transformers import AutoTokenizer
 
 from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
 from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 TOOLS = [
     {
         "type": "function",
@@ -30,13 +29,6 @@ SYSTEM = "You are a careful assistant."
 QUESTION = "What is 6 * 7?"
 CALL = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}
 TOOL_RESULT = "42"
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -511,9 +503,9 @@ def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
 
 
 def test_llama3_turns_are_read_and_checked(tmp_path):
-    from contracts.model_path import resolve_model_path
+    from tools.tiny_model import built_model_path
 
-    path = resolve_model_path("trident/tiny-llama3")
+    path = built_model_path("trident/tiny-llama3")
     tokenizer = AutoTokenizer.from_pretrained(path)
     chat = ChatFormat.from_tokenizer(tokenizer)
     sample, b = llama_tool_sample(tokenizer)

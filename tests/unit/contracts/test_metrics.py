@@ -3,7 +3,8 @@ import json
 from wandb_runs import finished_runs
 
 from contracts.config import parse_config
-from contracts.metrics import MetricsWriter, append_records, read_metrics, write_summary
+from contracts.metrics import MetricsWriter, read_metrics, write_summary
+from contracts.records import append_records
 from contracts.shared_config import WandbConfig
 from launch.launcher import step_line
 from launch.rl_config import RLConfig, resolve_shared

@@ -1,5 +1,5 @@
-"""Chat templates of the tiny test models, shaped like their chat family's real template (the families' registry,
-:mod:`contracts.chat_family`, names each one), and a plain template of turn markers for a family without one.
+"""Chat templates of the tiny test models, shaped like their chat family's real template (each tiny model of
+:mod:`tools.tiny_model` names its own), and a plain template of turn markers for a family without one.
 
 Written for Trident, not copied: each reproduces the token layout its family's instruct models use (special tokens,
 system block, tool declarations, tool-call syntax, tool results), so that a renderer or tool parser built for the

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from contracts.config import ConfigError, parse_config
-from contracts.model_path import resolve_model_path
 from contracts.run_spec import RunSpec, load_config, run_spec_path
 from inference.config import InferenceConfig
 from inference.server import vllm_argv
@@ -15,6 +14,7 @@ from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.envs import model_context
 from orchestrator.renderer import renderer_config
+from tools.tiny_model import built_model_path
 from trainer.config import TrainerConfig
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"
@@ -46,7 +46,7 @@ def shared_values(trainer: TrainerConfig, orchestrator: OrchestratorConfig) -> d
         "renderer": renderer_config(
             orchestrator.model.renderer,
             orchestrator.model.chat_family,
-            resolve_model_path(orchestrator.model.name),
+            built_model_path(orchestrator.model.name),
             False,
         ).name,
         "base_url": orchestrator.client.base_url,
@@ -102,7 +102,7 @@ def test_one_chat_family_override_picks_both_the_renderer_and_the_tool_call_pars
     assert spec.chat_family == "llama-3"
     orchestrator, _ = start_alone("orchestrator", tmp_path / "configs" / "orchestrator.toml")
     inference, _ = start_alone("inference", tmp_path / "configs" / "inference.toml")
-    renderer = model_context(orchestrator, resolve_model_path(orchestrator.model.name)).client.renderer
+    renderer = model_context(orchestrator, built_model_path(orchestrator.model.name)).client.renderer
     argv = vllm_argv(inference)
     assert (renderer.name, argv[argv.index("--tool-call-parser") + 1]) == ("llama-3", "llama3_json")
 

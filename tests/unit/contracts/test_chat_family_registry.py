@@ -5,14 +5,13 @@ import pytest
 
 from contracts.chat_family import FAMILIES, ChatFamily, model_family
 from contracts.config import ConfigError, parse_config
-from contracts.model_path import resolve_model_path
-from contracts.tiny_model import TINY_MODELS, TinyModel, build_tokenizer
 from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, segment
+from tools.tiny_model import TINY_MODELS, TinyModel, build_tokenizer, built_model_path
 
 # A made-up format: <|turn|>ROLE<|says|>content<|done|>, tool results in a "tool" turn, no hand-shaped template.
 TEST_FAMILY = ChatFamily(
@@ -36,7 +35,7 @@ def test_family_model(tmp_path_factory) -> str:
     from transformers import AutoConfig
 
     folder = tmp_path_factory.mktemp("test-chat")
-    build_tokenizer(TEST_FAMILY).save_pretrained(folder)
+    build_tokenizer(TinyModel(TEST_FAMILY)).save_pretrained(folder)
     AutoConfig.for_model(TinyModel(TEST_FAMILY).architecture).save_pretrained(folder)
     return str(folder)
 
@@ -86,7 +85,7 @@ def test_a_family_added_in_one_entry_reaches_renderer_server_checker_and_tiny_te
 
 
 def test_a_chat_family_choice_reaches_the_renderer_and_the_parser_alike(registered, test_family_model):
-    qwen3 = resolve_model_path("trident/tiny-qwen3")
+    qwen3 = built_model_path("trident/tiny-qwen3")
     assert renderer_config("auto", "llama-3", qwen3, enable_thinking=False).name == "llama-3"
     assert tool_call_parser(InferenceModelConfig(chat_family="llama-3"), qwen3) == "llama3_json"
     # a per-side override still wins on its side alone
@@ -115,7 +114,7 @@ def test_an_unknown_chat_family_is_a_config_error_naming_the_key_and_the_choices
 def test_each_familys_markers_split_its_tiny_template_into_the_probes_turns(model_id):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
+    tokenizer = AutoTokenizer.from_pretrained(built_model_path(model_id))
     family = TINY_MODELS[model_id].family
     chat = ChatFormat.from_tokenizer(tokenizer)
     assert chat.family is family

@@ -1,0 +1,58 @@
+"""Model names: a ``trident/`` id that is no tiny model is refused by name in one line, a tiny model not built yet
+stops a process alone with one line saying how to build it, and the builder (a tool) builds the ids the contracts
+name."""
+
+import pytest
+from debug_configs import FILES
+
+from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
+from contracts.model_path import TINY_MODEL_IDS, resolve_model_path, tiny_model_path
+from contracts.run_spec import load_config
+from inference.config import InferenceConfig
+from launch.rl_config import RLConfig
+from tools import tiny_model
+from trainer.config import TrainerConfig
+
+UNKNOWN = (
+    r"'trident/tiny-qwen4' is no model Trident builds; the tiny models are trident/tiny-qwen3, trident/tiny-qwen2.5, "
+    r"trident/tiny-llama3$"
+)
+
+
+def test_an_unknown_trident_id_is_one_line_naming_it_and_the_tiny_models(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^--model.name: model.name: {UNKNOWN}"):
+        parse_config(TrainerConfig, ["--model.name", "trident/tiny-qwen4"])
+    train = tmp_path / "train.toml"
+    train.write_text('[model]\nname = "trident/tiny-qwen4"\n')
+    with pytest.raises(ConfigError, match=rf"^{train}: model.name: {UNKNOWN}"):
+        parse_config(TrainerConfig, ["@", str(train)])
+    with pytest.raises(ConfigError, match=rf"^--model.name: .*{UNKNOWN}"):  # rl --dry-run refuses it too
+        parse_config(RLConfig, [*FILES, "--model.name", "trident/tiny-qwen4"])
+    with pytest.raises(TridentError, match=rf"^model {UNKNOWN}"):  # a name that came another way than a config
+        resolve_model_path("trident/tiny-qwen4")
+    assert resolve_model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # a hub id is loaded by its name
+
+
+def test_a_process_alone_on_a_tiny_model_not_built_stops_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TRIDENT_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        load_config(InferenceConfig, "inference", ["--model.name", "trident/tiny-llama3"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: model 'trident/tiny-llama3' is not built yet: run `uv run --no-sync build-tiny-model "
+        "trident/tiny-llama3` (rl builds it before it starts the processes)\n"
+    )
+    assert not tiny_model_path("trident/tiny-llama3").exists()  # nothing was built behind the user's back
+
+
+def test_the_builder_builds_the_ids_the_contracts_name_where_they_look(tiny_model_path, monkeypatch, capsys):
+    assert list(tiny_model.TINY_MODELS) == list(TINY_MODEL_IDS)
+    assert tiny_model.built_model_path("trident/tiny-qwen3") == resolve_model_path("trident/tiny-qwen3")
+    assert resolve_model_path("trident/tiny-qwen3") == tiny_model_path  # the conftest built it before the session
+    monkeypatch.setattr("sys.argv", ["build-tiny-model", "trident/tiny-qwen4"])
+    with pytest.raises(SystemExit, match=r"^build-tiny-model: unknown tiny model 'trident/tiny-qwen4'; choose one of "):
+        tiny_model.main()
+    monkeypatch.setattr("sys.argv", ["build-tiny-model"])
+    tiny_model.main()
+    assert capsys.readouterr().out == f"{tiny_model_path}\n"
