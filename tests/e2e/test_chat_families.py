@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from contracts.metrics import read_metrics
 from contracts.model_path import resolve_model_path
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow

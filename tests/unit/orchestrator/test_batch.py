@@ -11,7 +11,7 @@ from contracts.errors import TridentError
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 
 def rollout(reward: float, *branches, ok: bool = True, **fields) -> Rollout:

@@ -9,9 +9,9 @@ from contracts.errors import TridentError
 from contracts.inference_api import Served
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable
-from orchestrator.envs import Rollout
 from orchestrator.eval_main import EvalCliConfig, evaluate, serve_weights
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
 
 
 class FakeServers:

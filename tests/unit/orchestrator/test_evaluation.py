@@ -14,8 +14,8 @@ from contracts.progress import read_progress
 from contracts.run_dir import mark_stable, weights_dir
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.evaluation import eval_scores
+from orchestrator.rollout import Rollout
 
 
 def rollout(reward: float, ok: bool = True) -> Rollout:

@@ -17,9 +17,10 @@ from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from contracts.run_dir import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
-from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollout
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 # verifiers imports an environment by id: this module is the `trident-test-faults` environment.
 ENV_ID = "trident-test-faults"

@@ -12,9 +12,15 @@ from fake_policy import counting_server, rollouts_of
 
 from contracts.errors import TridentError
 from orchestrator.config import InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.infra import check_lost
-from orchestrator.limits import RolloutLimits, default_setups, limit_generation, model_call_slot, run_limits
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.limits import (
+    RolloutLimits,
+    default_setups,
+    limit_generation,
+    model_call_slot,
+    run_limits,
+)
 
 ENV_ID = "trident-test-limits"  # this module is the environment of this id
 sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])

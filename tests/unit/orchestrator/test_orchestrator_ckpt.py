@@ -11,7 +11,7 @@ from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):

@@ -12,8 +12,8 @@ import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.run_dir import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
 
 
 class FakeServer:

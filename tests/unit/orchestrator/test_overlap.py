@@ -9,7 +9,7 @@ import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:

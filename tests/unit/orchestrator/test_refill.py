@@ -9,7 +9,7 @@ import pytest
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 TASKS = 40
 

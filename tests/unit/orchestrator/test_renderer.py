@@ -11,7 +11,7 @@ from contracts.model_path import resolve_model_path
 from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from orchestrator.config import OrchestratorConfig
-from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
+from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
 
 # tiny model -> (chat family, renderer picked by "auto", vLLM tool-call parser)
 EXPECTED = {

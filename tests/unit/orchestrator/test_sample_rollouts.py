@@ -1,6 +1,6 @@
 import torch
 
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import MAX_CHARS, prompt_and_completion, sample_rows, shorten
 
 

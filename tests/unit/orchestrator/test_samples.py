@@ -4,7 +4,8 @@ import pytest
 
 from orchestrator.batch import build_samples
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout, trace_branches
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.envs import trace_branches
 
 
 def node(n, sampled):

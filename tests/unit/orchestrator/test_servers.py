@@ -12,9 +12,12 @@ from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID, resolve_model_path
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, model_context
+from orchestrator.groups import GroupRunner
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
 from orchestrator.servers import Servers
+from orchestrator.verifiers_adapter.envs import model_context
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 
 def test_base_url_takes_one_server_or_several():
@@ -30,17 +33,18 @@ def test_base_url_takes_one_server_or_several():
 def test_each_group_goes_to_the_least_loaded_server_with_its_url_and_served_name():
     config = OrchestratorConfig(client={"base_url": "http://a:1,http://b:2,http://c:3"})
     ctx = model_context(config, resolve_model_path(TINY_MODEL_ID))
-    servers = Servers(config.client.base_urls, 10, "base", ctx, stall_timeout_s=5)
+    servers = Servers(config.client.base_urls, 10, "base", stall_timeout_s=5)
+    groups = GroupRunner(servers, ctx, RolloutLimits.of(1), group_size=1)
     servers.servers[1].client.model = "lora-step-3"  # what server b serves the policy under
 
-    async def groups():
+    async def leases():
         leases = [servers.lease() for _ in range(4)]
         held = [await lease.__aenter__() for lease in leases[:3]]  # three groups in flight
         await leases[1].__aexit__(None, None, None)  # b's group finished: b is the least loaded
         held.append(await leases[3].__aenter__())
-        return [servers.context(server) for server in held]
+        return [groups.context(server) for server in held]
 
-    contexts = asyncio.run(groups())
+    contexts = asyncio.run(leases())
     assert [c.client.base_url for c in contexts] == ["http://a:1/v1", "http://b:2/v1", "http://c:3/v1", "http://b:2/v1"]
     assert [c.model for c in contexts] == ["base", "lora-step-3", "base", "lora-step-3"]
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from orchestrator.batch import build_samples
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
 
 

@@ -12,8 +12,8 @@ import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
 
 METRICS_DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
 

@@ -8,8 +8,9 @@ from renderers import create_renderer
 from transformers import AutoTokenizer
 
 from contracts.model_path import resolve_model_path
-from orchestrator import tokenizer_memo
-from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, renderer_config
+from orchestrator.verifiers_adapter import tokenizer_memo
+from orchestrator.verifiers_adapter.patches import install_patches
+from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, renderer_config
 
 TINY = ["trident/tiny-qwen3", "trident/tiny-qwen2.5", "trident/tiny-llama3"]
 TEXTS = ["", "\n", "<|im_start|>assistant\n", "<|start_header_id|>assistant<|end_header_id|>\n\n", "60",
@@ -72,7 +73,7 @@ def test_renderers_tokenizers_are_memoizing_and_reach_the_tokenizer_once_per_sho
 
     monkeypatch.setattr(tokenizer_memo, "_load_tokenizer", counted)
     monkeypatch.setattr(renderers.base, "load_tokenizer", renderers.base.load_tokenizer)
-    tokenizer_memo.install()
+    install_patches()
     tokenizer = renderers.base.load_tokenizer(path)
     header, long_text = "<|im_start|>assistant\n", TEXTS[-1]
     for _ in range(3):

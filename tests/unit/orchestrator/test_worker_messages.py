@@ -8,7 +8,7 @@ import pytest
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 from orchestrator.workers import RolloutWorkers, frame, receive
 
 

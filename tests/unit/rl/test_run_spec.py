@@ -13,8 +13,8 @@ from inference.server import vllm_argv
 from launch.launcher import run
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import model_context
-from orchestrator.renderer import renderer_config
+from orchestrator.verifiers_adapter.envs import model_context
+from orchestrator.verifiers_adapter.renderer import renderer_config
 from trainer.config import TrainerConfig
 
 DEBUG = Path(__file__).parents[3] / "configs" / "debug" / "rl"

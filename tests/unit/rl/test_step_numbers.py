@@ -11,8 +11,8 @@ from contracts.protocol import read_batch
 from contracts.run_dir import complete_checkpoints, configs_dir, rollouts_dir, step_dirs
 from launch.launcher import step_line
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.rollout import Rollout
 from tools.plots import load_run, write_plots
 from tools.report import write_report
 from tools.rollout_check import read_step
