@@ -4,6 +4,7 @@ import logging
 
 import httpx
 import pytest
+from rollouts import TWO_SAMPLED, group
 
 import orchestrator.groups as groups_module
 import orchestrator.servers as servers_module
@@ -14,7 +15,6 @@ from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
 from orchestrator.groups import GroupRunner
 from orchestrator.orchestrator import Orchestrator
-from orchestrator.rollout import Rollout
 from orchestrator.servers import Servers
 from orchestrator.verifiers_adapter.envs import model_context
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -78,12 +78,6 @@ def two_server_orchestrator(tmp_path, monkeypatch) -> tuple[Orchestrator, list[F
     return orchestrator, fakes
 
 
-def rollouts(n: int, ok: bool) -> list[Rollout]:
-    branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
-    return [Rollout(reward=float(i), branches=[branch], ok=ok, error=None if ok else "APIConnectionError: refused")
-            for i in range(n)]  # fmt: skip
-
-
 def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch, caplog):
     orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
     ran_on = []
@@ -92,8 +86,8 @@ def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch
         ran_on.append(ctx.client.base_url)
         if ctx.client.base_url == "http://a:1/v1":
             a.state = "refusing"  # it dies while the group runs: verifiers' calls fail
-            return rollouts(n, ok=False)
-        return rollouts(n, ok=True)
+            return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError: refused")
+        return group(range(n), TWO_SAMPLED)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
@@ -125,7 +119,7 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
             except asyncio.CancelledError:
                 cancelled.append(True)
                 raise
-        return rollouts(n, ok=True)
+        return group(range(n), TWO_SAMPLED)
 
     async def steps():
         watch = asyncio.create_task(orchestrator.servers.watch())
