@@ -1,9 +1,10 @@
 """Every change Trident makes to the libraries it runs rollouts with, in one place, applied by one call.
 
-Each entry point that runs rollouts (``orchestrator``, ``eval``, a rollout worker, the benchmarks and tools that run
+Each entry point that runs rollouts (``orchestrator``, ``eval``, a rollout worker, the benchmarks and scripts that run
 them, the test session) calls :func:`install_patches` once at its start; importing a module never patches anything.
-The replacements live beside what they serve; each calls the library's own function, read when its module was
-imported, so installing twice changes nothing.
+One that does not finds no Trident harness ("harness 'trident-in-process' not found"). The replacements live beside
+what they serve; each calls the library's own function, read when its module was imported, so installing twice
+changes nothing.
 """
 
 import sys
@@ -12,7 +13,7 @@ import renderers.base
 from pydantic._internal import _fields
 from verifiers.v1.clients import train
 from verifiers.v1.clients.train import TrainClient
-from verifiers.v1.rollout import Rollout
+from verifiers.v1.rollout import Rollout as VerifiersRollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
 from orchestrator.verifiers_adapter import harness, judge, limits, pydantic_defaults, tokenizer_memo
@@ -25,7 +26,7 @@ def install_patches() -> None:
     sys.modules.setdefault(harness.HARNESS_ID.replace("-", "_"), harness)
     sys.modules.setdefault(judge.JUDGE_ID.replace("-", "_"), judge)
     # limits: a set-up holds a set-up slot and is watched for tool servers that exit; a model call holds its server's
-    Rollout.open = limits.limited_open
+    VerifiersRollout.open = limits.limited_open
     SubprocessRuntime.run_background = limits.watched_run_background
     TrainClient.get_response = limits.limited_get_response
     # generate_transport: verifiers' training client reaches the server over aiohttp
