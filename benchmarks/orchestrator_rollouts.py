@@ -42,9 +42,11 @@ from transformers import AutoTokenizer
 from contracts.inference_api import GENERATE
 from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
-from orchestrator.limits import RolloutLimits
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
+from orchestrator.verifiers_adapter.patches import install_patches
 from orchestrator.workers import RolloutWorkers
 from orchestrator.workers import cpu_seconds as process_cpu_seconds
 from tools.tiny_model import built_model_path
@@ -262,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict:
     bench = SMOKE if args.smoke else FULL
     if args.workers is not None:
         bench = replace(bench, workers=args.workers)
+    install_patches()
     result = run_benchmark(bench)
     return report(args.output, result, summary_table(result))
 

@@ -37,6 +37,7 @@ from contracts.config import parse_config
 from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.verifiers_adapter.patches import install_patches
 
 ORCH_TOML = Path(__file__).parents[1] / "configs" / "debug" / "rl" / "orch.toml"
 SIDES = ("one", "two")
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--servers", help="two running servers' URLs, comma-separated, instead of starting them")
     args = parser.parse_args(argv)
     bench = SMOKE if args.smoke else FULL
+    install_patches()
     with exit_on_sigterm(), tempfile.TemporaryDirectory(prefix="trident-bench-servers-") as tmp, ExitStack() as stack:
         urls, groups = args.servers.split(",") if args.servers else [], []
         for i in range(2 - len(urls)):

@@ -55,8 +55,10 @@ async def run_rollouts(args: argparse.Namespace, env_arguments: dict) -> list:
     # Imported here: verifiers is slow to import, and argument errors should not wait for it.
     from orchestrator.client import InferenceClient
     from orchestrator.config import EnvConfig, OrchestratorConfig
-    from orchestrator.envs import load_env, model_context, run_group
+    from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+    from orchestrator.verifiers_adapter.patches import install_patches
 
+    install_patches()
     env_config = EnvConfig(id=args.env_id, args=env_arguments)
     env = load_env(env_config)
     tasks = list(env.taskset.load())

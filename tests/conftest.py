@@ -78,6 +78,15 @@ def fresh_renderers_lock():
         client._max_prompt_len_lock = asyncio.Lock()
 
 
+def pytest_collection_finish(session):
+    """The session runs rollouts as the orchestrator does when its tests import the verifiers adapter: it installs the
+    adapter's patches, as the orchestrator's entry points do (importing it patches nothing)."""
+    if "orchestrator.verifiers_adapter" in sys.modules:
+        from orchestrator.verifiers_adapter.patches import install_patches
+
+        install_patches()
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked ``gpu`` on a machine without CUDA. Run alone: start the session's server if a test will need

@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 from contracts.inference_api import GENERATE, MODELS
 from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
 

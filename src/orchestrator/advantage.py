@@ -5,7 +5,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 
 def group_rewards(group: list[Rollout], zero_truncated: bool = False) -> list[float]:

@@ -12,8 +12,8 @@ from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
 from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout
 from orchestrator.infra import is_lost
+from orchestrator.rollout import Rollout
 
 
 def build_samples(

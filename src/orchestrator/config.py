@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
 from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
 from contracts.shared_config import (
@@ -44,11 +45,16 @@ RolloutWorkers = Annotated[
 
 
 def known_renderer_name(name: str) -> str:
-    """``name`` if renderers knows it (:func:`orchestrator.renderer.known_renderer`); renderers is imported only when
-    a value is checked: it takes a second, which ``rl``'s start need not pay."""
-    from orchestrator.renderer import known_renderer
+    """``name`` if it is "auto" or a name renderers knows; renderers is imported only when a value is checked: it
+    takes a second, which ``rl``'s start need not pay."""
+    from renderers.configs import config_from_name
 
-    return known_renderer(name)
+    try:
+        config_from_name(name)
+    except ValueError:
+        examples = ", ".join(sorted({"auto", "default", *(f.renderer for f in FAMILIES.values())}))
+        raise ValueError(f"unknown renderer {name!r}; e.g. {examples}, or another name renderers knows") from None
+    return name
 
 
 class OrchestratorModelConfig(ModelConfig):

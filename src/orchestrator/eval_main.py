@@ -27,6 +27,7 @@ from orchestrator.evaluation import Evaluation
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.groups import connect
 from orchestrator.servers import Servers
+from orchestrator.verifiers_adapter.patches import install_patches
 
 logger = logging.getLogger("orchestrator")
 
@@ -109,6 +110,7 @@ async def evaluate(config: EvalCliConfig) -> dict:
 def main() -> None:
     config = run_cli(EvalCliConfig)
     setup_logging("eval", config.log.level)
+    install_patches()
     with exit_on_user_error("eval"):
         tune_gc()
         asyncio.run(evaluate(config))

@@ -13,14 +13,13 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import verifiers.v1 as vf
-
 from contracts.metrics import MetricsWriter, eval_line
 from contracts.progress import Progress
 from orchestrator.config import EvalConfig
-from orchestrator.envs import Rollout, load_env, load_tasks
 from orchestrator.groups import GroupRunner, track
-from orchestrator.judge import check_judged
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.envs import Env, load_env, load_tasks
+from orchestrator.verifiers_adapter.judge import check_judged
 
 logger = logging.getLogger("orchestrator")
 
@@ -30,7 +29,7 @@ class EvalSet:
     """One held-out environment and its tasks."""
 
     name: str  # its metrics are eval/<name>/<metric>
-    env: vf.Env
+    env: Env
     tasks: list
 
 

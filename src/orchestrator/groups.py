@@ -12,21 +12,24 @@ from collections.abc import Awaitable
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress
 from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, env_config, model_context, run_group, task_id
-from orchestrator.limits import RolloutLimits, run_limits
-from orchestrator.renderer import check_renderer
+from orchestrator.rollout import Rollout
 from orchestrator.servers import Server, ServerDown, Servers
+from orchestrator.verifiers_adapter.envs import ModelContext, at_server, env_config, model_context, run_group, task_id
+from orchestrator.verifiers_adapter.limits import RolloutLimits, run_limits
+from orchestrator.verifiers_adapter.renderer import check_renderer
 from orchestrator.workers import RolloutWorkers, WorkerLost, cpu_seconds
 
 logger = logging.getLogger("orchestrator")
 
 
 class GroupRunner:
-    """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, within ``limits``: in this
-    process, or on rollout ``workers`` (each within its share of the limits)."""
+    """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, sampling as ``ctx`` says, within
+    ``limits``: in this process, or on rollout ``workers`` (each within its share of the limits)."""
 
-    def __init__(self, servers: Servers, limits: RolloutLimits, group_size: int, workers: RolloutWorkers | None = None):
+    def __init__(self, servers: Servers, ctx: ModelContext, limits: RolloutLimits, group_size: int,
+                 workers: RolloutWorkers | None = None):  # fmt: skip
         self.servers = servers
+        self.ctx = ctx
         self.limits = limits
         self.group_size = group_size
         self.workers = workers
@@ -52,10 +55,14 @@ class GroupRunner:
 
     def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
         """The rollouts of one group on ``server``, run here or by a worker."""
-        ctx = self.servers.context(server)
+        ctx = self.context(server)
         if self.workers is None:
             return run_group(env, task, n, ctx, self.limits)
         return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
+
+    def context(self, server: Server) -> ModelContext:
+        """The model context that samples from ``server`` (under the name it serves the policy as)."""
+        return at_server(self.ctx, f"{server.url}/v1", server.client.model)
 
     def rollout_cpu(self) -> dict[int, float]:
         """CPU seconds used so far by each process that runs rollouts (this one, or the workers), by pid."""
@@ -76,12 +83,12 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     check_renderer(ctx.client.renderer, model_path)
     logger.info(f"rendering chats with renderer {ctx.client.renderer.name!r}, checked against the template")
     client = config.client
-    servers = Servers(client.base_urls, client.timeout_s, config.model.name, ctx, client.stall_timeout_s)
+    servers = Servers(client.base_urls, client.timeout_s, config.model.name, client.stall_timeout_s)
     count = config.rollout_workers
     workers = RolloutWorkers(count, config, infra, model_path) if count > 1 else None
     if workers:
         logger.info(f"rollouts run in {count} worker processes")
-    return GroupRunner(servers, run_limits(config, infra), group_size, workers)
+    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers)
 
 
 def busiest_share(before: dict[int, float], after: dict[int, float], seconds: float) -> float:

@@ -9,6 +9,7 @@ from contracts.run_spec import load_config
 from orchestrator.config import OrchestratorConfig
 from orchestrator.gc_tuning import tune_gc
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.verifiers_adapter.patches import install_patches
 
 
 def main() -> None:
@@ -16,6 +17,7 @@ def main() -> None:
     watch_launcher()
     stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)
+    install_patches()
     with exit_on_user_error("orchestrator"):
         orchestrator = Orchestrator(config)
         tune_gc()

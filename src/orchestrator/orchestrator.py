@@ -23,17 +23,18 @@ from orchestrator.batch import assemble_batch
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
-from orchestrator.envs import Rollout, load_env, load_tasks
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
-from orchestrator.judge import check_judged
 from orchestrator.refill import pool_results, refill_metrics
+from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.schedule import StepSchedule
 from orchestrator.servers import NoServer
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
 from orchestrator.tasks import TaskSampler, prompts_per_env
+from orchestrator.verifiers_adapter.envs import load_env, load_tasks
+from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.weight_sync import WeightSync
 
 logger = logging.getLogger("orchestrator")

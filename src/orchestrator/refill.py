@@ -10,8 +10,8 @@ import torch
 
 from orchestrator.advantage import group_rewards, uniform_groups
 from orchestrator.config import FilterConfig
-from orchestrator.envs import Rollout
 from orchestrator.infra import is_lost
+from orchestrator.rollout import Rollout
 from orchestrator.tasks import StepTasks
 
 

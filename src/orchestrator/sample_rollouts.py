@@ -5,7 +5,7 @@ from collections.abc import Callable
 from jaxtyping import Float
 from torch import Tensor
 
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 from orchestrator.stats import split_lengths
 
 MAX_CHARS = 2000  # per prompt or completion in a row

@@ -7,15 +7,14 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-import verifiers.v1 as vf
-
 from contracts.progress import Progress
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import GroupRunner, track
 from orchestrator.refill import Slot, fill_slot
+from orchestrator.rollout import Rollout
 from orchestrator.tasks import StepTasks, TaskSampler
+from orchestrator.verifiers_adapter.envs import Env
 from orchestrator.weight_sync import WeightSync
 
 
@@ -47,7 +46,7 @@ class StepSchedule:
         weights: WeightSync,
         evaluation: Evaluation,
         tasks: TaskSampler,
-        envs: list[vf.Env],
+        envs: list[Env],
         per_env: list[list],
         progress: Progress,
     ):

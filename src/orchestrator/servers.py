@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
-import verifiers.v1 as vf
 
 from contracts.errors import TridentError
 from contracts.inference_api import HEALTH
@@ -42,7 +41,6 @@ class ServerDown(Exception):
 @dataclasses.dataclass(eq=False)
 class Server:
     client: InferenceClient
-    ctx: vf.ModelContext  # how verifiers samples from this server (see :meth:`Servers.context`)
     up: bool = True
     in_flight: int = 0  # groups running on it
     lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set when it is set aside
@@ -53,18 +51,13 @@ class Server:
 
 
 class Servers:
-    def __init__(self, urls: list[str], timeout_s: float, model: str, ctx: vf.ModelContext, stall_timeout_s: float):
-        self.servers = [Server(InferenceClient(url, timeout_s, model), ctx) for url in urls]
+    def __init__(self, urls: list[str], timeout_s: float, model: str, stall_timeout_s: float):
+        self.servers = [Server(InferenceClient(url, timeout_s, model)) for url in urls]
         self.stall_timeout_s = stall_timeout_s
 
     @property
     def up(self) -> list[Server]:
         return [server for server in self.servers if server.up]
-
-    def context(self, server: Server) -> vf.ModelContext:
-        """The model context that samples from ``server`` (under the name it serves the policy as)."""
-        endpoint = server.ctx.client.model_copy(update={"base_url": f"{server.url}/v1"})
-        return dataclasses.replace(server.ctx, model=server.client.model, client=endpoint)
 
     def none_left(self) -> NoServer:
         return NoServer(f"no inference server answers (all {len(self.servers)} set aside)")

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from contracts.protocol import Sample
 from orchestrator.advantage import uniform_groups
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 
 
 def describe(name: str, values: Sequence[float], stats: Sequence[str] = ("mean", "std", "min", "max")) -> dict:

@@ -3,7 +3,7 @@
 One orchestrator process runs out of CPU at a few hundred model turns a second: verifiers' work per turn (its
 interception endpoint, message graph and renderer) costs about 2 ms (docs/benchmarks.md). A run whose servers answer
 faster than that gives its groups to workers, each running them as the orchestrator itself would
-(:func:`~orchestrator.envs.run_group`) on an event loop of its own.
+(:func:`~orchestrator.verifiers_adapter.envs.run_group`) on an event loop of its own.
 
 The orchestrator keeps everything else: which server a group runs on, weight updates, batches, checkpoints. A worker
 is sent each group's environment config, task, size and server; it loads each environment once, keeps it serving,
@@ -28,9 +28,11 @@ from contracts.errors import TridentError
 from contracts.lifeline import stop_descendants_on_exit
 from contracts.metrics import setup_logging
 from orchestrator.config import EnvConfig, EvalRunConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group
 from orchestrator.gc_tuning import tune_gc
-from orchestrator.limits import run_limits
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.envs import at_server, load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import run_limits
+from orchestrator.verifiers_adapter.patches import install_patches
 
 logger = logging.getLogger("orchestrator")
 
@@ -204,8 +206,7 @@ class WorkerGroups:
         return env
 
     async def run(self, env_config: EnvConfig, task, n: int, base_url: str, model: str) -> list[Rollout]:
-        client = self.ctx.client.model_copy(update={"base_url": base_url})
-        ctx = dataclasses.replace(self.ctx, model=model, client=client)
+        ctx = at_server(self.ctx, base_url, model)
         return await run_group(await self.env(env_config), task, n, ctx, self.limits)
 
 
@@ -249,6 +250,7 @@ async def serve(sock: socket.socket) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the orchestrator decides
     stop_descendants_on_exit()  # the tool servers of this worker's rollouts
+    install_patches()
     asyncio.run(serve(socket.socket(fileno=int(sys.argv[1]))))
 
 

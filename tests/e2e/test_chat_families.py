@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 
 from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 from tools.tiny_model import built_model_path
 

@@ -22,8 +22,8 @@ from transformers import AutoTokenizer
 
 from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import harness_for, load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import harness_for, load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow

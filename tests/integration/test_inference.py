@@ -21,8 +21,8 @@ from contracts.run_dir import PROBE_FILE, PROBE_TEXT, mark_stable
 from orchestrator.batch import build_samples
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import packed_logprobs, use_packed_forward
 

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.infra import infra_metrics
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from orchestrator.batch import build_samples
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 pytestmark = pytest.mark.slow
 

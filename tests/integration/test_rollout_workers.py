@@ -12,9 +12,9 @@ from fake_policy import CountingHandler, CountingServer, serving
 
 from contracts.errors import TridentError
 from orchestrator.config import InfraConfig, OrchestratorConfig
-from orchestrator.envs import load_env, load_tasks, run_group
 from orchestrator.groups import connect
-from orchestrator.limits import RolloutLimits
+from orchestrator.verifiers_adapter.envs import load_env, load_tasks, run_group
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from orchestrator.workers import RolloutWorkers
 
 ENV = "reverse-text"
@@ -61,7 +61,7 @@ def samples(rollouts) -> list:
 
 async def same_as_in_process(groups, env, tasks, server) -> None:
     """Groups run by the workers give the rollouts this process gives, each worker within its share of the limits."""
-    ctx = groups.servers.context(groups.servers.servers[0])
+    ctx = groups.context(groups.servers.servers[0])
     own = [await run_group(env, task, 2, ctx, RolloutLimits.of(2)) for task in tasks]
     server.peak = 0
     by_workers = await asyncio.gather(*(groups.run(env, task) for task in tasks))

@@ -9,7 +9,7 @@ from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
-from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
+from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, segment
 from tools.tiny_model import TINY_MODELS, TinyModel, build_tokenizer, built_model_path
 

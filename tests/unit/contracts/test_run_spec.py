@@ -12,8 +12,8 @@ from inference.server import vllm_argv
 from launch.launcher import run
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import model_context
-from orchestrator.renderer import renderer_config
+from orchestrator.verifiers_adapter.envs import model_context
+from orchestrator.verifiers_adapter.renderer import renderer_config
 from tools.tiny_model import built_model_path
 from trainer.config import TrainerConfig
 

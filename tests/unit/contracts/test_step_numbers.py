@@ -4,6 +4,7 @@ processes' metrics, the sample rollouts, the weights and checkpoints, the consol
 import asyncio
 
 import httpx
+from rollouts import group, sampled
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
@@ -11,7 +12,6 @@ from contracts.protocol import read_batch
 from contracts.run_dir import complete_checkpoints, configs_dir, rollouts_dir, step_dirs
 from launch.launcher import step_line
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
 from tools.plots import load_run, write_plots
 from tools.report import write_report
@@ -38,9 +38,8 @@ def test_a_run_numbers_its_steps_1_to_max_steps_everywhere(tmp_path, monkeypatch
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 
     async def run_group(env, task, n, ctx, limit):
-        mask = [False] * len(prompt) + [True] * len(reply)
-        branch = (prompt + reply, mask, [-7.6 * m for m in mask])  # the server's logprobs of the sampled tokens
-        return [Rollout(reward=float(i), branches=[branch], ok=True, env="reverse-text") for i in range(n)]
+        branch = sampled(prompt + reply, len(prompt), [-7.6] * len(reply))  # the server's logprobs of the sampled
+        return group(range(n), branch, env="reverse-text")
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     asyncio.run(orchestrator.run())

@@ -18,7 +18,7 @@ from verifiers.v1.trace import AgentInfo, TraceTask
 
 from contracts.config import parse_config
 from launch.rl_config import RLConfig, resolve_shared
-from orchestrator import harness
+from orchestrator.verifiers_adapter import harness
 
 
 def taskset(**config) -> list[customer_service.CustomerServiceTask]:

@@ -27,7 +27,7 @@ from verifiers.v1.trace import AgentInfo, ModelCall, TraceTask
 from contracts.config import parse_config
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EnvConfig
-from orchestrator.envs import load_env
+from orchestrator.verifiers_adapter.envs import load_env
 
 BASE = "base/model"
 DIRECT = {"should_decompose": False, "subproblems": [], "plan": "Multiply, then subtract."}

@@ -6,31 +6,22 @@ the server's logprobs there and 0 elsewhere, each sample's group-relative advant
 import copy
 
 import pytest
+from rollouts import rollout, sampled
 
 from contracts.errors import TridentError
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout
-
-
-def rollout(reward: float, *branches, ok: bool = True, **fields) -> Rollout:
-    """A finished rollout; each branch is (token ids, index of its first sampled token, logprob of each sampled)."""
-    built = []
-    for ids, first, logprobs in branches:
-        mask = [i >= first for i in range(len(ids))]
-        built.append((ids, mask, [0.0] * first + logprobs))
-    return Rollout(reward=reward, branches=built, ok=ok, env=fields.pop("env", "math"), **fields)
 
 
 def tensors(micro_batch) -> dict[str, list]:
     return {name: tensor.tolist() for name, tensor in micro_batch.to_dict().items()}
 
 
-A = rollout(1.0, ([10, 11, 12, 13], 2, [-0.5, -0.25]), task="a")
-B = rollout(0.0, ([10, 11, 14], 2, [-1.0]), task="a")
-C = rollout(3.0, ([20, 21, 22, 23, 24], 3, [-0.125, -2.0]), task="c")
-D = rollout(1.0, ([20, 25], 1, [-3.0]), task="c")
+A = rollout(1.0, sampled([10, 11, 12, 13], 2, [-0.5, -0.25]), task="a")
+B = rollout(0.0, sampled([10, 11, 14], 2, [-1.0]), task="a")
+C = rollout(3.0, sampled([20, 21, 22, 23, 24], 3, [-0.125, -2.0]), task="c")
+D = rollout(1.0, sampled([20, 25], 1, [-3.0]), task="c")
 
 
 def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_advantages():
@@ -77,7 +68,7 @@ def test_the_batch_is_what_the_trainer_reads_back(tmp_path):
 
 
 def test_the_same_groups_give_the_same_batch_and_are_left_as_they_were():
-    groups = [[A, B], [C, rollout(1.0, ([20, 25], 1, [-3.0]), truncated=True)]]
+    groups = [[A, B], [C, rollout(1.0, sampled([20, 25], 1, [-3.0]), truncated=True)]]
     before = copy.deepcopy(groups)
     first = assemble_batch(0, groups, 0, seq_len=8, mask_truncated=True)
     second = assemble_batch(0, groups, 0, seq_len=8, mask_truncated=True)
@@ -86,8 +77,8 @@ def test_the_same_groups_give_the_same_batch_and_are_left_as_they_were():
 
 
 def test_every_branch_of_a_rollout_is_a_sample_with_the_rollouts_advantage():
-    forked = rollout(1.0, ([1, 2, 3], 1, [-0.5, -0.5]), ([1, 2, 9, 4], 3, [-2.0]))
-    batch = assemble_batch(0, [[forked, rollout(0.0, ([1, 5], 1, [-1.0]))]], 0, seq_len=16)
+    forked = rollout(1.0, sampled([1, 2, 3], 1, [-0.5, -0.5]), sampled([1, 2, 9, 4], 3, [-2.0]))
+    batch = assemble_batch(0, [[forked, rollout(0.0, sampled([1, 5], 1, [-1.0]))]], 0, seq_len=16)
     assert [(s.token_ids, s.advantage, s.reward) for s in batch.samples] == [
         ([1, 2, 9, 4], 0.5, 1.0), ([1, 2, 3], 0.5, 1.0), ([1, 5], -0.5, 0.0)
     ]  # fmt: skip
@@ -95,7 +86,7 @@ def test_every_branch_of_a_rollout_is_a_sample_with_the_rollouts_advantage():
 
 
 def test_uniform_groups_are_left_out_only_with_drop_uniform_groups_and_never_all():
-    tied = [rollout(1.0, ([7, 8], 1, [-1.0])), rollout(1.0, ([7, 9], 1, [-1.0]))]
+    tied = [rollout(1.0, sampled([7, 8], 1, [-1.0])), rollout(1.0, sampled([7, 9], 1, [-1.0]))]
     split = [A, B]
     kept = assemble_batch(0, [tied, split], 0, seq_len=16)
     assert sorted(s.token_ids[-1] for s in kept.samples) == [8, 9, 13, 14]  # tied samples train at advantage 0
@@ -112,7 +103,7 @@ def test_uniform_groups_are_left_out_only_with_drop_uniform_groups_and_never_all
 
 def test_failed_rollouts_give_no_sample_and_lost_groups_nothing_at_all():
     failed = rollout(0.0, ok=False, error="ValueError: boom", task="b")
-    lost = [rollout(1.0, ([3, 4], 1, [-1.0])), rollout(0.0, ok=False, error="ToolsetError: down", lost=True)]
+    lost = [rollout(1.0, sampled([3, 4], 1, [-1.0])), rollout(0.0, ok=False, error="ToolsetError: down", lost=True)]
     batch = assemble_batch(0, [[A, failed, B], lost], 4, seq_len=16)
     assert [s.token_ids for s in batch.samples] == [A.branches[0][0], B.branches[0][0]]
     assert [s.advantage for s in batch.samples] == [0.5, -0.5]  # the baseline is the finished rollouts' mean
@@ -121,8 +112,8 @@ def test_failed_rollouts_give_no_sample_and_lost_groups_nothing_at_all():
 
 
 def test_truncated_rollouts_are_masked_or_scored_zero_as_asked():
-    cut = rollout(1.0, ([1, 2, 3], 1, [-1.0, -1.0]), truncated=True)
-    group = [cut, rollout(0.5, ([1, 4], 1, [-1.0])), rollout(0.0, ([1, 5], 1, [-1.0]))]
+    cut = rollout(1.0, sampled([1, 2, 3], 1, [-1.0, -1.0]), truncated=True)
+    group = [cut, rollout(0.5, sampled([1, 4], 1, [-1.0])), rollout(0.0, sampled([1, 5], 1, [-1.0]))]
 
     masked = assemble_batch(0, [group], 0, seq_len=16, mask_truncated=True)
     assert masked.samples[0].loss_mask == [False, False, False] and masked.empty == 1
@@ -136,7 +127,7 @@ def test_truncated_rollouts_are_masked_or_scored_zero_as_asked():
 
 
 def test_samples_longer_than_seq_len_are_left_out_and_counted():
-    long = rollout(1.0, ([1, 2, 3, 4, 5], 1, [-1.0] * 4))
+    long = rollout(1.0, sampled([1, 2, 3, 4, 5], 1, [-1.0] * 4))
     batch = assemble_batch(0, [[long, B], [C, D]], 0, seq_len=4)
     assert batch.overlong == 2  # long and C
     assert [s.token_ids for s in batch.samples] == [B.branches[0][0], [20, 25]]

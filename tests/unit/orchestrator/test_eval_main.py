@@ -3,13 +3,13 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from rollouts import group
 
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.inference_api import Served
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable
-from orchestrator.envs import Rollout
 from orchestrator.eval_main import EvalCliConfig, evaluate, serve_weights
 from orchestrator.orchestrator import Orchestrator
 
@@ -95,7 +95,7 @@ def test_eval_runs_the_evaluation_part_alone(tmp_path, monkeypatch):
 
     async def run_group(env, task, n, ctx, limits):
         groups.append((task.data.id, n))
-        return [Rollout(reward=1.0 if i == 0 else 0.0, branches=[], ok=True) for i in range(n)]
+        return group([1.0] + [0.0] * (n - 1))
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     config = EvalCliConfig(

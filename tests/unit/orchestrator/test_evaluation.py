@@ -5,6 +5,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from rollouts import ONE_SAMPLED, group, rollout
 from wandb_runs import finished_runs
 
 import orchestrator.groups as groups_module
@@ -14,24 +15,15 @@ from contracts.progress import read_progress
 from contracts.run_dir import mark_stable, weights_dir
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.evaluation import eval_scores
-
-
-def rollout(reward: float, ok: bool = True) -> Rollout:
-    return Rollout(reward=reward, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=ok)
 
 
 def test_eval_scores_pass_at_k_and_avg_at_k():
     groups = [
-        [rollout(1.0), rollout(0.0), rollout(0.0), rollout(0.0)],  # one of four passes
-        [rollout(0.0), rollout(0.2), rollout(0.0), rollout(0.0)],  # none
-        [
-            rollout(1.0),
-            rollout(1.0),
-            rollout(1.0, ok=False),
-            rollout(0.5),
-        ],  # a failed one: no score, no pass
+        group([1.0, 0.0, 0.0, 0.0], ONE_SAMPLED),  # one of four passes
+        group([0.0, 0.2, 0.0, 0.0], ONE_SAMPLED),  # none
+        # a failed one: no score, no pass
+        group([1.0, 1.0], ONE_SAMPLED) + [rollout(1.0, ONE_SAMPLED, ok=False), rollout(0.5, ONE_SAMPLED)],
     ]
     scores = eval_scores("env", groups, pass_reward=0.9)
     assert scores["eval/env/pass@4"] == pytest.approx(2 / 3)
@@ -70,7 +62,7 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
             shown = [a for a in read_progress(tmp_path) if a.text == f"evaluating weights step {first}"]
             assert len(shown) == 1 and shown[0].total == 3 and shown[0].process == "orchestrator"
         await asyncio.sleep(0.05 if n == 2 and env is orchestrator.evaluation.sets[0].env else 0)
-        return [rollout(float(first + server.step) / 2) for _ in range(n)]
+        return [rollout(float(first + server.step) / 2, ONE_SAMPLED) for _ in range(n)]
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 

@@ -11,14 +11,15 @@ import time
 import httpx
 import pytest
 import verifiers.v1 as vf
+from rollouts import group, sampled
 
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.run_dir import rollouts_dir
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, load_env, model_context, run_group, to_rollout
-from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollout
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
 # verifiers imports an environment by id: this module is the `trident-test-faults` environment.
@@ -146,8 +147,7 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
     async def sample_without_server(env, task, n, ctx, limit):  # t0's rollouts, as if the model answered
         if task.data.broken:
             return await run_group(env, task, n, ctx, limit)
-        branch = ([1, 2, 3], [False, True, True], [0.0, -0.5, -0.5])
-        return [Rollout(reward=float(i), branches=[branch], ok=True, env=ENV_ID, task="t0") for i in range(n)]
+        return group(range(n), sampled([1, 2, 3], 1, [-0.5, -0.5]), env=ENV_ID, task="t0")
 
     monkeypatch.setattr(groups_module, "run_group", sample_without_server)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):

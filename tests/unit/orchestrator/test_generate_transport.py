@@ -8,8 +8,7 @@ from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.configs.client import TrainClientConfig
 from verifiers.v1.errors import ProviderError
 
-import orchestrator.envs  # noqa: F401  (installs the transport, as the orchestrator does)
-from orchestrator.generate_transport import GenerateTransport
+from orchestrator.verifiers_adapter.generate_transport import GenerateTransport
 
 
 async def _against(routes: dict, call, monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from orchestrator.harness import ModelCallError, call_tool, chat_completion, tool_spec
+from orchestrator.verifiers_adapter.harness import ModelCallError, call_tool, chat_completion, tool_spec
 
 
 def calculator(expression: str, precision: int = 2) -> str:

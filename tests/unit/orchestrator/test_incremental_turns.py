@@ -13,8 +13,8 @@ from verifiers.v1.dialects.chat import message_to_wire
 
 from contracts.inference_api import GENERATE, MODELS
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, trace_branches
-from orchestrator.renderer import renderer_config
+from orchestrator.verifiers_adapter.envs import load_env, model_context, trace_branches
+from orchestrator.verifiers_adapter.renderer import renderer_config
 
 TOOL_CALLS = 3
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n</tool_call><|im_end|>'

@@ -18,12 +18,12 @@ from contracts.errors import TridentError
 from contracts.inference_api import CHAT_COMPLETIONS, GENERATE
 from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import EnvConfig, EvalConfig, JudgeConfig, OrchestratorConfig
-from orchestrator.envs import load_env, model_context, run_group
 from orchestrator.evaluation import load_eval_sets
 from orchestrator.infra import infra_metrics
-from orchestrator.judge import JudgeError, check_judged, constraint, parse_score
-from orchestrator.limits import RolloutLimits
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.judge import JudgeError, check_judged, constraint, parse_score
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
 CLOSED = "http://127.0.0.1:9/v1"  # nothing listens there

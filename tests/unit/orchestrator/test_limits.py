@@ -9,12 +9,19 @@ import sys
 import pytest
 import verifiers.v1 as vf
 from fake_policy import counting_server, rollouts_of
+from rollouts import rollout
 
 from contracts.errors import TridentError
 from orchestrator.config import InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.infra import check_lost
-from orchestrator.limits import RolloutLimits, default_setups, limit_generation, model_call_slot, run_limits
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.limits import (
+    RolloutLimits,
+    default_setups,
+    limit_generation,
+    model_call_slot,
+    run_limits,
+)
 
 ENV_ID = "trident-test-limits"  # this module is the environment of this id
 sys.modules.setdefault(ENV_ID.replace("-", "_"), sys.modules[__name__])
@@ -69,7 +76,7 @@ def test_model_calls_per_server_are_limited_not_the_rollouts():
 def test_a_step_fails_only_past_the_share_of_lost_groups():
     def group(lost: bool) -> list[Rollout]:
         error = "ToolsetError: server did not report its port" if lost else None
-        return [Rollout(reward=1.0, branches=[], ok=not lost, lost=lost, retries=3 * lost, error=error, env="e")] * 2
+        return [rollout(1.0, ok=not lost, lost=lost, retries=3 * lost, error=error, env="e")] * 2
 
     check_lost(0, [group(True), group(False), group(False)], max_share=0.5)  # 1 of 3: the step goes on
     with pytest.raises(TridentError, match=r"^step 0: 2 of 3 groups lost .* after 3 retries: ToolsetError: server"):

@@ -2,6 +2,7 @@ import asyncio
 import json
 
 import pytest
+from rollouts import ONE_SAMPLED, group
 
 import orchestrator.groups as groups_module
 from contracts.config import parse_config
@@ -11,7 +12,6 @@ from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):
@@ -69,8 +69,7 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
 
     async def run_group(env, task, n, ctx, limits):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
         rewards = [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]][int(task.data.id.split("-")[-1]) % 3]
-        return [Rollout(reward=r, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True, task=task.data.id)
-                for r in rewards]  # fmt: skip
+        return group(rewards, ONE_SAMPLED, task=task.data.id)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 

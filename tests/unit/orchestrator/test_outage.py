@@ -6,13 +6,13 @@ import logging
 
 import httpx
 import pytest
+from rollouts import TWO_SAMPLED, group
 
 import orchestrator.client as client_module
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.run_dir import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
 
 
@@ -34,13 +34,6 @@ class FakeServer:
             self.weights = {"step": 2, "path": "/run/weights/step_2", "adapter": None}
             return httpx.Response(200, json={**self.weights, "seconds": 0.01})
         return httpx.Response(200)  # /health
-
-
-def rollouts(n: int, ok: bool) -> list[Rollout]:
-    branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
-    return [
-        Rollout(reward=float(i), branches=[branch], ok=ok, error=None if ok else "APIConnectionError") for i in range(n)
-    ]
 
 
 def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tmp_path, monkeypatch, caplog):
@@ -68,8 +61,8 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
         attempts.append(ctx.model)
         if len(attempts) == 1:  # the server dies while the step's rollouts run
             server.up = False
-            return rollouts(n, ok=False)
-        return rollouts(n, ok=True)
+            return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError")
+        return group(range(n), TWO_SAMPLED)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
@@ -95,7 +88,8 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
     )
 
     async def run_group(env, task, n, ctx, limit):
-        return rollouts(n, ok=False)  # the environment fails, the server is fine
+        # the environment fails, the server is fine
+        return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError")
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     with pytest.raises(TridentError, match="step 0: all 2 rollouts failed; first, in environment"):

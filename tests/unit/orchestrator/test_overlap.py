@@ -5,11 +5,12 @@ import asyncio
 import json
 import time
 
+from rollouts import ONE_SAMPLED, TWO_SAMPLED, group, rollout
+
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 
 
 async def until(condition, timeout_s: float = 10.0) -> None:
@@ -36,8 +37,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
         started.append(server.step)
         if len(started) == 1:
             await slowest.wait()  # step 2's first group is its slowest
-        branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
-        return [Rollout(reward=float(i), branches=[branch], ok=True) for i in range(n)]
+        return group(range(n), TWO_SAMPLED)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
@@ -82,7 +82,7 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
             returned.append(len(returned))
         elif len(started) == 5:
             running_when_next_started.append(4 - len(returned))
-        return [Rollout(reward=1.0, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True)]
+        return [rollout(1.0, ONE_SAMPLED)]
 
     def done_groups() -> int:  # as the orchestrator counted them
         return sum(a.done for a in orchestrator.progress.activities.values() if a.text == "sampling step 1")
@@ -92,9 +92,9 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
     async def steps():
         step_1 = asyncio.create_task(orchestrator.step(1, start_next=True))  # step 2 may use weights 0: served
         await until(lambda: len(started) == 4)
-        for group in range(2):  # 3, then 2 groups of 4 left: more than a quarter
-            finish[group].set()
-            await until(lambda group=group: done_groups() == group + 1)  # seen by the orchestrator
+        for i in range(2):  # 3, then 2 groups of 4 left: more than a quarter
+            finish[i].set()
+            await until(lambda i=i: done_groups() == i + 1)  # seen by the orchestrator
         finish[2].set()
         await until(lambda: len(started) == 8)  # 1 of 4 left: step 2's groups start ...
         assert running_when_next_started == [1]  # ... not sooner ...

@@ -2,8 +2,7 @@ import time
 
 from pydantic import BaseModel, Field
 
-from orchestrator import pydantic_defaults
-from orchestrator.envs import Rollout  # noqa: F401  (importing the verifiers adapter applies the cache)
+from orchestrator.verifiers_adapter import pydantic_defaults
 
 
 class Node(BaseModel):

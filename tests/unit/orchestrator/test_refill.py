@@ -5,11 +5,11 @@ import asyncio
 import json
 
 import pytest
+from rollouts import TWO_SAMPLED, group
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 
 TASKS = 40
 
@@ -24,9 +24,7 @@ def fake_groups(monkeypatch, rewards_of) -> list[int]:
 
     async def run_group(env, task, n, ctx, limits):
         sampled.append(index(task))
-        branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
-        return [Rollout(reward=r, branches=[branch], ok=True, env="char-target", task=task.data.id)
-                for r in rewards_of(index(task))]  # fmt: skip
+        return group(rewards_of(index(task)), TWO_SAMPLED, env="char-target", task=task.data.id)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     return sampled

@@ -10,7 +10,7 @@ from contracts.errors import TridentError
 from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from orchestrator.config import OrchestratorConfig
-from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
+from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
 from tools.tiny_model import built_model_path
 
 # tiny model -> (chat family, renderer picked by "auto", vLLM tool-call parser)

@@ -12,7 +12,7 @@ import verifiers.v1 as vf
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig
-from orchestrator.envs import load_env
+from orchestrator.verifiers_adapter.envs import load_env
 
 # verifiers imports a taskset by id: this module is the `trident-test-containers` taskset package.
 ENV_ID = "trident-test-containers"

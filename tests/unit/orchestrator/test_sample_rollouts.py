@@ -1,6 +1,6 @@
 import torch
+from rollouts import group, rollout, sampled
 
-from orchestrator.envs import Rollout
 from orchestrator.sample_rollouts import MAX_CHARS, prompt_and_completion, sample_rows, shorten
 
 
@@ -8,27 +8,21 @@ def decode(token_ids: list[int]) -> str:
     return " ".join(map(str, token_ids))
 
 
-def rollout(env: str, reward: float, *branches: tuple[list[int], list[bool]], truncated: bool = False) -> Rollout:
-    return Rollout(
-        reward, [(ids, mask, [0.0] * len(ids)) for ids, mask in branches], ok=True, truncated=truncated, env=env
-    )
-
-
 def test_prompt_and_completion_of_a_split_rollout_show_the_conversation_as_it_ended():
-    first = ([1, 2, 3, 4], [False, False, True, True])
-    second = ([1, 2, 3, 4, 5, 6], [False, False, False, False, False, True])  # the first sample, a tool turn, more
-    assert prompt_and_completion(rollout("e", 0.0, first, second)) == ([1, 2], [3, 4, 5, 6])
-    rewritten = ([1, 9, 5, 6], [False, False, False, True])  # a history rewrite that dropped the prompt: not shown
-    assert prompt_and_completion(rollout("e", 0.0, first, rewritten)) == ([1, 2], [3, 4])
-    assert prompt_and_completion(rollout("e", 0.0)) == ([], [])  # a failed rollout without tokens
+    first = sampled([1, 2, 3, 4], 2, [0.0, 0.0])
+    second = sampled([1, 2, 3, 4, 5, 6], 5, [0.0])  # the first sample, a tool turn, more
+    assert prompt_and_completion(rollout(0.0, first, second)) == ([1, 2], [3, 4, 5, 6])
+    rewritten = sampled([1, 9, 5, 6], 3, [0.0])  # a history rewrite that dropped the prompt: not shown
+    assert prompt_and_completion(rollout(0.0, first, rewritten)) == ([1, 2], [3, 4])
+    assert prompt_and_completion(rollout(0.0)) == ([], [])  # a failed rollout without tokens
 
 
 def test_sample_rows_show_the_first_group_of_each_environment():
-    sample = ([7, 8, 9], [False, True, True])
+    sample = sampled([7, 8, 9], 1, [0.0, 0.0])
     groups = [
-        [rollout("math", 1.0, sample), rollout("math", 0.0, sample, truncated=True)],
-        [rollout("math", 0.5, sample), rollout("math", 0.5, sample)],  # a second group of math: not shown
-        [rollout("code", 0.25, sample), rollout("code", 0.0, sample)],
+        [rollout(1.0, sample, env="math"), rollout(0.0, sample, env="math", truncated=True)],
+        group([0.5, 0.5], sample, env="math"),  # a second group of math: not shown
+        group([0.25, 0.0], sample, env="code"),
     ]
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.25, 0.0]])
     advantages = rewards - rewards.mean(dim=1, keepdim=True)

@@ -1,10 +1,13 @@
 from types import SimpleNamespace
 
 import pytest
+from rollouts import ONE_SAMPLED, group, rollout, sampled
 
 from orchestrator.batch import build_samples
 from orchestrator.config import AdvantageConfig
-from orchestrator.envs import Rollout, trace_branches
+from orchestrator.verifiers_adapter.envs import trace_branches
+
+BRANCH = sampled([1, 2, 3], 1, [-1.0, -2.0])
 
 
 def node(n, sampled):
@@ -43,12 +46,7 @@ def test_forked_branches_train_a_shared_sampled_node_once():
 
 
 def test_build_samples_group_advantages_per_prompt():
-    def rollout(reward, n_branches=1):
-        return Rollout(
-            reward=reward, branches=[([1, 2, 3], [False, True, True], [0.0, -1.0, -2.0])] * n_branches, ok=True
-        )
-
-    groups = [[rollout(1.0), rollout(0.0, n_branches=2)], [rollout(0.5), rollout(0.5)]]
+    groups = [[rollout(1.0, BRANCH), rollout(0.0, BRANCH, BRANCH)], group([0.5, 0.5], BRANCH)]
     samples, rewards, advantages = build_samples(groups, weight_step=3)
     assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
     assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
@@ -57,21 +55,15 @@ def test_build_samples_group_advantages_per_prompt():
     assert rewards.mean().item() == pytest.approx(0.5)
 
 
-def rollout(reward, truncated=False):
-    return Rollout(
-        reward=reward, branches=[([1, 2, 3], [False, True, True], [0.0, -1.0, -2.0])], ok=True, truncated=truncated
-    )
-
-
 def test_truncation_policies_are_off_by_default():
-    samples, *_ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0)
+    samples, *_ = build_samples([[rollout(1.0, BRANCH, truncated=True), rollout(0.0, BRANCH)]], weight_step=0)
     assert [s.reward for s in samples] == [1.0, 0.0]
     assert samples[0].loss_mask == [False, True, True]
 
 
 def test_zero_truncated_completions_scores_them_zero_before_advantages():
     samples, rewards, _ = build_samples(
-        [[rollout(1.0, truncated=True), rollout(0.5), rollout(0.0)]], weight_step=0, zero_truncated=True
+        [[rollout(1.0, BRANCH, truncated=True), *group([0.5, 0.0], BRANCH)]], weight_step=0, zero_truncated=True
     )
     assert rewards.tolist() == [[0.0, 0.5, 0.0]]
     assert [s.advantage for s in samples] == pytest.approx([-1 / 6, 1 / 3, -1 / 6])
@@ -79,27 +71,25 @@ def test_zero_truncated_completions_scores_them_zero_before_advantages():
 
 
 def test_mask_truncated_completions_trains_none_of_their_tokens():
-    samples, *_ = build_samples([[rollout(1.0, truncated=True), rollout(0.0)]], weight_step=0, mask_truncated=True)
+    truncated = [[rollout(1.0, BRANCH, truncated=True), rollout(0.0, BRANCH)]]
+    samples, *_ = build_samples(truncated, weight_step=0, mask_truncated=True)
     assert samples[0].loss_mask == [False, False, False]
     assert samples[1].loss_mask == [False, True, True]
     assert [s.advantage for s in samples] == [0.5, -0.5]  # the reward still counts in the group baseline
 
 
 def test_uniform_groups_are_dropped_only_when_asked_and_never_all():
-    def rollout(reward):
-        return Rollout(reward=reward, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=True)
-
-    groups = [[rollout(1.0), rollout(0.0)], [rollout(0.5), rollout(0.5)]]
+    groups = [group([1.0, 0.0], ONE_SAMPLED), group([0.5, 0.5], ONE_SAMPLED)]
     assert len(build_samples(groups, 0)[0]) == 4
     kept, *_ = build_samples(groups, 0, advantage=AdvantageConfig(drop_uniform_groups=True))
     assert [s.reward for s in kept] == [1.0, 0.0]
-    tied = [[rollout(0.0), rollout(0.0)]]  # every group ties: the step keeps them (it trains nothing)
+    tied = [group([0.0, 0.0], ONE_SAMPLED)]  # every group ties: the step keeps them (it trains nothing)
     assert len(build_samples(tied, 0, advantage=AdvantageConfig(drop_uniform_groups=True))[0]) == 2
 
 
 def test_failed_rollouts_give_no_sample_and_leave_the_baseline_to_the_others():
-    failed = Rollout(reward=0.0, branches=[([1, 2], [False, True], [0.0, -1.0])], ok=False, error="ValueError: boom")
-    groups = [[rollout(1.0), failed, rollout(0.0)], [failed, failed, failed]]
+    failed = rollout(0.0, ONE_SAMPLED, ok=False, error="ValueError: boom")
+    groups = [[rollout(1.0, BRANCH), failed, rollout(0.0, BRANCH)], [failed, failed, failed]]
     samples, _, advantages = build_samples(groups, weight_step=0)
     assert [s.advantage for s in samples] == [0.5, -0.5]  # mean of the two that finished is 0.5
     assert advantages.tolist() == [[0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]

@@ -4,6 +4,7 @@ import logging
 
 import httpx
 import pytest
+from rollouts import TWO_SAMPLED, group
 
 import orchestrator.groups as groups_module
 import orchestrator.servers as servers_module
@@ -12,9 +13,11 @@ from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
-from orchestrator.envs import Rollout, model_context
+from orchestrator.groups import GroupRunner
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.servers import Servers
+from orchestrator.verifiers_adapter.envs import model_context
+from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
 
@@ -31,17 +34,18 @@ def test_base_url_takes_one_server_or_several():
 def test_each_group_goes_to_the_least_loaded_server_with_its_url_and_served_name():
     config = OrchestratorConfig(client={"base_url": "http://a:1,http://b:2,http://c:3"})
     ctx = model_context(config, built_model_path(TINY_MODEL_ID))
-    servers = Servers(config.client.base_urls, 10, "base", ctx, stall_timeout_s=5)
+    servers = Servers(config.client.base_urls, 10, "base", stall_timeout_s=5)
+    groups = GroupRunner(servers, ctx, RolloutLimits.of(1), group_size=1)
     servers.servers[1].client.model = "lora-step-3"  # what server b serves the policy under
 
-    async def groups():
+    async def leases():
         leases = [servers.lease() for _ in range(4)]
         held = [await lease.__aenter__() for lease in leases[:3]]  # three groups in flight
         await leases[1].__aexit__(None, None, None)  # b's group finished: b is the least loaded
         held.append(await leases[3].__aenter__())
-        return [servers.context(server) for server in held]
+        return [groups.context(server) for server in held]
 
-    contexts = asyncio.run(groups())
+    contexts = asyncio.run(leases())
     assert [c.client.base_url for c in contexts] == ["http://a:1/v1", "http://b:2/v1", "http://c:3/v1", "http://b:2/v1"]
     assert [c.model for c in contexts] == ["base", "lora-step-3", "base", "lora-step-3"]
 
@@ -75,12 +79,6 @@ def two_server_orchestrator(tmp_path, monkeypatch) -> tuple[Orchestrator, list[F
     return orchestrator, fakes
 
 
-def rollouts(n: int, ok: bool) -> list[Rollout]:
-    branch = ([1, 2, 3], [False, True, True], [0.0, -1.0, -1.0])
-    return [Rollout(reward=float(i), branches=[branch], ok=ok, error=None if ok else "APIConnectionError: refused")
-            for i in range(n)]  # fmt: skip
-
-
 def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch, caplog):
     orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
     ran_on = []
@@ -89,8 +87,8 @@ def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch
         ran_on.append(ctx.client.base_url)
         if ctx.client.base_url == "http://a:1/v1":
             a.state = "refusing"  # it dies while the group runs: verifiers' calls fail
-            return rollouts(n, ok=False)
-        return rollouts(n, ok=True)
+            return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError: refused")
+        return group(range(n), TWO_SAMPLED)
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
@@ -122,7 +120,7 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
             except asyncio.CancelledError:
                 cancelled.append(True)
                 raise
-        return rollouts(n, ok=True)
+        return group(range(n), TWO_SAMPLED)
 
     async def steps():
         watch = asyncio.create_task(orchestrator.servers.watch())

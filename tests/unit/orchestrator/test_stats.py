@@ -1,28 +1,22 @@
 import pytest
 import torch
+from rollouts import masked, rollout
 
 from orchestrator.batch import build_samples
-from orchestrator.envs import Rollout
+from orchestrator.rollout import Rollout
 from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
-
-
-def branch(mask: str) -> tuple[list[int], list[bool], list[float]]:
-    """A sample from a mask written as text: '.' prompt or tool token, 's' sampled token."""
-    return list(range(len(mask))), [c == "s" for c in mask], [-1.0 if c == "s" else 0.0 for c in mask]
 
 
 def step_groups() -> list[list[Rollout]]:
     return [
         [
-            Rollout(1.0, [branch("..sss")], ok=True, rewards={"correct": 1.0, "format": 0.5}, turns=1),
+            rollout(1.0, masked("..sss"), rewards={"correct": 1.0, "format": 0.5}, turns=1),
             # two turns whose second prompt rewrote the first: two samples
-            Rollout(
-                0.0, [branch("..s."), branch("....ss")], ok=True, truncated=True, rewards={"correct": 0.0}, turns=2
-            ),
+            rollout(0.0, masked("..s."), masked("....ss"), truncated=True, rewards={"correct": 0.0}, turns=2),
         ],
         [
-            Rollout(0.5, [branch(".s")], ok=False, turns=1),
-            Rollout(0.5, [branch("...")], ok=True, turns=1),  # nothing trainable: all prompt
+            rollout(0.5, masked(".s"), ok=False, turns=1),
+            rollout(0.5, masked("..."), turns=1),  # nothing trainable: all prompt
         ],
     ]
 
@@ -57,10 +51,10 @@ def test_rollout_metrics_on_hand_made_rollouts():
 
 def test_env_metrics_are_each_environments_rollout_metrics():
     groups = step_groups()
-    for rollout in groups[0]:
-        rollout.env = "math"
-    for rollout in groups[1]:
-        rollout.env = "chat"
+    for done in groups[0]:
+        done.env = "math"
+    for done in groups[1]:
+        done.env = "chat"
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     metrics = env_metrics(groups, rewards, generate_s=2.0)
     assert metrics["env/math/reward_mean"] == 0.5 and metrics["env/chat/reward_mean"] == 0.5

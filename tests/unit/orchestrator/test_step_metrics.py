@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 
 import httpx
+from rollouts import rollout, sampled
 from wandb_runs import finished_run
 
 import orchestrator.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.orchestrator import Orchestrator
 
 METRICS_DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
@@ -41,19 +41,9 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 
     async def run_group(env, task, n, ctx, limit):
-        return [
-            Rollout(
-                reward=float(i),
-                branches=[(prompt + reply, [False] * len(prompt) + [True] * len(reply), [0.0] * len(prompt + reply))],
-                ok=True,
-                rewards={"similarity": float(i)},
-                metrics={"edits": 2.0 * i},
-                turns=1,
-                env="reverse-text",
-                setup_s=0.25,
-            )
-            for i in range(n)
-        ]
+        branch = sampled(prompt + reply, len(prompt), [0.0] * len(reply))
+        return [rollout(float(i), branch, rewards={"similarity": float(i)}, metrics={"edits": 2.0 * i}, turns=1,
+                        env="reverse-text", setup_s=0.25) for i in range(n)]  # fmt: skip
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     asyncio.run(orchestrator.step(1))

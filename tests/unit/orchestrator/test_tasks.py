@@ -7,8 +7,8 @@ import pytest
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.envs import load_env
 from orchestrator.tasks import TaskOrder, prompts_per_env
+from orchestrator.verifiers_adapter.envs import load_env
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import renderers.base
 from renderers import create_renderer
 from transformers import AutoTokenizer
 
-from orchestrator import tokenizer_memo
-from orchestrator.renderer import PROBE_MESSAGES, PROBE_TOOLS, renderer_config
+from orchestrator.verifiers_adapter import tokenizer_memo
+from orchestrator.verifiers_adapter.patches import install_patches
+from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, renderer_config
 from tools.tiny_model import built_model_path
 
 TINY = ["trident/tiny-qwen3", "trident/tiny-qwen2.5", "trident/tiny-llama3"]
@@ -72,7 +73,7 @@ def test_renderers_tokenizers_are_memoizing_and_reach_the_tokenizer_once_per_sho
 
     monkeypatch.setattr(tokenizer_memo, "_load_tokenizer", counted)
     monkeypatch.setattr(renderers.base, "load_tokenizer", renderers.base.load_tokenizer)
-    tokenizer_memo.install()
+    install_patches()
     tokenizer = renderers.base.load_tokenizer(path)
     header, long_text = "<|im_start|>assistant\n", TEXTS[-1]
     for _ in range(3):

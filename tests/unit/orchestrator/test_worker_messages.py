@@ -5,18 +5,18 @@ workers themselves (processes) are tested in tests/integration/test_rollout_work
 import asyncio
 
 import pytest
+from rollouts import rollout, sampled
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.envs import Rollout
 from orchestrator.workers import RolloutWorkers, frame, receive
 
 
 def test_messages_read_back_as_sent_one_after_another():
-    rollout = Rollout(reward=0.5, branches=[([1, 2, 3], [False, True, True], [0.0, -0.1, -0.2])], ok=True,
-                      rewards={"exact": 0.5}, turns=2, task="t0", env="reverse-text", setup_s=0.25)  # fmt: skip
+    done = rollout(0.5, sampled([1, 2, 3], 1, [-0.1, -0.2]), rewards={"exact": 0.5}, turns=2, task="t0",
+                   env="reverse-text", setup_s=0.25)  # fmt: skip
     sent = [("run", 1, EnvConfig(id="reverse-text"), {"prompt": "abc"}, 2, "http://h:8000/v1", "tiny"),
-            ("done", 1, [rollout] * 2), ("cancel", 7)]  # fmt: skip
+            ("done", 1, [done] * 2), ("cancel", 7)]  # fmt: skip
 
     async def read_back() -> list[tuple]:
         reader = asyncio.StreamReader()

@@ -1,9 +1,13 @@
 """The floors of ``src/``, a folder each: the contracts (``contracts``) at the bottom, the three processes on them,
 the operator tools (``tools``) and the launcher (``launch``) above. No module imports from a floor above its own
-(lazy imports inside functions included), and the three processes import nothing from each other."""
+(lazy imports inside functions included), and the three processes import nothing from each other. Inside the
+orchestrator, the rollout core imports neither the verifiers adapter nor the modules that join the two
+(``tests/orchestrator_parts.py``), and only the adapter imports the libraries it wraps."""
 
 import ast
 from pathlib import Path
+
+from orchestrator_parts import ADAPTED_LIBRARIES, JOINING, in_adapter
 
 SRC = Path(__file__).parents[3] / "src"
 PROCESSES = {"trainer", "orchestrator", "inference"}
@@ -31,6 +35,17 @@ def imported(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """The modules a file imports when it is imported (not inside a function)."""
+    found = []
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
     return found
 
 
@@ -67,3 +82,26 @@ def test_the_processes_import_nothing_from_each_other():
 def test_the_walk_sees_imports_of_every_floor():
     floors = {floor(target) for path in source_files() for _, target in imported(path)}
     assert floors >= set(range(len(FLOORS)))
+
+
+def test_the_rollout_core_imports_neither_the_verifiers_adapter_nor_the_modules_that_join_them():
+    wrong = []
+    for path in source_files():
+        name = module_name(path)
+        if name.split(".")[0] != "orchestrator" or in_adapter(name) or name in JOINING:
+            continue
+        for line, target in imported(path):
+            if in_adapter(target) or any(target == m or target.startswith(m + ".") for m in JOINING):
+                wrong.append(f"{path.relative_to(SRC)}:{line} (rollout core) imports {target}")
+    assert wrong == []
+
+
+def test_only_the_verifiers_adapter_imports_the_libraries_it_wraps():
+    """At import: ``orchestrator/config.py`` asks renderers whether it knows a ``[model] renderer`` name only when it
+    checks one."""
+    wrong = []
+    for path in source_files():
+        for line, target in module_level_imports(path):
+            if target.split(".")[0] in ADAPTED_LIBRARIES and not in_adapter(module_name(path)):
+                wrong.append(f"{path.relative_to(SRC)}:{line} imports {target}")
+    assert wrong == []

@@ -7,6 +7,9 @@ connection pool (which checks every open connection at each request's end) were 
 model turn. :class:`GenerateTransport` makes the same two calls with one aiohttp session per event loop, and
 raises verifiers' ``ProviderError`` with the status the SDK's error would have carried (the server's own, 503
 when it cannot be reached, 504 on a timeout), so retries and error records are unchanged.
+
+:func:`~orchestrator.verifiers_adapter.patches.install_patches` puts
+:class:`GenerateTransport` as verifiers' ``build_async_openai`` in place.
 """
 
 import asyncio
@@ -15,7 +18,6 @@ from typing import Any
 
 import aiohttp
 from pydantic_core import from_json, to_json
-from verifiers.v1.clients import train
 from verifiers.v1.configs.client import BaseClientConfig, resolve_api_key, resolve_headers
 from verifiers.v1.errors import model_error
 
@@ -77,8 +79,3 @@ class GenerateTransport:
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-
-def install() -> None:
-    """Build verifiers' training clients on :class:`GenerateTransport` (once per process)."""
-    train.build_async_openai = GenerateTransport

@@ -11,6 +11,9 @@ that work:
 - a model call (``TrainClient.get_response``, which every harness's calls reach, and a judge's call to a run's
   server) holds a slot of the server it is sent to, so a rollout that runs a tool or sets up holds none and a
   server's batch fills with the calls of other rollouts.
+
+:func:`~orchestrator.verifiers_adapter.patches.install_patches` puts :func:`limited_open`,
+:func:`watched_run_background` and :func:`limited_get_response` in place of verifiers' methods.
 """
 
 import asyncio
@@ -98,6 +101,7 @@ def model_call_slot(base_url: str) -> contextlib.AbstractAsyncContextManager:
     return _generation.get(base_url.rstrip("/")) or contextlib.nullcontext()
 
 
+# verifiers' own methods, which the replacements installed by orchestrator.verifiers_adapter.patches call
 _open = Rollout.open
 _get_response = TrainClient.get_response
 _run_background = SubprocessRuntime.run_background
@@ -107,7 +111,8 @@ class SetupTimeoutError(RolloutError):
     """A rollout's set-up took longer than ``infra.setup_timeout_s``."""
 
 
-async def _limited_open(self: Rollout) -> bool:
+async def limited_open(self: Rollout) -> bool:
+    """``Rollout.open`` holding a set-up slot, within the set-up's time, failed at once when a tool server exits."""
     limits = _setups.get()
     if limits is None:
         return await _open(self)
@@ -148,21 +153,15 @@ def server_exit(process: asyncio.subprocess.Process, log: Path) -> str:
     return f"tool server exited with code {process.returncode} during set-up" + (f": {lines[-1]}" if lines else "")
 
 
-async def _watched_run_background(self: SubprocessRuntime, argv: list[str], env: dict[str, str], log: str) -> None:
+async def watched_run_background(self: SubprocessRuntime, argv: list[str], env: dict[str, str], log: str) -> None:
+    """``SubprocessRuntime.run_background``, the servers it started recorded for the set-up that waits on them."""
     known = set(map(id, self._background))
     await _run_background(self, argv, env, log)
     if (started := _started.get()) is not None:
         started.extend((p, self.workdir / log) for p in self._background if id(p) not in known)
 
 
-async def _limited_get_response(self: TrainClient, *args, **kwargs):
+async def limited_get_response(self: TrainClient, *args, **kwargs):
+    """``TrainClient.get_response`` holding a slot of the server it is sent to."""
     async with model_call_slot(self.config.base_url):
         return await _get_response(self, *args, **kwargs)
-
-
-def install() -> None:
-    """Put the two limits into verifiers' set-up and model call, and the watch on tool servers into its subprocess
-    runtime (once per process)."""
-    Rollout.open = _limited_open
-    TrainClient.get_response = _limited_get_response
-    SubprocessRuntime.run_background = _watched_run_background

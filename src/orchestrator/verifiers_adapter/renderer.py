@@ -8,7 +8,7 @@ from renderers import DefaultRendererConfig, create_renderer
 from renderers.base import MODEL_RENDERER_MAP, load_tokenizer
 from renderers.configs import BaseRendererConfig, config_from_name
 
-from contracts.chat_family import AUTO, FAMILIES, ChatFamily, resolve_family
+from contracts.chat_family import AUTO, ChatFamily, resolve_family
 from contracts.errors import TridentError
 
 PROBE_TOOLS = [
@@ -117,13 +117,3 @@ def check_renderer(config: BaseRendererConfig, model_path: str) -> None:
                 f"{tokenizer.decode(expected[i : i + 24])!r}; set [model] renderer in orch.toml to one that matches "
                 '("default" renders with the model\'s own template)'
             )
-
-
-def known_renderer(name: str) -> str:
-    """Validate a ``[model] renderer`` value: "auto" or a renderers name."""
-    try:
-        config_from_name(name)
-    except ValueError:
-        examples = ", ".join(sorted({"auto", "default", *(f.renderer for f in FAMILIES.values())}))
-        raise ValueError(f"unknown renderer {name!r}; e.g. {examples}, or another name renderers knows") from None
-    return name

@@ -4,6 +4,9 @@ pydantic (2.14) answers it from ``inspect.signature(factory)`` every time ``mode
 its default factory, and for a builtin such as ``list`` or ``time.time`` that parses the signature's text anew.
 verifiers builds every message node of a rollout's graph with ``model_construct``: in the orchestrator's profile
 that check alone was 16% of the event loop's time. The answer depends on the factory only, so it is kept.
+
+:func:`~orchestrator.verifiers_adapter.patches.install_patches` puts
+:func:`takes_validated_data_argument` for pydantic's in place.
 """
 
 import functools
@@ -24,8 +27,3 @@ def takes_validated_data_argument(factory) -> bool:
         return _cached(factory)
     except TypeError:
         return _check(factory)
-
-
-def remember_default_factory_checks() -> None:
-    """Make pydantic use :func:`takes_validated_data_argument` from now on, in this process."""
-    _fields.takes_validated_data_argument = takes_validated_data_argument

@@ -1,13 +1,13 @@
-"""The one adapter between Trident and verifiers (pinned to 0.4.0): load environments, run rollouts,
-and turn verifiers' traces into training samples without re-tokenizing anything."""
+"""Environments and their rollouts, through verifiers (pinned to 0.4.0): load environments, run rollouts, and turn
+verifiers' traces into :class:`~orchestrator.rollout.Rollout` values without re-tokenizing anything."""
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import verifiers.v1 as vf
 from dataset_rows import DatasetError
@@ -17,42 +17,20 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
-from orchestrator import generate_transport, tokenizer_memo
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
-from orchestrator.harness import HARNESS_ID
-from orchestrator.infra import is_infra
-from orchestrator.judge import judging_rollouts_of, with_judge
-from orchestrator.limits import RolloutLimits, install
-from orchestrator.pydantic_defaults import remember_default_factory_checks
-from orchestrator.renderer import renderer_config
-from orchestrator.runtimes import container_need, container_runtime
+from orchestrator.rollout import Rollout
+from orchestrator.verifiers_adapter.harness import HARNESS_ID
+from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
+from orchestrator.verifiers_adapter.limits import RolloutLimits
+from orchestrator.verifiers_adapter.renderer import renderer_config
+from orchestrator.verifiers_adapter.runtimes import container_need, container_runtime
 
 logger = logging.getLogger("orchestrator")
+# what the rest of the orchestrator holds of verifiers, by these names: a loaded environment, and how rollouts sample
+Env = vf.Env
+ModelContext = vf.ModelContext
 VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness
-remember_default_factory_checks()  # verifiers' rollout graph is built with model_construct on every turn
-install()  # set-up and model-call limits (orchestrator.limits)
-generate_transport.install()  # verifiers' calls to the server over aiohttp
-tokenizer_memo.install()  # renderers' tokenizers remember short encodes and decodes
 _configs: weakref.WeakKeyDictionary[vf.Env, EnvConfig] = weakref.WeakKeyDictionary()  # what load_env loaded
-
-
-@dataclass
-class Rollout:
-    """One finished rollout: its reward and, per trainable branch, tokens, sampled mask and logprobs."""
-
-    reward: float
-    branches: list[tuple[list[int], list[bool], list[float]]]
-    ok: bool
-    truncated: bool = False  # a model call stopped at max_tokens
-    error: str | None = None
-    rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
-    metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics (not rewards)
-    turns: int = 0  # model calls
-    task: str = ""  # the task's id
-    env: str = ""  # the environment's id
-    lost: bool = False  # failed with an infrastructure error (orchestrator.infra), retries spent: not an outcome
-    retries: int = 0  # times it was run again after an infrastructure error
-    setup_s: float | None = None  # seconds from its runtime's start to its agent's, when set-up finished
 
 
 def harness_for(env: EnvConfig) -> str:
@@ -67,9 +45,10 @@ def harness_for(env: EnvConfig) -> str:
 def load_env(env: EnvConfig) -> vf.Env:
     """Load the verifiers environment for the taskset package ``env.id`` (``env.args`` its config): the taskset's
     own ``Env`` or the one ``env.verifiers_env`` names (e.g. "user-sim"), each of its agents on :func:`harness_for`'s
-    harness and on the machine, in the runtime :mod:`orchestrator.runtimes` chooses, never on remote sandboxes,
-    with ``env.judge`` plugged into its tasks' judges (:func:`~orchestrator.judge.with_judge`). Every model call
-    still reaches the server through verifiers' training client, so tokens are the server's whatever harness runs."""
+    harness and on the machine, in the runtime :mod:`~orchestrator.verifiers_adapter.runtimes` chooses, never on
+    remote sandboxes, with ``env.judge`` plugged into its tasks' judges
+    (:func:`~orchestrator.verifiers_adapter.judge.with_judge`). Every model call still reaches the server through
+    verifiers' training client, so tokens are the server's whatever harness runs."""
     harness = harness_for(env)
     if env.harness == "auto" and harness == HARNESS_ID:
         logger.info(
@@ -140,9 +119,10 @@ def dataset_errors_named(env_id: str):
 
 def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: str) -> vf.ModelContext:
     """How verifiers reaches our server: the training client, token in / token out through the model's renderer
-    (:func:`~orchestrator.renderer.renderer_config`), with our sampling.
+    (:func:`~orchestrator.verifiers_adapter.renderer.renderer_config`), with our sampling.
 
-    Requests name the base model; :func:`dataclasses.replace` the ``model`` to sample from a served adapter.
+    Requests name the base model at the first server: :func:`at_server` samples from another, or from a served
+    adapter.
     """
     key_var = API_KEY_ENV
     if not os.environ.get(API_KEY_ENV):
@@ -167,6 +147,12 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
     )
 
 
+def at_server(ctx: vf.ModelContext, base_url: str, model: str) -> vf.ModelContext:
+    """``ctx`` sampling from the server at ``base_url`` (its ``/v1`` URL) under the name ``model`` it serves the
+    policy as."""
+    return dataclasses.replace(ctx, model=model, client=ctx.client.model_copy(update={"base_url": base_url}))
+
+
 def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[float]]]:
     """Each trainable branch as (token ids, loss mask, logprobs), straight from the server's tokens.
 
@@ -189,6 +175,24 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
 def _setup_seconds(trace: vf.Trace) -> float | None:
     timing = trace.timing
     return timing.setup.end - timing.boot.start if timing.setup.end and timing.boot.start else None
+
+
+# What verifiers 0.4.0 records (``verifiers.v1.errors``) when the infrastructure, not the rollout, broke: a tool server
+# that did not start or answer, a runtime or sandbox, the interception server, a set-up past infra.setup_timeout_s,
+# a judge that did not score a completion (its call failed or its reply held no verdict).
+INFRA_TYPES = {"ToolsetError", "SandboxError", "InterceptionError", "TunnelError", "SetupTimeoutError", "JudgeError"}
+
+
+def is_infra(error: vf.Error | None) -> bool:
+    """Whether ``error`` (as verifiers recorded it) is the infrastructure's, not the rollout's: one of
+    :data:`INFRA_TYPES`, or a model call the server did not answer (``ProviderError`` with a 5xx or 429 status:
+    connection refused, timeout, overload). Such a rollout is marked ``lost`` once its retries are spent
+    (:mod:`orchestrator.infra`)."""
+    if error is None:
+        return False
+    if error.type == "ProviderError":
+        return error.status_code is None or error.status_code >= 500 or error.status_code == 429
+    return error.type in INFRA_TYPES
 
 
 def _error_text(error: vf.Error | None) -> str | None:
@@ -230,7 +234,7 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
 
 async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits) -> list[Rollout]:
     """``n`` rollouts of one task (one advantage group), each run again with backoff, up to ``limits.max_retries``
-    times, while it fails with an infrastructure error (:func:`~orchestrator.infra.is_infra`). A judge of theirs
+    times, while it fails with an infrastructure error (:func:`is_infra`). A judge of theirs
     defaults to ``ctx``'s server and model."""
 
     env_id = env.config.taskset.id

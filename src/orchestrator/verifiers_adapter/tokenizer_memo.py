@@ -7,6 +7,9 @@ the Rust tokenizer's work. Remembering them saves 5-8 % of the orchestrator's CP
 The tokenizers verifiers loads for its renderers (``renderers.base.load_tokenizer``) keep the ids of strings up to
 :data:`MAX_CHARS` characters and the text of up to :data:`MAX_IDS` ids. The results are the tokenizer's own: encoding
 and decoding are pure functions of their input; each call gets a list or string of its own.
+
+:func:`~orchestrator.verifiers_adapter.patches.install_patches` puts
+:func:`load_memoized` for renderers' ``load_tokenizer`` in place.
 """
 
 import functools
@@ -47,11 +50,6 @@ def memoized(tokenizer):
     return tokenizer
 
 
-def _load_memoized(model_name_or_path: str):
+def load_memoized(model_name_or_path: str):
+    """renderers' ``load_tokenizer``, its tokenizer :func:`memoized`."""
     return memoized(_load_tokenizer(model_name_or_path))
-
-
-def install() -> None:
-    """Renderers that verifiers builds from now on get memoizing tokenizers (it imports ``load_tokenizer`` from
-    ``renderers.base`` when it builds one)."""
-    renderers.base.load_tokenizer = _load_memoized

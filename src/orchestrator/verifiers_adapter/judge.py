@@ -12,7 +12,6 @@ keeps failing, its group is lost; it never scores the rollout 0.
 
 import contextlib
 import re
-import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -26,10 +25,10 @@ from verifiers.v1.utils.score import parse_judge_choice
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from orchestrator.config import EnvConfig, JudgeConfig
-from orchestrator.limits import model_call_slot
+from orchestrator.verifiers_adapter.limits import model_call_slot
 
-JUDGE_ID = "trident-judge"  # verifiers imports a judge plugin as the top-level module its id names: this one
-sys.modules.setdefault(JUDGE_ID.replace("-", "_"), sys.modules[__name__])
+# verifiers imports a judge plugin as the top-level module its id names (registered by install_patches)
+JUDGE_ID = "trident-judge"
 
 DEFAULT_PROMPTS = {
     "yes_no": "Here is a task and a reply to it.\n\nTask:\n{prompt}\n\nReply:\n{completion}\n\n"

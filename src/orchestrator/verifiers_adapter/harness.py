@@ -31,7 +31,6 @@ import importlib
 import inspect
 import itertools
 import json
-import sys
 import typing
 from contextlib import AsyncExitStack
 
@@ -40,9 +39,8 @@ import verifiers.v1 as vf
 from pydantic_core import from_json, to_json
 from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
 
-# verifiers finds a harness by id, importing the module named like the id: register this one under it.
+# verifiers finds a harness by id, importing the module named like the id (registered by install_patches)
 HARNESS_ID = "trident-in-process"
-sys.modules.setdefault(HARNESS_ID.replace("-", "_"), sys.modules[__name__])
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
 INJECTED = ("runtime", "task")  # tool parameters the harness fills in

@@ -1,0 +1,24 @@
+"""A finished rollout as the rest of the orchestrator sees it: plain values, whatever ran it. The verifiers adapter
+(:func:`~orchestrator.verifiers_adapter.envs.run_group`) makes them; advantages, batches, stats and refills read
+them."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Rollout:
+    """One finished rollout: its reward and, per trainable branch, tokens, sampled mask and logprobs."""
+
+    reward: float
+    branches: list[tuple[list[int], list[bool], list[float]]]
+    ok: bool
+    truncated: bool = False  # a model call stopped at max_tokens
+    error: str | None = None
+    rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics (not rewards)
+    turns: int = 0  # model calls
+    task: str = ""  # the task's id
+    env: str = ""  # the environment's id
+    lost: bool = False  # failed with an infrastructure error (orchestrator.infra), retries spent: not an outcome
+    retries: int = 0  # times it was run again after an infrastructure error
+    setup_s: float | None = None  # seconds from its runtime's start to its agent's, when set-up finished
