@@ -26,6 +26,7 @@ from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
 from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
+    check_env_datasets,
     check_envs_installed,
     check_gpus,
     check_memory,
@@ -251,6 +252,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
+    check_env_datasets(config)
     check_model(config.trainer.model.name)
     on_gpu = gpu_memory_gib(config) is not None
     settle_broadcast(config, on_gpu)
