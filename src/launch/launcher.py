@@ -40,7 +40,7 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import Child, command, shell_line, stop_all
-from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, sub_configs
+from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, started_urls, sub_configs
 
 logger = logging.getLogger("rl")
 
@@ -148,6 +148,24 @@ def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: 
         f"step {record['step']}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
         f"| tokens {record['tokens']}{truncated} | {seconds:.1f}s"
     )
+
+
+def server_lines(config: RLConfig) -> list[str]:
+    """Which inference servers the run uses: each one rl starts, or an external one, which the run resets to its
+    model only with ``orchestrator.reset`` (the orchestrator refuses one that serves other weights without it)."""
+    started = started_urls(config)
+    lines = ["inference servers the run uses:"]
+    for url in config.orchestrator.client.base_urls:
+        if url in started:
+            lines.append(f"  {url}: started by rl")
+        elif config.orchestrator.reset:
+            lines.append(f"  {url}: external (rl does not start it); --orchestrator.reset: the run resets its weights")
+        else:
+            lines.append(
+                f"  {url}: external (rl does not start it); the run refuses it if it serves weights other than its "
+                "model or this run's (--orchestrator.reset resets them)"
+            )
+    return lines
 
 
 def progress_line(head: str, activities: list[Activity]) -> str:
@@ -266,7 +284,7 @@ def run(config: RLConfig) -> int:
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
-        print("\n".join(placement_lines(config, on_gpu)))
+        print("\n".join(placement_lines(config, on_gpu) + server_lines(config)))
         print("commands:")
         for name, (argv, placement) in processes.items():
             print(f"  {name}: {shell_line(argv, placement)}")
@@ -283,9 +301,8 @@ def run(config: RLConfig) -> int:
     for line in plan.lines():
         logger.info(line)
     note_enforce_eager(config, on_gpu)
-    if config.inference is None:
-        urls = ", ".join(config.orchestrator.client.base_urls)
-        logger.info(f"no --inference given: using the inference server at {urls}")
+    for line in server_lines(config):
+        logger.info(line)
     if resume_from:
         logger.info(f"resuming from checkpoint step {resume_from}")
     for path in clear_run_state(output_dir, resume_from):

@@ -415,6 +415,14 @@ class OrchestratorConfig(BaseConfig):
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
     ckpt: CkptSection = None
+    reset: Annotated[
+        bool,
+        Field(description="Have a server that serves other weights (another run's, or a model's loaded by eval) "
+                          "serve the model it started with again before the first step: never point it at a running "
+                          "run's server. Off: the run starts only on servers that serve their own model or this "
+                          "run's weights (a resumed run's), and refuses any other. Servers rl starts serve their "
+                          "own model."),
+    ] = False  # fmt: skip
     sample_rollouts_every: Annotated[
         int,
         Field(
