@@ -141,12 +141,15 @@ def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_s
     return "starting the inference server" if started_server else f"waiting for the inference server at {server_url}"
 
 
-def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: float) -> str:
-    """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records."""
+def step_line(record: dict, orchestrator: dict | None, max_steps: int) -> str:
+    """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records: the step's
+    own time is the trainer's, from waiting for its batch to its weights written (``wait_s + train_s + save_s``)."""
     truncated = f" | truncated {orchestrator['truncated_rate']:.0%}" if orchestrator else ""
+    step_s = record["wait_s"] + record["train_s"] + record["save_s"]
     return (
         f"step {record['step']}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
-        f"| tokens {record['tokens']}{truncated} | {seconds:.1f}s"
+        f"| tokens {record['tokens']}{truncated} | step time {step_s:.1f}s "
+        f"({record['wait_s']:.1f}s waiting for rollouts)"
     )
 
 
@@ -227,10 +230,9 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             return
         orchestrator = {r["step"]: r for r in read_metrics(output_dir, "orchestrator")}
         for record in records:
-            now = time.perf_counter()
-            print(step_line(record, orchestrator.get(record["step"]), max_steps, now - last), flush=True)
-            last = now
+            print(step_line(record, orchestrator.get(record["step"]), max_steps), flush=True)
             printed += 1
+        last = time.perf_counter()
 
     server_names = set(servers(config))
     several = server_names if len(server_names) > 1 else set()  # a run goes on without one of several servers
