@@ -264,7 +264,11 @@ class EvalConfig(StrictModel):
     num_examples: Annotated[int, Field(ge=1, description="Tasks of each environment: the first of its taskset.")] = 16
     rollouts_per_example: Annotated[int, Field(ge=1, description="k: rollouts per task, for pass@k and avg@k.")] = 4
     pass_reward: Annotated[
-        float, Field(description="A rollout passes (pass@k, avg@k) when its reward is at least this.")
+        float,
+        Field(
+            description="A rollout passes (pass@k, avg@k) when its reward is at least this: one the environment's "
+            "rollouts reach (above its highest reward, pass@k stays 0; environments declare no reward range)."
+        ),
     ] = 1.0
 
 
