@@ -99,8 +99,11 @@ def step_note(output_dir: Path, step: int, highlighted: bool) -> str:
 
 
 def rollout_html(row: dict, decoder: "TokenDecoder", samples: list[SampleRecord]) -> str:
-    """One sample rollout: its env, task, reward and advantage, its prompt, and its completion."""
+    """One sample rollout: its env, task, reward, each reward function's score (a judge's verdict among them) and
+    advantage, its prompt, and its completion."""
     meta = " · ".join(f"{key} {format_value(row.get(key))}" for key in ("env", "task", "reward", "advantage"))
+    if isinstance(row.get("rewards"), dict) and row["rewards"]:
+        meta += " · rewards: " + ", ".join(f"{name} {format_value(v)}" for name, v in row["rewards"].items())
     if row.get("truncated"):
         meta += " · truncated"
     sample = matching_sample(row, samples, decoder)

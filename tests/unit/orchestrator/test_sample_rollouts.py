@@ -9,9 +9,9 @@ def decode(token_ids: list[int]) -> str:
 
 
 def rollout(env: str, reward: float, *branches: tuple[list[int], list[bool]], truncated: bool = False) -> Rollout:
-    return Rollout(
-        reward, [(ids, mask, [0.0] * len(ids)) for ids, mask in branches], ok=True, truncated=truncated, env=env
-    )
+    scores = {"correct": reward, "judge": float(reward > 0.5)}  # a reward function's score and a judge's verdict
+    return Rollout(reward, [(ids, mask, [0.0] * len(ids)) for ids, mask in branches], ok=True, truncated=truncated,
+                   env=env, rewards=scores)  # fmt: skip
 
 
 def test_prompt_and_completion_of_a_split_rollout_show_the_conversation_as_it_ended():
@@ -46,10 +46,12 @@ def test_sample_rows_show_the_first_group_of_each_environment():
         "prompt": "7",
         "completion": "8 9",
         "reward": 1.0,
+        "rewards": {"correct": 1.0, "judge": 1.0},
         "advantage": 0.5,
         "truncated": False,
     }
     assert rows[2]["advantage"] == 0.125
+    assert [r["rewards"]["judge"] for r in rows] == [1.0, 0.0, 0.0, 0.0]  # the judge's verdicts, yes and no
 
 
 def test_shorten_keeps_start_and_end():
