@@ -162,8 +162,10 @@ def session_server(pytestconfig):
 
 @pytest.fixture
 def inference_server(session_server):
-    """The session's server, serving its base model and no adapter again after each test that used it (as a run's
-    orchestrator resets it when it starts), so tests that load weights leave nothing for the next one."""
+    """The session's server, serving its base model and no adapter before and after each test that uses it: a run
+    refuses a server left on another run's weights (without ``orchestrator.reset``), and tests that load weights
+    leave nothing for the next one."""
+    httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
     yield session_server
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
 

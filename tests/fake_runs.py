@@ -17,9 +17,17 @@ def fake_run(output_dir: Path, reward_start: float, with_entropy: bool = True, w
     """Metrics of a run whose reward rises by 0.1 a step from ``reward_start``."""
     trainer, orchestrator = MetricsWriter(output_dir, "trainer"), MetricsWriter(output_dir, "orchestrator")
     for step in range(STEPS):
-        record = {"step": step, "reward_mean": reward_start + 0.1 * step, "truncated_rate": 0.5 - 0.05 * step,
-                  "completion_len_mean": 20.0 + step, "completion_len_max": 40 + 2 * step, "rollouts_per_s": 3.0,
-                  "sampled_tokens_per_s": 100.0 + step}  # fmt: skip
+        record = {
+            "step": step,
+            "reward_mean": reward_start + 0.1 * step,
+            "truncated_rate": 0.5 - 0.05 * step,
+            "completion_len_mean": 20.0 + step,
+            "completion_len_max": 40 + 2 * step,
+            "rollouts_per_s": 3.0,
+            "sampled_tokens_per_s": 100.0 + step,
+            "reward/correct": 0.1 * step,  # each reward function's mean score, a judge's among them
+            "reward/judge": 0.5,
+        }
         if step > 0:
             record["probe_gap"] = 0.01 / step  # absent until the first reload
         orchestrator.write(record)
@@ -59,7 +67,7 @@ def write_rollouts(output_dir: Path, tokenizer, step: int, keep_batch: bool) -> 
     prompt_len = mask.index(True)
     row = {"step": step, **meta, "prompt": tokenizer.decode(token_ids[:prompt_len], skip_special_tokens=False),
            "completion": tokenizer.decode(token_ids[prompt_len:], skip_special_tokens=False), "reward": 1.0,
-           "advantage": 0.25, "truncated": False}  # fmt: skip
+           "rewards": {"correct": 1.0, "judge": 0.0}, "advantage": 0.25, "truncated": False}  # fmt: skip
     MetricsWriter(output_dir, "orchestrator").write_table("sample_rollouts", step, [row])
     if keep_batch:
         info = BatchInfo(step, 1, len(token_ids), sum(mask), 1.0, 1.0, [step], samples=[sample_summary(sample)])

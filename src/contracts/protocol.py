@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
-from contracts.run_dir import rollouts_dir
+from contracts.metrics import read_metrics
+from contracts.run_dir import rollouts_dir, step_dirs
 
 
 @dataclass
@@ -213,6 +214,11 @@ def micro_batch_paths(folder: Path) -> list[Path]:
     return [numbered[k] for k in sorted((k for k in numbered if k.isdigit()), key=int)]
 
 
+REPORTED_SAMPLE_STEPS = 2
+"""The report shows the sample rollouts of the newest this many steps that logged some, their trained tokens
+highlighted from the steps' batches: :func:`prune_rollouts` keeps those batches."""
+
+
 def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatch]) -> Path:
     """Write ``rollouts/step_N/`` atomically."""
     final = rollouts_dir(output_dir, info.step)
@@ -224,14 +230,17 @@ def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatc
 
 
 def prune_rollouts(output_dir: Path, step: int, keep: int | None) -> None:
-    """Delete the batches older than the newest ``keep`` up to ``step`` (all kept for ``keep`` None)."""
+    """Delete the batches older than the newest ``keep`` up to ``step`` (all kept for ``keep`` None), but for those
+    of the newest :data:`REPORTED_SAMPLE_STEPS` steps with sample rollouts, whose trained tokens the report shows."""
     if keep is None:
         return
-    for old in range(step - keep, 0, -1):
-        folder = rollouts_dir(output_dir, old)
-        if not folder.exists():
-            break  # deleted with an earlier step
-        shutil.rmtree(folder, ignore_errors=True)
+    old = [s for s in step_dirs(rollouts_dir(output_dir, 0).parent) if 1 <= s <= step - keep]
+    if old:
+        sampled = sorted(
+            {r["step"] for r in read_metrics(output_dir, "sample_rollouts") if isinstance(r.get("step"), int)}
+        )
+        for s in set(old) - set(sampled[-REPORTED_SAMPLE_STEPS:]):
+            shutil.rmtree(rollouts_dir(output_dir, s), ignore_errors=True)
 
 
 def read_batch(output_dir: Path, step: int, vocab_size: int | None = None) -> tuple[BatchInfo, list[MicroBatch]]:

@@ -26,6 +26,7 @@ from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
 from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
+    check_env_datasets,
     check_envs_installed,
     check_gpus,
     check_memory,
@@ -39,7 +40,15 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import Child, command, shell_line, stop_all
-from launch.rl_config import RLConfig, process_configs, resolve_shared, servers, settle_run_spec, sub_configs
+from launch.rl_config import (
+    RLConfig,
+    process_configs,
+    resolve_shared,
+    servers,
+    settle_run_spec,
+    started_urls,
+    sub_configs,
+)
 from tools.tiny_model import built_model_path
 
 logger = logging.getLogger("rl")
@@ -141,13 +150,34 @@ def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_s
     return "starting the inference server" if started_server else f"waiting for the inference server at {server_url}"
 
 
-def step_line(record: dict, orchestrator: dict | None, max_steps: int, seconds: float) -> str:
-    """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records."""
+def step_line(record: dict, orchestrator: dict | None, max_steps: int) -> str:
+    """The one line ``rl`` prints per trainer step, from the trainer's and the orchestrator's records: the step's
+    own time is the trainer's, from waiting for its batch to its weights written (``wait_s + train_s + save_s``)."""
     truncated = f" | truncated {orchestrator['truncated_rate']:.0%}" if orchestrator else ""
+    step_s = record["wait_s"] + record["train_s"] + record["save_s"]
     return (
         f"step {record['step']}/{max_steps} | reward {record['reward_mean']:.4f} | loss {record['loss']:+.4f} "
-        f"| tokens {record['tokens']}{truncated} | {seconds:.1f}s"
+        f"| tokens {record['tokens']}{truncated} | step time {step_s:.1f}s "
+        f"({record['wait_s']:.1f}s waiting for rollouts)"
     )
+
+
+def server_lines(config: RLConfig) -> list[str]:
+    """Which inference servers the run uses: each one rl starts, or an external one, which the run resets to its
+    model only with ``orchestrator.reset`` (the orchestrator refuses one that serves other weights without it)."""
+    started = started_urls(config)
+    lines = ["inference servers the run uses:"]
+    for url in config.orchestrator.client.base_urls:
+        if url in started:
+            lines.append(f"  {url}: started by rl")
+        elif config.orchestrator.reset:
+            lines.append(f"  {url}: external (rl does not start it); --orchestrator.reset: the run resets its weights")
+        else:
+            lines.append(
+                f"  {url}: external (rl does not start it); the run refuses it if it serves weights other than its "
+                "model or this run's (--orchestrator.reset resets them)"
+            )
+    return lines
 
 
 def progress_line(head: str, activities: list[Activity]) -> str:
@@ -209,10 +239,9 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
             return
         orchestrator = {r["step"]: r for r in read_metrics(output_dir, "orchestrator")}
         for record in records:
-            now = time.perf_counter()
-            print(step_line(record, orchestrator.get(record["step"]), max_steps, now - last), flush=True)
-            last = now
+            print(step_line(record, orchestrator.get(record["step"]), max_steps), flush=True)
             printed += 1
+        last = time.perf_counter()
 
     server_names = set(servers(config))
     several = server_names if len(server_names) > 1 else set()  # a run goes on without one of several servers
@@ -259,6 +288,7 @@ def build_tiny_models(config: RLConfig) -> None:
 
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
+    check_env_datasets(config)
     build_tiny_models(config)
     check_model(config.trainer.model.name)
     on_gpu = gpu_memory_gib(config) is not None
@@ -273,7 +303,7 @@ def run(config: RLConfig) -> int:
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
-        print("\n".join(placement_lines(config, on_gpu)))
+        print("\n".join(placement_lines(config, on_gpu) + server_lines(config)))
         print("commands:")
         for name, (argv, placement) in processes.items():
             print(f"  {name}: {shell_line(argv, placement)}")
@@ -290,9 +320,8 @@ def run(config: RLConfig) -> int:
     for line in plan.lines():
         logger.info(line)
     note_enforce_eager(config, on_gpu)
-    if config.inference is None:
-        urls = ", ".join(config.orchestrator.client.base_urls)
-        logger.info(f"no --inference given: using the inference server at {urls}")
+    for line in server_lines(config):
+        logger.info(line)
     if resume_from:
         logger.info(f"resuming from checkpoint step {resume_from}")
     for path in clear_run_state(output_dir, resume_from):

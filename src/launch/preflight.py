@@ -9,6 +9,8 @@ import socket
 from pathlib import Path
 from typing import IO
 
+from dataset_rows import TASKSET_DATASET_KEYS, DatasetError, check_found
+
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
 from contracts.model_path import resolve_model_path
@@ -27,6 +29,25 @@ def check_envs_installed(config: RLConfig) -> None:
                 f"orchestrator.env.{i}.id: environment {env.id!r} is not installed (no module {module!r}); "
                 "see docs/environments.md for the ones that ship and how to add one"
             )
+
+
+def check_env_datasets(config: RLConfig) -> None:
+    """Every environment's ``dataset`` (or ``dataset_path``) arg, the workspace tasksets' dataset, that names a local
+    file or folder names one that exists (:func:`dataset_rows.check_found`); reading it, and any hub id, is left to
+    the orchestrator, which loads the environments."""
+    evaluated = config.orchestrator.eval.env if config.orchestrator.eval else []
+    tables = [(f"orchestrator.env.{i}", env) for i, env in enumerate(config.orchestrator.env)]
+    tables += [(f"orchestrator.eval.env.{i}", env) for i, env in enumerate(evaluated)]
+    for where, env in tables:
+        for key in TASKSET_DATASET_KEYS:
+            value = env.args.get(key)
+            path = value.get("path") if isinstance(value, dict) else value
+            if not isinstance(path, str):
+                continue
+            try:
+                check_found(path)
+            except DatasetError as e:
+                raise TridentError(f"{where}.args.{key}: environment {env.id!r}: {e}") from None
 
 
 def check_model(name: str) -> None:

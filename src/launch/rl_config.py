@@ -56,7 +56,8 @@ class RLConfig(BaseConfig):
         InferenceConfig | None,
         Field(
             description="The inference server rl starts (`--inference @ infer.toml`). Without it, rl starts none "
-            "and the run uses the server already running at orchestrator.client.base_url."
+            "and the run uses the server already running at orchestrator.client.base_url (replacing the weights it "
+            "serves only when they are this run's, or with orchestrator.reset)."
         ),
     ] = None
 
@@ -169,10 +170,17 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     if not is_set(config, "inference.weights_root"):
         config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
     if not is_set(config, "orchestrator.client.base_url"):
-        host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
-        urls = [f"http://{host}:{server.port}" for server in servers(config).values()]
+        urls = started_urls(config)
         config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
     return config
+
+
+def started_urls(config: RLConfig) -> list[str]:
+    """The URL of each inference server rl starts (:func:`servers`), as the orchestrator reaches it."""
+    if config.inference is None:
+        return []
+    host = "127.0.0.1" if config.inference.host in ("0.0.0.0", "::") else config.inference.host
+    return [f"http://{host}:{server.port}" for server in servers(config).values()]
 
 
 def one_receiver(config: RLConfig) -> None:

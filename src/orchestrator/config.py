@@ -270,7 +270,11 @@ class EvalConfig(StrictModel):
     num_examples: Annotated[int, Field(ge=1, description="Tasks of each environment: the first of its taskset.")] = 16
     rollouts_per_example: Annotated[int, Field(ge=1, description="k: rollouts per task, for pass@k and avg@k.")] = 4
     pass_reward: Annotated[
-        float, Field(description="A rollout passes (pass@k, avg@k) when its reward is at least this.")
+        float,
+        Field(
+            description="A rollout passes (pass@k, avg@k) when its reward is at least this: one the environment's "
+            "rollouts reach (above its highest reward, pass@k stays 0; environments declare no reward range)."
+        ),
     ] = 1.0
 
 
@@ -421,6 +425,14 @@ class OrchestratorConfig(BaseConfig):
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
     ckpt: CkptSection = None
+    reset: Annotated[
+        bool,
+        Field(description="Have a server that serves other weights (another run's, or a model's loaded by eval) "
+                          "serve the model it started with again before the first step: never point it at a running "
+                          "run's server. Off: the run starts only on servers that serve their own model or this "
+                          "run's weights (a resumed run's), and refuses any other. Servers rl starts serve their "
+                          "own model."),
+    ] = False  # fmt: skip
     sample_rollouts_every: Annotated[
         int,
         Field(

@@ -18,7 +18,7 @@ from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
 from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
-from contracts.run_dir import resume_step
+from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batch import assemble_batch
 from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
@@ -236,7 +236,7 @@ class Orchestrator:
             stack.callback(heartbeat.cancel)
             logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
             await self.servers.wait_ready(self.config.client.server_timeout_s)
-            await self.servers.reset_weights()  # this run's weights come next; none of an earlier run's
+            await self.servers.serve_base_model(weights_dir(self.output_dir, 0).parent, self.config.reset)
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)
             stack.push_async_callback(self.groups.close)

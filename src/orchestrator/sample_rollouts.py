@@ -39,7 +39,8 @@ def sample_rows(
     decode: Callable[[list[int]], str],
 ) -> list[dict]:
     """One row per rollout of the step's first group of each environment, its text decoded with ``decode``
-    (special tokens kept: the text the model saw) and shortened to ``MAX_CHARS``."""
+    (special tokens kept: the text the model saw) and shortened to ``MAX_CHARS``; ``rewards`` holds the score of
+    each of its reward functions, an ``[env.judge]``'s verdict among them (1 for yes, 0 for no)."""
     first_group = {}
     for i, group in enumerate(groups):
         if group:
@@ -56,6 +57,7 @@ def sample_rows(
                     "prompt": shorten(decode(prompt)),
                     "completion": shorten(decode(completion)),
                     "reward": rewards[g, r].item(),
+                    "rewards": rollout.rewards,
                     "advantage": advantages[g, r].item(),
                     "truncated": rollout.truncated,
                 }

@@ -21,7 +21,7 @@ from typing import TypeVar
 import httpx
 
 from contracts.errors import TridentError
-from contracts.inference_api import HEALTH
+from contracts.inference_api import HEALTH, WEIGHTS
 from orchestrator.client import InferenceClient
 
 logger = logging.getLogger("orchestrator")
@@ -153,6 +153,29 @@ class Servers:
 
     async def reset_weights(self) -> None:
         await asyncio.gather(*(server.client.reset_weights() for server in self.servers))
+
+    async def serve_base_model(self, run_weights: Path, reset: bool) -> None:
+        """Before a run's first step, have every server serve the model it started with (step 0): one serving this
+        run's weights (``run_weights``, a resumed run's) is reset, one serving any other weights only with ``reset``
+        (else a :class:`TridentError` naming it and what it serves: another run may be using it)."""
+        for server in self.servers:
+            try:
+                served = await server.client.served()
+            except httpx.HTTPStatusError as e:
+                status = e.response.status_code
+                raise TridentError(
+                    f"{server.url}: GET {WEIGHTS} answered {status}: not a Trident inference server?"
+                ) from None
+            if (served.step, served.adapter) == (0, None):
+                server.client.use(served)
+            elif reset or Path(served.path).is_relative_to(run_weights.resolve()):
+                await server.client.reset_weights()
+            else:
+                raise TridentError(
+                    f"the inference server at {server.url} serves weights step {served.step} from {served.path}, not "
+                    f"this run's: another run may be using it; pass --orchestrator.reset (reset = true in the "
+                    f"orchestrator's file) to have this run serve its own model there again"
+                )
 
     async def bring_to(self, path: Path | None, step: int, tolerance: float | None) -> None:
         """Make every server serve weights ``step`` (``path``; None: the base model) before it gets work: one set

@@ -1,16 +1,17 @@
 """``uv run trident-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out DIR]``: a run's metrics as PNGs and one HTML page.
 
-Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, eval scores,
-loss, entropy, mismatch, lengths, truncation, throughput) against the training step, every run on the same axes,
-labelled by its folder name; then writes ``report.html`` beside them (:mod:`tools.report`). Without ``--out`` both
-go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of every finished run.
+Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, its reward
+functions' scores, eval scores, loss, entropy, mismatch, lengths, truncation, throughput) against the training
+step, every run on the same axes, labelled by its folder name; then writes ``report.html`` beside them
+(:mod:`tools.report`). Without ``--out`` both go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of
+every finished run.
 """
 
 import argparse
 import math
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from matplotlib.figure import Figure  # Figure alone draws with Agg and leaves pyplot's global state alone
@@ -24,6 +25,7 @@ from tools.report import write_report
 PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl
 LINE_STYLES = ("-", "--", ":", "-.")  # one per key of a plot; colours tell the runs apart
 EVAL_PREFIX = "eval/"
+REWARD_PREFIX = "reward/"  # the orchestrator's reward/<function>: each reward function's mean score
 
 
 @dataclass(frozen=True)
@@ -123,10 +125,22 @@ def is_score(key: str) -> bool:
     return key.startswith(EVAL_PREFIX) and key.count("/") == 2 and not key.endswith("/failed")
 
 
+def found_spec(runs: list[RunMetrics], spec: PlotSpec, process: str, wanted: Callable[[str], bool]) -> PlotSpec:
+    """``spec`` drawing every key of ``process``'s records in any run that is ``wanted`` (none: an empty plot)."""
+    found = {key for run in runs for record in run.records[process] for key in record if wanted(key)}
+    return replace(spec, series=dict.fromkeys(sorted(found), process))
+
+
 def eval_spec(runs: list[RunMetrics]) -> PlotSpec:
-    """The plot of every evaluation score in any run's ``metrics/eval.jsonl`` (none: an empty plot)."""
-    found = {key for run in runs for record in run.records["eval"] for key in record if is_score(key)}
-    return PlotSpec("eval", "eval scores", "score", dict.fromkeys(sorted(found), "eval"))
+    """The plot of every evaluation score in any run's ``metrics/eval.jsonl``."""
+    return found_spec(runs, PlotSpec("eval", "eval scores", "score", {}), "eval", is_score)
+
+
+def reward_functions_spec(runs: list[RunMetrics]) -> PlotSpec:
+    """The plot of each reward function's mean raw score (``reward/<function>``, an ``[env.judge]``'s share of yes
+    verdicts among them): what ``reward_mean`` is made of."""
+    spec = PlotSpec("reward_functions", "reward functions (mean raw score, unweighted)", "score", {})
+    return found_spec(runs, spec, "orchestrator", lambda key: key.startswith(REWARD_PREFIX))
 
 
 def series_label(run: RunMetrics, key: str, several_runs: bool, several_keys: bool) -> str:
@@ -163,7 +177,7 @@ def draw(spec: PlotSpec, runs: list[RunMetrics], out_dir: Path) -> Plot | None:
 def write_plots(runs: list[RunMetrics], out_dir: Path) -> list[Plot]:
     """Draw every plot that has data into ``out_dir``; returns those written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs = (PLOTS[0], eval_spec(runs), *PLOTS[1:])  # reward and evals first: what a run is for
+    specs = (PLOTS[0], reward_functions_spec(runs), eval_spec(runs), *PLOTS[1:])  # rewards first: what a run is for
     return [plot for spec in specs if (plot := draw(spec, runs, out_dir)) is not None]
 
 

@@ -1,8 +1,9 @@
 """``report.html``: one page with a run's plots, its resolved configs and its last sample rollouts.
 
 A sample rollout's completion shows the tokens the trainer trained on (loss mask True) highlighted when the step's
-batch (``rollouts/step_N/``) is still on disk: the row is matched to its sample there and the sample's token runs
-are decoded with the run's tokenizer. Otherwise (the trainer prunes old batches) it shows the row's decoded text.
+batch (``rollouts/step_N/``) is still on disk (the trainer keeps the batches of the steps shown): the row is
+matched to its sample there and the sample's token runs are decoded with the run's tokenizer. Otherwise it shows the
+row's decoded text.
 Every piece of text is HTML-escaped.
 """
 
@@ -13,13 +14,13 @@ from itertools import groupby
 from pathlib import Path
 
 from contracts.metrics import read_metrics
+from contracts.protocol import REPORTED_SAMPLE_STEPS
 from contracts.run_dir import configs_dir, rollouts_dir
 from tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
 logger = logging.getLogger("tools.report")
 
 CONFIG_NAMES = ("trainer", "orchestrator", "inference")
-ROLLOUT_STEPS = 2  # the last logged steps of sample rollouts shown
 ROWS_PER_STEP = 8  # at most this many rollouts of each of them
 SHORTENED = " […] "  # what the orchestrator puts where it cut a long text's middle
 
@@ -71,10 +72,10 @@ def config_sections(output_dir: Path) -> list[str]:
 
 
 def rollout_sections(output_dir: Path) -> list[str]:
-    """The sample rollouts of the last :data:`ROLLOUT_STEPS` logged steps, trained tokens highlighted where the
-    step's batch is still on disk."""
+    """The sample rollouts of the last :data:`~contracts.protocol.REPORTED_SAMPLE_STEPS` logged steps, trained tokens
+    highlighted where the step's batch is still on disk."""
     rows = read_metrics(output_dir, "sample_rollouts")
-    steps = sorted({row.get("step") for row in rows if isinstance(row.get("step"), int)})[-ROLLOUT_STEPS:]
+    steps = sorted({row.get("step") for row in rows if isinstance(row.get("step"), int)})[-REPORTED_SAMPLE_STEPS:]
     parts = ["<h3>Sample rollouts</h3>"]
     if not steps:
         return parts + ["<p>No sample rollouts logged (orchestrator <code>sample_rollouts_every</code>).</p>"]
@@ -98,8 +99,11 @@ def step_note(output_dir: Path, step: int, highlighted: bool) -> str:
 
 
 def rollout_html(row: dict, decoder: "TokenDecoder", samples: list[SampleRecord]) -> str:
-    """One sample rollout: its env, task, reward and advantage, its prompt, and its completion."""
+    """One sample rollout: its env, task, reward, each reward function's score (a judge's verdict among them) and
+    advantage, its prompt, and its completion."""
     meta = " · ".join(f"{key} {format_value(row.get(key))}" for key in ("env", "task", "reward", "advantage"))
+    if isinstance(row.get("rewards"), dict) and row["rewards"]:
+        meta += " · rewards: " + ", ".join(f"{name} {format_value(v)}" for name, v in row["rewards"].items())
     if row.get("truncated"):
         meta += " · truncated"
     sample = matching_sample(row, samples, decoder)

@@ -26,6 +26,8 @@ Checks (``Problem.check``), errors unless marked:
   scaffold (Qwen3's empty ``<think>\\n\\n</think>\\n\\n``), the whitespace after the turn end, a turn end the
   server added after a sampled end-of-text token.
 - warnings: ``zero_logprob`` (above), ``mask_gap`` (untrained tokens before or inside a trained assistant reply),
+  ``stop_token_in_reply`` (a stop token such as ``<|endoftext|>`` the model sampled and then sampled more after, in
+  a reply that goes on to its turn end: a server whose generation config stops only at the turn end),
   ``unmasked_turn_end`` (a trained reply whose closing turn end is not trained), ``no_chat_format`` (no turn start
   in the sample: roles cannot be checked).
 """
@@ -294,15 +296,22 @@ class Segmentation:
     parts: list[str]  # per token: HEADER, SCAFFOLD, CONTENT, END, SEPARATOR or OUTSIDE
 
 
-def _sampled_start(i: int, token_ids: list[int], sampled: list[bool] | None, chat: ChatFormat) -> bool:
-    return sampled is not None and i < len(sampled) and sampled[i] and token_ids[i] == chat.turn_start
+def _sampled_inside(i: int, token_ids: list[int], sampled: list[bool] | None, chat: ChatFormat) -> bool:
+    """Whether the turn start or stop token at ``i`` is content of an open reply: the model sampled it, and after a
+    stop token went on sampling (its generation config does not stop there). A turn end right after a stop token is
+    read as the one the server adds, never as sampled."""
+    if sampled is None or i >= len(sampled) or not sampled[i]:
+        return False
+    went_on = i + 1 < len(sampled) and sampled[i + 1] and token_ids[i + 1] != chat.turn_end
+    return token_ids[i] == chat.turn_start or (token_ids[i] in chat.stop_ids and went_on)
 
 
 def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None = None) -> Segmentation:
     """Cut a sample's tokens into chat turns: which role each token belongs to, and which part of its turn.
 
     A ``<|im_start|>`` the model itself sampled inside its open reply (``sampled``, e.g. the loss mask) is
-    content of that reply, not the header of a new turn: random or early models emit it.
+    content of that reply, not the header of a new turn: random or early models emit it. So is a stop token such as
+    ``<|endoftext|>`` it sampled and then sampled more after (a server that stops only at ``<|im_end|>``).
     """
     n = len(token_ids)
     roles, parts = [OUTSIDE] * n, [OUTSIDE] * n
@@ -323,7 +332,7 @@ def segment(token_ids: list[int], chat: ChatFormat, sampled: list[bool] | None =
         # Content runs to the turn end or, in a reply, another stop token (the server may add the turn end after it).
         stops = {chat.turn_start, chat.turn_end} | (chat.stop_ids if role == "assistant" else set())
         while i < n and (
-            token_ids[i] not in stops or (role == "assistant" and _sampled_start(i, token_ids, sampled, chat))
+            token_ids[i] not in stops or (role == "assistant" and _sampled_inside(i, token_ids, sampled, chat))
         ):
             i += 1
         content_end = i
@@ -516,6 +525,14 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
             by_check.setdefault(f"mask_in_{role}_turn", []).append(i)
         elif part in (HEADER, SCAFFOLD, SEPARATOR):
             by_check.setdefault("mask_on_template", []).append(i)
+    inside = [i for i in trainable if seg.parts[i] == CONTENT and ids[i] in chat.stop_ids]
+    if inside:
+        tokens = ", ".join(sorted({chat.piece(ids[i]) for i in inside}))
+        message = (
+            f"the model sampled {tokens} inside its reply and went on (the server does not stop there: its "
+            f"generation config?); trained as the reply: {_span(inside)}"
+        )
+        add("stop_token_in_reply", message, inside, WARNING)
     for check, positions in by_check.items():
         where = {
             "mask_outside_turn": "outside any chat turn",

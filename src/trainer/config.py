@@ -251,7 +251,8 @@ class TrainerConfig(BaseConfig):
         Field(
             ge=1,
             description="Keep the batches of the newest `keep_rollouts` steps in output_dir/rollouts (what "
-            "scripts/check_loss_mask.py reads); older ones are deleted once trained on (absent: keep all).",
+            "scripts/check_loss_mask.py reads); older ones are deleted once trained on (absent: keep all), but for "
+            "those of the two newest steps with sample rollouts, whose trained tokens the report shows.",
         ),
     ] = 8
 

@@ -2,6 +2,7 @@
 non-zero exit, nothing started or written (issue 30). The checks that need no process are in
 tests/unit/launch/test_bad_input.py."""
 
+import os
 import subprocess
 import sys
 
@@ -80,3 +81,41 @@ def test_gpu_ids_on_a_machine_without_gpus_start_one_cpu_server_and_say_so(tmp_p
         "rl WARNING --inference-gpu-ids [0, 1]: this machine has no GPU, so rl starts one inference server on the "
         "CPU; --inference-servers N starts N there (or plan a GPU run with --gpu-memory-gib)"
     ) in result.stderr
+
+
+def test_a_local_dataset_that_does_not_exist_is_refused_by_the_dry_run(tmp_path):
+    """Checked in rl without verifiers: a dataset path with a file's suffix, or not a hub id, that is not on disk."""
+    env = '[{"id": "gsm8k-calc", "args": {"dataset": {"path": "/nope.parquet"}}}]'
+    line = one_line(rl(*FILES, "--orchestrator.env", env, "--output-dir", str(tmp_path)), 1)
+    assert line.endswith(
+        "rl failed: orchestrator.env.0.args.dataset: environment 'gsm8k-calc': dataset '/nope.parquet' not found: no "
+        "such file or folder, and not a hub dataset id"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def last_line_after_no_traceback(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_a_dataset_the_orchestrator_or_eval_cannot_read_is_one_line(tmp_path):
+    """The orchestrator on a hub id while offline, eval on a file that is not there: each stops before it reaches a
+    server, with one line naming the environment and the dataset."""
+    orch = tmp_path / "orch.toml"
+    orch.write_text('[[env]]\nid = "gsm8k-calc"\nargs = { dataset = "openai/gsm8k" }\n')
+    offline = dict(os.environ, HF_HUB_OFFLINE="1")
+    argv = [sys.executable, "-m", "orchestrator.main", "@", str(orch), "--output-dir", str(tmp_path / "run")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=offline)
+    assert last_line_after_no_traceback(result).endswith(
+        "orchestrator failed: environment 'gsm8k-calc': hub dataset 'openai/gsm8k': cannot be read (ConnectionError: "
+        "Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled))"
+    )
+    missing = tmp_path / "gsm8k.jsonl"
+    argv = [sys.executable, "-m", "orchestrator.eval_main", "--eval.env", f'[{{"id": "gsm8k-calc", "args": '
+            f'{{"dataset": "{missing}"}}}}]', "--output-dir", str(tmp_path / "eval")]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert last_line_after_no_traceback(result).endswith(
+        f"eval failed: environment 'gsm8k-calc': dataset '{missing}' not found: no such file or folder, and not a hub "
+        "dataset id"
+    )

@@ -25,7 +25,8 @@ if name == "trainer":
     with progress.doing("writing checkpoint step 1"):
         until_shown("checkpoint")
     with open(f"{output_dir}/metrics/trainer.jsonl", "a") as f:
-        f.write(json.dumps({"step": 1, "reward_mean": 0.5, "loss": 0.1, "tokens": 10}) + "\\n")
+        step = {"step": 1, "reward_mean": 0.5, "loss": 0.1, "tokens": 10, "wait_s": 1.0, "train_s": 0.5, "save_s": 0.1}
+        f.write(json.dumps(step) + "\\n")
     with progress.doing("training step 2"):
         until_shown("step-2")
 else:

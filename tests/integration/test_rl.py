@@ -63,6 +63,7 @@ def debug_run(tmp_path_factory, session_server) -> tuple[Path, subprocess.Comple
     """The debug configs run once on the session's server, for the tests below to inspect: its output_dir and what
     rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
     output_dir = tmp_path_factory.mktemp("debug-run")
+    httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()  # a run refuses another's weights
     result = run_rl(
         output_dir, "--orchestrator.client.base-url", session_server, "--progress-every-s", "0.2", inference=False
     )

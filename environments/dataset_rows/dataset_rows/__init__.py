@@ -84,7 +84,9 @@ class DatasetSpec(BaseModel):
         return {"path": data} if isinstance(data, str) else data
 
 
-TasksetDataset = Annotated[DatasetSpec | None, Field(validation_alias=AliasChoices("dataset", "dataset_path"))]
+TASKSET_DATASET_KEYS = ("dataset", "dataset_path")
+"""The keys a taskset config's :data:`TasksetDataset` is read from."""
+TasksetDataset = Annotated[DatasetSpec | None, Field(validation_alias=AliasChoices(*TASKSET_DATASET_KEYS))]
 """A taskset config's ``dataset``: a path or a spec, also accepted under the environments' former key
 ``dataset_path``."""
 
@@ -166,11 +168,18 @@ def open_parts(spec: DatasetSpec) -> list[tuple[Source, datasets.Dataset | datas
         if not files:
             raise DatasetError(f"{path}: no {'/'.join(FORMATS)} files in the folder, and not written by save_to_disk")
         return [open_file(file, spec.streaming) for file in files]
-    if path.suffix in FORMATS or not HUB_ID.fullmatch(spec.path):
-        raise DatasetError(f"dataset {spec.path!r} not found: no such file or folder, and not a hub dataset id")
+    check_found(spec.path)
     source = Source(f"{spec.path}[{spec.split}]")
     with reading([source], f"hub dataset {spec.path!r}"):
         return [(source, hf_datasets().load_dataset(spec.path, spec.name, split=spec.split, streaming=spec.streaming))]
+
+
+def check_found(path: str) -> None:
+    """A :class:`DatasetError` when ``path`` is neither a local file or folder nor, by its form, a hub dataset id
+    (checked without ``datasets``: a hub id is not looked up)."""
+    local = Path(path).expanduser()
+    if not local.exists() and (local.suffix in FORMATS or not HUB_ID.fullmatch(path)):
+        raise DatasetError(f"dataset {path!r} not found: no such file or folder, and not a hub dataset id")
 
 
 def hidden(file: Path, folder: Path) -> bool:
@@ -251,4 +260,14 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-__all__ = ["DatasetError", "DatasetSpec", "Row", "Source", "TasksetDataset", "read_rows", "without_nulls"]
+__all__ = [
+    "TASKSET_DATASET_KEYS",
+    "DatasetError",
+    "DatasetSpec",
+    "Row",
+    "Source",
+    "TasksetDataset",
+    "check_found",
+    "read_rows",
+    "without_nulls",
+]

@@ -58,8 +58,8 @@ def load_env(env: EnvConfig) -> vf.Env:
         )
     try:
         if env.runtime in ("auto", "subprocess"):
-            loaded = _construct(env, harness, vf.SubprocessConfig())
-            with dataset_errors_named(env.id):  # reads the first task
+            with dataset_errors_named(env.id):  # a taskset may read its dataset when built, or at its first task
+                loaded = _construct(env, harness, vf.SubprocessConfig())
                 need = container_need(loaded, harness) if env.runtime == "auto" else None
             if need is None:
                 _configs[loaded] = env
@@ -68,7 +68,8 @@ def load_env(env: EnvConfig) -> vf.Env:
             need = f"[[env]] runtime = {env.runtime!r}"
         runtime = container_runtime(env.id, env.runtime, need)
         logger.info(f"environment {env.id!r} runs its agents in {runtime.type} containers: {need}")
-        _configs[loaded := _construct(env, harness, runtime)] = env
+        with dataset_errors_named(env.id):
+            _configs[loaded := _construct(env, harness, runtime)] = env
         return loaded
     except ModuleNotFoundError as e:
         raise TridentError(f"environment {env.id!r} is not installed: {e}") from None

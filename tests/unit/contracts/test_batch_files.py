@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from contracts.metrics import MetricsWriter
 from contracts.protocol import (
     MICRO_BATCH_DTYPES,
     BatchError,
@@ -25,7 +26,7 @@ from contracts.protocol import (
     read_batch,
     write_batch,
 )
-from contracts.run_dir import rollouts_dir
+from contracts.run_dir import rollouts_dir, step_dirs
 
 FUZZ = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -202,3 +203,24 @@ def test_links_out_of_the_rollouts_folder_are_refused_and_nothing_outside_is_del
     prune_rollouts(run, 3, keep=1)  # deletes steps 2 and 1, and must not follow the link of step 0
     assert sorted(p.name for p in (run / "rollouts").iterdir()) == ["step_0", "step_3"]
     assert sorted(p.name for p in outside.iterdir()) == ["batch.json", "micro_batch_0.safetensors"]
+
+
+def test_pruning_keeps_the_batches_of_the_sample_rollouts_the_report_shows(tmp_path):
+    """The debug run logs sample rollouts at steps 1 and 11 and keeps 8 batches: at its end (step 20) the report's
+    two steps still have their batches, older sampled steps do not."""
+    writer = MetricsWriter(tmp_path, "orchestrator")
+    for step in range(1, 21):
+        valid_batch(tmp_path, step)
+        if step % 10 == 1:
+            writer.write_table("sample_rollouts", step, [{"step": step, "completion": "abc"}])
+        prune_rollouts(tmp_path, step, keep=8)
+    writer.close()
+    assert sorted(step_dirs(tmp_path / "rollouts")) == [1, 11, *range(13, 21)]
+    for step in (21, 22):  # a run resumed for more steps: step 21's sample rollouts replace step 1's batch
+        valid_batch(tmp_path, step)
+        writer = MetricsWriter(tmp_path, "orchestrator")
+        if step == 21:
+            writer.write_table("sample_rollouts", step, [{"step": step, "completion": "abc"}])
+        writer.close()
+        prune_rollouts(tmp_path, step, keep=8)
+    assert sorted(step_dirs(tmp_path / "rollouts")) == [11, *range(15, 23)]

@@ -1,4 +1,7 @@
 import pytest
+from char_target import target_share
+from debug_configs import DEBUG, FILES
+from transformers import AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
 from launch.rl_config import RLConfig, resolve_shared, sub_configs
@@ -156,3 +159,15 @@ def test_the_server_takes_broadcast_weights_through_the_trainers_store_only():
         ConfigError, match=r"inference.weight_broadcast = 127.0.0.1:29601 is not trainer.weight_broadcast"
     ):
         resolve_shared(other)
+
+
+def test_the_filter_runs_eval_passes_a_reply_with_one_target_character(tiny_model_path):
+    """filter.toml's eval (char-target on 7s, replies of max_tokens tokens, about 3 % of the tiny model's characters
+    7s): a reply of tokens of the vocabulary's mean length with one 7 in it passes. The debug run's pass_reward = 0.5
+    did not, and pass@4 stayed at 0."""
+    config = resolve_shared(parse_config(RLConfig, [*FILES, "@", str(DEBUG / "filter.toml")]))
+    [env] = config.orchestrator.eval.env
+    vocabulary = AutoTokenizer.from_pretrained(tiny_model_path).get_vocab()
+    token_chars = sum(len(token) for token in vocabulary) / len(vocabulary)
+    reply = "7" + "x" * round(config.orchestrator.sampling.max_tokens * token_chars - 1)
+    assert target_share(reply, env.args["target_chars"]) >= config.orchestrator.eval.pass_reward

@@ -44,10 +44,14 @@ def test_tables_go_to_jsonl_and_a_wandb_table(tmp_path, monkeypatch):
 
 
 def test_step_line_is_compact_and_adds_the_orchestrators_truncation_when_known():
-    trainer = {"step": 3, "reward_mean": 0.27821, "loss": 0.0008, "tokens": 5134}
-    line = step_line(trainer, {"step": 3, "truncated_rate": 0.04}, max_steps=20, seconds=16.94)
-    assert line == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | truncated 4% | 16.9s"
-    assert step_line(trainer, None, 20, 1.0) == "step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | 1.0s"
+    """The trailing time is the step's own (the trainer's wait for its batch, training, writing weights), labelled,
+    not the time since the previous line (0.0s when the launcher found two steps' records at once)."""
+    trainer = {"step": 3, "reward_mean": 0.27821, "loss": 0.0008, "tokens": 5134, "wait_s": 1.2, "train_s": 0.3,
+               "save_s": 0.14}  # fmt: skip
+    line = step_line(trainer, {"step": 3, "truncated_rate": 0.04}, max_steps=20)
+    time = "step time 1.6s (1.2s waiting for rollouts)"
+    assert line == f"step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | truncated 4% | {time}"
+    assert step_line(trainer, None, 20) == f"step 3/20 | reward 0.2782 | loss +0.0008 | tokens 5134 | {time}"
 
 
 def test_summary_has_final_and_best_metrics_of_both_processes(tmp_path):

@@ -55,7 +55,7 @@ def test_a_run_numbers_its_steps_1_to_max_steps_everywhere(tmp_path, monkeypatch
     assert [r["staleness"] for r in orch] == [0, 1, 2]  # all sampled by weights 0: step N - 1 is on-policy
     assert list(step_dirs(tmp_path / "weights")) == steps  # weights N: the result of step N
     assert complete_checkpoints(tmp_path) == [2, 3]  # after steps 2 and 3 (the last)
-    lines = [step_line(r, o, MAX_STEPS, 1.0) for r, o in zip(trainer, orch, strict=True)]
+    lines = [step_line(r, o, MAX_STEPS) for r, o in zip(trainer, orch, strict=True)]
     assert [line.split(" | ")[0] for line in lines] == ["step 1/3", "step 2/3", "step 3/3"]
 
     written = write_plots([load_run(tmp_path)], tmp_path / "plots")

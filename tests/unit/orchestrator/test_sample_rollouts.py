@@ -1,6 +1,7 @@
 import torch
-from rollouts import group, rollout, sampled
+from rollouts import rollout, sampled
 
+from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import MAX_CHARS, prompt_and_completion, sample_rows, shorten
 
 
@@ -19,10 +20,14 @@ def test_prompt_and_completion_of_a_split_rollout_show_the_conversation_as_it_en
 
 def test_sample_rows_show_the_first_group_of_each_environment():
     sample = sampled([7, 8, 9], 1, [0.0, 0.0])
+
+    def scored(reward: float, env: str, **fields) -> Rollout:  # a reward function's score and a judge's verdict
+        return rollout(reward, sample, env=env, rewards={"correct": reward, "judge": float(reward > 0.5)}, **fields)
+
     groups = [
-        [rollout(1.0, sample, env="math"), rollout(0.0, sample, env="math", truncated=True)],
-        group([0.5, 0.5], sample, env="math"),  # a second group of math: not shown
-        group([0.25, 0.0], sample, env="code"),
+        [scored(1.0, "math"), scored(0.0, "math", truncated=True)],
+        [scored(0.5, "math"), scored(0.5, "math")],  # a second group of math: not shown
+        [scored(0.25, "code"), scored(0.0, "code")],
     ]
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.25, 0.0]])
     advantages = rewards - rewards.mean(dim=1, keepdim=True)
@@ -40,10 +45,12 @@ def test_sample_rows_show_the_first_group_of_each_environment():
         "prompt": "7",
         "completion": "8 9",
         "reward": 1.0,
+        "rewards": {"correct": 1.0, "judge": 1.0},
         "advantage": 0.5,
         "truncated": False,
     }
     assert rows[2]["advantage"] == 0.125
+    assert [r["rewards"]["judge"] for r in rows] == [1.0, 0.0, 0.0, 0.0]  # the judge's verdicts, yes and no
 
 
 def test_shorten_keeps_start_and_end():

@@ -9,6 +9,7 @@ from rollouts import TWO_SAMPLED, group
 import orchestrator.groups as groups_module
 import orchestrator.servers as servers_module
 from contracts.config import ConfigError, parse_config
+from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import mark_stable, weights_dir
@@ -54,8 +55,8 @@ class FakeServer:
     """Answers like an inference server serving weights ``step``: alive, refusing connections, or stalled (every
     request times out)."""
 
-    def __init__(self, step: int = 0):
-        self.state, self.step, self.requests = "up", step, []
+    def __init__(self, step: int = 0, path: str = "/weights"):
+        self.state, self.step, self.path, self.requests = "up", step, path, []
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(f"{request.method} {request.url.path}")
@@ -64,8 +65,10 @@ class FakeServer:
         if self.state == "stalled":
             raise httpx.ReadTimeout("timed out", request=request)
         if request.url.path == "/reload_weights":
-            self.step = json.loads(request.content)["step"]
-        return httpx.Response(200, json={"step": self.step, "path": "/weights", "adapter": None, "seconds": 0.01})
+            self.step, self.path = json.loads(request.content)["step"], json.loads(request.content)["path"]
+        if request.url.path == "/reset_weights":
+            self.step, self.path = 0, "/base"
+        return httpx.Response(200, json={"step": self.step, "path": self.path, "adapter": None, "seconds": 0.01})
 
 
 def two_server_orchestrator(tmp_path, monkeypatch) -> tuple[Orchestrator, list[FakeServer]]:
@@ -140,3 +143,30 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
     assert "inference server at http://a:1 stalled (no reply within 1s): set aside" in messages
     assert "inference server at http://a:1 serves weights step 0, not 2: loading step 2" in messages
     assert "inference server at http://a:1 is back, serving weights step 2" in messages
+
+
+def test_a_run_resets_a_server_only_from_its_own_weights_unless_told(tmp_path):
+    """A run starts on a server serving its own model as it is, resets one left on this run's weights (a resumed
+    run's), and refuses one serving another run's weights in one line naming it, unless ``reset``."""
+    run_weights = tmp_path / "run" / "weights"
+    fakes = {"http://base:1": FakeServer(), "http://resumed:2": FakeServer(3, str(run_weights / "step_3")),
+             "http://other:3": FakeServer(7, str(tmp_path / "other" / "weights" / "step_7"))}  # fmt: skip
+    ctx = model_context(OrchestratorConfig(), resolve_model_path(TINY_MODEL_ID))
+
+    def start(urls: list[str], reset: bool) -> None:
+        servers = Servers(urls, 10, "base", ctx, stall_timeout_s=5)
+        for server in servers.servers:
+            handle = fakes[server.url].handle
+            server.client.http = httpx.AsyncClient(base_url=server.url, transport=httpx.MockTransport(handle))
+        asyncio.run(servers.serve_base_model(run_weights, reset))
+
+    start(["http://base:1", "http://resumed:2"], reset=False)
+    assert fakes["http://base:1"].requests == ["GET /weights"]  # nothing changed
+    assert fakes["http://resumed:2"].requests == ["GET /weights", "POST /reset_weights"]
+    other = fakes["http://other:3"]
+    message = rf"^the inference server at http://other:3 serves weights step 7 from {tmp_path}/other/weights/step_7, "
+    with pytest.raises(TridentError, match=message + r"not this run's: .*pass --orchestrator.reset"):
+        start(["http://other:3"], reset=False)
+    assert (other.requests, other.step) == (["GET /weights"], 7)
+    start(["http://other:3"], reset=True)
+    assert (other.requests[-1], other.step) == ("POST /reset_weights", 0)

@@ -31,8 +31,8 @@ def assert_not_blank(path: Path) -> None:
 def test_plots_of_two_runs_have_content_and_the_metrics_range(runs, tmp_path):
     out = tmp_path / "out"
     plots = {plot.name: plot for plot in write_plots([load_run(r) for r in runs], out)}
-    assert set(plots) == {"reward", "eval", "loss", "entropy", "mismatch", "lengths", "truncation",
-                          "rollouts_per_s", "tokens_per_s"}  # fmt: skip
+    assert set(plots) == {"reward", "reward_functions", "eval", "loss", "entropy", "mismatch", "lengths",
+                          "truncation", "rollouts_per_s", "tokens_per_s"}  # fmt: skip
     for plot in plots.values():
         assert plot.path == out / f"{plot.name}.png" and plot.path.is_file()
         assert_not_blank(plot.path)
@@ -50,6 +50,9 @@ def test_plots_of_two_runs_have_content_and_the_metrics_range(runs, tmp_path):
     assert set(plots["tokens_per_s"].series) == {
         f"{run} {key}" for run in ("run_a", "run_b") for key in ("sampled_tokens_per_s", "tokens_per_s")
     }
+    components = plots["reward_functions"].series  # what reward_mean is made of, a judge's verdicts among them
+    assert set(components) == {f"{run} reward/{name}" for run in ("run_a", "run_b") for name in ("correct", "judge")}
+    assert components["run_a reward/judge"] == (list(range(STEPS)), [0.5] * STEPS)
     assert plots["eval"].series["run_b"][0] == [0, 2, 4]  # one key: labelled by run
     assert len(plots["eval"].series) == 2  # a line per run: neither failures nor seconds are scores
 
@@ -98,7 +101,7 @@ def test_report_has_images_configs_and_highlighted_trained_tokens(reported_run):
     report = plot_runs([run])
     page = report.read_text()
     images = re.findall(r"<img src='([^']+)'", page)
-    assert "reward.png" in images and len(images) == 9
+    assert "reward.png" in images and "reward_functions.png" in images and len(images) == 10
     assert all((report.parent / image).is_file() for image in images)  # relative to the report
     assert "name = &quot;a&lt;b &amp; c&gt;&quot;" in page and "a<b" not in page  # configs escaped
     assert "orchestrator.toml" in page and "inference.toml" not in page  # only the configs that exist
@@ -109,6 +112,7 @@ def test_report_has_images_configs_and_highlighted_trained_tokens(reported_run):
     assert "<|im_end|>" not in page  # every text escaped
     assert "&lt;tool_response&gt;\n42" in step_5  # the tool result is shown, not highlighted
     assert "What is 6 x 7? Use &lt; and &gt;" in step_5  # the prompt, escaped
+    assert "rewards: correct 1, judge 0" in step_5  # each reward function's score: the judge said no
 
     step_0 = page[page.index("<h4>Step 0</h4>") :]
     assert "no longer on disk" in step_0 and "<mark class='trained'>I" not in step_0

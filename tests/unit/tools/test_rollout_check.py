@@ -487,6 +487,30 @@ def test_an_im_start_the_model_sampled_inside_its_reply_is_content(tmp_path, tok
     assert [p for p in check_step(read_step(tmp_path), chat).all_problems() if p.severity == "error"] == []
 
 
+def test_tokens_the_model_sampled_after_an_endoftext_inside_its_reply_are_its_reply(
+    tmp_path, tokenizer, chat, tiny_model_path, check_loss_mask
+):
+    """A model whose generation config stops only at <|im_end|> samples <|endoftext|> and goes on: what follows it
+    up to the <|im_end|> was sampled in the assistant's turn and is trained rightly (a warning names the stop token,
+    no error); a reply that ends at its <|endoftext|> still ends there."""
+    b = Builder(tokenizer)
+    b.add("prompt", render(tokenizer, [{"role": "user", "content": QUESTION}], True), sampled=False)
+    b.add("reply", "It is<|endoftext|> 42.<|endoftext|>\n#### 42<|im_end|>", sampled=True)
+    sample = b.sample(reward=1.0, env="gsm8k-calc")
+    seg = segment(sample.token_ids, chat, sample.loss_mask)
+    start, end = b.spans["reply"]
+    assert [t.role for t in seg.turns] == ["system", "user", "assistant"] and seg.turns[-1].end == end
+    assert set(seg.parts[start : end - 1]) == {"content"} and seg.parts[end - 1] == "end"
+    write_step(tmp_path, [sample], tiny_model_path)
+    found = checks_found(tmp_path, chat)
+    endoftext = [
+        i for i in range(start, end) if sample.token_ids[i] == tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ]
+    assert set(found) == {"stop_token_in_reply"} and found["stop_token_in_reply"][0].severity == "warning"
+    assert found["stop_token_in_reply"][0].positions == endoftext and len(endoftext) == 2
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+
+
 def llama_tool_sample(tokenizer) -> tuple[Sample, Builder]:
     """The tool sample in Llama 3's format: header turns, the call as the whole reply, the result in an ipython turn."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
