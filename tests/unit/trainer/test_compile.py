@@ -26,8 +26,9 @@ from trainer.train import build_model, train_step, warn_on_compile_setting
 
 def step(config, world, micro_batch, backend=None, prepare=lambda model: None):
     """Loss and gradients of one train_step of the policy as loaded (and changed by ``prepare``), its layers
-    compiled with ``backend``."""
+    compiled with ``backend`` (still compiled after the step: no fallback to eager)."""
     model, optimizer, metrics = stepped_model(config, world, micro_batch, backend, prepare)
+    assert all((layer._compiled_call_impl is not None) == bool(backend) for layer in decoder_layers(model))
     return metrics["loss"], {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
 
 
