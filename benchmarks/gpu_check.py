@@ -220,7 +220,7 @@ def run_case(case: Case, model_dir: str) -> dict:
         model = build_model(config.model, world, config.optim.offload)
         optimizer, _ = build_optimizer(model, config.optim, 1000)
         sync(world.device)
-        result = {"build_s": time.perf_counter() - start, "batches": [], "applied": applied(model, config, world)}
+        result = {"build_s": time.perf_counter() - start, "batches": []}
         for count, length in case.batches:
             samples = random_samples(count, length, model.config.vocab_size, seed=count)
             micro_batches = [MicroBatch.pack(b) for b in pack_samples(samples, case.seq_len or count * length)]
@@ -245,6 +245,7 @@ def run_case(case: Case, model_dir: str) -> dict:
                                       "step_seconds": seconds,
                                       "s_per_step": step_s, "tokens_per_s": tokens / step_s, "loss": metrics["loss"],
                                       **memory_now(world.device)})  # fmt: skip
+        result["applied"] = applied(model, config, world)  # after the steps: layers that fell back to eager are eager
         export = "adapter" if case.lora_rank is not None else "merged"
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         with tempfile.TemporaryDirectory(prefix="gpu-check-weights-") as folder:

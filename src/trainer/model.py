@@ -105,13 +105,6 @@ def recompute_in_backward(module: nn.Module) -> None:
     module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
-def compile_layers(model: nn.Module, backend: str = "inductor") -> None:
-    """Compile each decoder layer on its own (``torch.compile`` of the layer, regional compilation), in place; the
-    rest of the model runs eagerly."""
-    for layer in decoder_layers(model):
-        layer.compile(backend=backend)
-
-
 def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
     """Freeze the model and wrap it with a trainable LoRA adapter (peft)."""
     config = PeftLoraConfig(

@@ -21,13 +21,15 @@ def lr_factor(step: int, max_steps: int, optim: OptimConfig) -> float:
 
 
 def build_optimizer(
-    model: nn.Module, optim: OptimConfig, num_steps: int
+    model: nn.Module, optim: OptimConfig, num_steps: int, fused: bool | None = None
 ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over the model's trainable parameters, with ``optim``'s lr schedule over ``num_steps`` steps."""
+    """AdamW over the model's trainable parameters, with ``optim``'s lr schedule over ``num_steps`` steps; ``fused``
+    (one kernel per step for all parameters) where they are all on a GPU, unless given."""
     trainable = [p for p in model.parameters() if p.requires_grad]
-    on_gpu = all(p.device.type == "cuda" for p in trainable)
-    optimizer = torch.optim.AdamW(  # fused: one kernel per step for all parameters on GPU
-        trainable, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=on_gpu or None
+    if fused is None:
+        fused = all(p.device.type == "cuda" for p in trainable)
+    optimizer = torch.optim.AdamW(
+        trainable, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay, fused=fused or None
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, num_steps, optim))
     return optimizer, scheduler

@@ -4,6 +4,7 @@ Shares the trainer's model building (FSDP2, dtype, LoRA, activation checkpointin
 schedule and weights layout, so ``output_dir/weights/step_N`` can be the ``[model] name`` an RL run starts from.
 """
 
+import functools
 import itertools
 import logging
 import math
@@ -22,13 +23,14 @@ from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
 from contracts.protocol import MicroBatch, Sample, pack_samples
 from contracts.run_dir import metrics_path, weights_dir
+from trainer.compilation import eager_on_compile_failure
 from trainer.config import SFTConfig
 from trainer.export import save_weights
 from trainer.model import packed_logprobs
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
 from trainer.sft_data import load_samples, stream_samples
-from trainer.train import build_model
+from trainer.train import build_model, warn_on_compile_setting
 
 logger = logging.getLogger("sft")
 
@@ -97,6 +99,7 @@ def train_sft(config: SFTConfig) -> None:
 
 
 def run_sft(config: SFTConfig, world: World) -> None:
+    warn_on_compile_setting(config.model, world.device)
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     batches, num_steps = step_batches_of(config, tokenizer)
@@ -114,7 +117,8 @@ def run_sft(config: SFTConfig, world: World) -> None:
     for step, batch in enumerate(batches, start=1):
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(model, batch, config.seq_len, world)
+        accumulate = functools.partial(accumulate_gradients, model, batch, config.seq_len, world)
+        loss = eager_on_compile_failure(accumulate, [model])
         grad_norm = clip_gradients(model, config.optim.max_norm)
         lr = optimizer.param_groups[0]["lr"]
         optimizer.step()

@@ -4,8 +4,7 @@ import atexit
 import logging
 import resource
 import time
-from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 from peft import PeftModel
@@ -19,12 +18,12 @@ from contracts.model_path import resolve_model_path
 from contracts.progress import Progress, last_written
 from contracts.protocol import BatchInfo, MicroBatch, prune_rollouts, read_batch, repack
 from contracts.run_dir import resume_step, rollouts_dir, wait_for, weights_dir
-from trainer.attention import uses_varlen
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
+from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
 from trainer.loss import policy_loss
-from trainer.model import compile_layers, decoder_layers, load_model, packed_logprobs, packed_scores
+from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import (
     World,
@@ -37,8 +36,6 @@ from trainer.parallel import (
 
 logger = logging.getLogger("trainer")
 
-ReferenceLogprobs = Callable[[MicroBatch, float], Tensor]
-
 
 class EmptyBatchError(TridentError):
     """A step whose batch has no sampled token to train on."""
@@ -49,14 +46,6 @@ def compute_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, dtype)
-
-
-def compiles(setting: bool | Literal["auto"], device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the decoder layers are compiled (``model.compile``): ``auto`` where the packed attention is one
-    varlen call per layer (a GPU in bf16 or fp16), whose compiled graph serves every packing of samples."""
-    if setting != "auto":
-        return setting
-    return uses_varlen(device, dtype)
 
 
 def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -> nn.Module:
@@ -81,24 +70,35 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
     return model
 
 
-def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> ReferenceLogprobs | None:
-    """Logprobs under the model the KL penalty pulls towards (None when ``kl_coef`` is 0): the policy with its
-    adapter switched off under LoRA, else a frozen copy of the initial model."""
+def warn_on_compile_setting(model_config: TrainerModelConfig, device: torch.device) -> None:
+    """One warning line where ``model.compile`` is on and compiles each packing anew (see ``per_packing_warning``)."""
+    warning = per_packing_warning(model_config.compile, device, compute_dtype(model_config.dtype, device))
+    if warning:
+        logger.warning(warning)
+
+
+@dataclass(frozen=True)
+class FrozenReference:
+    """The model the KL penalty pulls towards: the policy with its adapter switched off under LoRA (``model`` is the
+    policy), else a frozen copy of the initial model."""
+
+    model: nn.Module
+
+    def logprobs(self, micro_batch: MicroBatch, temperature: float) -> Tensor:
+        with torch.no_grad():
+            if isinstance(self.model, PeftModel):
+                with self.model.disable_adapter():
+                    return packed_logprobs(self.model, micro_batch, temperature, micro_batch.loss_mask)
+            return packed_logprobs(self.model, micro_batch, temperature, micro_batch.loss_mask)
+
+
+def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> FrozenReference | None:
+    """The KL penalty's reference (None when ``kl_coef`` is 0)."""
     if config.loss.kl_coef == 0:
         return None
     if isinstance(model, PeftModel):
-        reference = model
-    else:
-        reference = build_model(config.model, world, config.optim.offload).requires_grad_(False).eval()
-
-    def logprobs(micro_batch: MicroBatch, temperature: float) -> Tensor:
-        with torch.no_grad():
-            if isinstance(reference, PeftModel):
-                with reference.disable_adapter():
-                    return packed_logprobs(reference, micro_batch, temperature, micro_batch.loss_mask)
-            return packed_logprobs(reference, micro_batch, temperature, micro_batch.loss_mask)
-
-    return logprobs
+        return FrozenReference(model)
+    return FrozenReference(build_model(config.model, world, config.optim.offload).requires_grad_(False).eval())
 
 
 def train_step(
@@ -108,35 +108,20 @@ def train_step(
     info: BatchInfo,
     config: TrainerConfig,
     world: World,
-    reference: ReferenceLogprobs | None = None,
+    reference: FrozenReference | None = None,
 ) -> dict[str, float]:
     """One optimizer step over this rank's (micro-batch, loss weight) pairs; returns the step's metrics, summed
-    over all ranks and averaged over the step's loss tokens where they are per-token.
+    over all ranks and averaged over the step's loss tokens where they are per-token. Where compiling the layers
+    fails, the forward and backward passes run again eagerly (``eager_on_compile_failure``).
 
     The micro-batches' metrics add up on the device; the host reads them once, after the optimizer step, so it
     never waits for the device within the step.
     """
     optimizer.zero_grad(set_to_none=True)
-    entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
-    sums: dict[str, Tensor] = {}
-    for micro_batch, weight in micro_batches:
-        scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
-        loss, stats = policy_loss(
-            scores.logprobs,
-            micro_batch.inference_logprobs.to(world.device, non_blocking=True),
-            micro_batch.advantages.to(world.device, non_blocking=True),
-            micro_batch.loss_mask.to(world.device, non_blocking=True),
-            micro_batch.sample_lengths,
-            config.loss,
-            num_loss_tokens=info.num_loss_tokens,
-            num_samples=info.num_samples,
-            entropy=scores.entropy,
-            reference_logprobs=reference(micro_batch, info.temperature) if reference else None,
-            entropy_mask=scores.entropy_mask,
-        )
-        (loss * weight).backward()
-        for name, value in {"loss": loss.detach(), **stats}.items():
-            sums[name] = sums.get(name, 0) + weight * value.double()
+    models = [model] if reference is None else [model, reference.model]
+    sums = eager_on_compile_failure(
+        lambda: forward_backward(model, micro_batches, info, config, world, reference), models
+    )
     grad_norm = clip_gradients(model, config.optim.max_norm)
     optimizer.step()
     totals = sum_over_ranks(dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)), world.device)
@@ -153,6 +138,39 @@ def train_step(
         metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
         metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
     return metrics
+
+
+def forward_backward(
+    model: nn.Module,
+    micro_batches: list[tuple[MicroBatch, float]],
+    info: BatchInfo,
+    config: TrainerConfig,
+    world: World,
+    reference: FrozenReference | None,
+) -> dict[str, Tensor]:
+    """The forward and backward passes of a step's micro-batches, gradients added up in the model; returns the
+    sums of the loss and its statistics, weighted, on the device."""
+    entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
+    sums: dict[str, Tensor] = {}
+    for micro_batch, weight in micro_batches:
+        scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
+        loss, stats = policy_loss(
+            scores.logprobs,
+            micro_batch.inference_logprobs.to(world.device, non_blocking=True),
+            micro_batch.advantages.to(world.device, non_blocking=True),
+            micro_batch.loss_mask.to(world.device, non_blocking=True),
+            micro_batch.sample_lengths,
+            config.loss,
+            num_loss_tokens=info.num_loss_tokens,
+            num_samples=info.num_samples,
+            entropy=scores.entropy,
+            reference_logprobs=reference.logprobs(micro_batch, info.temperature) if reference else None,
+            entropy_mask=scores.entropy_mask,
+        )
+        (loss * weight).backward()
+        for name, value in {"loss": loss.detach(), **stats}.items():
+            sums[name] = sums.get(name, 0) + weight * value.double()
+    return sums
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -197,6 +215,7 @@ def micro_batches_to_train(micro_batches: list[MicroBatch], config: TrainerConfi
 
 
 def run_training(config: TrainerConfig, world: World) -> None:
+    warn_on_compile_setting(config.model, world.device)
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     model = build_model(config.model, world, config.optim.offload)
     reference = frozen_reference(model, config, world)

@@ -166,8 +166,9 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
 
 
 def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int = 1) -> list[str]:
-    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``, its rollouts
-    run by the orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
+    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``, at 2 prompts ×
+    2 rollouts a step (4 rollouts, not the debug configs' batch), its rollouts run by the orchestrator or by
+    ``rollout_workers`` worker processes (which then start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
     return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),

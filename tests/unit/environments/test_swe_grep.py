@@ -1,4 +1,5 @@
 import asyncio
+import fcntl
 import importlib.util
 import json
 import os
@@ -365,12 +366,11 @@ def test_bash_cannot_connect_to_a_local_tcp_port(copy):
 
 
 @needs_landlock
-@pytest.mark.parametrize("command", ["sleep 100", "while true; do :; done"])
+@pytest.mark.parametrize("command", ["sleep 100; echo finished", "while true; do :; done"])
 def test_bash_kills_commands_at_the_timeout(copy, command):
-    start = time.monotonic()
-    output = _bash(command, copy, bash_timeout_s=1.0)
-    assert time.monotonic() - start < 20  # killed long before the command would end (never, or after 100 s)
-    assert "[command killed after 1 s]" in output
+    limits = SimpleNamespace(**(LIMITS | {"bash_timeout_s": 1.0}))
+    output = asyncio.run(asyncio.wait_for(tools.bash(command, copy, limits), 120))  # 120 s: only against a hang
+    assert "[command killed after 1 s]" in output and "finished" not in output
 
 
 @needs_landlock
@@ -397,9 +397,27 @@ def _namespaces_available() -> bool:
 @needs_landlock
 @pytest.mark.skipif(not _namespaces_available(), reason="no PID namespace: detached processes can outlive a command")
 def test_bash_detached_processes_die_with_the_command(copy):
-    _bash("(setsid bash -c 'sleep 0.5; echo late > late.txt' &); echo started", copy)
-    time.sleep(1.0)
-    assert not (copy.workdir / "repo" / "late.txt").exists()
+    """A detached process holds a lock on a file of the copy (for 10 minutes); once the command ends, the lock is
+    free: the process is gone."""
+    holder = (
+        "import fcntl, time; f = open('lock', 'w'); fcntl.flock(f, fcntl.LOCK_EX); open('held', 'w'); time.sleep(600)"
+    )
+    output = _bash(f'(setsid python3 -c "{holder}" &); until [ -e held ]; do sleep 0.05; done; echo started', copy)
+    assert "started" in output  # the detached process took the lock before the command ended
+    with open(copy.workdir / "repo" / "lock") as lock:
+        deadline = time.monotonic() + 60  # only against a hang: the holder would keep it for 600 s
+        while not try_lock(lock):
+            assert time.monotonic() < deadline, "the detached process still holds its lock"
+            time.sleep(0.05)
+
+
+def try_lock(file) -> bool:
+    """Whether an exclusive lock on ``file`` could be taken (and was) without waiting."""
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def test_bash_refuses_without_landlock(copy, monkeypatch):

@@ -4,6 +4,7 @@ step may lose. A per-rollout MCP tool server that crashes on start (a process of
 retries, and the step fails past the bound) is checked in tests/integration/test_tool_server_limits.py."""
 
 import asyncio
+import itertools
 import sys
 
 import pytest
@@ -33,6 +34,7 @@ class SlowSetupData(vf.TaskData):
 
 class SlowSetupTask(vf.Task[SlowSetupData, vf.State, vf.TaskConfig]):
     setting_up = peak = 0  # set-ups running now, and the most at once
+    timed: list[tuple[float, float]] = []  # each rollout's set-up as verifiers timed it: (boot start, set-up end)
 
     async def setup(self, trace: vf.Trace, runtime) -> None:
         cls = SlowSetupTask
@@ -43,6 +45,7 @@ class SlowSetupTask(vf.Task[SlowSetupData, vf.State, vf.TaskConfig]):
 
     @vf.reward
     async def one(self, trace: vf.Trace) -> float:
+        SlowSetupTask.timed.append((trace.timing.boot.start, trace.timing.setup.end))
         return 1.0
 
 
@@ -54,13 +57,25 @@ class SlowSetupTaskset(vf.Taskset[SlowSetupTask, vf.TasksetConfig]):
 __all__ = ["SlowSetupTaskset"]
 
 
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The most of ``intervals`` (start, end) that overlap at any instant (one ending as another starts: not both)."""
+    changes = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    return max(itertools.accumulate(change for _, change in changes))
+
+
 def test_set_ups_past_the_limit_wait_for_a_slot_and_their_time_is_measured():
-    SlowSetupTask.peak = 0
+    """Each rollout's ``setup_s`` is its own set-up, timed once it holds a slot: no more than the limit of the timed
+    set-ups overlap (counting the waits, all 6 would have begun together)."""
+    SlowSetupTask.peak, SlowSetupTask.timed = 0, []
     with counting_server() as server:
         rollouts = rollouts_of(ENV_ID, server.base_url, 6, RolloutLimits.of(rollouts=6, setups=2))
     assert SlowSetupTask.peak == 2
     assert all(r.ok for r in rollouts), [r.error for r in rollouts]
-    assert all(0.3 <= r.setup_s < 2.0 for r in rollouts)  # its own set-up, not the wait for a slot
+    assert sorted(r.setup_s for r in rollouts) == sorted(end - start for start, end in SlowSetupTask.timed)
+    assert all(r.setup_s >= 0.3 for r in rollouts)  # its own set-up is in it
+    assert most_at_once(SlowSetupTask.timed) == 2  # and no wait for a slot
+    first = min(start for start, _ in SlowSetupTask.timed)
+    assert most_at_once([(first, end) for _, end in SlowSetupTask.timed]) == 6  # timed with the waits, they would
 
 
 def test_model_calls_per_server_are_limited_not_the_rollouts():

@@ -8,7 +8,7 @@ import pytest
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig
-from orchestrator.envs import load_env
+from orchestrator.verifiers_adapter.envs import load_env
 
 
 def gsm8k_rows(tmp_path, **row) -> str:

@@ -151,10 +151,9 @@ def test_a_run_resets_a_server_only_from_its_own_weights_unless_told(tmp_path):
     run_weights = tmp_path / "run" / "weights"
     fakes = {"http://base:1": FakeServer(), "http://resumed:2": FakeServer(3, str(run_weights / "step_3")),
              "http://other:3": FakeServer(7, str(tmp_path / "other" / "weights" / "step_7"))}  # fmt: skip
-    ctx = model_context(OrchestratorConfig(), resolve_model_path(TINY_MODEL_ID))
 
     def start(urls: list[str], reset: bool) -> None:
-        servers = Servers(urls, 10, "base", ctx, stall_timeout_s=5)
+        servers = Servers(urls, 10, "base", stall_timeout_s=5)
         for server in servers.servers:
             handle = fakes[server.url].handle
             server.client.http = httpx.AsyncClient(base_url=server.url, transport=httpx.MockTransport(handle))

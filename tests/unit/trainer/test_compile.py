@@ -1,33 +1,49 @@
 """Regional compilation of the decoder layers (model.compile): no graph break in a training step's layers, and
-the same loss and gradients as the eager model, with LoRA and with activation checkpointing.
+the same loss and gradients as the eager model, with LoRA and with activation checkpointing; where compiling fails
+or breaks a layer's graph, one warning and the eager model's step; ``compile = true`` where it compiles each
+packing anew warns.
 
 On CPU the layers are compiled with the ``aot_eager`` backend: Dynamo captures each layer's forward and AOTAutograd
 its backward, as for inductor, but the captured graphs run as eager ops (inductor's C++ build of the same graphs
 takes minutes on two cores). The GPU test compiles with inductor, as the trainer does.
 """
 
+import logging
+
 import pytest
 import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 from contracts.protocol import BatchInfo, MicroBatch
-from trainer.config import TrainerConfig
-from trainer.model import compile_layers
+from trainer.compilation import compile_layers, compiles
+from trainer.config import TrainerConfig, TrainerModelConfig
+from trainer.model import decoder_layers
 from trainer.optim import build_optimizer
-from trainer.train import build_model, compiles, train_step
+from trainer.train import build_model, train_step, warn_on_compile_setting
 
 
-def step(config, world, micro_batch, backend=None):
-    """Loss and gradients of one train_step of the policy as loaded, its layers compiled with ``backend``."""
+def step(config, world, micro_batch, backend=None, prepare=lambda model: None):
+    """Loss and gradients of one train_step of the policy as loaded (and changed by ``prepare``), its layers
+    compiled with ``backend`` (still compiled after the step: no fallback to eager)."""
+    model, optimizer, metrics = stepped_model(config, world, micro_batch, backend, prepare)
+    assert all((layer._compiled_call_impl is not None) == bool(backend) for layer in decoder_layers(model))
+    return metrics["loss"], {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def stepped_model(config, world, micro_batch, backend=None, prepare=lambda model: None):
+    """The model, its optimizer and the metrics after one train_step, as in :func:`step`."""
     torch.manual_seed(0)  # LoRA's A
     model = build_model(config.model, world, offload=False)
+    prepare(model)
     if backend:
         compile_layers(model, backend)
     optimizer, _ = build_optimizer(model, config.optim, 10)
     tokens = int(micro_batch.loss_mask.sum())
     info = BatchInfo(0, len(micro_batch.sample_lengths), len(micro_batch.input_ids), tokens, 0.0, 1.0)
     metrics = train_step(model, optimizer, [(micro_batch, 1.0)], info, config, world)
-    return metrics["loss"], {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
+    return model, optimizer, metrics
 
 
 @pytest.mark.parametrize(
@@ -75,3 +91,68 @@ def test_inductor_compiled_layers_on_a_gpu_train_as_eager_across_packings(world,
         for name, grad in eager_grads.items():
             torch.testing.assert_close(compiled_grads[name], grad, atol=2e-2, rtol=5e-2)
     assert dict(counters["graph_break"]) == {}
+
+
+def failing_forward_backend(graph, example_inputs):
+    raise RuntimeError("this backend compiles nothing")
+
+
+def failing_backward_compiler(graph, example_inputs):
+    raise RuntimeError("this backend compiles no backward graph")
+
+
+FAILING_BACKWARD = aot_autograd(fw_compiler=lambda graph, inputs: make_boxed_func(graph.forward),
+                                bw_compiler=failing_backward_compiler)  # fmt: skip
+
+
+def graph_break_in_the_last_mlp(model):
+    """Make the last decoder layer's MLP break Dynamo's graph (eagerly: the same computation)."""
+    mlp = decoder_layers(model)[-1].mlp
+    forward = mlp.forward
+
+    def breaking(hidden):
+        torch._dynamo.graph_break()
+        return forward(hidden)
+
+    mlp.forward = breaking
+
+
+@pytest.mark.parametrize(
+    "backend, prepare",
+    [(failing_forward_backend, lambda model: None), (FAILING_BACKWARD, lambda model: None),
+     ("aot_eager", graph_break_in_the_last_mlp)],
+    ids=["forward-compile-fails", "backward-compile-fails", "graph-break"],
+)  # fmt: skip
+def test_a_failed_compile_falls_back_to_the_eager_step_with_one_warning(
+    world, random_samples, tiny_model_path, caplog, backend, prepare
+):
+    config = TrainerConfig(model={"name": tiny_model_path, "compile": False})
+    micro_batch = MicroBatch.pack(random_samples(3))
+    torch._dynamo.reset()
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        model, optimizer, metrics = stepped_model(config, world, micro_batch, backend, prepare)
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "model.compile = false" in warnings[0], warnings
+    assert all(layer._compiled_call_impl is None for layer in decoder_layers(model))  # eager from now on
+    eager, eager_optimizer, eager_metrics = stepped_model(config, world, micro_batch)
+    assert metrics == eager_metrics  # loss, gradient norm, ...: the eager step's, exactly
+    for (name, parameter), eager_parameter in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad.full_tensor(), eager_parameter.grad.full_tensor(), msg=name)
+        torch.testing.assert_close(parameter.full_tensor(), eager_parameter.full_tensor(), msg=name)  # one step
+        assert optimizer.state[parameter]["step"] == eager_optimizer.state[eager_parameter]["step"] == 1
+
+
+def test_compile_true_warns_where_it_compiles_each_packing_anew(caplog, monkeypatch):
+    monkeypatch.setattr("trainer.attention.varlen_attn", lambda *args, **kwargs: None)  # as torch >= 2.10 has
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    cases = [(True, "auto", cpu), (True, "float32", gpu), (False, "auto", cpu), ("auto", "auto", cpu),
+             (True, "bfloat16", gpu), (True, "auto", gpu)]  # fmt: skip
+    warned = []
+    for setting, dtype, device in cases:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="trainer"):
+            warn_on_compile_setting(TrainerModelConfig(name="tiny", compile=setting, dtype=dtype), device)
+        warned.append([record.getMessage() for record in caplog.records])
+    assert [len(lines) for lines in warned] == [1, 1, 0, 0, 0, 0]
+    assert warned[0][0].startswith("model.compile = true on cpu in float32: attention runs once per sample")
+    assert "on cuda in float32" in warned[1][0]
