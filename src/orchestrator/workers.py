@@ -40,6 +40,7 @@ from orchestrator.limits import run_limits
 logger = logging.getLogger("orchestrator")
 
 WORKER_MARK_ENV = "TRIDENT_WORKER_MARK"  # in each worker's environment, and so in that of everything it starts
+_worker_starts = itertools.count()  # of this process's pools, so that no two workers share a mark
 
 
 def cpu_seconds(pid: int) -> float:
@@ -96,7 +97,6 @@ class RolloutWorkers:
         self.workers: list[_Worker | None] = [None] * count
         self.starting = asyncio.Lock()
         self.job_ids = itertools.count(1)
-        self.starts = itertools.count()
         self.restarts = 0
 
     @property
@@ -143,7 +143,7 @@ class RolloutWorkers:
 
     async def _start(self, number: int) -> _Worker:
         mine, theirs = socket.socketpair()
-        mark = f"{os.getpid()}.{next(self.starts)}"
+        mark = f"{os.getpid()}.{next(_worker_starts)}"
         with theirs:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "orchestrator.workers", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
