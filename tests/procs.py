@@ -3,7 +3,7 @@
 import time
 from pathlib import Path
 
-from contracts.lifeline import LAUNCHER_PID_ENV
+from contracts.lifeline import LAUNCHER_PID_ENV, marked
 
 
 def _running(pid_dir: Path) -> tuple[str, int] | None:
@@ -15,6 +15,11 @@ def _running(pid_dir: Path) -> tuple[str, int] | None:
     return None if state == "Z" else (state, int(group))
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is still running."""
+    return _running(Path(f"/proc/{pid}")) is not None
+
+
 def group_running(pgid: int) -> bool:
     """Whether a process of group ``pgid`` is still running."""
     return any((found := _running(d)) and found[1] == pgid for d in Path("/proc").glob("[0-9]*"))
@@ -23,16 +28,8 @@ def group_running(pgid: int) -> bool:
 def run_processes(launcher_pid: int) -> list[int]:
     """``rl`` itself (pid ``launcher_pid``) while it runs, and every running process whose environment names it as
     its ``rl``: every process of that run."""
-    marker = f"{LAUNCHER_PID_ENV}={launcher_pid}".encode()
     found = [launcher_pid] if _running(Path(f"/proc/{launcher_pid}")) else []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            environ = (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and _running(d):
-            found.append(int(d.name))
-    return found
+    return found + [pid for pid, _ in marked(LAUNCHER_PID_ENV, str(launcher_pid))]
 
 
 def wait_gone(what, timeout_s: float) -> float:

@@ -7,7 +7,9 @@ the process group the process leads (SIGTERM, then SIGKILL after a grace), so no
 
 Processes started in sessions of their own (verifiers' tool servers and harness programs) are outside that group:
 :func:`stop_descendants_on_exit` has a process stop them when it ends or gets SIGTERM, having made itself their
-reaper (Linux's child subreaper), so that those whose parent exited first are still found.
+reaper (Linux's child subreaper), so that those whose parent exited first are still found. A process SIGKILLed runs
+no exit at all: whoever started it can mark it with an environment variable, which its descendants inherit, and
+:func:`stop_marked` them once it is gone (how the orchestrator stops a killed rollout worker's tool servers).
 """
 
 import atexit
@@ -19,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 LAUNCHER_PID_ENV = "TRIDENT_LAUNCHER_PID"
@@ -118,10 +121,60 @@ def stop_descendants(grace_s: float = DESCENDANTS_GRACE_S) -> None:
     _reap()
 
 
-def _reap() -> None:
-    """Collect the exit status of ended children (adopted orphans have no one else to wait for them)."""
+def _reap(pids: Collection[int] | None = None) -> None:
+    """Collect the exit status of ended children, or of those of ``pids`` that are this process's (adopted orphans
+    have no one else to wait for them)."""
+    if pids is not None:
+        for pid in pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not this process's child, or already collected
+                pass
+        return
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
     except ChildProcessError:
         pass
+
+
+def marked(name: str, value: str) -> list[tuple[int, int]]:
+    """``(pid, process group)`` of each living process whose environment sets ``name`` to ``value``: the process
+    started with it and its descendants at any depth, wherever they were re-parented since (from ``/proc``)."""
+    mark = f"{name}={value}".encode()
+    found = []
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark not in (pid_dir / "environ").read_bytes().split(b"\0"):
+                continue
+            state, _, group = (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            found.append((int(pid_dir.name), int(group)))
+    return found
+
+
+def stop_marked(name: str, value: str, grace_s: float = DESCENDANTS_GRACE_S) -> None:
+    """SIGTERM the processes marked ``name=value`` (:func:`marked`) but this one, each with its process group unless
+    that is this process's own, and SIGKILL those left after ``grace_s``."""
+    deadline, seen = time.monotonic() + grace_s, set()
+    while (found := _signal_marked(name, value, signal.SIGTERM)) and time.monotonic() < deadline:
+        seen |= found
+        time.sleep(0.1)
+        _reap(seen)
+    if killed := _signal_marked(name, value, signal.SIGKILL):
+        seen |= killed
+        time.sleep(0.1)
+    _reap(seen)
+
+
+def _signal_marked(name: str, value: str, sig: signal.Signals) -> set[int]:
+    own = os.getpgrp()
+    found = [(pid, group) for pid, group in marked(name, value) if pid != os.getpid()]
+    for pid, group in found:
+        try:
+            os.kill(pid if group == own else -group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return {pid for pid, _ in found}

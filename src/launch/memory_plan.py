@@ -27,7 +27,7 @@ from trainer.config import TrainerConfig, chunk_rows, reshards_after_forward
 
 GIB = 2**30
 # Fitted to a Qwen3-0.6B full fine-tune on an H200 (torch 2.11, 2026-11-26, benchmarks/results/gpu_check_history.json;
-# the Qwen3-8B LoRA rows there are held out, tests/unit/rl/test_memory_plan.py): what the device holds for a trainer
+# the Qwen3-8B LoRA rows there are held out, tests/unit/launch/test_memory_plan.py): what the device holds for a trainer
 # beyond the memory PyTorch reserves (CUDA context, cuBLAS workspaces) was 1.28-1.30 GiB; the caching allocator
 # reserved 25-35 % of the activations' size beyond its peak allocation (freed activations of many sizes).
 CUDA_CONTEXT_GIB = 1.25

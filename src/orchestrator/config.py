@@ -361,7 +361,8 @@ class InfraConfig(StrictModel):
         Field(
             ge=0,
             description="Times a rollout that fails with an infrastructure error (a tool server, sandbox or "
-            "inference server failing; not the model's output) runs again before its group is lost.",
+            "inference server failing; not the model's output) runs again before its group is lost; also the times "
+            "a group runs again after its rollout worker died.",
         ),
     ] = 3
     retry_backoff_s: Annotated[

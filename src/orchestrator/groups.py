@@ -1,7 +1,9 @@
 """Groups of rollouts on the run's inference servers: what training steps and evaluations both sample with.
 
 A group runs on the least loaded server that is up (:meth:`Servers.lease`) and runs again on another when its
-server is set aside before it ends, or fails rollouts and then does not answer.
+server is set aside before it ends, or fails rollouts and then does not answer. A group whose rollout worker dies
+runs again on a new one, up to ``infra.max_retries`` times, and is then lost as rollouts that keep failing with
+infrastructure errors are.
 """
 
 import asyncio
@@ -36,22 +38,39 @@ class GroupRunner:
 
     async def run(self, env, task, n: int | None = None, per_server: list[int] | None = None) -> list[Rollout]:
         """One group of ``n`` rollouts of ``task`` (default ``group_size``), on the least loaded server; run again
-        on another if that server is set aside before the group ends, or fails rollouts and then does not answer.
+        on another if that server is set aside before the group ends, or fails rollouts and then does not answer;
+        run again if its rollout worker dies, up to ``infra.max_retries`` times, then lost.
         ``per_server`` counts the rollouts each server finished (by its place in ``client.base_url``)."""
         n = n or self.group_size
+        workers_lost = 0
         while True:
             async with self.servers.lease() as server:
                 try:
                     rollouts = await self.servers.guard(server, self.group(env, task, n, server))
                 except ServerDown:
                     rollouts = None
-                except WorkerLost:
-                    continue  # the pool said so, and starts another worker
+                except WorkerLost as e:  # the pool said so, and starts another worker
+                    if workers_lost == self.limits.max_retries:
+                        return self.lost_to_workers(env, task, n, e)
+                    workers_lost += 1
+                    continue
                 if rollouts is not None and (all(r.ok for r in rollouts) or await self.servers.answers(server)):
                     if per_server is not None:
                         per_server[self.servers.servers.index(server)] += n
                     return rollouts
             logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
+
+    def lost_to_workers(self, env, task, n: int, error: WorkerLost) -> list[Rollout]:
+        """The ``n`` rollouts of a group lost because its rollout worker died at each of its tries (one line says
+        so), as a group lost to infrastructure errors is (:func:`~orchestrator.infra.is_lost`)."""
+        env_id, retries = env_config(env).id, self.limits.max_retries
+        logger.warning(
+            f"a group of task {task_id(task.data)} in environment {env_id!r} is lost: its rollout worker died at each "
+            f"of its {retries + 1} tries (infra.max_retries = {retries}), last: {error}"
+        )
+        error_text = f"WorkerLost: {error}"
+        return [Rollout(reward=0.0, branches=[], ok=False, error=error_text, task=task_id(task.data), env=env_id,
+                        lost=True, retries=retries) for _ in range(n)]  # fmt: skip
 
     def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
         """The rollouts of one group on ``server``, run here or by a worker."""

@@ -9,7 +9,7 @@ function of N (no state to save beyond the step), so a resumed run continues the
 import heapq
 import random
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.difficulty_pool import DifficultyPool
 
@@ -68,15 +68,36 @@ class StepTasks:
     seed: int
     tasks: list[tuple[int, int]]
     weights: list[list[float]]
+    orders: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)  # replacements, drawn once
 
     def replacement(self, slot: int, attempt: int, tried: Collection[int]) -> tuple[int, int]:
-        """The task of the ``attempt``-th replacement (from 1) of the group in place ``slot``: drawn by weight from
-        the same environment's tasks, leaving out the step's own and the ``tried`` ones; a pure function of the
-        seed, step, slot and attempt."""
+        """The task of the ``attempt``-th replacement (from 1) of the group in place ``slot``, from the same
+        environment: a pure function of the seed, step, slot and attempt, whatever order the places finish in.
+
+        A step's replacements are different tasks, none of them the step's own: they are taken from one weighted draw
+        of the environment's other tasks (:meth:`replacement_order`), the first replacements of its places first (in
+        the order of the places), then the second ones, and so on. Past the draw's end (an environment with fewer
+        other tasks than its places ask for), a replacement is drawn by weight leaving out the step's own tasks and
+        this place's ``tried`` ones while others remain: it may repeat another place's."""
         env = self.tasks[slot][0]
+        places = [place for place, (e, _) in enumerate(self.tasks) if e == env]
+        position = (attempt - 1) * len(places) + places.index(slot)
+        order = self.replacement_order(env)
+        if position < len(order):
+            return env, order[position]
         taken = {task for e, task in self.tasks if e == env} | set(tried)
         rng = random.Random(f"{self.seed}:{self.step}:{slot}:{attempt}")
         return env, draw(self.weights[env], 1, rng, taken)[0]
+
+    def replacement_order(self, env: int) -> list[int]:
+        """Environment ``env``'s tasks other than the step's own, drawn by weight into the order replacements take
+        them in (seeded by the seed, step and environment)."""
+        if env not in self.orders:
+            own = {task for e, task in self.tasks if e == env}
+            others = len(self.weights[env]) - len(own)
+            rng = random.Random(f"{self.seed}:{self.step}:{env}:replacements")
+            self.orders[env] = draw(self.weights[env], others, rng, own) if others else []
+        return self.orders[env]
 
 
 class TaskSampler:

@@ -8,8 +8,13 @@ faster than that gives its groups to workers, each running them as the orchestra
 The orchestrator keeps everything else: which server a group runs on, weight updates, batches, checkpoints. A worker
 is sent each group's environment config, task, size and server; it loads each environment once, keeps it serving,
 and sends back the finished rollouts. Each worker holds an equal share (rounded up) of the run's limits: rollouts in
-flight, set-ups, model calls per server. A worker that dies fails its groups with :class:`WorkerLost`, so that they
-run again, and a new one starts in its place. Messages are pickled, each after its length, over a socket pair.
+flight, set-ups, model calls per server. Messages are pickled, each after its length, over a socket pair.
+
+A worker that dies fails its groups with :class:`WorkerLost`, so that they run again (up to ``infra.max_retries``
+times, :class:`~orchestrator.groups.GroupRunner`), and a new one starts in its place. What it started is stopped at
+once, however it ended: each worker is marked with ``$TRIDENT_WORKER_MARK``, which its tool servers and programs
+inherit, and once it is gone the orchestrator stops what still carries the mark (:func:`contracts.lifeline.stop_marked`;
+verifiers' own tool servers ask to die with their parent only once started, seconds after it starts them).
 """
 
 import asyncio
@@ -25,7 +30,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from contracts.errors import TridentError
-from contracts.lifeline import stop_descendants_on_exit
+from contracts.lifeline import stop_descendants_on_exit, stop_marked
 from contracts.metrics import setup_logging
 from orchestrator.config import EnvConfig, EvalRunConfig, InfraConfig, OrchestratorConfig
 from orchestrator.gc_tuning import tune_gc
@@ -35,6 +40,9 @@ from orchestrator.verifiers_adapter.limits import run_limits
 from orchestrator.verifiers_adapter.patches import install_patches
 
 logger = logging.getLogger("orchestrator")
+
+WORKER_MARK_ENV = "TRIDENT_WORKER_MARK"  # in each worker's environment, and so in that of everything it starts
+_worker_starts = itertools.count()  # of this process's pools, so that no two workers share a mark
 
 
 def cpu_seconds(pid: int) -> float:
@@ -72,6 +80,7 @@ async def receive(reader: asyncio.StreamReader) -> tuple:
 @dataclasses.dataclass(eq=False)
 class _Worker:
     number: int
+    mark: str  # its $TRIDENT_WORKER_MARK: this orchestrator's pid and the worker's start
     process: asyncio.subprocess.Process
     writer: asyncio.StreamWriter
     jobs: dict[int, asyncio.Future] = dataclasses.field(default_factory=dict)
@@ -136,19 +145,22 @@ class RolloutWorkers:
 
     async def _start(self, number: int) -> _Worker:
         mine, theirs = socket.socketpair()
+        mark = f"{os.getpid()}.{next(_worker_starts)}"
         with theirs:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "orchestrator.workers", str(theirs.fileno()), pass_fds=(theirs.fileno(),)
-            )
+                sys.executable, "-m", "orchestrator.workers", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
+                env=os.environ | {WORKER_MARK_ENV: mark},
+            )  # fmt: skip
         reader, writer = await asyncio.open_connection(sock=mine)
-        worker = _Worker(number, process, writer)
+        worker = _Worker(number, mark, process, writer)
         await send(writer, ("init", number, *self.setup))
         worker.reading = asyncio.create_task(self._read(worker, reader))
         logger.debug(f"rollout worker {number} started (pid {process.pid})")
         return worker
 
     async def _read(self, worker: _Worker, reader: asyncio.StreamReader) -> None:
-        """Hand each of ``worker``'s answers to its group; when it ends, fail the groups it still had."""
+        """Hand each of ``worker``'s answers to its group; when it ends, fail the groups it still had and stop what
+        it left running."""
         try:
             while True:
                 message = await receive(reader)
@@ -167,11 +179,12 @@ class RolloutWorkers:
             lost = TridentError(f"rollout worker {worker.number} exited with code {code} while starting; its log "
                                 "lines above say why")  # fmt: skip
         elif self.workers[worker.number] is worker:
-            logger.warning(f"{lost}: its groups run again, on a new worker")
+            logger.warning(f"{lost}: its groups run again, on a new worker (each up to infra.max_retries times)")
             self.restarts += 1
         for future in worker.jobs.values():
             if not future.done():
                 future.set_exception(lost)
+        await asyncio.to_thread(stop_marked, WORKER_MARK_ENV, worker.mark)
 
     async def close(self) -> None:
         """Stop the workers: each cancels its groups, leaves its environments and exits."""
@@ -180,6 +193,7 @@ class RolloutWorkers:
         for worker in workers:
             worker.writer.close()
         await asyncio.gather(*(worker.process.wait() for worker in workers))
+        await asyncio.gather(*(worker.reading for worker in workers), return_exceptions=True)  # and what they left
 
 
 class WorkerGroups:

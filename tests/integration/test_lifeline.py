@@ -1,11 +1,14 @@
-"""A process of a run stops when ``rl`` is gone, even when ``rl`` is SIGKILLed: real processes, real signals."""
+"""A process of a run stops when ``rl`` is gone, even when ``rl`` is SIGKILLed, and takes what it started with it (by
+its mark, when it was SIGKILLed itself): real processes, real signals."""
 
 import os
 import signal
 import subprocess
 import sys
 
-from procs import group_running, wait_gone
+from procs import alive, group_running, wait_gone
+
+from contracts.lifeline import marked, stop_marked
 
 # A stand-in for rl: it starts the child (a group leader, or not) and a bystander in its own group, prints both pids.
 LAUNCHER = """
@@ -35,10 +38,6 @@ def start_launcher(leader: bool) -> tuple[subprocess.Popen, int, int]:
     child, bystander = map(int, launcher.stdout.readline().split())
     assert launcher.stdout.readline().strip() == "up"  # the stubborn grandchild runs
     return launcher, child, bystander
-
-
-def alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_a_child_leading_its_group_stops_it_all_when_rl_is_killed():
@@ -100,3 +99,23 @@ def test_processes_started_in_sessions_of_their_own_stop_when_the_process_ends()
     process, pids = started(0)
     assert process.wait(timeout=30) == 0
     wait_gone(lambda: [pid for pid in pids if alive(pid)], timeout_s=10)
+
+
+def test_what_a_sigkilled_process_started_stops_by_the_mark_it_inherited():
+    """A SIGKILLed process runs no exit: its orphans, in sessions of their own, are found by the environment variable
+    they inherited from it (as the orchestrator stops a killed rollout worker's tool servers)."""
+    mark = f"lifeline-test-{os.getpid()}"
+    process = subprocess.Popen([sys.executable, "-c", STARTER, "600"], stdout=subprocess.PIPE, text=True,
+                               env=os.environ | {"TRIDENT_TEST_MARK": mark})  # fmt: skip
+    pids = list(map(int, process.stdout.readline().split()))
+    process.kill()
+    process.wait()
+    try:
+        assert all(alive(pid) for pid in pids)  # nothing stopped them
+        assert {pid for pid, _ in marked("TRIDENT_TEST_MARK", mark)} == set(pids)
+        stop_marked("TRIDENT_TEST_MARK", mark, grace_s=1)  # the stubborn one by SIGKILL, after 1 s
+        wait_gone(lambda: [pid for pid in pids if alive(pid)], timeout_s=10)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)

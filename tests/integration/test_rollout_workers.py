@@ -1,18 +1,24 @@
 """Rollout worker processes (``rollout_workers``): groups run by workers come back as the orchestrator's own process
 would run them, within each worker's share of the limits; a cancelled group frees what it held in its worker; a worker
-killed mid-group has its group run again on a new one; a worker that cannot start is one clear error."""
+killed mid-group has its group run again on a new one, a bounded number of times, and its tool servers stop at once; a
+worker that cannot start is one clear error."""
 
 import asyncio
 import os
 import signal
 import threading
+from pathlib import Path
 
+import flaky_tools
 import pytest
 from fake_policy import CountingHandler, CountingServer, serving
+from procs import alive
 
 from contracts.errors import TridentError
-from orchestrator.config import InfraConfig, OrchestratorConfig
+from contracts.lifeline import marked
+from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
 from orchestrator.groups import connect
+from orchestrator.infra import check_lost, infra_metrics
 from orchestrator.verifiers_adapter.envs import load_env, load_tasks, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from orchestrator.workers import RolloutWorkers
@@ -43,9 +49,22 @@ def held_server():
 
 
 def run_config(server, per_server: int = 64) -> OrchestratorConfig:
-    """Two rollout workers on ``server``, at most ``per_server`` model calls in flight on it."""
+    """Two rollout workers on ``server``, at most ``per_server`` model calls in flight on it; a group whose worker
+    dies runs again once (infra.max_retries = 1)."""
     client = {"base_url": server.base_url, "max_concurrent_per_server": per_server}
-    return OrchestratorConfig(client=client, env=[{"id": ENV}], rollout_workers=2)
+    return OrchestratorConfig(client=client, env=[{"id": ENV}], rollout_workers=2, infra={"max_retries": 1})
+
+
+def tool_servers(starts: Path) -> set[int]:
+    """The flaky-tools servers running that count their starts in ``starts``."""
+    found = set()
+    for pid, _ in marked("FLAKY_TOOLS_DIR", str(starts)):  # this process and the workers too
+        try:
+            if b"flaky_tools" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return found
 
 
 async def until(condition, timeout_s: float = 120.0) -> None:
@@ -103,10 +122,37 @@ async def a_killed_workers_group_runs_again(groups, env, task, server) -> None:
     assert busy.process.pid not in groups.workers.pids and len(groups.workers.pids) == 2
 
 
-def test_groups_on_two_workers_as_in_process_cancelled_and_after_a_worker_is_killed(caplog):
+async def a_group_whose_worker_keeps_dying_is_lost_and_its_tool_servers_stop(groups, env, task, starts) -> None:
+    """A group whose worker is killed at each try, with its tool server starting (and never reaching the point where
+    verifiers has it die with its parent): each killed worker's tool server stops at once, while the orchestrator
+    runs on; after 1 + infra.max_retries tries the group is lost, counted as infrastructure losses are."""
+    group = asyncio.ensure_future(groups.run(env, task))
+    kills = 0
+    while True:
+        await until(lambda: group.done() or tool_servers(starts))
+        if group.done():
+            break
+        assert kills < 2, "the group ran on a third worker: infra.max_retries = 1 allows two tries"
+        servers = tool_servers(starts)
+        (busy,) = [worker for worker in groups.workers.workers if worker is not None and worker.jobs]
+        os.kill(busy.process.pid, signal.SIGKILL)
+        kills += 1
+        await until(lambda servers=servers: not any(map(alive, servers)), timeout_s=60)  # not left till the run ends
+    rollouts = group.result()
+    assert kills == 2 and len(rollouts) == 2
+    assert all(r.lost and r.retries == 1 and r.error.startswith("WorkerLost: rollout worker") for r in rollouts)
+    assert infra_metrics([rollouts])["infra/flaky-tools/lost_groups"] == 1
+    with pytest.raises(TridentError, match=r"\(task t0\), after 1 retries: WorkerLost: rollout worker \d"):
+        check_lost(1, [rollouts], max_share=0.5)
+
+
+def test_groups_on_two_workers_as_in_process_cancelled_and_after_workers_are_killed(caplog, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(Path(flaky_tools.__file__).parent))  # as verifiers starts its tool server
+    monkeypatch.setenv("FLAKY_TOOLS_DIR", str(tmp_path))
+    monkeypatch.setenv("FLAKY_TOOLS_HANG", "1")  # each start hangs before it is a verifiers server
     with held_server() as server:
         config = run_config(server, per_server=2)
-        env = load_env(config.env[0])
+        env, tools_env = load_env(config.env[0]), load_env(EnvConfig(id=flaky_tools.ENV_ID))
         tasks = load_tasks(env, 4)
         groups = connect(config, config.infra, 2)
 
@@ -116,12 +162,24 @@ def test_groups_on_two_workers_as_in_process_cancelled_and_after_a_worker_is_kil
                     await same_as_in_process(groups, env, tasks, server)
                     await cancelled_groups_free_their_slots(groups, env, tasks, server)
                     await a_killed_workers_group_runs_again(groups, env, tasks[2], server)
+                    task = load_tasks(tools_env, 1)[0]
+                    await a_group_whose_worker_keeps_dying_is_lost_and_its_tool_servers_stop(
+                        groups, tools_env, task, tmp_path
+                    )
                 finally:
                     server.release.set()
                     await groups.close()
 
-        asyncio.run(run())
+        try:
+            asyncio.run(run())
+        finally:
+            for pid in tool_servers(tmp_path):  # left by a failure
+                os.kill(pid, signal.SIGKILL)
     assert f"exited with code {-signal.SIGKILL}: its groups run again, on a new worker" in caplog.text
+    assert (
+        "a group of task t0 in environment 'flaky-tools' is lost: its rollout worker died at each of its 2 tries "
+        "(infra.max_retries = 1), last: rollout worker"
+    ) in caplog.text
 
 
 def test_a_worker_that_cannot_start_is_one_error_naming_it(tmp_path):

@@ -94,12 +94,14 @@ def test_without_refill_a_tied_group_stays_and_nothing_is_refilled(tmp_path, mon
     assert not any(key.startswith("refill/") for key in read_metrics(tmp_path, "orchestrator")[0])
 
 
-def test_replacements_are_the_same_in_every_run_of_a_step(tmp_path, monkeypatch, on_weights_server):
-    """Replacement tasks are a pure function of the seed, step, place and attempt: a resumed run redraws them."""
+def test_a_steps_groups_are_of_different_tasks_the_same_in_every_run(tmp_path, monkeypatch, on_weights_server):
+    """Replacement tasks are a pure function of the seed, step, place and attempt: a resumed run redraws them. Places
+    refilled in the same step draw different tasks (test_tasks.py: an environment with too few)."""
     runs = []
     for run in ("first", "second"):
-        sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 7 == 0 else [0.0, 0.0])
-        orchestrator, _ = on_weights_server(config(tmp_path / run, filter={"refill": True, "max_attempts": 5}))
+        sampled = fake_groups(monkeypatch, lambda task: [0.0, 1.0] if task % 11 == 0 else [0.0, 0.0])
+        orchestrator, _ = on_weights_server(config(tmp_path / run, filter={"refill": True, "max_attempts": 8}))
         asyncio.run(orchestrator.step(1))
         runs.append(sorted(sampled))  # places run concurrently: compare as sets of draws
     assert runs[0] == runs[1] and len(runs[0]) > 4
+    assert len(set(runs[0])) == len(runs[0])  # no task sampled twice in the step

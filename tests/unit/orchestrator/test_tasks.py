@@ -1,13 +1,14 @@
 """Several environments in one run: each gives its share of every batch, from its own seeded order."""
 
 import json
+import random
 from collections import Counter
 
 import pytest
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.tasks import TaskOrder, prompts_per_env
+from orchestrator.tasks import StepTasks, TaskOrder, prompts_per_env
 from orchestrator.verifiers_adapter.envs import load_env
 
 
@@ -60,3 +61,31 @@ def test_an_environment_whose_dataset_cannot_be_read_is_one_line_naming_it(tmp_p
         load_env(  # loading reads the first task (does it name an image?)
             EnvConfig(id="swe-grep-oss-env", args={"dataset_path": str(tmp_path / "none.parquet")})
         )
+
+
+def replacements(tasks: StepTasks, attempts: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """The replacement of each place and attempt, asked for in a shuffled order (places finish in any order)."""
+    asks = [(slot, attempt) for slot in range(len(tasks.tasks)) for attempt in range(1, attempts + 1)]
+    random.Random(1).shuffle(asks)
+    tried: dict[int, list[int]] = {slot: [task] for slot, (_, task) in enumerate(tasks.tasks)}
+    drawn = {}
+    for slot, attempt in sorted(asks, key=lambda ask: ask[1]):  # a place's attempts come one after another
+        drawn[slot, attempt] = tasks.replacement(slot, attempt, tried[slot])
+        tried[slot].append(drawn[slot, attempt][1])
+    return drawn
+
+
+def test_a_steps_replacements_are_different_tasks_none_of_its_own_and_the_same_in_every_run():
+    own = [(0, 3), (1, 0), (0, 7), (0, 1), (1, 2)]
+    tasks = StepTasks(step=4, seed=0, tasks=own, weights=[[1.0] * 30, [1.0, 2.0, 1.0, 3.0, 1.0, 2.0]])
+    drawn = replacements(tasks, attempts=4)
+    env_0 = [task for (slot, _), (e, task) in drawn.items() if e == 0]
+    assert len(env_0) == 12 and len(set(env_0)) == 12 and not set(env_0) & {3, 7, 1}  # 27 other tasks: enough
+    assert all(e == own[slot][0] for (slot, _), (e, _) in drawn.items())  # each from its place's environment
+    # environment 1 has 4 other tasks for its 2 places × 4 attempts: those 4 first, then draws that may repeat
+    firsts = [drawn[slot, attempt][1] for attempt in (1, 2) for slot in (1, 4)]
+    assert sorted(firsts) == [1, 3, 4, 5]
+    later = [drawn[slot, attempt][1] for attempt in (3, 4) for slot in (1, 4)]
+    assert set(later) <= {1, 3, 4, 5}  # never the step's own while others remain
+    again = StepTasks(step=4, seed=0, tasks=own, weights=tasks.weights)
+    assert replacements(again, attempts=4) == drawn  # a pure function of seed, step, place and attempt
