@@ -1,7 +1,7 @@
 """The parts of ``src/orchestrator/``: the rollout core (the ``Rollout`` values, advantages, batches, stats, refills,
 weight sync: plain Python and torch), the verifiers adapter in one subfolder, and the few modules that join the two
-to run groups, evaluations and steps. ``tests/unit/project/test_floors.py`` and ``tests/unit/orchestrator/test_boundary.py``
-hold the parts to their rules."""
+to run groups, evaluations and steps. ``tests/unit/project/test_floors.py`` and
+``tests/unit/orchestrator/test_boundary.py`` hold the parts to their rules."""
 
 import pkgutil
 
