@@ -28,6 +28,7 @@ from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
     check_envs_installed,
     check_gpus,
+    check_lora_targets,
     check_memory,
     check_model,
     check_port_free,
@@ -252,6 +253,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
 def run(config: RLConfig) -> int:
     check_envs_installed(config)
     check_model(config.trainer.model.name)
+    check_lora_targets(config)
     on_gpu = gpu_memory_gib(config) is not None
     settle_broadcast(config, on_gpu)
     plan = check_memory(config)

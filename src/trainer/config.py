@@ -44,7 +44,13 @@ class LoraConfig(StrictModel):
     alpha: Annotated[float, Field(gt=0, description="Scale of the adapter's update is alpha / rank.")] = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout on the adapter's input.")] = 0.0
     target_modules: Annotated[
-        list[str], Field(min_length=1, description="Names of the linear layers that get an adapter.")
+        list[str],
+        Field(
+            min_length=1,
+            description="Names of the linear layers that get an adapter (a name, or a dotted suffix of one, as peft "
+            "matches). One that names no linear layer of the model is refused: by `rl` before anything starts for a "
+            "llama, mistral, qwen2 or qwen3 model whose config.json is on the machine, else at the trainer's start.",
+        ),
     ] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     modules_to_save: Annotated[
         list[str], Field(description="Modules trained in full next to the adapter, e.g. 'lm_head'.")

@@ -8,7 +8,7 @@ from debug_configs import FILES
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from launch import preflight
-from launch.preflight import check_gpus
+from launch.preflight import check_gpus, check_lora_targets
 from launch.rl_config import RLConfig, resolve_shared
 
 
@@ -29,3 +29,17 @@ def test_a_gpu_id_beyond_the_machines_gpus_is_named(monkeypatch):
     config = resolve_shared(parse_config(RLConfig, [*FILES, "--inference-gpu-ids", "1", "--trainer-gpu-ids", "5"]))
     with pytest.raises(TridentError, match=r"^--trainer-gpu-ids \[5\]: this machine has GPUs 0..1; name those$"):
         check_gpus(config, on_gpu=True)
+
+
+def test_a_lora_target_module_the_model_lacks_is_refused_before_anything_starts():
+    """The tiny model's config.json says qwen3, whose linear layers rl knows without loading it (issue 40)."""
+    config = resolve_shared(parse_config(RLConfig, [*FILES, "--trainer.model.experimental.lora",
+                                                    '{"target_modules": ["qproj", "v_proj"]}']))  # fmt: skip
+    with pytest.raises(TridentError) as error:
+        check_lora_targets(config)
+    assert str(error.value) == (
+        "trainer.model.experimental.lora.target_modules: no linear layer 'qproj' in the qwen3 model "
+        "'trident/tiny-qwen3'; its linear layers: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
+    )
+    config.trainer.model.experimental.lora.target_modules = ["self_attn.q_proj", "down_proj"]  # peft's dotted suffix
+    check_lora_targets(config)
