@@ -17,7 +17,7 @@ import httpx
 import tomli_w
 from rich.console import Console
 
-from contracts.config import ConfigError, exit_config_error, parse_config, to_toml_dict
+from contracts.config import ConfigError, exit_config_error, run_cli, to_toml_dict
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import HEALTH
 from contracts.lifeline import launcher_env
@@ -325,9 +325,9 @@ def write_plots_or_warn(output_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    setup_logging("rl")
+    config = run_cli(RLConfig, "rl", argv)
+    setup_logging("rl")  # resolve_shared may warn
     try:
-        config = parse_config(RLConfig, sys.argv[1:] if argv is None else argv)
         config = resolve_shared(config, on_gpu=gpu_memory_gib(config) is not None)
     except ConfigError as e:
         exit_config_error(e)

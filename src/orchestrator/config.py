@@ -377,6 +377,8 @@ class InfraConfig(StrictModel):
 
 
 class OrchestratorConfig(BaseConfig):
+    """``uv run orchestrator @ orch.toml``: run environments against the server and write training batches."""
+
     model: OrchestratorModelConfig = OrchestratorModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     advantage: AdvantageConfig = AdvantageConfig()

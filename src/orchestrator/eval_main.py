@@ -107,7 +107,7 @@ async def evaluate(config: EvalCliConfig) -> dict:
 
 
 def main() -> None:
-    config = run_cli(EvalCliConfig)
+    config = run_cli(EvalCliConfig, "eval")
     setup_logging("eval", config.log.level)
     with exit_on_user_error("eval"):
         tune_gc()

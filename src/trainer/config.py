@@ -224,6 +224,8 @@ class LossConfig(StrictModel):
 
 
 class TrainerConfig(BaseConfig):
+    """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
+
     model: TrainerModelConfig = TrainerModelConfig()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
@@ -278,6 +280,11 @@ class TrainerConfig(BaseConfig):
     @model_validator(mode="after")
     def _broadcast_sends_full_weights(self):
         lora = self.model.experimental.lora
+        if self.weight_broadcast is not None and self.model.experimental.load_in_4bit:
+            raise ValueError(
+                "weight_broadcast sends full weights, and a 4-bit base (model.experimental.load_in_4bit) exports its "
+                "adapter alone: drop [weight_broadcast] (adapters are small and swap in from disk)"
+            )
         if self.weight_broadcast is not None and lora is not None and lora.export == "adapter":
             raise ValueError(
                 "weight_broadcast sends full weights: set model.experimental.lora.export = 'merged' (or drop "

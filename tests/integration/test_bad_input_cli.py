@@ -2,6 +2,7 @@
 non-zero exit, nothing started or written (issue 30). The checks that need no process are in
 tests/unit/rl/test_bad_input.py."""
 
+import os
 import subprocess
 import sys
 
@@ -13,9 +14,10 @@ from namespaces import user_namespaces
 RL = [sys.executable, "-m", "launch.launcher"]
 
 
-def rl(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``rl ... --dry-run`` in a process of its own."""
-    return subprocess.run([*prefix, *RL, *args, "--dry-run"], capture_output=True, text=True, timeout=120)
+def rl(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> subprocess.CompletedProcess:
+    """``rl ... --dry-run`` in a process of its own (with ``env`` added to this one's environment)."""
+    argv, environ = [*prefix, *RL, *args, "--dry-run"], {**os.environ, **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
 
 
 def one_line(result: subprocess.CompletedProcess, code: int) -> str:
@@ -80,3 +82,10 @@ def test_gpu_ids_on_a_machine_without_gpus_start_one_cpu_server_and_say_so(tmp_p
         "rl WARNING --inference-gpu-ids [0, 1]: this machine has no GPU, so rl starts one inference server on the "
         "CPU; --inference-servers N starts N there (or plan a GPU run with --gpu-memory-gib)"
     ) in result.stderr
+
+
+def test_a_bad_env_var_is_one_line_not_a_traceback_at_import(tmp_path):
+    """rl's config built no sub-config at import, where a bad variable was a pydantic traceback (issue 40)."""
+    line = one_line(rl(*FILES, "--output-dir", str(tmp_path), env={"TRIDENT_OPTIM__LRR": "1"}), 2)
+    assert line == "error: env var TRIDENT_OPTIM__LRR='1': trainer.optim.lrr: unknown key"
+    assert not any(tmp_path.iterdir())
