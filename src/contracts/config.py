@@ -3,19 +3,28 @@
 Sources, later wins: field defaults < ``TRIDENT_*`` env vars (``__`` nests) < ``@ file.toml`` (several
 allowed, later wins) < ``--dotted.key value`` flags. ``--section @ file.toml`` loads a file under a key
 (how ``rl --trainer @ train.toml`` works). Booleans may be bare flags (``--wandb.offline``) or negated
-(``--no-wandb.offline``). Any mistake ends in :class:`ConfigError`, one line naming the file or flag.
+(``--no-wandb.offline``). Any mistake ends in :class:`ConfigError`, one line naming the file, flag or env var.
+``--help`` (``-h``) prints each command's usage from its config model (:func:`cli_help`).
 """
 
+import inspect
 import json
+import os
+import re
 import sys
+import textwrap
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_PREFIX = "TRIDENT_"
+HELP_FLAGS = ("-h", "--help")
+CONFIG_REFERENCE = "docs/configs.md"
 
 
 class ConfigError(Exception):
@@ -161,16 +170,17 @@ def _dotted_keys(tree: Any, prefix: str) -> list[str]:
 
 
 def format_errors(error: ValidationError, origin: dict[str, str]) -> str:
+    """One line per problem of ``error``, each naming where the value came from (``origin``: file or flag of each
+    dotted key), the env var that set it, or that no source gave a required key."""
     lines = []
     for err in error.errors():
         key = ".".join(str(part) for part in err["loc"])
         if not key:  # a check across keys: its message names them
             lines.append(str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"])
             continue
-        source = next(
-            (origin[k] for k in (key, *_parents(key)) if k in origin),
-            f"env var {ENV_PREFIX}{key.upper().replace('.', '__')} or default",
-        )
+        if err["type"] == "missing":
+            lines.append(f"{key}: required, and no file or flag gives it (see --help)")
+            continue
         message = err["msg"]
         if err["type"] == "value_error":  # a validator's own sentence, without pydantic's prefix
             message = str(err["ctx"]["error"])
@@ -178,8 +188,25 @@ def format_errors(error: ValidationError, origin: dict[str, str]) -> str:
             message = "unknown key"
         elif "input" in err and not isinstance(err["input"], dict | list):
             message += f" (got {err['input']!r})"
-        lines.append(f"{source}: {key}: {message}")
+        source = value_source(key, origin)
+        lines.append(f"{source}: {key}: {message}" if source else f"{key}: {message}")
     return "\n".join(lines)  # one line per problem
+
+
+def value_source(key: str, origin: dict[str, str]) -> str | None:
+    """Where the value at dotted ``key`` came from: the file or flag that gives it, else a ``TRIDENT_*`` env var set
+    for it or a section above it (under ``rl`` a sub-config reads its own: ``TRIDENT_OPTIM__LR`` for
+    ``trainer.optim.lr``), else the file or flag that gives a section above it; None for a default."""
+    if key in origin:
+        return origin[key]
+    environ = {name.upper(): value for name, value in os.environ.items()}  # pydantic-settings ignores the case
+    parts = key.upper().split(".")
+    for start in range(len(parts)):
+        for end in range(len(parts), start, -1):
+            name = ENV_PREFIX + "__".join(parts[start:end])
+            if name in environ:
+                return f"env var {name}={environ[name]!r}"
+    return next((origin[parent] for parent in _parents(key) if parent in origin), None)
 
 
 def _parents(dotted: str) -> list[str]:
@@ -201,13 +228,67 @@ def parse_config(cls: type[C], argv: list[str]) -> C:
     return build_config(cls, values, origin)
 
 
-def run_cli(cls: type[C], argv: list[str] | None = None) -> C:
-    """Parse ``sys.argv`` for an entry point; a config mistake prints one line and exits 2."""
+def run_cli(cls: type[C], command: str, argv: list[str] | None = None) -> C:
+    """Parse ``sys.argv`` for the entry point ``command``: ``--help`` prints its usage and exits 0; a config mistake
+    prints one line and exits 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in HELP_FLAGS for arg in argv):
+        print(cli_help(cls, command))
+        sys.exit(0)
     try:
-        config = parse_config(cls, sys.argv[1:] if argv is None else argv)
+        config = parse_config(cls, argv)
     except ConfigError as e:
         exit_config_error(e)
     return config
+
+
+HOW = (
+    "Sources, later wins: defaults < env vars TRIDENT_<KEY>, __ between levels (TRIDENT_OPTIM__LR=1e-5) < "
+    "@ FILE.toml, several allowed, later files win < flags --dotted.key VALUE (--optim.lr 1e-5). A section also "
+    "loads from a file of its own (--section @ FILE.toml); booleans are bare (--flag) or negated (--no-flag); lists "
+    "and tables are JSON (--key '[1, 2]')."
+)
+
+
+def cli_help(cls: type[BaseConfig], command: str) -> str:
+    """``command --help``: its usage, how sources combine, and each top-level key of ``cls`` with the first sentence
+    of its description (the config model's docstring and descriptions, so the help cannot drift)."""
+    summary = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("``", "").replace("\n", " ")
+    lines = [f"usage: {command} [@ FILE.toml ...] [--KEY VALUE ...]", "", *textwrap.wrap(summary, 100), ""]
+    lines += [*textwrap.wrap(HOW, 100), "", "keys:"]
+    for name, field in cls.model_fields.items():
+        flag, section = "--" + name.replace("_", "-"), section_model(field.annotation)
+        if section is not None and typing.get_origin(field.annotation) is list:  # [[env]] tables
+            flag += " JSON"
+        elif section is not None:
+            flag += " @ FILE.toml" if issubclass(section, BaseConfig) else ".KEY VALUE"
+        elif field.annotation is not bool:
+            flag += " VALUE"
+        about = _description(field) or (section and section.__doc__) or ""  # a section's own docstring
+        about = _first_sentence(about) if about else f"Keys: {', '.join(section.model_fields)}."
+        about += " (required)" if field.is_required() else ""
+        column = f"  {flag:<32}" if len(flag) < 32 else f"  {flag}\n{' ' * 34}"
+        lines.append(textwrap.fill(about, 100, initial_indent=column, subsequent_indent=" " * 34) or column)
+    lines += ["", f"Every key, with its type, default and meaning: {CONFIG_REFERENCE}"]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _description(field: FieldInfo) -> str | None:
+    """A field's description, also one its type carries inside an optional (``OutputDir | None``)."""
+    inner = [meta for arg in typing.get_args(field.annotation) for meta in getattr(arg, "__metadata__", ())]
+    return field.description or next((meta.description for meta in inner if isinstance(meta, FieldInfo)), None)
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence (not one of 'e.g.' or a file name)."""
+    text = " ".join(text.replace("``", "").split())
+    return re.split(r"(?<!e\.g)(?<!i\.e)\.(?=\s)", text, maxsplit=1)[0].rstrip(".") + "."
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds, also when optional (``Section | None``)."""
+    candidates = [annotation, *typing.get_args(annotation)] if typing.get_origin(annotation) else [annotation]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
 def exit_config_error(error: Exception) -> NoReturn:

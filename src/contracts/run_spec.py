@@ -9,14 +9,13 @@ files ``rl`` wrote runs with the values it has under ``rl``.
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import ValidationError
 
 from contracts.chat_family import model_family
-from contracts.config import BaseConfig, ConfigError, exit_config_error, get_key, is_set, parse_config, set_key
+from contracts.config import BaseConfig, ConfigError, exit_config_error, get_key, is_set, run_cli, set_key
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from contracts.run_dir import configs_dir
@@ -179,9 +178,10 @@ def write_run_spec(spec: RunSpec, output_dir: Path) -> Path:
 
 def load_config(cls: type[C], process: str, argv: list[str] | None = None) -> tuple[C, RunSpec]:
     """An entry point's config (``sys.argv``) with the run spec applied (:func:`read_or_derive_run_spec`); a config
-    mistake, or a tiny model not built yet, prints one line and exits 2."""
+    mistake, or a tiny model not built yet, prints one line and exits 2; ``--help`` prints the usage of ``process``
+    (:func:`contracts.config.run_cli`)."""
+    config = run_cli(cls, process, argv)
     try:
-        config = parse_config(cls, sys.argv[1:] if argv is None else argv)
         resolve_model_path(config.model.name)  # a tiny model must be built before a process starts on it
         spec = read_or_derive_run_spec(config, process, getattr(config, "output_dir", None))
     except (ConfigError, TridentError) as e:

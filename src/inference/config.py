@@ -57,6 +57,8 @@ class InferenceBroadcastConfig(StrictModel):
 
 
 class InferenceConfig(BaseConfig):
+    """``uv run inference @ infer.toml``: serve the model with vLLM plus Trident's reload routes."""
+
     model: InferenceModelConfig = InferenceModelConfig()
     host: Annotated[
         str,

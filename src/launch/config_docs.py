@@ -8,6 +8,7 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from contracts.config import section_model
 from inference.config import InferenceConfig
 from orchestrator.config import EvalRunConfig, OrchestratorConfig
 from trainer.config import SFTConfig, TrainerConfig
@@ -26,12 +27,6 @@ def _type_name(annotation) -> str:
     return name or re.sub(r"\b[\w]+\.", "", str(annotation))  # drop module prefixes
 
 
-def _section(annotation) -> type[BaseModel] | None:
-    """The config section a field holds, also when optional (``Section | None``)."""
-    candidates = [annotation, *typing.get_args(annotation)] if typing.get_origin(annotation) else [annotation]
-    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-
-
 def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
     rows, sections = [], []
     for name, field in model.model_fields.items():
@@ -43,7 +38,7 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
         inner = typing.get_args(annotation)
         if typing.get_origin(annotation) is list and inner and issubclass(inner[0], BaseModel):
             sections.append((f"{key}[]", inner[0]))
-        elif (optional := _section(annotation)) is not None:  # an optional section: its row, then its keys
+        elif (optional := section_model(annotation)) is not None:  # an optional section: its row, then its keys
             sections.append((key, optional))
         default = field.get_default(call_default_factory=True)
         default = "required" if default is PydanticUndefined else f"`{json.dumps(to_jsonable_python(default))}`"

@@ -17,7 +17,7 @@ import httpx
 import tomli_w
 from rich.console import Console
 
-from contracts.config import ConfigError, exit_config_error, parse_config, to_toml_dict
+from contracts.config import ConfigError, exit_config_error, run_cli, to_toml_dict
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import HEALTH
 from contracts.lifeline import launcher_env
@@ -29,6 +29,7 @@ from launch.preflight import (
     check_env_datasets,
     check_envs_installed,
     check_gpus,
+    check_lora_targets,
     check_memory,
     check_model,
     check_port_free,
@@ -291,6 +292,7 @@ def run(config: RLConfig) -> int:
     check_env_datasets(config)
     build_tiny_models(config)
     check_model(config.trainer.model.name)
+    check_lora_targets(config)
     on_gpu = gpu_memory_gib(config) is not None
     settle_broadcast(config, on_gpu)
     plan = check_memory(config)
@@ -361,9 +363,9 @@ def write_plots_or_warn(output_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    setup_logging("rl")
+    config = run_cli(RLConfig, "rl", argv)
+    setup_logging("rl")  # resolve_shared may warn
     try:
-        config = parse_config(RLConfig, sys.argv[1:] if argv is None else argv)
         config = resolve_shared(config, on_gpu=gpu_memory_gib(config) is not None)
     except ConfigError as e:
         exit_config_error(e)

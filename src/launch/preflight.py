@@ -14,6 +14,7 @@ from dataset_rows import TASKSET_DATASET_KEYS, DatasetError, check_found
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
 from contracts.model_path import resolve_model_path
+from contracts.run_spec import local_model_folder
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.rl_config import RLConfig, servers
 
@@ -67,6 +68,29 @@ def check_model(name: str) -> None:
         raise TridentError(
             f"model.name = {name!r}: its tokenizer has no chat template; RL rollouts are chats, so use a chat "
             "(instruct) model or add a chat_template to its tokenizer_config.json"
+        )
+
+
+# The linear layers of a decoder layer in the dense architectures rl knows by their config.json's model_type, without
+# loading the model (the trainer checks any model's own at start)
+DENSE_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+KNOWN_LINEARS = dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"), DENSE_LINEARS)
+
+
+def check_lora_targets(config: RLConfig) -> None:
+    """Refuse a LoRA target module that names no linear layer of the model, where rl knows them: a model of an
+    architecture of :data:`KNOWN_LINEARS` whose config.json is on this machine. Elsewhere the trainer refuses it at
+    start."""
+    lora, name = config.trainer.model.experimental.lora, config.trainer.model.name
+    folder = local_model_folder(name) if lora is not None else None
+    if folder is None:
+        return
+    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    linears = KNOWN_LINEARS.get(model_type, ())
+    if missing := [t for t in lora.target_modules if linears and t.split(".")[-1] not in linears]:
+        raise TridentError(
+            f"trainer.model.experimental.lora.target_modules: no linear layer {', '.join(map(repr, missing))} in the "
+            f"{model_type} model {name!r}; its linear layers: {', '.join(sorted(linears))}"
         )
 
 

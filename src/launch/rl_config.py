@@ -1,10 +1,11 @@
 """The ``rl`` launcher's config: the three process configs plus the fields they must agree on."""
 
+import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
 from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
@@ -28,6 +29,8 @@ logger = logging.getLogger("rl")
 
 
 class SharedModelConfig(StrictModel):
+    """The model of all three processes."""
+
     name: Annotated[ModelName | None, Field(description="Model for all three processes.")] = None
     chat_family: Annotated[
         ChatFamilyName | None, Field(description="Chat family for the orchestrator and the server ('auto': read).")
@@ -50,8 +53,17 @@ SHARED_FIELDS = {
 
 
 class RLConfig(BaseConfig):
-    trainer: TrainerConfig = TrainerConfig()
-    orchestrator: OrchestratorConfig = OrchestratorConfig()
+    """``uv run rl --trainer @ train.toml --orchestrator @ orch.toml --inference @ infer.toml``: start and supervise
+    the three processes of a run (``--dry-run``: write the resolved configs, print the placement and memory plan)."""
+
+    # built from env vars when the config is, never at import: a bad TRIDENT_* variable is then one error line
+    trainer: Annotated[
+        TrainerConfig, Field(default_factory=TrainerConfig, description="The trainer's config (`train.toml`).")
+    ]
+    orchestrator: Annotated[
+        OrchestratorConfig,
+        Field(default_factory=OrchestratorConfig, description="The orchestrator's config (`orch.toml`)."),
+    ]
     inference: Annotated[
         InferenceConfig | None,
         Field(
@@ -105,6 +117,34 @@ class RLConfig(BaseConfig):
         bool, Field(description="Write the resolved configs to output_dir/configs, print the memory plan and exit.")
     ] = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _shared_values_first(cls, data):
+        """Fill the shared keys that the sub-configs given as tables leave out before they are validated, so that
+        their own checks across keys (the trainer's micro_batch_tokens against seq_len) judge the run's values, not
+        their defaults: rl's own value, else the one value the sub-configs give. :func:`resolve_shared` settles the
+        rest (rl's values over the sub-configs', defaults, disagreements)."""
+        if not isinstance(data, dict):
+            return data
+        for shared, targets in SHARED_FIELDS.items():
+            homes = [target for target in targets if isinstance(data.get(target.split(".")[0]), dict)]
+            value = _raw_value(data, shared)
+            if value is None:
+                given = {json.dumps(v, default=str): v for t in homes if (v := _raw_value(data, t)) is not None}
+                if len(given) != 1:
+                    continue  # none, or a disagreement resolve_shared names
+                value = next(iter(given.values()))
+            for target in homes:
+                *parents, leaf = target.split(".")
+                node = data
+                for key in parents:
+                    node = node.setdefault(key, {})
+                    if not isinstance(node, dict):
+                        break
+                else:
+                    node.setdefault(leaf, value)
+        return data
+
     @field_validator("trainer_gpu_ids", "inference_gpu_ids", mode="before")
     @classmethod
     def _gpu_id_list(cls, value):
@@ -126,6 +166,15 @@ class RLConfig(BaseConfig):
         if len(set(ids)) < len(ids):
             raise ValueError(f"{ids}: each GPU may be named once")
         return ids
+
+
+def _raw_value(data: dict, dotted: str):
+    """The value at ``dotted`` in a config's raw (not yet validated) tables; None where absent."""
+    for key in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
 
 
 def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
@@ -159,7 +208,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
         except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
             raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
-    one_trainer_gpu_for_a_4bit_base(config, on_gpu)
+    trainer_gpus(config, on_gpu)
     one_receiver(config)
     if config.inference is None:
         if config.inference_servers is not None:
@@ -271,9 +320,15 @@ def serve_adapters(config: RLConfig) -> None:
         )
 
 
-def one_trainer_gpu_for_a_4bit_base(config: RLConfig, on_gpu: bool) -> None:
-    """Refuse a QLoRA trainer on several GPUs before anything starts (its trainer refuses it too)."""
+def trainer_gpus(config: RLConfig, on_gpu: bool) -> None:
+    """On GPUs, refuse a QLoRA trainer on several before anything starts (its trainer refuses it too); on a machine
+    without GPUs, say that ``--trainer-gpu-ids`` go unused (the trainer runs on the CPU, as one process)."""
     gpus = config.trainer_gpu_ids
+    if not on_gpu and "trainer_gpu_ids" in config.model_fields_set:
+        logger.warning(
+            f"--trainer-gpu-ids {gpus}: this machine has no GPU, so the trainer runs on the CPU, as one process (or "
+            "plan a GPU run with --gpu-memory-gib)"
+        )
     if on_gpu and config.trainer.model.experimental.load_in_4bit and len(gpus) > 1:
         raise ConfigError(
             f"--trainer-gpu-ids {gpus}: trainer.model.experimental.load_in_4bit trains on one rank; give it one GPU"

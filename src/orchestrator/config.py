@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
@@ -154,6 +155,13 @@ class JudgeConfig(StrictModel):
     timeout_s: Annotated[
         float, Field(gt=0, description="Seconds a judge call may take; past it the call failed (retried).")
     ] = 60.0
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not (urlsplit(url).scheme in ("http", "https") and urlsplit(url).netloc):
+            raise ValueError(f"{url!r} is not an http(s) URL; write its scheme, e.g. 'http://{url.split('://')[-1]}'")
+        return url
 
     @field_validator("prompt")
     @classmethod
@@ -380,6 +388,8 @@ class InfraConfig(StrictModel):
 
 
 class OrchestratorConfig(BaseConfig):
+    """``uv run orchestrator @ orch.toml``: run environments against the server and write training batches."""
+
     model: OrchestratorModelConfig = OrchestratorModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     advantage: AdvantageConfig = AdvantageConfig()

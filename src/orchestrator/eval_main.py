@@ -108,7 +108,7 @@ async def evaluate(config: EvalCliConfig) -> dict:
 
 
 def main() -> None:
-    config = run_cli(EvalCliConfig)
+    config = run_cli(EvalCliConfig, "eval")
     setup_logging("eval", config.log.level)
     install_patches()
     with exit_on_user_error("eval"):

@@ -44,7 +44,13 @@ class LoraConfig(StrictModel):
     alpha: Annotated[float, Field(gt=0, description="Scale of the adapter's update is alpha / rank.")] = 16.0
     dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout on the adapter's input.")] = 0.0
     target_modules: Annotated[
-        list[str], Field(min_length=1, description="Names of the linear layers that get an adapter.")
+        list[str],
+        Field(
+            min_length=1,
+            description="Names of the linear layers that get an adapter (a name, or a dotted suffix of one, as peft "
+            "matches). One that names no linear layer of the model is refused: by `rl` before anything starts for a "
+            "llama, mistral, qwen2 or qwen3 model whose config.json is on the machine, else at the trainer's start.",
+        ),
     ] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     modules_to_save: Annotated[
         list[str], Field(description="Modules trained in full next to the adapter, e.g. 'lm_head'.")
@@ -219,6 +225,8 @@ class LossConfig(StrictModel):
 
 
 class TrainerConfig(BaseConfig):
+    """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
+
     model: TrainerModelConfig = TrainerModelConfig()
     optim: OptimConfig = OptimConfig()
     loss: LossConfig = LossConfig()
@@ -274,6 +282,11 @@ class TrainerConfig(BaseConfig):
     @model_validator(mode="after")
     def _broadcast_sends_full_weights(self):
         lora = self.model.experimental.lora
+        if self.weight_broadcast is not None and self.model.experimental.load_in_4bit:
+            raise ValueError(
+                "weight_broadcast sends full weights, and a 4-bit base (model.experimental.load_in_4bit) exports its "
+                "adapter alone: drop [weight_broadcast] (adapters are small and swap in from disk)"
+            )
         if self.weight_broadcast is not None and lora is not None and lora.export == "adapter":
             raise ValueError(
                 "weight_broadcast sends full weights: set model.experimental.lora.export = 'merged' (or drop "

@@ -12,6 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
+from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path
 from contracts.protocol import MicroBatch
 from trainer.attention import packing, use_packed_attention
@@ -106,7 +107,15 @@ def recompute_in_backward(module: nn.Module) -> None:
 
 
 def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
-    """Freeze the model and wrap it with a trainable LoRA adapter (peft)."""
+    """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names no linear layer of
+    the model (peft matches a name or a dotted suffix of one) is a TridentError naming the model's."""
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if missing := [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]:
+        linears = ", ".join(sorted({name.split(".")[-1] for name in names}))
+        raise TridentError(
+            f"model.experimental.lora.target_modules: no linear layer {', '.join(map(repr, missing))} in the "
+            f"{model.config.model_type} model; its linear layers: {linears}"
+        )
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,

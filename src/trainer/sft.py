@@ -150,7 +150,7 @@ def run_sft(config: SFTConfig, world: World) -> None:
 
 
 def main() -> None:
-    config = run_cli(SFTConfig)
+    config = run_cli(SFTConfig, "sft")
     setup_rank_logging("sft", config.log.level)
     with exit_on_user_error("sft"):
         train_sft(config)

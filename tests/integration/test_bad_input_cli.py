@@ -14,9 +14,10 @@ from namespaces import user_namespaces
 RL = [sys.executable, "-m", "launch.launcher"]
 
 
-def rl(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``rl ... --dry-run`` in a process of its own."""
-    return subprocess.run([*prefix, *RL, *args, "--dry-run"], capture_output=True, text=True, timeout=120)
+def rl(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> subprocess.CompletedProcess:
+    """``rl ... --dry-run`` in a process of its own (with ``env`` added to this one's environment)."""
+    argv, environ = [*prefix, *RL, *args, "--dry-run"], {**os.environ, **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=environ)
 
 
 def one_line(result: subprocess.CompletedProcess, code: int) -> str:
@@ -119,3 +120,10 @@ def test_a_dataset_the_orchestrator_or_eval_cannot_read_is_one_line(tmp_path):
         f"eval failed: environment 'gsm8k-calc': dataset '{missing}' not found: no such file or folder, and not a hub "
         "dataset id"
     )
+
+
+def test_a_bad_env_var_is_one_line_not_a_traceback_at_import(tmp_path):
+    """rl's config built no sub-config at import, where a bad variable was a pydantic traceback (issue 40)."""
+    line = one_line(rl(*FILES, "--output-dir", str(tmp_path), env={"TRIDENT_OPTIM__LRR": "1"}), 2)
+    assert line == "error: env var TRIDENT_OPTIM__LRR='1': trainer.optim.lrr: unknown key"
+    assert not any(tmp_path.iterdir())

@@ -214,6 +214,8 @@ def reading(sources: list[Source], label: str) -> Iterator[None]:
         yield
     except DatasetError:
         raise
+    except StopIteration:  # datasets' JSON reader, looking for a first row in a file without any
+        raise DatasetError(f"{label}: no rows (an empty file)") from None
     except (OSError, ValueError, hf_datasets().exceptions.DatasetsError) as e:  # pyarrow's ArrowInvalid: a ValueError
         for source in sources:
             if source.lines is not None and (bad := first_bad_line(source.lines)):

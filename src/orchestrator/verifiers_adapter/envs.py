@@ -250,10 +250,17 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: Rol
                 error = f"{type(e).__name__}: {e}"
                 return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data))
 
+    announced: set[int] = set()  # the retry rounds of this group said in the log: one line each
+
     async def one(slot) -> Rollout:
         retries = 0
         while (rollout := await attempt(slot)).lost and retries < limits.max_retries:
-            logger.debug(f"rollout of {env_id!r} runs again after: {rollout.error}")
+            if retries not in announced:
+                announced.add(retries)
+                logger.warning(
+                    f"environment {env_id!r}, task {rollout.task}: an infrastructure error, its rollouts run again in "
+                    f"{limits.backoff(retries):g}s (retry {retries + 1} of {limits.max_retries}): {rollout.error}"
+                )
             await asyncio.sleep(limits.backoff(retries))
             retries += 1
         rollout.retries = retries

@@ -97,7 +97,10 @@ def test_each_problem_is_its_own_line_and_cross_key_checks_read_plainly(tmp_path
     assert lines[1] == f"{path}: optim.lrr: unknown key"
     assert lines[2].startswith("--max-steps: max_steps: Input should be a valid integer")
     # a check across keys, also when rl fills a shared value into a sub-config
-    message = "seq_len = 64 is smaller than sampling.max_tokens = 128: a full reply could not fit in a training sample"
+    message = (
+        "--orchestrator.sampling.max-tokens: orchestrator: seq_len = 64 is smaller than sampling.max_tokens = 128: a "
+        "full reply could not fit in a training sample"
+    )
     with pytest.raises(ConfigError, match=f"^{message}$"):
         resolve_shared(parse_config(RLConfig, ["--seq-len", "64", "--orchestrator.sampling.max-tokens", "128"]))
 

@@ -91,6 +91,14 @@ def test_a_line_that_is_not_a_json_object_is_named(tmp_path, streaming, line, me
         list(read_rows(DatasetSpec(path=path, streaming=streaming)))
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_empty_file_is_named_not_a_stopiteration(tmp_path, streaming):
+    """datasets' JSON reader raises StopIteration looking for a first row (issue 40)."""
+    path = write_jsonl(tmp_path / "data.jsonl", [])
+    with pytest.raises(DatasetError, match=rf"^{path}: no rows \(an empty file\)$"):
+        list(read_rows(DatasetSpec(path=path, streaming=streaming)))
+
+
 @pytest.mark.parametrize("path", ["missing/data.jsonl", "./missing", "/no/such/folder", "a/b/c"])
 def test_a_missing_local_path_is_one_clear_line(tmp_path, monkeypatch, path):
     monkeypatch.chdir(tmp_path)

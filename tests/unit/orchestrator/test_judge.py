@@ -3,6 +3,7 @@ that plays both the policy (token in/token out, always replying "hi") and the ju
 the judge's request, its reply read as a score, and its failures retried and counted as infrastructure errors."""
 
 import asyncio
+import logging
 import re
 import sys
 import threading
@@ -204,12 +205,17 @@ def test_a_judge_failing_once_runs_the_rollout_again_and_is_counted():
     ],
     ids=["unparseable", "http-500", "timeout"],
 )
-def test_a_judge_that_keeps_failing_loses_the_group_and_never_scores_zero(script, judge, error):
-    with policy_and_judge(*script) as server:
+def test_a_judge_that_keeps_failing_loses_the_group_and_never_scores_zero(script, judge, error, caplog):
+    with policy_and_judge(*script) as server, caplog.at_level(logging.WARNING, logger="orchestrator"):
         if "timeout_s" in judge:
             judge = {**judge, "url": f"{server.base_url}/v1", "model": "grader"}
         rollouts = judged_rollouts(server, 2, judge, max_retries=2)
         assert len(server.judge_requests) == 2 * 3  # each rollout, and its 2 retries
+    # each retry round of the group is one line in the log while it runs, not silence until the step ends
+    said = [record.getMessage() for record in caplog.records if "its rollouts run again" in record.getMessage()]
+    assert [line.split(" (retry ")[1].split(")")[0] for line in said] == ["1 of 2", "2 of 2"], said
+    assert all(line.startswith("environment 'reverse-text', task ") for line in said), said
+    assert error.format(url=server.base_url) in said[0]
     assert all(r.lost and not r.ok and r.retries == 2 for r in rollouts)
     assert all(r.error.startswith(error.format(url=server.base_url)) for r in rollouts), rollouts[0].error
     counted = {name: value for name, value in infra_metrics([rollouts]).items() if "setup_s" not in name}
@@ -241,6 +247,11 @@ def test_judge_settings_that_cannot_work_are_refused_in_one_line(tmp_path):
         ('prompt = "Is {completion} {right}?"', r"env\.0\.judge\.prompt: unknown placeholder \{right\}"),
         ('prompt = "Is this right: {prompt}?"', r"env\.0\.judge\.prompt: the judge's prompt has no \{completion\}"),
         ('parse = "stars"', r"env\.0\.judge\.parse: Input should be 'yes_no' or 'number'"),
+        (
+            'url = "localhost:8001/v1"',
+            r"env\.0\.judge\.url: 'localhost:8001/v1' is not an http\(s\) URL; write its "
+            r"scheme, e\.g\. 'http://localhost:8001/v1'$",
+        ),
     ]:
         path.write_text(f'[[env]]\nid = "reverse-text"\n[env.judge]\n{table}\n')
         with pytest.raises(ConfigError, match=rf"orch\.toml: {error}"):

@@ -3,6 +3,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from contracts.errors import TridentError
 from contracts.protocol import MicroBatch, Sample
 from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE, read_probe
 from trainer.config import TrainerModelConfig, reshards_after_forward
@@ -88,6 +89,18 @@ def probe_reference(model, token_ids):
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
     return torch.cat([torch.zeros(1), torch.log_softmax(logits[:-1], -1).gather(1, ids[1:, None])[:, 0]])
+
+
+def test_a_lora_target_module_the_model_lacks_is_named_with_the_models_linear_layers(tiny_model_path):
+    lora = {"target_modules": ["q_proj", "qproj"]}
+    with pytest.raises(TridentError) as error:
+        load_model(TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora}), torch.device("cpu"))
+    assert str(error.value) == (
+        "model.experimental.lora.target_modules: no linear layer 'qproj' in the qwen3 model; its linear layers: "
+        "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
+    )
+    lora = {"target_modules": ["self_attn.q_proj", "layers.0.mlp.up_proj"]}  # peft's dotted suffixes are names too
+    load_model(TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora}), torch.device("cpu"))
 
 
 def test_the_compute_device_of_an_offloaded_model_is_the_gpu(tiny_model_path, monkeypatch):
