@@ -107,9 +107,10 @@ def recompute_in_backward(module: nn.Module) -> None:
 
 
 def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
-    """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names no linear layer of
-    the model (peft matches a name or a dotted suffix of one) is a TridentError naming the model's."""
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names nothing peft can adapt
+    (a linear layer, or a fused expert weight, by its name or a dotted suffix of it) is a TridentError naming the
+    model's linear layers."""
+    names = lora_target_names(model)
     if missing := [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]:
         linears = ", ".join(sorted({name.split(".")[-1] for name in names}))
         raise TridentError(
@@ -123,7 +124,25 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
         target_modules=lora.target_modules,
         modules_to_save=lora.modules_to_save or None,
     )
-    return get_peft_model(model, config)
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # e.g. one half of a fused expert weight targeted without the other
+        raise TridentError(f"model.experimental.lora.target_modules: {str(e).splitlines()[0]}") from None
+
+
+def lora_target_names(model: nn.Module) -> set[str]:
+    """What a LoRA target may name: each linear layer, and each fused expert weight of a mixture of experts, also by
+    the names fused in it (peft adapts ``experts.gate_up_proj`` for ``gate_proj`` and ``up_proj``)."""
+    names = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            names.add(name)
+            continue
+        for weight, _ in module.named_parameters(recurse=False):
+            if weight.endswith("_proj"):
+                parts = weight.removesuffix("_proj").split("_")
+                names |= {f"{name}.{weight}", *(f"{name}.{part}_proj" for part in parts)}
+    return names
 
 
 def use_packed_forward(model: PreTrainedModel) -> PreTrainedModel:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig
 
+from contracts.errors import TridentError
 from inference.config import InferenceConfig
 from launch.memory_plan import (
     ALLOCATOR_SLACK,
@@ -75,6 +76,18 @@ def test_lora_on_moe_adapts_the_experts_as_peft_does():
         adapted = add_lora(AutoModelForCausalLM.from_config(config), LoraConfig(rank=4, target_modules=targets))
         trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
         assert lora_parameters(shape, targets, 4) == trainable, targets
+
+
+def test_a_lora_target_on_moe_experts_peft_cannot_adapt_is_one_line():
+    """The fused expert weights count as targets (above); a name the model lacks, or one half of ``gate_up_proj``,
+    is one line (peft raised a traceback for the latter)."""
+    lacking = "no linear layer 'qproj' in the qwen3_moe model; its linear layers: down_proj, gate_proj, gate_up_proj"
+    half = "Cannot convert PEFT target(s) gate_proj without also targeting up_proj"
+    for targets, message in ((["q_proj", "qproj"], lacking), (["gate_proj"], half)):
+        model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**TINY_MOE))
+        with pytest.raises(TridentError) as error:
+            add_lora(model, LoraConfig(rank=4, target_modules=targets))
+        assert str(error.value).startswith(f"model.experimental.lora.target_modules: {message}"), str(error.value)
 
 
 # Qwen3-30B-A3B's config.json, its shape
