@@ -13,18 +13,19 @@ from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, samp
 from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
 from orchestrator.config import AdvantageConfig
 from orchestrator.infra import is_lost
+from orchestrator.no_sample import Untrained, no_sample_error, untrained_reason
 from orchestrator.rollout import Rollout
 
 
-def build_samples(
+def rollout_samples(
     groups: list[list[Rollout]],
     weight_step: int,
     mask_truncated: bool = False,
     zero_truncated: bool = False,
     advantage: AdvantageConfig | None = None,
-) -> tuple[list[Sample], Float[Tensor, "groups rollouts"], Float[Tensor, "groups rollouts"]]:
-    """Training samples from groups of rollouts, with group-relative advantages; also the rewards and advantages
-    they were built from.
+) -> tuple[list[list[list[Sample] | None]], Float[Tensor, "groups rollouts"], Float[Tensor, "groups rollouts"]]:
+    """The training samples of each rollout of ``groups`` (None for the rollouts of a group left out for tying),
+    with group-relative advantages; also the rewards and advantages they were built from.
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
     Failed rollouts (the environment raised) give no sample, and the baseline of their group is the others'.
@@ -36,25 +37,47 @@ def build_samples(
         ok = torch.tensor([r.ok for r in group])
         if ok.any():
             advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
-    dropped = uniform_groups(rewards).tolist() if advantage.drop_uniform_groups else [False] * len(groups)
+    tie = advantage.drop_uniform_groups and groups
+    dropped = uniform_groups(rewards).tolist() if tie else [False] * len(groups)
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
-    samples = []
-    for group, rewards_row, advantages_row, drop in zip(
-        groups, rewards.tolist(), advantages.tolist(), dropped, strict=True
-    ):
-        if drop:
-            continue
-        for rollout, reward, advantage in zip(group, rewards_row, advantages_row, strict=True):
-            if not rollout.ok:
-                continue
-            meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
-                    "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
-            for token_ids, mask, logprobs in rollout.branches:
-                if mask_truncated and rollout.truncated:
-                    mask = [False] * len(mask)
-                samples.append(Sample(token_ids, mask, logprobs, advantage, reward, weight_step, meta))
+    samples = [
+        [None if drop else _samples_of(rollout, reward, rollout_advantage, weight_step, mask_truncated)
+         for rollout, reward, rollout_advantage in zip(group, rewards_row, advantages_row, strict=True)]
+        for group, rewards_row, advantages_row, drop in zip(
+            groups, rewards.tolist(), advantages.tolist(), dropped, strict=True
+        )
+    ]  # fmt: skip
     return samples, rewards, advantages
+
+
+def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
+    """A sample of each trainable branch of ``rollout``: none for a failed one; all masked when truncated under
+    ``mask_truncated``."""
+    meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
+            "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
+    masked = mask_truncated and rollout.truncated
+    return [
+        Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, weight_step, meta)
+        for ids, mask, logprobs in (rollout.branches if rollout.ok else [])
+    ]
+
+
+def flat(per_rollout: list[list[list[Sample] | None]]) -> list[Sample]:
+    """:func:`rollout_samples`' samples in one list, group by group, rollout by rollout."""
+    return [s for row in per_rollout for samples in row for s in samples or []]
+
+
+def build_samples(
+    groups: list[list[Rollout]],
+    weight_step: int,
+    mask_truncated: bool = False,
+    zero_truncated: bool = False,
+    advantage: AdvantageConfig | None = None,
+) -> tuple[list[Sample], Float[Tensor, "groups rollouts"], Float[Tensor, "groups rollouts"]]:
+    """:func:`rollout_samples`' samples in one list (:func:`flat`), and the rewards and advantages."""
+    per_rollout, rewards, advantages = rollout_samples(groups, weight_step, mask_truncated, zero_truncated, advantage)
+    return flat(per_rollout), rewards, advantages
 
 
 @dataclass
@@ -68,6 +91,7 @@ class Batch:
     samples: list[Sample]  # in the order the micro-batches hold them
     micro_batches: list[MicroBatch]
     overlong: int  # samples left out for being longer than seq_len
+    untrained: list[Untrained]  # the step's rollouts that gave no trainable token, lost groups' included
 
     @property
     def failed(self) -> list[Rollout]:
@@ -105,26 +129,24 @@ def assemble_batch(
 ) -> Batch:
     """The batch of step ``step`` from its finished groups (sampled from weights ``weight_step``).
 
-    Groups lost to infrastructure errors are left out; the others give :func:`build_samples`' samples, those longer
-    than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit, longest
-    first). A :class:`TridentError` naming the first error when every rollout failed or no sample is left.
+    Groups lost to infrastructure errors are left out; the others give :func:`rollout_samples`' samples, those
+    longer than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit,
+    longest first). A :class:`TridentError` naming why (:func:`~orchestrator.no_sample.no_sample_error`) when no
+    rollout gives a trainable token.
     """
     kept = [group for group in groups if not is_lost(group)]
-    rollouts = [r for group in kept for r in group]
-    failed = [r for r in rollouts if not r.ok]
-    if not rollouts:
-        raise TridentError(f"step {step}: no rollout to train on (all {len(groups)} groups lost)")
-    if len(failed) == len(rollouts):
-        raise TridentError(
-            f"step {step}: all {len(rollouts)} rollouts failed; first, in environment {failed[0].env!r} "
-            f"(task {failed[0].task}): {failed[0].error}"
-        )
-    samples, rewards, advantages = build_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
+    per_rollout, rewards, advantages = rollout_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
+    untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group]
+    for group, row in zip(kept, per_rollout, strict=True):
+        for rollout, its_samples in zip(group, row, strict=True):
+            if reason := untrained_reason(rollout, its_samples, seq_len):
+                untrained.append(Untrained(reason, rollout))
+    if len(untrained) == sum(map(len, groups)):
+        raise TridentError(no_sample_error(step, untrained, seq_len))
+    samples = flat(per_rollout)
     fitting = [s for s in samples if len(s.token_ids) <= seq_len]
-    if not fitting:
-        reason = f"first error: {failed[0].error}" if failed else f"all longer than seq_len = {seq_len}"
-        raise TridentError(f"step {step}: no rollout produced a training sample ({reason})")
     bins = pack_samples(fitting, seq_len)
     packed = [s for b in bins for s in b]
     micro_batches = [MicroBatch.pack(b) for b in bins]
-    return Batch(kept, weight_step, rewards, advantages, packed, micro_batches, len(samples) - len(fitting))
+    overlong = len(samples) - len(fitting)
+    return Batch(kept, weight_step, rewards, advantages, packed, micro_batches, overlong, untrained)

@@ -26,6 +26,7 @@ from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
+from orchestrator.no_sample import no_sample_metrics
 from orchestrator.refill import pool_results, refill_metrics
 from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import sample_rows
@@ -134,6 +135,7 @@ class Orchestrator:
             **advantage_metrics(samples),
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,
+            **no_sample_metrics(batch.untrained),
             **({"probe_gap": self.weights.probe_gap} if self.weights.probe_gap is not None else {}),
             "staleness": step - 1 - weight_step,
             "started_early_s": started_early_s,

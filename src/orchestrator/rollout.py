@@ -13,7 +13,7 @@ class Rollout:
     branches: list[tuple[list[int], list[bool], list[float]]]
     ok: bool
     truncated: bool = False  # a model call stopped at max_tokens
-    error: str | None = None
+    error: str | None = None  # "<Type>: <message>", e.g. "TaskError: ...": the metrics count failed rollouts by type
     rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics (not rewards)
     turns: int = 0  # model calls

@@ -1,6 +1,7 @@
 """Per-step statistics of rollouts and training samples, as the orchestrator logs them (see docs/metrics.md)."""
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 from jaxtyping import Float
@@ -8,6 +9,7 @@ from torch import Tensor
 
 from contracts.protocol import Sample
 from orchestrator.advantage import uniform_groups
+from orchestrator.no_sample import error_type
 from orchestrator.rollout import Rollout
 
 
@@ -39,6 +41,7 @@ def rollout_metrics(
     ``rewards`` are the scores advantages were computed from (``rollout.reward``, or 0 for truncated rollouts
     under ``zero_truncated_completions``); ``reward/<function>`` is each reward function's raw mean over the
     rollouts it scored, ``metric/<name>`` each environment metric's mean over the rollouts that report it.
+    ``failed/<type>`` counts the failed rollouts by their error's type (:func:`~orchestrator.no_sample.error_type`).
     Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """
@@ -52,6 +55,7 @@ def rollout_metrics(
             by_function.setdefault(function, []).append(score)
         for name, value in rollout.metrics.items():
             by_metric.setdefault(name, []).append(value)
+    failed = Counter(error_type(r.error) for r in rollouts if not r.ok)
     sampled_tokens = sum(sum(mask) for _, mask in branches)
     seconds = max(generate_s, 1e-9)
     return {
@@ -60,7 +64,8 @@ def rollout_metrics(
         **{f"metric/{name}": statistics.fmean(values) for name, values in sorted(by_metric.items())},
         "uniform_groups": uniform_groups(rewards).float().mean().item(),
         "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
-        "failed_rollouts": sum(not r.ok for r in rollouts),
+        "failed_rollouts": failed.total(),
+        **{f"failed/{kind}": count for kind, count in sorted(failed.items())},
         "turns_mean": statistics.fmean(r.turns for r in rollouts),
         "sampled_tokens": sampled_tokens,
         "rollouts_per_s": len(rollouts) / seconds,

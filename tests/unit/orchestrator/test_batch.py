@@ -8,7 +8,6 @@ import copy
 import pytest
 from rollouts import rollout, sampled
 
-from contracts.errors import TridentError
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
@@ -132,17 +131,3 @@ def test_samples_longer_than_seq_len_are_left_out_and_counted():
     assert batch.overlong == 2  # long and C
     assert [s.token_ids for s in batch.samples] == [B.branches[0][0], [20, 25]]
     assert all(len(m.input_ids) <= 4 for m in batch.micro_batches) and len(batch.micro_batches) == 2
-
-
-def test_a_step_with_nothing_to_train_on_is_an_error_naming_why():
-    failed = rollout(0.0, ok=False, error="TaskError: no data", task="t1", env="code")
-    with pytest.raises(TridentError, match=r"^step 3: all 2 rollouts failed; first, in environment 'code' \(task t1\): "
-                                           r"TaskError: no data$"):  # fmt: skip
-        assemble_batch(3, [[failed, failed]], 0, seq_len=16)
-    with pytest.raises(TridentError, match=r"^step 3: no rollout produced a training sample \(all longer than seq_len"):
-        assemble_batch(3, [[A, B]], 0, seq_len=2)
-    with pytest.raises(TridentError, match=r"^step 3: no rollout produced a training sample \(first error: boom\)"):
-        assemble_batch(3, [[A, rollout(0.0, ok=False, error="boom")]], 0, seq_len=2)
-    lost = [rollout(0.0, ok=False, error="SandboxError: gone", lost=True)] * 2
-    with pytest.raises(TridentError, match=r"^step 3: no rollout to train on \(all 1 groups lost\)"):
-        assemble_batch(3, [lost], 0, seq_len=16)

@@ -9,14 +9,18 @@ import sys
 
 import httpx
 import pytest
+import torch
 import verifiers.v1 as vf
+from fake_policy import FakePolicy, PolicyHandler, rollouts_of, serving
 from rollouts import group, sampled
 
 import orchestrator.groups as groups_module
 from contracts.errors import TridentError
 from contracts.run_dir import rollouts_dir
+from orchestrator.batch import assemble_batch
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
+from orchestrator.stats import rollout_metrics
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollout
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
@@ -138,10 +142,32 @@ def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_enviro
     with pytest.raises(TridentError) as error:
         asyncio.run(orchestrator(tmp_path, broken_tasks=["t0", "t1"]).step(1))
     assert re.fullmatch(
-        rf"step 1: all 2 rollouts failed; first, in environment '{ENV_ID}' \(task t[01]\): "
-        r"TaskError: task setup: RuntimeError: the task's data volume is not mounted",
+        r"step 1: no rollout produced a training sample: 2 failed \(TaskError: task setup: RuntimeError: the task's "
+        rf"data volume is not mounted ×2, first in environment '{ENV_ID}' \(task t[01]\)\)",
         str(error.value),
     )
+
+
+class Unauthorized(PolicyHandler):
+    """Refuses every model call as the interception server refuses a request it cannot place."""
+
+    def do_POST(self) -> None:
+        self.read_json()
+        self.respond(401, {"error": "unauthorized"})
+
+
+def test_model_calls_refused_as_unauthorized_are_failed_rollouts_named_in_the_steps_error():
+    with serving(FakePolicy(Unauthorized)) as server:
+        rollouts = rollouts_of(ENV_ID, server.base_url, 2, RolloutLimits.of(2), args={"broken_tasks": []})
+    unauthorized = 'ProviderError: Error code: 401 - {"error": "unauthorized"}'
+    assert [(r.ok, r.lost, r.error) for r in rollouts] == [(False, False, unauthorized)] * 2  # not retried: a 4xx
+    with pytest.raises(TridentError) as error:
+        assemble_batch(1, [rollouts], 0, seq_len=1024)
+    assert str(error.value) == (
+        f"step 1: no rollout produced a training sample: 2 failed ({unauthorized} ×2, first in environment "
+        f"'{ENV_ID}' (task t0))"
+    )
+    assert rollout_metrics([rollouts], torch.zeros(1, 2), 1.0)["failed/ProviderError"] == 2
 
 
 def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_error(tmp_path, caplog, monkeypatch):
@@ -156,5 +182,5 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
     with caplog.at_level(logging.WARNING, logger="orchestrator"):
         asyncio.run(orch.step(1))
     info = json.loads((rollouts_dir(tmp_path, 1) / "batch.json").read_text())
-    assert info["num_samples"] == 2 and info["metrics"]["failed_rollouts"] == 2
+    assert info["num_samples"] == 2 and info["metrics"]["failed_rollouts"] == info["metrics"]["failed/TaskError"] == 2
     assert f"step 1: 2 rollouts failed in environment '{ENV_ID}': TaskError: task setup" in caplog.text

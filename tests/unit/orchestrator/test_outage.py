@@ -92,5 +92,5 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
         return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError")
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
-    with pytest.raises(TridentError, match="step 0: all 2 rollouts failed; first, in environment"):
+    with pytest.raises(TridentError, match=r"^step 0: no rollout produced a training sample: 2 failed \(APIConnection"):
         asyncio.run(orchestrator.step_surviving_outage(0))

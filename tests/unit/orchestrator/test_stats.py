@@ -15,7 +15,7 @@ def step_groups() -> list[list[Rollout]]:
             rollout(0.0, masked("..s."), masked("....ss"), truncated=True, rewards={"correct": 0.0}, turns=2),
         ],
         [
-            rollout(0.5, masked(".s"), ok=False, turns=1),
+            rollout(0.5, masked(".s"), ok=False, error="HarnessError: the agent exited with 1", turns=1),
             rollout(0.5, masked("..."), turns=1),  # nothing trainable: all prompt
         ],
     ]
@@ -34,6 +34,7 @@ def test_rollout_metrics_on_hand_made_rollouts():
             "uniform_groups": 0.5,
             "truncated_rate": 0.25,
             "failed_rollouts": 1,
+            "failed/HarnessError": 1,
             "turns_mean": 1.25,
             "sampled_tokens": 7,
             "rollouts_per_s": 2.0,
@@ -60,6 +61,7 @@ def test_env_metrics_are_each_environments_rollout_metrics():
     assert metrics["env/math/reward_mean"] == 0.5 and metrics["env/chat/reward_mean"] == 0.5
     assert metrics["env/math/reward/correct"] == 0.5 and "env/chat/reward/correct" not in metrics
     assert metrics["env/math/failed_rollouts"] == 0 and metrics["env/chat/failed_rollouts"] == 1
+    assert metrics["env/chat/failed/HarnessError"] == 1 and "env/math/failed/HarnessError" not in metrics
     assert metrics["env/math/truncated_rate"] == 0.5 and metrics["env/chat/uniform_groups"] == 1.0
     assert not any(name.endswith("_per_s") for name in metrics)
 
