@@ -67,16 +67,20 @@ def no_sample_metrics(untrained: list[Untrained]) -> dict[str, int]:
 
 
 def no_sample_error(step: int, untrained: list[Untrained], seq_len: int) -> str:
-    """One line saying why no rollout of step ``step`` trained: each reason that applies with its count, and the
-    most common error of its rollouts (how many had it, where the first was) or, for rollouts with no trainable
-    token, how many made no model call."""
+    """The error of step ``step``, where no rollout trained: :func:`untrained_summary` of why."""
+    return f"step {step}: no rollout produced a training sample: {untrained_summary(untrained, seq_len)}"
+
+
+def untrained_summary(untrained: list[Untrained], seq_len: int) -> str:
+    """Each reason of ``untrained`` with its count and its rollouts' most common error (how many had it, where the
+    first was) or, for rollouts with no trainable token, how many made no model call; in :data:`REASONS`' order."""
     parts = []
     for reason, words in REASONS.items():
         rollouts = [u.rollout for u in untrained if u.reason == reason]
         if rollouts:
             causes = _causes(rollouts, reason)
             parts.append(f"{len(rollouts)} {words.format(seq_len=seq_len)}" + (f" ({causes})" if causes else ""))
-    return f"step {step}: no rollout produced a training sample: " + ", ".join(parts)
+    return ", ".join(parts)
 
 
 def _causes(rollouts: list[Rollout], reason: str) -> str:

@@ -26,7 +26,7 @@ from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
-from orchestrator.no_sample import no_sample_metrics
+from orchestrator.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.refill import pool_results, refill_metrics
 from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import sample_rows
@@ -123,6 +123,10 @@ class Orchestrator:
         groups, rewards, samples = batch.groups, batch.rewards, batch.samples
         for error, count in Counter(f"environment {r.env!r}: {r.error}" for r in batch.failed).items():
             logger.warning(f"step {step}: {count} rollouts failed in {error}")
+        unlogged = [u for u in batch.untrained if u.reason not in ("failed", "lost")]  # those are logged apart
+        if unlogged:
+            summary = untrained_summary(unlogged, self.config.seq_len)
+            logger.warning(f"step {step}: {len(unlogged)} rollouts trained nothing: {summary}")
         if batch.overlong:
             logger.warning(f"step {step}: dropped {batch.overlong} samples longer than seq_len = {self.config.seq_len}")
         if batch.empty:

@@ -1,5 +1,6 @@
 """Faults of an environment stay faults of its rollouts: a task whose setup raises, an episode with no trace, a
-rollout that raises; a step where every rollout failed stops the run with one line naming the environment."""
+rollout that raises, a model call refused as unauthorized; a step where every rollout failed stops the run with one
+line naming the environment, and a step that trains names its rollouts that trained nothing."""
 
 import asyncio
 import json
@@ -184,3 +185,20 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
     info = json.loads((rollouts_dir(tmp_path, 1) / "batch.json").read_text())
     assert info["num_samples"] == 2 and info["metrics"]["failed_rollouts"] == info["metrics"]["failed/TaskError"] == 2
     assert f"step 1: 2 rollouts failed in environment '{ENV_ID}': TaskError: task setup" in caplog.text
+
+
+def test_a_step_that_trains_logs_and_counts_the_rollouts_that_trained_nothing(tmp_path, caplog, monkeypatch):
+    orch = orchestrator(tmp_path, broken_tasks=[], batch_size=2)
+
+    async def one_task_samples_nothing(env, task, n, ctx, limit):  # t1's rollouts finish without a model call
+        if task.data.id == "t1":
+            return group([0.0] * n, env=ENV_ID, task="t1")
+        return group(range(n), sampled([1, 2, 3], 1, [-0.5, -0.5]), env=ENV_ID, task="t0")
+
+    monkeypatch.setattr(groups_module, "run_group", one_task_samples_nothing)
+    with caplog.at_level(logging.WARNING, logger="orchestrator"):
+        asyncio.run(orch.step(1))
+    info = json.loads((rollouts_dir(tmp_path, 1) / "batch.json").read_text())
+    assert info["num_samples"] == 2 and info["metrics"]["no_sample/no_trainable_token"] == 2
+    assert info["metrics"]["no_sample/too_long"] == 0 and info["metrics"]["failed_rollouts"] == 0
+    assert "step 1: 2 rollouts trained nothing: 2 with no trainable token (2 made no model call)" in caplog.text
