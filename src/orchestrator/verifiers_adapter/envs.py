@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import verifiers.v1 as vf
@@ -102,11 +103,21 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
     return env_cls(config)
 
 
-def load_tasks(env: vf.Env, limit: int | None = None) -> list:
-    """The first ``limit`` tasks (all when None) of ``env``'s taskset, read now; a dataset that cannot be read
+def load_tasks(env: vf.Env, limit: int) -> list:
+    """The first ``limit`` tasks of ``env``'s taskset, read now (:func:`open_tasks`)."""
+    return list(itertools.islice(open_tasks(env), limit))
+
+
+def open_tasks(env: vf.Env) -> Iterator:
+    """``env``'s tasks, read lazily from a fresh ``load()``; a dataset that cannot be read
     (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
     with dataset_errors_named(env.config.taskset.id):
-        return list(itertools.islice(env.taskset.load(), limit))
+        yield from env.taskset.load()
+
+
+def is_endless(env: vf.Env) -> bool:
+    """Whether ``env``'s taskset says its ``load()`` never ends (verifiers' ``Taskset.INFINITE``)."""
+    return not env.taskset.bounded
 
 
 @contextmanager
