@@ -6,12 +6,15 @@ import itertools
 import json
 
 import pytest
+from debug_configs import DEBUG, FILES
 from fake_policy import counting_server
 from rollouts import ONE_SAMPLED, group
 
 import orchestrator.groups as groups_module
+from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.run_dir import checkpoint_dir, mark_stable, weights_dir
+from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.task_stream import TaskStream, read_tasks
@@ -181,3 +184,15 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
     # without the pool, each step's window is its places' 3 attempts: resuming at the pool's position would repeat
     with pytest.raises(TridentError, match=r"task order changed \(stream_positions \[6\] -> \[18\]\)"):
         build(tmp_path / "stopped", resume_step=3, pool=False).start_step()
+
+
+def test_the_debug_stream_run_evaluates_the_first_tasks_of_a_stream_of_its_own(tmp_path, on_weights_server):
+    """configs/debug/rl/stream.toml: training reads puzzle-stream lazily; evaluation, the first 16 tasks of seed 1's."""
+    files = [*FILES, "@", str(DEBUG / "stream.toml"), "--output-dir", str(tmp_path)]
+    orchestrator, _ = on_weights_server(resolve_shared(parse_config(RLConfig, files)).orchestrator)
+    [stream] = orchestrator.per_env
+    assert isinstance(stream, TaskStream) and stream.next == 1  # task 0 only, read to check its judge
+    assert orchestrator.tasks.window(0, step=2) == range(16, 32)  # 8 prompts and their replacements a step
+    [held_out] = orchestrator.evaluation.sets
+    assert [task.data.id for task in held_out.tasks] == [f"puzzle-{i}" for i in range(16)]
+    assert held_out.tasks[0].data.prompt != stream[0].data.prompt  # another seed's stream, read apart
