@@ -6,7 +6,6 @@ The parts, each usable alone: :mod:`~orchestrator.groups` (groups of rollouts on
 """
 
 import asyncio
-import functools
 import logging
 import time
 from collections import Counter
@@ -33,9 +32,9 @@ from orchestrator.sample_rollouts import sample_rows
 from orchestrator.schedule import StepSchedule
 from orchestrator.servers import NoServer
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
-from orchestrator.task_stream import TaskStream, read_tasks
+from orchestrator.task_stream import TaskStream
 from orchestrator.tasks import TaskSampler, prompts_per_env
-from orchestrator.verifiers_adapter.envs import is_endless, load_env, open_tasks
+from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.weight_sync import WeightSync
 
@@ -48,11 +47,7 @@ class Orchestrator:
         self.config = config
         self.output_dir = config.output_dir
         self.envs = [load_env(env) for env in config.env]
-        self.per_env = [
-            read_tasks(env.id, functools.partial(open_tasks, loaded), is_endless(loaded), env.max_tasks,
-                       env.max_load_gib)
-            for env, loaded in zip(config.env, self.envs, strict=True)
-        ]  # fmt: skip
+        self.per_env = [tasks_of(env) for env in self.envs]
         for i, tasks in enumerate(self.per_env):
             if isinstance(tasks, list) and not tasks:
                 raise TridentError(

@@ -3,6 +3,7 @@ verifiers' traces into :class:`~orchestrator.rollout.Rollout` values without re-
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -20,6 +21,7 @@ from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.rollout import Rollout
+from orchestrator.task_stream import TaskStream, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -115,9 +117,12 @@ def open_tasks(env: vf.Env) -> Iterator:
         yield from env.taskset.load()
 
 
-def is_endless(env: vf.Env) -> bool:
-    """Whether ``env``'s taskset says its ``load()`` never ends (verifiers' ``Taskset.INFINITE``)."""
-    return not env.taskset.bounded
+def tasks_of(env: vf.Env) -> list | TaskStream:
+    """``env``'s tasks for training (:func:`~orchestrator.task_stream.read_tasks`): held whole, or a stream when its
+    taskset says it never ends (verifiers' ``Taskset.INFINITE``) or yields more than ``[[env]] max_tasks``."""
+    config = env_config(env)
+    endless = not env.taskset.bounded
+    return read_tasks(config.id, functools.partial(open_tasks, env), endless, config.max_tasks, config.max_load_gib)
 
 
 @contextmanager
