@@ -111,10 +111,11 @@ def load_tasks(env: vf.Env, limit: int) -> list:
 
 
 def open_tasks(env: vf.Env) -> Iterator:
-    """``env``'s tasks, read lazily from a fresh ``load()``; a dataset that cannot be read
+    """``env``'s tasks, read lazily from a fresh ``load()`` through verifiers' read path (each task's ``idx`` its
+    position, the taskset config's ``system_prompt`` applied); a dataset that cannot be read
     (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
     with dataset_errors_named(env.config.taskset.id):
-        yield from env.taskset.load()
+        yield from env.taskset
 
 
 def tasks_of(env: vf.Env) -> list | TaskStream:

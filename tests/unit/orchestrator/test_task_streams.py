@@ -15,10 +15,11 @@ from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.run_dir import checkpoint_dir, mark_stable, weights_dir
 from launch.rl_config import RLConfig, resolve_shared
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.task_stream import TaskStream, read_tasks
 from orchestrator.tasks import TaskSampler
+from orchestrator.verifiers_adapter.envs import load_env, load_tasks, tasks_of
 
 
 class Counted:
@@ -73,6 +74,16 @@ def test_reading_tasks_that_grow_memory_past_max_load_gib_is_one_line_naming_the
         "environment 'huge': reading its tasks took more than 0.03 GiB of memory (256 tasks read); "
     )
     assert big.built == 256
+
+
+def test_tasks_are_read_as_verifiers_reads_them_each_with_its_position_and_the_configs_system_prompt(tmp_path):
+    system = tmp_path / "system.txt"
+    system.write_text("Answer in digits.")
+    env = load_env(EnvConfig(id="puzzle-stream", args={"system_prompt": str(system)}))
+    stream = tasks_of(env)
+    read = [(stream[p].data.idx, stream[p].data.system_prompt) for p in (0, 3)]
+    assert read == [(0, "Answer in digits."), (3, "Answer in digits.")]
+    assert [task.data.idx for task in load_tasks(env, 2)] == [0, 1]  # evaluation's too
 
 
 def test_a_stream_is_drawn_in_its_order_and_refills_from_the_positions_after_the_steps_own():
