@@ -16,12 +16,21 @@ STATE_FILE = "state.json"
 
 
 def data_state(
-    step: int, batch_size: int, num_tasks: int, seed: int, prompts_per_env: list[int], pool: dict | None = None
+    step: int,
+    batch_size: int,
+    num_tasks: int,
+    seed: int,
+    prompts_per_env: list[int],
+    pool: dict | None = None,
+    stream_positions: list[int | None] | None = None,
 ) -> dict:
-    """What the checkpoint of ``step`` records: the step, the data position, what fixes the task order and the
-    difficulty pool's state (``pool``, when there is one)."""
+    """What the checkpoint of ``step`` records: the step, the data position, what fixes the task order, the
+    difficulty pool's state (``pool``, when there is one) and, with a task stream, where each stream's next step
+    reads from (``stream_positions``, None for a finite taskset)."""
     state = {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed,
              "prompts_per_env": prompts_per_env}  # fmt: skip
+    if stream_positions is not None and any(position is not None for position in stream_positions):
+        state["stream_positions"] = stream_positions
     return state | ({"difficulty_pool": pool} if pool is not None else {})
 
 
@@ -47,10 +56,11 @@ def check_resumable(output_dir: Path, expected: dict) -> None:
     """Raise unless the checkpoint of ``expected['step']`` had the same task order as this run."""
     path = state_path(output_dir, expected["step"])
     saved = read_state(output_dir, expected["step"])
+    saved.setdefault("prompts_per_env", expected["prompts_per_env"])  # checkpoints before environment shares
     changed = [
-        f"{key} {saved[key]} -> {expected[key]}"
-        for key in ("num_tasks", "seed", "prompts_per_env")
-        if saved.get(key, expected[key]) != expected[key]  # checkpoints before environment shares lack the last
+        f"{key} {saved.get(key)} -> {expected.get(key)}"
+        for key in ("num_tasks", "seed", "prompts_per_env", "stream_positions")  # the last: absent without streams
+        if saved.get(key) != expected.get(key)
     ]
     if changed:
         raise TridentError(

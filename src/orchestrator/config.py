@@ -205,6 +205,12 @@ class DifficultyPoolConfig(StrictModel):
         Field(gt=0, le=1, description="Weight of a task always or never solved; a task of pass rate p weighs "
                                       "max(min_weight, 4 p (1 - p)), an unseen one 1."),
     ] = 0.05  # fmt: skip
+    stream_window: Annotated[
+        int,
+        Field(ge=1, description="Of a task stream (docs/environments.md#task-streams): the tasks each step draws "
+                                "from by weight, the next this many of the stream (at least the step's prompts of "
+                                "it); the window moves forward by those prompts each step."),
+    ] = 256  # fmt: skip
 
 
 class EnvConfig(StrictModel):
@@ -261,6 +267,23 @@ class EnvConfig(StrictModel):
         JudgeConfig | None,
         Field(description="A model judging each completion ([env.judge]); its score joins the rewards. Absent: none."),
     ] = None
+    max_tasks: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Most tasks of this environment held in memory. A taskset whose load() yields more, or one "
+            "verifiers marks INFINITE, is read as a task stream: lazily, in its own order, holding only the tasks "
+            "the run may still draw (docs/environments.md#task-streams); a stream needing more is an error.",
+        ),
+    ] = 100_000
+    max_load_gib: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Most growth of the orchestrator's resident memory while it reads this environment's "
+            "tasks; past it the run stops with one line naming the environment (lower max_tasks).",
+        ),
+    ] = 8.0
 
 
 class EvalConfig(StrictModel):

@@ -19,9 +19,10 @@ def task_weight(pass_rate: float | None, min_weight: float) -> float:
 
 
 class DifficultyPool:
-    """Pass rates of the tasks of each environment (``sizes[e]`` tasks), and the weights they give each step."""
+    """Pass rates of the tasks of each environment (``sizes[e]`` tasks; None: a stream), and the weights they give
+    each step."""
 
-    def __init__(self, sizes: list[int], ema: float, min_weight: float):
+    def __init__(self, sizes: list[int | None], ema: float, min_weight: float):
         self.sizes, self.ema, self.min_weight = sizes, ema, min_weight
         self.pass_rates: PassRates = [{} for _ in sizes]
         self.pending: dict[int, list[tuple[int, int, float]]] = {}  # step -> its results, not yet in pass_rates
@@ -30,14 +31,21 @@ class DifficultyPool:
         """The groups step ``step`` sampled, in order: ``(environment, task, mean reward)`` each."""
         self.pending[step] = list(results)
 
-    def weights(self, step: int) -> list[list[float]]:
-        """Each environment's task weights for step ``step``, by the pass rates after the steps before ``step - 1``."""
+    def weights(self, step: int, windows: list[range] | None = None) -> list[list[float]]:
+        """Each environment's task weights for step ``step``, by the pass rates after the steps before ``step - 1``:
+        of the tasks of its window (default: all ``sizes[e]``). A stream's windows only move forward: the pass rates
+        of its tasks before this one are forgotten, so the pool holds at most a window's."""
         for done in sorted(s for s in self.pending if s < step - 1):
             for env, task, reward in self.pending.pop(done):
                 self.update(env, task, reward)
+        windows = windows or [range(size) for size in self.sizes]
+        for rates, size, window in zip(self.pass_rates, self.sizes, windows, strict=True):
+            if size is None:
+                for task in [task for task in rates if task < window.start]:
+                    del rates[task]
         return [
-            [task_weight(rates.get(task), self.min_weight) for task in range(size)]
-            for rates, size in zip(self.pass_rates, self.sizes, strict=True)
+            [task_weight(rates.get(task), self.min_weight) for task in window]
+            for rates, window in zip(self.pass_rates, windows, strict=True)
         ]
 
     def update(self, env: int, task: int, reward: float) -> None:

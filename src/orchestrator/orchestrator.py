@@ -33,8 +33,9 @@ from orchestrator.sample_rollouts import sample_rows
 from orchestrator.schedule import StepSchedule
 from orchestrator.servers import NoServer
 from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
+from orchestrator.task_stream import TaskStream
 from orchestrator.tasks import TaskSampler, prompts_per_env
-from orchestrator.verifiers_adapter.envs import load_env, load_tasks
+from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.weight_sync import WeightSync
 
@@ -47,18 +48,19 @@ class Orchestrator:
         self.config = config
         self.output_dir = config.output_dir
         self.envs = [load_env(env) for env in config.env]
-        self.per_env = [load_tasks(env) for env in self.envs]
+        self.per_env = [tasks_of(env) for env in self.envs]
         for i, tasks in enumerate(self.per_env):
-            if not tasks:
+            if isinstance(tasks, list) and not tasks:
                 raise TridentError(
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
             check_judged(config.env[i], f"env.{i}", tasks[0])
-        sizes = [len(tasks) for tasks in self.per_env]
+        sizes = [len(tasks) if isinstance(tasks, list) else None for tasks in self.per_env]
         pool = config.difficulty_pool
         self.pool = DifficultyPool(sizes, pool.ema, pool.min_weight) if pool else None
         counts = prompts_per_env([env.share for env in config.env], config.batch_size)
-        self.tasks = TaskSampler(sizes, counts, config.seed, self.pool)
+        attempts = config.filter.max_attempts if config.filter.refill else 1
+        self.tasks = TaskSampler(sizes, counts, config.seed, self.pool, attempts, pool.stream_window if pool else 0)
         self.groups = connect(config, config.infra, config.rollouts_per_example)
         self.servers = self.groups.servers
         # only to show sample rollouts as text: training never detokenizes
@@ -147,6 +149,7 @@ class Orchestrator:
         }
         info = batch.info(step, self.config.sampling.temperature, metrics.pop("reward_mean"), metrics)
         write_batch(self.output_dir, info, batch.micro_batches)
+        self.release_tasks(step)
         self.written_at = time.perf_counter()
         timings = {"wait_weights_s": started.wait_s, "reload_s": started.reload_s, "generate_s": generate_s,
                    "write_s": self.written_at - generated}  # fmt: skip
@@ -166,6 +169,12 @@ class Orchestrator:
             + (f" (started {started_early_s:.2f}s early)" if started_early_s else "")
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
+
+    def release_tasks(self, step: int) -> None:
+        """Let each task stream drop the tasks no step after ``step`` can draw."""
+        for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
+            if isinstance(tasks, TaskStream):
+                tasks.release(position)
 
     def rollout_cpu_share(self, step: int) -> float:
         """The share of a core that the busiest process running rollouts used since the previous step (1.0: a
@@ -206,6 +215,7 @@ class Orchestrator:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
+        self.release_tasks(step)  # a stream is read again from its start up to where the run left it
         logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
         saved = read_state(self.output_dir, step).get("difficulty_pool")
         if self.pool is not None and saved is not None:
@@ -217,8 +227,8 @@ class Orchestrator:
 
     def data_state(self, step: int) -> dict:
         config, pool = self.config, self.pool
-        return data_state(step, config.batch_size, len(self.tasks), config.seed, self.tasks.counts,
-                          pool.state_dict() if pool else None)  # fmt: skip
+        return data_state(step, config.batch_size, self.tasks.num_tasks, config.seed, self.tasks.counts,
+                          pool.state_dict() if pool else None, self.tasks.stream_positions(step))  # fmt: skip
 
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""

@@ -2,8 +2,13 @@
 or, with ``[difficulty_pool]``, drawn by the tasks' recent pass rates; and which task replaces a group that
 ``[filter]`` refills.
 
-A task is named by ``(environment index, index in its taskset)``. Without the pool, step N's prompts are a pure
+A task is named by ``(environment index, position in its taskset)``. Without the pool, step N's prompts are a pure
 function of N (no state to save beyond the step), so a resumed run continues the order.
+
+A task stream (:class:`~orchestrator.task_stream.TaskStream`, size None) is drawn from a window of its positions that
+moves forward with the steps (:meth:`TaskSampler.window`): in stream order, its replacements from the window's
+positions after the step's own; with the pool, by weight from the window. Nothing before a step's window is drawn
+again, so the stream need hold only the window.
 """
 
 import heapq
@@ -42,18 +47,20 @@ def draw(weights: Sequence[float], k: int, rng: random.Random, exclude: Collecti
 
 class TaskOrder:
     """Each environment's task indices shuffled with ``seed``; step N (from 1) takes the N-th ``counts[e]`` of
-    environment e's, wrapping around when they run out."""
+    environment e's, wrapping around when they run out. A stream's (size None) are ``0 .. counts[e] - 1``: the first
+    of its window."""
 
-    def __init__(self, sizes: list[int], counts: list[int], seed: int):
-        self.order = [list(range(size)) for size in sizes]
+    def __init__(self, sizes: list[int | None], counts: list[int], seed: int):
+        self.order = [None if size is None else list(range(size)) for size in sizes]
         for order in self.order:
-            random.Random(seed).shuffle(order)
+            if order is not None:
+                random.Random(seed).shuffle(order)
         self.counts = counts
 
     def batch(self, step: int) -> list[tuple[int, int]]:
         """(environment index, task index) of each prompt of step ``step``."""
         return [
-            (e, order[((step - 1) * count + i) % len(order)])
+            (e, i if order is None else order[((step - 1) * count + i) % len(order)])
             for e, (order, count) in enumerate(zip(self.order, self.counts, strict=True))
             for i in range(count)
         ]
@@ -62,12 +69,14 @@ class TaskOrder:
 @dataclass(frozen=True)
 class StepTasks:
     """The tasks of one step: ``(environment, task)`` of each group, and each environment's task weights that a
-    replacement group is drawn by."""
+    replacement group is drawn by: weight ``i`` is task ``offsets[e] + i``'s (a stream's window starts at its
+    offset; a finite taskset's at 0)."""
 
     step: int
     seed: int
     tasks: list[tuple[int, int]]
     weights: list[list[float]]
+    offsets: list[int] | None = None  # None: all 0
     orders: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)  # replacements, drawn once
 
     def replacement(self, slot: int, attempt: int, tried: Collection[int]) -> tuple[int, int]:
@@ -80,20 +89,24 @@ class StepTasks:
         other tasks than its places ask for), a replacement is drawn by weight leaving out the step's own tasks and
         this place's ``tried`` ones while others remain: it may repeat another place's."""
         env = self.tasks[slot][0]
+        offset = self.offset(env)
         places = [place for place, (e, _) in enumerate(self.tasks) if e == env]
         position = (attempt - 1) * len(places) + places.index(slot)
         order = self.replacement_order(env)
         if position < len(order):
-            return env, order[position]
-        taken = {task for e, task in self.tasks if e == env} | set(tried)
+            return env, offset + order[position]
+        taken = {task - offset for e, task in self.tasks if e == env} | {task - offset for task in tried}
         rng = random.Random(f"{self.seed}:{self.step}:{slot}:{attempt}")
-        return env, draw(self.weights[env], 1, rng, taken)[0]
+        return env, offset + draw(self.weights[env], 1, rng, taken)[0]
+
+    def offset(self, env: int) -> int:
+        return self.offsets[env] if self.offsets else 0
 
     def replacement_order(self, env: int) -> list[int]:
-        """Environment ``env``'s tasks other than the step's own, drawn by weight into the order replacements take
-        them in (seeded by the seed, step and environment)."""
+        """Environment ``env``'s tasks other than the step's own (as indices of its weights), drawn by weight into the
+        order replacements take them in (seeded by the seed, step and environment)."""
         if env not in self.orders:
-            own = {task for e, task in self.tasks if e == env}
+            own = {task - self.offset(env) for e, task in self.tasks if e == env}
             others = len(self.weights[env]) - len(own)
             rng = random.Random(f"{self.seed}:{self.step}:{env}:replacements")
             self.orders[env] = draw(self.weights[env], others, rng, own) if others else []
@@ -101,22 +114,53 @@ class StepTasks:
 
 
 class TaskSampler:
-    """The tasks of each step: environment e gives ``counts[e]`` of its ``sizes[e]`` tasks, in the seeded order,
-    or, with a ``pool``, drawn by the pool's weights for that step."""
+    """The tasks of each step: environment e gives ``counts[e]`` of its ``sizes[e]`` tasks (None: a stream), in the
+    seeded order, or, with a ``pool``, drawn by the pool's weights for that step. A stream's window holds
+    ``attempts`` (``[filter] max_attempts`` with refill, else 1) times its count of positions, or with the pool
+    ``stream_window`` (at least its count)."""
 
-    def __init__(self, sizes: list[int], counts: list[int], seed: int, pool: DifficultyPool | None = None):
+    def __init__(
+        self,
+        sizes: list[int | None],
+        counts: list[int],
+        seed: int,
+        pool: DifficultyPool | None = None,
+        attempts: int = 1,
+        stream_window: int = 0,
+    ):
         self.sizes, self.counts, self.seed, self.pool = sizes, counts, seed, pool
+        self.attempts, self.stream_window = attempts, stream_window
         self.order = TaskOrder(sizes, counts, seed)
 
-    def __len__(self) -> int:
-        return sum(self.sizes)
+    @property
+    def num_tasks(self) -> int:
+        """Tasks of the finite tasksets, together."""
+        return sum(size for size in self.sizes if size is not None)
+
+    def window(self, env: int, step: int) -> range:
+        """The positions environment ``env``'s tasks are drawn from for step ``step``: all of a finite taskset's; of
+        a stream, a window moved forward by the positions a step uses (by ``counts[env]`` with the pool)."""
+        size, count = self.sizes[env], self.counts[env]
+        if size is not None:
+            return range(size)
+        if self.pool is None:
+            return range((step - 1) * count * self.attempts, step * count * self.attempts)
+        return range((step - 1) * count, (step - 1) * count + max(self.stream_window, count))
+
+    def stream_positions(self, step: int) -> list[int | None]:
+        """Where each stream's window begins after step ``step`` (None for a finite taskset): nothing before it is
+        drawn again."""
+        return [None if size is not None else self.window(e, step + 1).start for e, size in enumerate(self.sizes)]
 
     def step_tasks(self, step: int) -> StepTasks:
         """The tasks of step ``step`` (a pure function of the step and, with the pool, of its state)."""
+        windows = [self.window(e, step) for e in range(len(self.sizes))]
+        offsets = [window.start for window in windows]
         if self.pool is None:
-            weights = [[1.0] * size for size in self.sizes]
-            return StepTasks(step, self.seed, self.order.batch(step), weights)
-        weights = self.pool.weights(step)
+            weights = [[1.0] * len(window) for window in windows]
+            tasks = [(e, offsets[e] + task) for e, task in self.order.batch(step)]
+            return StepTasks(step, self.seed, tasks, weights, offsets)
+        weights = self.pool.weights(step, windows)
         rng = random.Random(f"{self.seed}:{step}")
-        tasks = [(e, task) for e, count in enumerate(self.counts) for task in draw(weights[e], count, rng)]
-        return StepTasks(step, self.seed, tasks, weights)
+        tasks = [(e, offsets[e] + task) for e, count in enumerate(self.counts) for task in draw(weights[e], count, rng)]
+        return StepTasks(step, self.seed, tasks, weights, offsets)

@@ -3,10 +3,12 @@ verifiers' traces into :class:`~orchestrator.rollout.Rollout` values without re-
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import os
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import verifiers.v1 as vf
@@ -19,6 +21,7 @@ from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.rollout import Rollout
+from orchestrator.task_stream import TaskStream, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -102,11 +105,25 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
     return env_cls(config)
 
 
-def load_tasks(env: vf.Env, limit: int | None = None) -> list:
-    """The first ``limit`` tasks (all when None) of ``env``'s taskset, read now; a dataset that cannot be read
+def load_tasks(env: vf.Env, limit: int) -> list:
+    """The first ``limit`` tasks of ``env``'s taskset, read now (:func:`open_tasks`)."""
+    return list(itertools.islice(open_tasks(env), limit))
+
+
+def open_tasks(env: vf.Env) -> Iterator:
+    """``env``'s tasks, read lazily from a fresh ``load()`` through verifiers' read path (each task's ``idx`` its
+    position, the taskset config's ``system_prompt`` applied); a dataset that cannot be read
     (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
     with dataset_errors_named(env.config.taskset.id):
-        return list(itertools.islice(env.taskset.load(), limit))
+        yield from env.taskset
+
+
+def tasks_of(env: vf.Env) -> list | TaskStream:
+    """``env``'s tasks for training (:func:`~orchestrator.task_stream.read_tasks`): held whole, or a stream when its
+    taskset says it never ends (verifiers' ``Taskset.INFINITE``) or yields more than ``[[env]] max_tasks``."""
+    config = env_config(env)
+    endless = not env.taskset.bounded
+    return read_tasks(config.id, functools.partial(open_tasks, env), endless, config.max_tasks, config.max_load_gib)
 
 
 @contextmanager
