@@ -10,7 +10,7 @@ from torch import Tensor
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
-from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
+from orchestrator.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
 from orchestrator.config import AdvantageConfig
 from orchestrator.infra import is_lost
 from orchestrator.rollout import Rollout
@@ -27,16 +27,21 @@ def build_samples(
     they were built from.
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
-    Failed rollouts (the environment raised) give no sample, and the baseline of their group is the others'.
+    Rollouts share a baseline as ``advantage.baseline_groups`` says (:func:`~orchestrator.advantage.baseline_groups`:
+    by default those of one task and one seat). Failed rollouts (the environment raised) give no sample, and the
+    baseline they would have shared is the others'.
     """
     rewards = torch.tensor([group_rewards(group, zero_truncated) for group in groups], dtype=torch.float32)
     advantage = advantage or AdvantageConfig()
     advantages = torch.zeros_like(rewards)
     for i, group in enumerate(groups):
-        ok = torch.tensor([r.ok for r in group])
-        if ok.any():
-            advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
-    dropped = uniform_groups(rewards).tolist() if advantage.drop_uniform_groups else [False] * len(groups)
+        for members in baseline_groups(group, advantage.baseline_groups):
+            if ok := [j for j in members if group[j].ok]:
+                advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
+    dropped = [
+        advantage.drop_uniform_groups and uniform_baselines(group, row, advantage.baseline_groups)
+        for group, row in zip(groups, rewards.tolist(), strict=True)
+    ]
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
     samples = []
@@ -48,8 +53,8 @@ def build_samples(
         for rollout, reward, advantage in zip(group, rewards_row, advantages_row, strict=True):
             if not rollout.ok:
                 continue
-            meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
-                    "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
+            meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
+                    "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
             for token_ids, mask, logprobs in rollout.branches:
                 if mask_truncated and rollout.truncated:
                     mask = [False] * len(mask)
@@ -107,7 +112,8 @@ def assemble_batch(
 
     Groups lost to infrastructure errors are left out; the others give :func:`build_samples`' samples, those longer
     than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit, longest
-    first). A :class:`TridentError` naming the first error when every rollout failed or no sample is left.
+    first). A :class:`TridentError` naming the first error when every rollout failed or no sample is left, or naming
+    the environments when groups hold different numbers of rollouts (several seats play each episode of one).
     """
     kept = [group for group in groups if not is_lost(group)]
     rollouts = [r for group in kept for r in group]
@@ -118,6 +124,13 @@ def assemble_batch(
         raise TridentError(
             f"step {step}: all {len(rollouts)} rollouts failed; first, in environment {failed[0].env!r} "
             f"(task {failed[0].task}): {failed[0].error}"
+        )
+    sizes = dict.fromkeys((group[0].env, len(group)) for group in kept)  # in order, each once
+    if len({size for _, size in sizes}) > 1:
+        counts = ", ".join(f"{env!r} gives {size}" for env, size in sizes)
+        raise TridentError(
+            f"step {step}: environments give different numbers of rollouts per task ({counts}: rollouts_per_example "
+            "times the seats that play each episode); a run's environments must give the same number for now"
         )
     samples, rewards, advantages = build_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
     fitting = [s for s in samples if len(s.token_ids) <= seq_len]

@@ -91,6 +91,11 @@ class AdvantageConfig(StrictModel):
         Literal["mean", "leave_one_out"],
         Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group."),
     ] = "mean"
+    baseline_groups: Annotated[
+        Literal["task_seat", "task"],
+        Field(description="Which rollouts share a baseline: those of one task played by one seat of the environment "
+                          "(the zero-sum payoffs of two players never share one), or all of one task's."),
+    ] = "task_seat"  # fmt: skip
     std_normalize: Annotated[
         bool, Field(description="Divide advantages by the group's reward standard deviation (GRPO).")
     ] = False
