@@ -222,6 +222,14 @@ class EnvConfig(StrictModel):
             "user talks to the policy); empty: the taskset package's own, else a single agent."
         ),
     ] = ""
+    env_args: Annotated[
+        dict[str, Any],
+        Field(
+            description="The verifiers environment's own config beside its taskset (verifiers' --env.* options), e.g. "
+            "a game's rounds, or a seat's model, client and sampling ({ player1 = { model = ... } }: a seat pinned to "
+            "another model is never trained). Its seats' harness and runtime are this table's."
+        ),
+    ] = {}
     harness: Annotated[
         str,
         Field(
