@@ -86,13 +86,16 @@ class SamplingConfig(StrictModel):
     ] = False
 
 
+BaselineGroups = Literal["task_seat", "task"]  # which of a task's rollouts share an advantage baseline
+
+
 class AdvantageConfig(StrictModel):
     baseline: Annotated[
         Literal["mean", "leave_one_out"],
         Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group."),
     ] = "mean"
     baseline_groups: Annotated[
-        Literal["task_seat", "task"],
+        BaselineGroups,
         Field(description="Which rollouts share a baseline: those of one task played by one seat of the environment "
                           "(the zero-sum payoffs of two players never share one), or all of one task's."),
     ] = "task_seat"  # fmt: skip
