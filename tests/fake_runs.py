@@ -62,7 +62,7 @@ def rollout_with_tool_call(tokenizer) -> tuple[list[int], list[bool], str, str]:
 def write_rollouts(output_dir: Path, tokenizer, step: int, keep_batch: bool) -> tuple[str, str]:
     """A sample-rollouts row for ``step`` and, with ``keep_batch``, its batch ``rollouts/step_N/``."""
     token_ids, mask, first, second = rollout_with_tool_call(tokenizer)
-    meta = {"env": "calc", "task": "t1"}
+    meta = {"env": "calc", "task": "t1", "seat": "solver"}
     sample = Sample(token_ids, mask, [-0.5 if m else 0.0 for m in mask], 0.25, 1.0, step, meta)
     prompt_len = mask.index(True)
     row = {"step": step, **meta, "prompt": tokenizer.decode(token_ids[:prompt_len], skip_special_tokens=False),

@@ -1,10 +1,10 @@
-"""Group-relative advantages: each rollout's reward against the other rollouts of the same prompt."""
+"""Group-relative advantages: each rollout's reward against the other rollouts of the same prompt (and seat)."""
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from orchestrator.config import AdvantageConfig
+from orchestrator.config import AdvantageConfig, BaselineGroups
 from orchestrator.rollout import Rollout
 
 
@@ -12,6 +12,23 @@ def group_rewards(group: list[Rollout], zero_truncated: bool = False) -> list[fl
     """The rewards advantages are computed from: each rollout's, or 0 for one cut off by max_tokens under
     ``zero_truncated`` (``zero_truncated_completions``)."""
     return [0.0 if zero_truncated and r.truncated else r.reward for r in group]
+
+
+def baseline_groups(group: list[Rollout], by: BaselineGroups) -> list[list[int]]:
+    """The positions in ``group`` (the rollouts of one task) of the rollouts that share a baseline: the trained
+    rollouts of each seat (``"task_seat"``), or all trained rollouts (``"task"``). An untrained seat's rollouts
+    (``Rollout.trained`` false) share none: they give no sample."""
+    shared: dict[str, list[int]] = {}
+    for i, rollout in enumerate(group):
+        if rollout.trained:
+            shared.setdefault(rollout.seat if by == "task_seat" else "", []).append(i)
+    return list(shared.values())
+
+
+def uniform_baselines(group: list[Rollout], rewards: list[float], by: BaselineGroups) -> bool:
+    """Whether the rollouts sharing each baseline of ``group`` (:func:`baseline_groups`) all got one reward
+    (``rewards``, one per rollout): every advantage of the group is 0, it teaches nothing."""
+    return all(len({rewards[i] for i in members}) <= 1 for members in baseline_groups(group, by))
 
 
 def group_advantages(

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
-from orchestrator.advantage import group_advantages, group_rewards, uniform_groups
+from orchestrator.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
 from orchestrator.config import AdvantageConfig
 from orchestrator.infra import is_lost
 from orchestrator.no_sample import Untrained, no_sample_error, untrained_reason
@@ -28,17 +28,21 @@ def rollout_samples(
     with group-relative advantages; also the rewards and advantages they were built from.
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
-    Failed rollouts (the environment raised) give no sample, and the baseline of their group is the others'.
+    Rollouts share a baseline as ``advantage.baseline_groups`` says (:func:`~orchestrator.advantage.baseline_groups`:
+    by default those of one task and one seat). Failed rollouts (the environment raised) give no sample, and the
+    baseline they would have shared is the others'.
     """
     rewards = torch.tensor([group_rewards(group, zero_truncated) for group in groups], dtype=torch.float32)
     advantage = advantage or AdvantageConfig()
     advantages = torch.zeros_like(rewards)
     for i, group in enumerate(groups):
-        ok = torch.tensor([r.ok for r in group])
-        if ok.any():
-            advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
-    tie = advantage.drop_uniform_groups and groups
-    dropped = uniform_groups(rewards).tolist() if tie else [False] * len(groups)
+        for members in baseline_groups(group, advantage.baseline_groups):
+            if ok := [j for j in members if group[j].ok]:
+                advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
+    dropped = [
+        advantage.drop_uniform_groups and uniform_baselines(group, row, advantage.baseline_groups)
+        for group, row in zip(groups, rewards.tolist(), strict=True)
+    ]
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
     samples = [
@@ -54,8 +58,8 @@ def rollout_samples(
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
     """A sample of each trainable branch of ``rollout``: none for a failed one; all masked when truncated under
     ``mask_truncated``."""
-    meta = {"env": rollout.env, "task": rollout.task, "rewards": rollout.rewards, "metrics": rollout.metrics,
-            "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
+    meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
+            "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
     return [
         Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, weight_step, meta)
@@ -132,16 +136,24 @@ def assemble_batch(
     Groups lost to infrastructure errors are left out; the others give :func:`rollout_samples`' samples, those
     longer than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit,
     longest first). A :class:`TridentError` naming why (:func:`~orchestrator.no_sample.no_sample_error`) when no
-    rollout gives a trainable token.
+    trained rollout gives a trainable token, or naming the environments when groups hold different numbers of
+    rollouts (several seats play each episode of one).
     """
     kept = [group for group in groups if not is_lost(group)]
+    sizes = dict.fromkeys((group[0].env, len(group)) for group in kept)  # in order, each once
+    if len({size for _, size in sizes}) > 1:
+        counts = ", ".join(f"{env!r} gives {size}" for env, size in sizes)
+        raise TridentError(
+            f"step {step}: environments give different numbers of rollouts per task ({counts}: rollouts_per_example "
+            "times the seats that play each episode); a run's environments must give the same number for now"
+        )
     per_rollout, rewards, advantages = rollout_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
-    untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group]
+    untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group if r.trained]
     for group, row in zip(kept, per_rollout, strict=True):
         for rollout, its_samples in zip(group, row, strict=True):
-            if reason := untrained_reason(rollout, its_samples, seq_len):
+            if rollout.trained and (reason := untrained_reason(rollout, its_samples, seq_len)):
                 untrained.append(Untrained(reason, rollout))
-    if len(untrained) == sum(map(len, groups)):
+    if len(untrained) == sum(r.trained for group in groups for r in group):  # an untrained seat trains nothing
         raise TridentError(no_sample_error(step, untrained, seq_len))
     samples = flat(per_rollout)
     fitting = [s for s in samples if len(s.token_ids) <= seq_len]

@@ -86,11 +86,19 @@ class SamplingConfig(StrictModel):
     ] = False
 
 
+BaselineGroups = Literal["task_seat", "task"]  # which of a task's rollouts share an advantage baseline
+
+
 class AdvantageConfig(StrictModel):
     baseline: Annotated[
         Literal["mean", "leave_one_out"],
         Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group."),
     ] = "mean"
+    baseline_groups: Annotated[
+        BaselineGroups,
+        Field(description="Which rollouts share a baseline: those of one task played by one seat of the environment "
+                          "(the zero-sum payoffs of two players never share one), or all of one task's."),
+    ] = "task_seat"  # fmt: skip
     std_normalize: Annotated[
         bool, Field(description="Divide advantages by the group's reward standard deviation (GRPO).")
     ] = False
@@ -223,6 +231,14 @@ class EnvConfig(StrictModel):
             "user talks to the policy); empty: the taskset package's own, else a single agent."
         ),
     ] = ""
+    env_args: Annotated[
+        dict[str, Any],
+        Field(
+            description="The verifiers environment's own config beside its taskset (verifiers' --env.* options), e.g. "
+            "a game's rounds, or a seat's model, client and sampling ({ player1 = { model = ... } }: a seat pinned to "
+            "another model is never trained). Its seats' harness and runtime are this table's."
+        ),
+    ] = {}
     harness: Annotated[
         str,
         Field(

@@ -16,7 +16,15 @@ from contracts.progress import Progress
 from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
 from orchestrator.rollout import Rollout
 from orchestrator.servers import Server, ServerDown, Servers
-from orchestrator.verifiers_adapter.envs import ModelContext, at_server, env_config, model_context, run_group, task_id
+from orchestrator.verifiers_adapter.envs import (
+    ModelContext,
+    at_server,
+    env_config,
+    model_context,
+    run_group,
+    seats,
+    task_id,
+)
 from orchestrator.verifiers_adapter.limits import RolloutLimits, run_limits
 from orchestrator.verifiers_adapter.renderer import check_renderer
 from orchestrator.workers import RolloutWorkers, WorkerLost, cpu_seconds
@@ -61,7 +69,8 @@ class GroupRunner:
             logger.warning(f"a group of task {task_id(task.data)} runs again on another server")
 
     def lost_to_workers(self, env, task, n: int, error: WorkerLost) -> list[Rollout]:
-        """The ``n`` rollouts of a group lost because its rollout worker died at each of its tries (one line says
+        """The rollouts of a group of ``n`` episodes (one per seat of each) lost because its rollout worker died at
+        each of its tries (one line says
         so), as a group lost to infrastructure errors is (:func:`~orchestrator.infra.is_lost`)."""
         env_id, retries = env_config(env).id, self.limits.max_retries
         logger.warning(
@@ -70,7 +79,7 @@ class GroupRunner:
         )
         error_text = f"WorkerLost: {error}"
         return [Rollout(reward=0.0, branches=[], ok=False, error=error_text, task=task_id(task.data), env=env_id,
-                        lost=True, retries=retries) for _ in range(n)]  # fmt: skip
+                        lost=True, retries=retries, seat=seat) for _ in range(n) for seat in seats(env)]  # fmt: skip
 
     def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
         """The rollouts of one group on ``server``, run here or by a worker."""

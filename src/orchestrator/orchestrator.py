@@ -137,7 +137,7 @@ class Orchestrator:
             **rollout_metrics(groups, rewards, generate_s),
             **(env_metrics(groups, rewards, generate_s) if len(self.envs) > 1 else {}),
             **infra,
-            **(refill_metrics(slots, zero_truncated) if refill else {}),
+            **(refill_metrics(slots, zero_truncated, advantage.baseline_groups) if refill else {}),
             **advantage_metrics(samples),
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,

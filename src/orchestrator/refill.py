@@ -6,10 +6,8 @@ import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import torch
-
-from orchestrator.advantage import group_rewards, uniform_groups
-from orchestrator.config import FilterConfig
+from orchestrator.advantage import group_rewards, uniform_baselines
+from orchestrator.config import BaselineGroups, FilterConfig
 from orchestrator.infra import is_lost
 from orchestrator.rollout import Rollout
 from orchestrator.tasks import StepTasks
@@ -27,14 +25,15 @@ class Slot:
         return self.tries[-1][2]
 
 
-def no_variance(group: list[Rollout], zero_truncated: bool) -> bool:
-    """Whether every rollout of the group got the same reward (as advantages see it), so it teaches nothing."""
-    return bool(uniform_groups(torch.tensor([group_rewards(group, zero_truncated)]))[0])
+def no_variance(group: list[Rollout], zero_truncated: bool, by: BaselineGroups) -> bool:
+    """Whether the rollouts sharing each baseline of the group (``advantage.baseline_groups``: by default each seat's)
+    all got the same reward (as advantages see it), so it teaches nothing."""
+    return uniform_baselines(group, group_rewards(group, zero_truncated), by)
 
 
-def needs_refill(group: list[Rollout], zero_truncated: bool) -> bool:
+def needs_refill(group: list[Rollout], zero_truncated: bool, by: BaselineGroups) -> bool:
     """A group with no reward variance that was not lost to infrastructure errors (those are counted apart)."""
-    return not is_lost(group) and no_variance(group, zero_truncated)
+    return not is_lost(group) and no_variance(group, zero_truncated, by)
 
 
 async def fill_slot(
@@ -43,16 +42,18 @@ async def fill_slot(
     slot: int,
     config: FilterConfig,
     zero_truncated: bool,
+    by: BaselineGroups,
 ) -> Slot:
     """Sample place ``slot`` of the step's batch: ``run(environment, task)`` its task's group and, with
     ``config.refill``, a replacement task's (:meth:`StepTasks.replacement`) while the group has no reward variance,
-    up to ``config.max_attempts`` groups. A group lost to infrastructure errors is not replaced."""
+    up to ``config.max_attempts`` groups (the variance within each baseline, as ``by`` groups them). A group lost to
+    infrastructure errors is not replaced."""
     env, task = tasks.tasks[slot]
     tries = []
     while True:
         group = await run(env, task)
         tries.append((env, task, group))
-        if not (config.refill and len(tries) < config.max_attempts and needs_refill(group, zero_truncated)):
+        if not (config.refill and len(tries) < config.max_attempts and needs_refill(group, zero_truncated, by)):
             return Slot(tries)
         env, task = tasks.replacement(slot, len(tries), [tried for _, tried, _ in tries])
 
@@ -70,14 +71,16 @@ def pool_results(slots: list[Slot], zero_truncated: bool) -> list[tuple[int, int
     return results
 
 
-def refill_metrics(slots: list[Slot], zero_truncated: bool) -> dict[str, float]:
+def refill_metrics(slots: list[Slot], zero_truncated: bool, by: BaselineGroups) -> dict[str, float]:
     """What refilling did in one step (see docs/metrics.md)."""
     attempts = [len(slot.tries) for slot in slots]
     first = [reward for slot in slots for reward in group_rewards(slot.tries[0][2], zero_truncated)]
     return {
         "refill/groups": sum(attempts) - len(slots),
-        "refill/dropped_groups": sum(needs_refill(group, zero_truncated) for slot in slots for *_, group in slot.tries),
-        "refill/unfilled": sum(needs_refill(slot.group, zero_truncated) for slot in slots),
+        "refill/dropped_groups": sum(
+            needs_refill(group, zero_truncated, by) for slot in slots for *_, group in slot.tries
+        ),
+        "refill/unfilled": sum(needs_refill(slot.group, zero_truncated, by) for slot in slots),
         "refill/attempts_mean": statistics.fmean(attempts),
         "refill/attempts_max": max(attempts),
         "refill/first_reward_mean": statistics.fmean(first),

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Rollout:
-    """One finished rollout: its reward and, per trainable branch, tokens, sampled mask and logprobs."""
+    """One finished rollout, one seat's trace of an episode: its reward and, per trainable branch, tokens, sampled mask
+    and logprobs."""
 
     reward: float
     branches: list[tuple[list[int], list[bool], list[float]]]
@@ -22,3 +23,5 @@ class Rollout:
     lost: bool = False  # failed with an infrastructure error (orchestrator.infra), retries spent: not an outcome
     retries: int = 0  # times it was run again after an infrastructure error
     setup_s: float | None = None  # seconds from its runtime's start to its agent's, when set-up finished
+    seat: str = ""  # the environment's agent that played it (e.g. "player0"; "agent" for a single-agent environment)
+    trained: bool = True  # False: a seat the environment does not train, or one on another model: no branches

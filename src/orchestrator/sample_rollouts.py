@@ -54,6 +54,7 @@ def sample_rows(
                     "step": step,
                     "env": rollout.env,
                     "task": rollout.task,
+                    "seat": rollout.seat,
                     "prompt": shorten(decode(prompt)),
                     "completion": shorten(decode(completion)),
                     "reward": rewards[g, r].item(),

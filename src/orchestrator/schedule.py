@@ -78,8 +78,8 @@ class StepSchedule:
         def run(env: int, task: int) -> Awaitable[list[Rollout]]:
             return self.groups.run(self.envs[env], self.per_env[env][task], per_server=per_server)
 
-        zero_truncated = self.config.zero_truncated_completions
-        return asyncio.ensure_future(fill_slot(run, tasks, slot, self.config.filter, zero_truncated))
+        zero_truncated, by = self.config.zero_truncated_completions, self.config.advantage.baseline_groups
+        return asyncio.ensure_future(fill_slot(run, tasks, slot, self.config.filter, zero_truncated, by))
 
     async def start(self, step: int) -> StartedStep:
         """Bring the servers to weights that step ``step`` may use (waiting for the trainer's), then start its

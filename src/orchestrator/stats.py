@@ -39,13 +39,16 @@ def rollout_metrics(
     """What the rollouts of one step got and produced, and how fast (``generate_s``: seconds spent generating).
 
     ``rewards`` are the scores advantages were computed from (``rollout.reward``, or 0 for truncated rollouts
-    under ``zero_truncated_completions``); ``reward/<function>`` is each reward function's raw mean over the
-    rollouts it scored, ``metric/<name>`` each environment metric's mean over the rollouts that report it.
+    under ``zero_truncated_completions``), ``reward_*`` those of the trained rollouts (not an untrained seat's);
+    ``reward/<function>`` is each reward function's raw mean over the rollouts it scored, ``metric/<name>`` each
+    environment metric's mean over the rollouts that report it.
     ``failed/<type>`` counts the failed rollouts by their error's type (:func:`~orchestrator.no_sample.error_type`).
     Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """
     rollouts = [r for group in groups for r in group]
+    # the policy's score: an untrained seat's (a simulated user, a pinned opponent) is not
+    policy_rewards = [reward for reward, r in zip(rewards.flatten().tolist(), rollouts, strict=True) if r.trained]
     branches = [(ids, mask) for r in rollouts for ids, mask, _ in r.branches]
     lengths = [split_lengths(mask) for _, mask in branches]
     by_function: dict[str, list[float]] = {}
@@ -59,7 +62,7 @@ def rollout_metrics(
     sampled_tokens = sum(sum(mask) for _, mask in branches)
     seconds = max(generate_s, 1e-9)
     return {
-        **describe("reward", rewards.flatten().tolist(), ("mean", "std")),
+        **describe("reward", policy_rewards, ("mean", "std")),
         **{f"reward/{function}": statistics.fmean(scores) for function, scores in sorted(by_function.items())},
         **{f"metric/{name}": statistics.fmean(values) for name, values in sorted(by_metric.items())},
         "uniform_groups": uniform_groups(rewards).float().mean().item(),

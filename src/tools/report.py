@@ -99,9 +99,10 @@ def step_note(output_dir: Path, step: int, highlighted: bool) -> str:
 
 
 def rollout_html(row: dict, decoder: "TokenDecoder", samples: list[SampleRecord]) -> str:
-    """One sample rollout: its env, task, reward, each reward function's score (a judge's verdict among them) and
-    advantage, its prompt, and its completion."""
-    meta = " · ".join(f"{key} {format_value(row.get(key))}" for key in ("env", "task", "reward", "advantage"))
+    """One sample rollout: its env, task, seat (when it has one), reward, each reward function's score (a judge's
+    verdict among them) and advantage, its prompt, and its completion."""
+    keys = ("env", "task", *(["seat"] if row.get("seat") else []), "reward", "advantage")
+    meta = " · ".join(f"{key} {format_value(row.get(key))}" for key in keys)
     if isinstance(row.get("rewards"), dict) and row["rewards"]:
         meta += " · rewards: " + ", ".join(f"{name} {format_value(v)}" for name, v in row["rewards"].items())
     if row.get("truncated"):
@@ -171,7 +172,7 @@ def matching_sample(row: dict, samples: list[SampleRecord], decoder: TokenDecode
     text; None when none is certain (e.g. a multi-turn rollout whose last sample starts a new prompt)."""
     for sample in samples:
         summary = sample.summary
-        if not (summary.get("env") == row.get("env") and summary.get("task") == row.get("task")):
+        if any(summary.get(key) != row.get(key) for key in ("env", "task", "seat") if key in row):
             continue
         if not all(close(summary.get(key), row.get(key)) for key in ("reward", "advantage")):
             continue

@@ -454,9 +454,20 @@ class StepReport:
     def ok(self) -> bool:
         return self.num_errors == 0
 
+    def seat_counts(self) -> dict[str, dict[str, int]]:
+        """Per seat of the environment that played them (batch.json's ``seat``, in order of first appearance):
+        samples and trainable tokens. Samples of a batch that records no seat count under ``""``."""
+        counts: dict[str, dict[str, int]] = {}
+        for s in self.samples:
+            entry = counts.setdefault(str(s.record.summary.get("seat", "")), {"samples": 0, "trainable": 0})
+            entry["samples"] += 1
+            entry["trainable"] += s.record.num_trainable
+        return counts
+
     def totals(self) -> dict:
         return {
             "samples": len(self.samples),
+            "seats": self.seat_counts(),
             "tokens": sum(len(s.record.token_ids) for s in self.samples),
             "trainable": sum(s.record.num_trainable for s in self.samples),
             "errors": self.num_errors,

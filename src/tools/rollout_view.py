@@ -99,7 +99,7 @@ def sample_title(record: SampleRecord) -> str:
     parts = [f"sample {record.index}", f"{len(record.token_ids)} tokens"]
     if record.micro_batch >= 0:
         parts.insert(1, f"micro_batch {record.micro_batch}")
-    for key in ("env", "task"):
+    for key in ("env", "task", "seat"):
         if key in summary:
             parts.append(f"{key} {summary[key]}")
     for key in ("reward", "advantage"):
@@ -138,6 +138,9 @@ def summary_line(report: StepReport) -> str:
         f"step {report.rollouts.step}: {t['samples']} samples, {t['tokens']} tokens, "
         f"{t['trainable']} trainable ({share:.1%})"
     )
+    if len(t["seats"]) > 1:  # several agents per rollout: each seat's share
+        head += " (" + ", ".join(f"{seat}: {n['samples']} samples, {n['trainable']} trainable"
+                                 for seat, n in t["seats"].items()) + ")"  # fmt: skip
     if report.ok:
         warned = f", {t['warnings']} warnings" if t["warnings"] else ""
         return f"{head}: loss masks OK{warned} ({report.rollouts.path})"
@@ -216,12 +219,12 @@ def rewards_table(record: SampleRecord) -> Table | Text:
     table = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
     table.add_column(style="bold")
     table.add_column()
-    for key in ("env", "task", "reward", "advantage", "weight_step", "truncated", "turns"):
+    for key in ("env", "task", "seat", "reward", "advantage", "weight_step", "truncated", "turns"):
         if key in summary:
             table.add_row(key, _format(summary[key]))
     for name, score in (summary.get("rewards") or {}).items():
         table.add_row(f"  reward {name}", _format(score))
-    shown = {"env", "task", "reward", "advantage", "weight_step", "truncated", "turns", "rewards"}
+    shown = {"env", "task", "seat", "reward", "advantage", "weight_step", "truncated", "turns", "rewards"}
     for key, value in summary.items():
         if key not in shown:
             table.add_row(key, _format(value))

@@ -138,8 +138,9 @@ def test_a_model_played_user_talks_to_the_policy_and_only_the_policy_trains(infe
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     ctx = model_context(OrchestratorConfig(client={"base_url": inference_server}, sampling={"max_tokens": 16}),
                         tiny_model_path)  # fmt: skip
-    (rollout,) = rollouts(EnvConfig(id="reverse-text", verifiers_env="user-sim", max_turns=3), ctx, n=1)
-    assert rollout.ok, rollout.error
+    rollout, user = rollouts(EnvConfig(id="reverse-text", verifiers_env="user-sim", max_turns=3), ctx, n=1)
+    assert rollout.ok and rollout.seat == "assistant", rollout.error
+    assert (user.seat, user.trained, user.branches) == ("user", False, [])  # the user's seat: a rollout, not trained
     assert rollout.turns == 3 and rollout.metrics["user_turns"] >= 3 and "similarity" in rollout.rewards
     (ids, mask, logprobs), *_ = rollout.branches
     # the policy's sample: the user's persona (its own system prompt) is not in it; the user's words are prompt

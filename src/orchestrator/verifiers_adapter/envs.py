@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import verifiers.v1 as vf
 from dataset_rows import DatasetError
 from pydantic import ValidationError
+from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
@@ -77,8 +78,14 @@ def load_env(env: EnvConfig) -> vf.Env:
     except ModuleNotFoundError as e:
         raise TridentError(f"environment {env.id!r} is not installed: {e}") from None
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'][1:]))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(f"{_arg_path(err['loc'])}: {err['msg']}" for err in e.errors())
         raise TridentError(f"environment {env.id!r} rejects its args: {problems}") from None
+
+
+def _arg_path(loc: tuple) -> str:
+    """A key of the environment's config as ``[[env]]`` names it: in ``args`` (its taskset's) by its name, in
+    ``env_args`` as ``env_args.<key>``."""
+    return ".".join(map(str, loc[1:] if loc[:1] == ("taskset",) else ["env_args", *loc]))
 
 
 def env_config(env: vf.Env) -> EnvConfig:
@@ -87,11 +94,12 @@ def env_config(env: vf.Env) -> EnvConfig:
 
 
 def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
-    """The environment of ``env``, each agent on ``harness`` in ``runtime``."""
+    """The environment of ``env`` (its own config from ``env.env_args``), each agent on ``harness`` in ``runtime``."""
     env_cls = environment_class(env.id, env.verifiers_env)
     config_cls = concrete_type(env_cls, vf.EnvConfig, origin=vf.Env) or vf.EnvConfig
     agents = {
         name: {
+            **env.env_args.get(name, {}),
             "harness": {"id": harness},
             "runtime": runtime,
             **({"max_turns": env.max_turns} if env.max_turns else {}),
@@ -101,7 +109,7 @@ def _construct(env: EnvConfig, harness: str, runtime) -> vf.Env:
         if isinstance(field.default, vf.AgentConfig)
     }
     taskset = with_judge({"id": env.id, **env.args}, env.judge)
-    config = config_cls.model_validate({"id": env.verifiers_env, "taskset": taskset, **agents})
+    config = config_cls.model_validate({**env.env_args, "id": env.verifiers_env, "taskset": taskset, **agents})
     return env_cls(config)
 
 
@@ -222,20 +230,37 @@ def task_id(data: vf.TaskData) -> str:
     return str(data.id if data.id is not None else data.idx)
 
 
-def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
-    """The rollout of an episode: the tokens and scores of its first trainable agent's trace, or a failed rollout
-    carrying the episode's error when the environment produced no such trace."""
+def seats(env: vf.Env) -> list[str]:
+    """The seats ``env`` declares: its config's agent fields (``player0``, ``player1``; ``agent`` alone for a
+    single-agent environment), in declaration order."""
+    return list(agent_config_fields(env.config))
+
+
+def to_rollouts(episode: vf.Episode, env_id: str, seat_names: list[str], model: str) -> list[Rollout]:
+    """The rollouts of an episode: one per trace, tagged with the seat that played it, in ``seat_names``' order (a
+    seat that played several times gives several), and a failed rollout carrying the episode's error for each seat
+    that left no trace. A trace the environment does not train (``trace.agent.trainable``: e.g. a simulated user) or
+    sampled from another model than ``model`` (the run's, as the server serves it) is an untrained rollout: no
+    branches, so no sample."""
     task = task_id(episode.task.data)
-    trainable = [trace for trace in episode.traces if trace.agent.trainable]  # a simulated user's is not
-    if not trainable:
-        error = _error_text(episode.last_error) or "the environment returned no trace of a trainable agent"
-        return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task,
-                       lost=is_infra(episode.last_error))  # fmt: skip
-    trace = trainable[0]
+    by_seat = {name: [t for t in episode.traces if t.agent.name == name] for name in seat_names}
+    rollouts = []
+    for name, traces in by_seat.items():
+        if not traces:
+            error = _error_text(episode.last_error) or f"the environment returned no trace of seat {name!r}"
+            rollouts.append(Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task, seat=name,
+                                    lost=is_infra(episode.last_error)))  # fmt: skip
+        rollouts += [_trace_rollout(trace, episode, env_id, task, model) for trace in traces]
+    return rollouts
+
+
+def _trace_rollout(trace: vf.Trace, episode: vf.Episode, env_id: str, task: str, model: str) -> Rollout:
+    """The rollout of one seat's trace of ``episode``."""
+    trained = trace.agent.trainable and trace.agent.config.model == model
     ok = bool(episode.ok) and not trace.is_timeout  # a timed-out rollout was cut short: not trained on
     return Rollout(
         reward=float(trace.reward or 0.0),
-        branches=trace_branches(trace),
+        branches=trace_branches(trace) if trained else [],
         ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)
@@ -247,41 +272,51 @@ def to_rollout(episode: vf.Episode, env_id: str) -> Rollout:
         task=task,
         lost=not ok and is_infra(trace.last_error or episode.last_error),
         setup_s=_setup_seconds(trace),
+        seat=trace.agent.name,
+        trained=trained,
     )
 
 
+def _first_lost(rollouts: list[Rollout]) -> Rollout | None:
+    return next((r for r in rollouts if r.lost), None)
+
+
 async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits) -> list[Rollout]:
-    """``n`` rollouts of one task (one advantage group), each run again with backoff, up to ``limits.max_retries``
-    times, while it fails with an infrastructure error (:func:`is_infra`). A judge of theirs
-    defaults to ``ctx``'s server and model."""
+    """The rollouts of ``n`` episodes of one task (one advantage group; each episode gives one rollout per seat,
+    :func:`to_rollouts`), each episode run again with backoff, up to ``limits.max_retries`` times, while one of its
+    rollouts fails with an infrastructure error (:func:`is_infra`). A judge of theirs defaults to ``ctx``'s server
+    and model."""
 
-    env_id = env.config.taskset.id
+    env_id, seat_names = env.config.taskset.id, seats(env)
 
-    async def attempt(slot) -> Rollout:
+    async def attempt(slot) -> list[Rollout]:
         async with limits.rollouts:
             try:
                 with limits.setting_up():
-                    return to_rollout(await env.run_slot(slot, ctx), env_id)
+                    return to_rollouts(await env.run_slot(slot, ctx), env_id, seat_names, ctx.model)
             except Exception as e:  # verifiers records the environment's own faults; anything else lands here
                 logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
                 error = f"{type(e).__name__}: {e}"
-                return Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data))
+                return [Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data),
+                                seat=name) for name in seat_names]  # fmt: skip
 
     announced: set[int] = set()  # the retry rounds of this group said in the log: one line each
 
-    async def one(slot) -> Rollout:
+    async def one(slot) -> list[Rollout]:
         retries = 0
-        while (rollout := await attempt(slot)).lost and retries < limits.max_retries:
+        while (lost := _first_lost(rollouts := await attempt(slot))) and retries < limits.max_retries:
             if retries not in announced:
                 announced.add(retries)
                 logger.warning(
-                    f"environment {env_id!r}, task {rollout.task}: an infrastructure error, its rollouts run again in "
-                    f"{limits.backoff(retries):g}s (retry {retries + 1} of {limits.max_retries}): {rollout.error}"
+                    f"environment {env_id!r}, task {lost.task}: an infrastructure error, its rollouts run again in "
+                    f"{limits.backoff(retries):g}s (retry {retries + 1} of {limits.max_retries}): {lost.error}"
                 )
             await asyncio.sleep(limits.backoff(retries))
             retries += 1
-        rollout.retries = retries
-        return rollout
+        for rollout in rollouts:
+            rollout.retries = retries
+        return rollouts
 
     with judging_rollouts_of(ctx):
-        return list(await asyncio.gather(*(one(slot) for slot in env.slots(task, n))))
+        episodes = await asyncio.gather(*(one(slot) for slot in env.slots(task, n)))
+    return [rollout for rollouts in episodes for rollout in rollouts]

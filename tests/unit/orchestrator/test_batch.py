@@ -6,11 +6,13 @@ the server's logprobs there and 0 elsewhere, each sample's group-relative advant
 import copy
 
 import pytest
-from rollouts import rollout, sampled
+from rollouts import ONE_SAMPLED, rollout, sampled
 
+from contracts.errors import TridentError
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
+from orchestrator.rollout import Rollout
 
 
 def tensors(micro_batch) -> dict[str, list]:
@@ -131,3 +133,41 @@ def test_samples_longer_than_seq_len_are_left_out_and_counted():
     assert batch.overlong == 2  # long and C
     assert [s.token_ids for s in batch.samples] == [B.branches[0][0], [20, 25]]
     assert all(len(m.input_ids) <= 4 for m in batch.micro_batches) and len(batch.micro_batches) == 2
+
+
+def test_seats_of_a_task_each_have_their_own_baseline_unless_baseline_groups_is_task():
+    # two episodes of a zero-sum game: player0 won the first, player1 the second; a fixed opponent played too
+    def seat(reward: float, name: str, last: int) -> Rollout:
+        return rollout(reward, sampled([1, 2, last], 2, [-1.0]), seat=name, task="t")
+
+    p0 = [seat(1.0, "player0", 10), seat(-1.0, "player0", 11)]
+    p1 = [seat(-1.0, "player1", 12), seat(1.0, "player1", 13)]
+    fixed = [rollout(5.0, seat="judge", trained=False, task="t"), rollout(-5.0, seat="judge", trained=False, task="t")]
+    group = [p0[0], p1[0], fixed[0], p0[1], p1[1], fixed[1]]
+    by_seat = assemble_batch(0, [group], 0, seq_len=16)
+    advantages = {s.token_ids[-1]: (s.meta["seat"], s.advantage) for s in by_seat.samples}
+    assert advantages == {10: ("player0", 1.0), 11: ("player0", -1.0), 12: ("player1", -1.0), 13: ("player1", 1.0)}
+    assert by_seat.advantages.tolist() == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]  # the untrained seat: no sample, 0
+
+    # one baseline over the task: the trained seats' mean is 0, so each keeps its reward; the judge's 5s stay out
+    by_task = assemble_batch(0, [group], 0, seq_len=16, advantage=AdvantageConfig(baseline_groups="task"))
+    assert by_task.advantages.tolist() == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]
+    shifted = [seat(1.0, "player0", 10), seat(0.0, "player1", 12), seat(1.0, "player0", 11), seat(0.0, "player1", 13)]
+    assert assemble_batch(0, [shifted], 0, seq_len=16).advantages.tolist() == [[0.0] * 4]
+    task_wide = assemble_batch(0, [shifted], 0, seq_len=16, advantage=AdvantageConfig(baseline_groups="task"))
+    assert task_wide.advantages.tolist() == [[0.5, -0.5, 0.5, -0.5]]
+
+
+def test_a_group_is_uniform_when_each_of_its_seats_tied():
+    drop = AdvantageConfig(drop_uniform_groups=True)
+    won = [rollout(r, ONE_SAMPLED, seat=seat) for r, seat in [(1.0, "a"), (-1.0, "b"), (1.0, "a"), (-1.0, "b")]]
+    batch = assemble_batch(0, [won, [A, B, A, B]], 0, seq_len=16, advantage=drop)
+    assert sorted(s.token_ids[-1] for s in batch.samples) == [13, 13, 14, 14]  # player a always won: left out
+    task_wide = drop.model_copy(update={"baseline_groups": "task"})
+    assert len(assemble_batch(0, [won, [A, B, A, B]], 0, seq_len=16, advantage=task_wide).samples) == 8
+
+
+def test_groups_of_different_sizes_are_one_line_naming_the_environments():
+    one_seat, two_seats = [rollout(1.0, ONE_SAMPLED, env="solo")], [rollout(1.0, ONE_SAMPLED, env="duel")] * 2
+    with pytest.raises(TridentError, match=r"step 3: .*\('solo' gives 1, 'duel' gives 2: "):
+        assemble_batch(3, [one_seat, two_seats], 0, seq_len=16)

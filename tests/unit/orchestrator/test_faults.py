@@ -22,7 +22,7 @@ from orchestrator.batch import assemble_batch
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.orchestrator import Orchestrator
 from orchestrator.stats import rollout_metrics
-from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollout
+from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollouts
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
@@ -103,11 +103,14 @@ def test_a_rollout_past_its_timeout_is_a_failed_rollout():
 def test_an_episode_without_a_trace_is_a_failed_rollout():
     data = FaultData(id="t7", prompt="Say hi.", broken=False)
     empty = vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[])
-    assert (rollout := to_rollout(empty, ENV_ID)).ok is False
-    assert rollout.error == "the environment returned no trace of a trainable agent" and rollout.task == "t7"
-    errors = [vf.Error(type="EnvError", message="FaultEnv.setup(): no sandbox left")]
-    failed = to_rollout(vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[], errors=errors), ENV_ID)
-    assert failed.error == "EnvError: FaultEnv.setup(): no sandbox left"
+    (rollout,) = to_rollouts(empty, ENV_ID, ["agent"], "m")
+    assert rollout.ok is False and (rollout.task, rollout.seat) == ("t7", "agent")
+    assert rollout.error == "the environment returned no trace of seat 'agent'"
+    errors, seats = [vf.Error(type="EnvError", message="FaultEnv.setup(): no sandbox left")], ["player0", "player1"]
+    failed = to_rollouts(vf.Episode(task=vf.TraceTask(type="FaultTask", data=data), traces=[], errors=errors), ENV_ID,
+                         seats, "m")  # fmt: skip
+    assert [(r.seat, r.ok, r.error) for r in failed] == [(s, False, "EnvError: FaultEnv.setup(): no sandbox left")
+                                                         for s in seats]  # fmt: skip
 
 
 def test_a_rollout_that_raises_is_a_failed_rollout(monkeypatch):

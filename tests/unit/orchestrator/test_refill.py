@@ -105,3 +105,27 @@ def test_a_steps_groups_are_of_different_tasks_the_same_in_every_run(tmp_path, m
         runs.append(sorted(sampled))  # places run concurrently: compare as sets of draws
     assert runs[0] == runs[1] and len(runs[0]) > 4
     assert len(set(runs[0])) == len(runs[0])  # no task sampled twice in the step
+
+
+def test_a_group_whose_every_seat_tied_is_replaced_unless_the_task_is_one_baseline(
+    tmp_path, monkeypatch, on_weights_server
+):
+    # a two-seat game: in tasks divisible by 5 the players trade wins; in the others player a always wins
+    sampled = []
+
+    async def run_group(env, task, n, ctx, limits):
+        sampled.append(index(task))
+        wins = [1.0, 0.0] if index(task) % 5 == 0 else [1.0, 1.0]
+        return [rollout for win in wins for rollout in (
+            group([win], TWO_SAMPLED, env="char-target", task=task.data.id, seat="a")
+            + group([1.0 - win], TWO_SAMPLED, env="char-target", task=task.data.id, seat="b"))]  # fmt: skip
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    orchestrator, _ = on_weights_server(config(tmp_path, filter={"refill": True, "max_attempts": 40}))
+    asyncio.run(orchestrator.step(1))
+    assert len(sampled) > 4 and {int(task.removeprefix("char-target-")) % 5 for task in batch_tasks(tmp_path, 1)} == {0}
+    sampled.clear()
+    one_baseline = config(tmp_path / "task", filter={"refill": True}, advantage={"baseline_groups": "task"})
+    orchestrator, _ = on_weights_server(one_baseline)
+    asyncio.run(orchestrator.step(1))
+    assert len(sampled) == 4  # a's 1s and b's 0s share one baseline: every group varies, none is replaced

@@ -25,23 +25,24 @@ def test_sample_rows_show_the_first_group_of_each_environment():
         return rollout(reward, sample, env=env, rewards={"correct": reward, "judge": float(reward > 0.5)}, **fields)
 
     groups = [
-        [scored(1.0, "math"), scored(0.0, "math", truncated=True)],
+        [scored(1.0, "math", seat="player0"), scored(0.0, "math", truncated=True, seat="player1")],
         [scored(0.5, "math"), scored(0.5, "math")],  # a second group of math: not shown
         [scored(0.25, "code"), scored(0.0, "code")],
     ]
     rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.25, 0.0]])
     advantages = rewards - rewards.mean(dim=1, keepdim=True)
     rows = sample_rows(4, groups, rewards, advantages, decode)
-    assert [(r["env"], r["reward"], r["truncated"]) for r in rows] == [
-        ("math", 1.0, False),
-        ("math", 0.0, True),
-        ("code", 0.25, False),
-        ("code", 0.0, False),
+    assert [(r["env"], r["seat"], r["reward"], r["truncated"]) for r in rows] == [
+        ("math", "player0", 1.0, False),
+        ("math", "player1", 0.0, True),
+        ("code", "", 0.25, False),
+        ("code", "", 0.0, False),
     ]
     assert rows[0] == {
         "step": 4,
         "env": "math",
         "task": "",
+        "seat": "player0",
         "prompt": "7",
         "completion": "8 9",
         "reward": 1.0,

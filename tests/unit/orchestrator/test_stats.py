@@ -50,6 +50,12 @@ def test_rollout_metrics_on_hand_made_rollouts():
     )
 
 
+def test_the_reward_is_the_trained_seats_an_untrained_seats_is_left_out():
+    groups = [[rollout(1.0, masked(".s"), seat="assistant"), rollout(0.0, seat="user", trained=False)]] * 2
+    metrics = rollout_metrics(groups, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), generate_s=1.0)
+    assert (metrics["reward_mean"], metrics["reward_std"]) == (1.0, 0.0)
+
+
 def test_env_metrics_are_each_environments_rollout_metrics():
     groups = step_groups()
     for done in groups[0]:

@@ -113,6 +113,7 @@ def test_report_has_images_configs_and_highlighted_trained_tokens(reported_run):
     assert "&lt;tool_response&gt;\n42" in step_5  # the tool result is shown, not highlighted
     assert "What is 6 x 7? Use &lt; and &gt;" in step_5  # the prompt, escaped
     assert "rewards: correct 1, judge 0" in step_5  # each reward function's score: the judge said no
+    assert "task t1 · seat solver · reward 1" in step_5  # the seat of the environment that played it
 
     step_0 = page[page.index("<h4>Step 0</h4>") :]
     assert "no longer on disk" in step_0 and "<mark class='trained'>I" not in step_0

@@ -202,6 +202,22 @@ def test_json_output_carries_counts(tmp_path, samples, tiny_model_path, check_lo
     assert first["summary"]["rewards"] == {"correct_answer": 1.0, "format": 1.0}
 
 
+def test_the_checker_counts_each_seats_samples_and_trainable_tokens(tmp_path, samples, tiny_model_path,
+                                                                    check_loss_mask, capsys):  # fmt: skip
+    seated = [replace(s, meta={**s.meta, "seat": seat}) for s, seat in
+              zip(baseline(samples), ["player0", "player1", "player0"], strict=True)]  # fmt: skip
+    write_step(tmp_path, seated, tiny_model_path)
+    trainable = [sum(s.loss_mask) for s in seated]
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert f"(player0: 2 samples, {trainable[0] + trainable[2]} trainable, player1: 1 samples, {trainable[1]} " in line
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["seats"] == {
+        "player0": {"samples": 2, "trainable": trainable[0] + trainable[2]},
+        "player1": {"samples": 1, "trainable": trainable[1]},
+    }
+
+
 def test_old_batch_without_sample_records_passes(tmp_path, samples, chat, tiny_model_path):
     write_step(tmp_path, baseline(samples), tiny_model_path, mutate=lambda info, mbs: setattr(info, "samples", []))
     report = check_step(read_step(tmp_path), chat)
