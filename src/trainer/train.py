@@ -260,12 +260,6 @@ def run_training(config: TrainerConfig, world: World) -> None:
             save_weights(
                 model, tokenizer, weights_dir(config.output_dir, step), export, None if last else sender, dtype
             )
-        if config.ckpt and (step % config.ckpt.interval == 0 or last):
-            with progress.doing(f"writing checkpoint step {step}"):
-                save_checkpoint(config.output_dir, step, model, optimizer, scheduler, world)
-            if world.is_main:
-                prune_checkpoints(config.output_dir, config.ckpt.keep)
-
         train_s = save_start - train_start
         record = {
             "step": step,
@@ -280,8 +274,13 @@ def run_training(config: TrainerConfig, world: World) -> None:
             "train_s": train_s,
             "save_s": time.perf_counter() - save_start,
         }
-        if metrics:
+        if metrics:  # before the checkpoint: a run resumed from it keeps this record (later ones are dropped)
             metrics.write(record)
+        if config.ckpt and (step % config.ckpt.interval == 0 or last):
+            with progress.doing(f"writing checkpoint step {step}"):
+                save_checkpoint(config.output_dir, step, model, optimizer, scheduler, world)
+            if world.is_main:
+                prune_checkpoints(config.output_dir, config.ckpt.keep)
         logger.info(
             f"step {step} | reward {info.reward_mean:.4f} | loss {record['loss']:.4f} | tokens {info.num_tokens} "
             f"| grad_norm {record['grad_norm']:.3f} | mismatch_kl {record['mismatch_kl']:.2e} | {train_s:.2f}s"

@@ -45,4 +45,6 @@ def test_report_images_load_in_a_browser(tmp_path, tiny_model_path):
     result = subprocess.run([CHROMIUM, *flags, probe.as_uri()], capture_output=True, text=True, timeout=120)
     widths = re.search(r'data-widths="([^"]*)"', result.stdout)
     assert widths, result.stderr[-2000:]
-    assert widths.group(1).split(",") == ["800"] * 9  # every plot loaded at its full width
+    plots = report.read_text().count("<img ")
+    assert plots == len(list(report.parent.glob("*.png"))) >= 10  # the reward functions' plot is the tenth
+    assert widths.group(1).split(",") == ["800"] * plots  # every plot loaded at its full width

@@ -7,9 +7,10 @@ from safetensors.torch import load_file
 from trainer_runs import config, losses
 
 from contracts.errors import TridentError
+from contracts.metrics import read_metrics
 from contracts.run_dir import checkpoint_dir, complete_checkpoints, weights_dir
 from orchestrator.ckpt import data_state, save_state
-from trainer.ckpt import prune_checkpoints
+from trainer.ckpt import prune_checkpoints, save_checkpoint
 from trainer.train import train
 
 QLORA = {"experimental": {"load_in_4bit": True, "lora": {"rank": 4}}}
@@ -38,6 +39,24 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path, write_batches, tiny_
     assert expected.keys() == got.keys()
     for name in expected:
         assert (expected[name] - got[name]).abs().max() < 1e-6, name
+
+
+def test_a_kill_right_after_a_checkpoint_keeps_the_steps_metrics(tmp_path, write_batches, tiny_model_path, monkeypatch):
+    """The step's metrics are written before its checkpoint: a run stopped just after the checkpoint of step 2 (as
+    SIGTERM during a checkpoint can) and resumed from it has every step's record once (step 2's went missing)."""
+    write_batches(tmp_path, steps=4)
+    save_state(tmp_path, data_state(2, 8, 64, 0, [8]))  # the orchestrator's part of step 2's checkpoint
+
+    def stop_after(output_dir, step, *args):
+        save_checkpoint(output_dir, step, *args)
+        raise SystemExit("stopped")
+
+    monkeypatch.setattr("trainer.train.save_checkpoint", stop_after)
+    with pytest.raises(SystemExit):
+        train(config(tmp_path, tiny_model_path))
+    monkeypatch.undo()
+    train(config(tmp_path, tiny_model_path, resume_step=-1))
+    assert [record["step"] for record in read_metrics(tmp_path, "trainer")] == [1, 2, 3, 4]
 
 
 def test_resume_without_a_checkpoint_says_what_exists(tmp_path, tiny_model_path):
