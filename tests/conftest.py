@@ -5,6 +5,7 @@ it, so it boots while the unit tests run; on two workers (tests/parallel.py), ea
 
 import asyncio
 import importlib
+import logging
 import os
 import socket
 import sys
@@ -76,6 +77,17 @@ def fresh_renderers_lock():
     client = sys.modules.get("renderers.client")
     if client is not None:
         client._max_prompt_len_lock = asyncio.Lock()
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """The root logger's handlers and level as they were before each test. An entry point's ``main()`` called in a
+    test sets up logging (``setup_logging``: a handler on the ``sys.stderr`` of that moment, which pytest's capture
+    closes after the test); left in place, a later test's log lines would go to the closed stream and print
+    "--- Logging error ---" into that test's stderr instead."""
+    handlers, level = logging.root.handlers[:], logging.root.level
+    yield
+    logging.root.handlers[:], logging.root.level = handlers, level
 
 
 def pytest_collection_finish(session):
