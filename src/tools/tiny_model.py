@@ -10,6 +10,8 @@ attention needs >= 32).
 - ``trident/tiny-qwen2.5``: ``Qwen2ForCausalLM``, ChatML with a default system prompt and Hermes tool calls.
 - ``trident/tiny-llama3``: ``LlamaForCausalLM`` with untied embeddings, Llama 3.1's header turns, JSON tool calls
   and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
+- ``trident/tiny-qwen3-moe``: ``Qwen3MoeForCausalLM`` with tiny-qwen3's tokenizer and template: each layer's MLP is
+  4 routed experts of width 64, top-2 with normalised weights (the layout of Qwen3-30B-A3B, without shared experts).
 
 Configs name them by id; :mod:`contracts.model_path` holds the ids and where each build lives, and maps an id to
 its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
@@ -41,10 +43,12 @@ class TinyModel:
     family: ChatFamily
     template: str | None = None
     tie_word_embeddings: bool = True
+    model_type: str | None = None  # None: the family's first
+    shape: tuple[tuple[str, object], ...] = ()  # config fields past the common shape, e.g. a mixture of experts'
 
     @property
     def architecture(self) -> str:
-        return self.family.model_types[0]
+        return self.model_type or self.family.model_types[0]
 
     @property
     def chat_template(self) -> str:
@@ -56,6 +60,12 @@ TINY_MODELS = {  # by the ids of contracts.model_path.TINY_MODEL_IDS
     "trident/tiny-qwen3": TinyModel(QWEN3, tiny_templates.QWEN3),
     "trident/tiny-qwen2.5": TinyModel(QWEN2_5, tiny_templates.QWEN2_5),
     "trident/tiny-llama3": TinyModel(LLAMA3, tiny_templates.LLAMA3, tie_word_embeddings=False),
+    "trident/tiny-qwen3-moe": TinyModel(
+        QWEN3,
+        tiny_templates.QWEN3,
+        model_type="qwen3_moe",
+        shape=(("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 64), ("norm_topk_prob", True)),
+    ),
 }
 
 _WORDS = (
@@ -127,7 +137,8 @@ def build_tokenizer(tiny: TinyModel):
 
 
 def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
-    """A random model of ``tiny``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head."""
+    """A random model of ``tiny``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head, and ``tiny``'s
+    further shape."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -146,6 +157,7 @@ def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         torch_dtype="float32",
+        **dict(tiny.shape),
     )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(torch.float32)
