@@ -370,9 +370,20 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         exit_config_error(e)
     setup_logging("rl", config.trainer.log.level)
-    with exit_on_user_error("rl"):
-        code = run(config)
+    try:
+        with exit_on_user_error("rl"):
+            code = run(config)
+    finally:
+        ignore_stop_signals()
     sys.exit(code)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore stop signals once the run is over. At exit Python resets the handlers it installed to the default, so a
+    stop signal arriving while the interpreter finalizes would end ``rl`` by that signal and lose its exit code (a CI
+    run saw ``rl`` end by SIGINT, -2, after a SIGTERM it had handled and a teardown it had finished)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":
