@@ -6,6 +6,7 @@ when no rollout of the step trains, its error names them with their counts and m
 from collections import Counter
 from dataclasses import dataclass
 
+from contracts.errors import first_line
 from contracts.protocol import Sample
 from orchestrator.rollout import Rollout
 
@@ -53,10 +54,9 @@ def error_type(error: str | None) -> str:
     return head if head.isidentifier() else "other"
 
 
-def first_line(error: str) -> str:
+def error_line(error: str) -> str:
     """An error's first line, cut to :data:`ERROR_CHARS`."""
-    line = error.strip().splitlines()[0] if error.strip() else ""
-    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 1] + "…"
+    return first_line(error, ERROR_CHARS)
 
 
 def no_sample_metrics(untrained: list[Untrained]) -> dict[str, int]:
@@ -84,11 +84,11 @@ def untrained_summary(untrained: list[Untrained], seq_len: int) -> str:
 
 
 def _causes(rollouts: list[Rollout], reason: str) -> str:
-    errors = Counter(first_line(r.error) for r in rollouts if r.error)
+    errors = Counter(error_line(r.error) for r in rollouts if r.error)
     causes = []
     if errors:
         ((text, count),) = errors.most_common(1)
-        first = next(r for r in rollouts if r.error and first_line(r.error) == text)
+        first = next(r for r in rollouts if r.error and error_line(r.error) == text)
         causes.append(f"{text} ×{count}, first in environment {first.env!r} (task {first.task})")
         if count < errors.total():
             causes.append(f"{errors.total() - count} with other errors")

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from contracts.atomic_io import disk_full, free_space, move_into_place
-from contracts.errors import TridentError
+from contracts.errors import TridentError, first_line
 from contracts.run_dir import checkpoint_dir, complete_checkpoints, mark_stable, step_dirs
 from trainer.parallel import World
 
@@ -75,7 +75,7 @@ def root_cause(error: BaseException) -> str:
         error = next(iter(error.failures.values()))[0]
     while error.__cause__ is not None:
         error = error.__cause__
-    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no detail'}"
+    return f"{type(error).__name__}: {first_line(str(error)) or 'no detail'}"
 
 
 def load_checkpoint(

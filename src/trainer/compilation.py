@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed, TorchDynamoException
 
+from contracts.errors import first_line
 from trainer.attention import uses_varlen
 from trainer.model import decoder_layers
 
@@ -62,8 +63,7 @@ def uncompile_layers(model: nn.Module) -> bool:
 def compile_error_line(error: TorchDynamoException) -> str:
     """What went wrong in compiling, in one line: the backend's own error, or Dynamo's (a graph break)."""
     cause = error.inner_exception if isinstance(error, BackendCompilerFailed) else error
-    lines = str(cause).strip().splitlines() or [""]
-    return f"{type(cause).__name__}: {lines[0][:200]}"
+    return f"{type(cause).__name__}: {first_line(str(cause), 200)}"
 
 
 def eager_on_compile_failure(step: Callable[[], Result], models: Sequence[nn.Module]) -> Result:

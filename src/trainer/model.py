@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
 
-from contracts.errors import TridentError
+from contracts.errors import TridentError, first_line
 from contracts.model_path import resolve_model_path
 from contracts.protocol import MicroBatch
 from trainer.attention import packing, use_packed_attention
@@ -127,7 +127,7 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
     try:
         return get_peft_model(model, config)
     except ValueError as e:  # e.g. one half of a fused expert weight targeted without the other
-        raise TridentError(f"model.experimental.lora.target_modules: {str(e).splitlines()[0]}") from None
+        raise TridentError(f"model.experimental.lora.target_modules: {first_line(str(e))}") from None
 
 
 def lora_target_names(model: nn.Module) -> set[str]:

@@ -7,7 +7,7 @@ from rollouts import masked, rollout, sampled
 from contracts.errors import TridentError
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
-from orchestrator.no_sample import error_type, first_line, no_sample_metrics
+from orchestrator.no_sample import error_line, error_type, no_sample_metrics
 
 TRAINS = sampled([1, 2, 3], 1, [-1.0, -1.0])  # a prompt token, then two sampled: 3 tokens
 LONG = sampled([1] * 20, 1, [-1.0] * 19)  # longer than the seq_len of 16 used here
@@ -108,5 +108,5 @@ def test_error_types_and_first_lines():
     assert error_type("APIConnectionError") == "APIConnectionError"
     assert error_type("the environment returned no trace of a trainable agent") == "other"
     assert error_type(None) == "other"
-    assert first_line("TaskError: a\nTraceback ...") == "TaskError: a"
-    assert first_line("x" * 500) == "x" * 199 + "…"
+    assert error_line("TaskError: a\nTraceback ...") == "TaskError: a"
+    assert error_line("x" * 500) == "x" * 199 + "…"
