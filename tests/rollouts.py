@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable
 
+from orchestrator.batch import flat, rollout_samples
 from orchestrator.rollout import Rollout
 
 Branch = tuple[list[int], list[bool], list[float]]  # token ids, loss mask, logprobs
@@ -29,3 +30,10 @@ def rollout(reward: float, *branches: Branch, ok: bool = True, **fields) -> Roll
 def group(rewards: Iterable[float], *branches: Branch, **fields) -> list[Rollout]:
     """A rollout of ``branches`` for each of ``rewards``: a group."""
     return [rollout(float(reward), *branches, **fields) for reward in rewards]
+
+
+def build_samples(groups: list[list[Rollout]], weight_step: int, **options):
+    """The samples of ``groups`` in one list, and the rewards and advantages they were built from
+    (:func:`orchestrator.batch.rollout_samples`, flattened)."""
+    per_rollout, rewards, advantages = rollout_samples(groups, weight_step, **options)
+    return flat(per_rollout), rewards, advantages

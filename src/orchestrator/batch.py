@@ -72,18 +72,6 @@ def flat(per_rollout: list[list[list[Sample] | None]]) -> list[Sample]:
     return [s for row in per_rollout for samples in row for s in samples or []]
 
 
-def build_samples(
-    groups: list[list[Rollout]],
-    weight_step: int,
-    mask_truncated: bool = False,
-    zero_truncated: bool = False,
-    advantage: AdvantageConfig | None = None,
-) -> tuple[list[Sample], Float[Tensor, "groups rollouts"], Float[Tensor, "groups rollouts"]]:
-    """:func:`rollout_samples`' samples in one list (:func:`flat`), and the rewards and advantages."""
-    per_rollout, rewards, advantages = rollout_samples(groups, weight_step, mask_truncated, zero_truncated, advantage)
-    return flat(per_rollout), rewards, advantages
-
-
 @dataclass
 class Batch:
     """A step's batch as the trainer reads it, and what it was built from."""

@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from rollouts import build_samples
 from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -18,7 +19,6 @@ from contracts.errors import TridentError
 from contracts.inference_api import adapter_name
 from contracts.protocol import MicroBatch
 from contracts.run_dir import PROBE_FILE, PROBE_TEXT, mark_stable
-from orchestrator.batch import build_samples
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group

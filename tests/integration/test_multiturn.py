@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import verifiers.v1 as vf
+from rollouts import build_samples
 from transformers import AutoTokenizer
 
-from orchestrator.batch import build_samples
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits

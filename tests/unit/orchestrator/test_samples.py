@@ -1,9 +1,8 @@
 from types import SimpleNamespace
 
 import pytest
-from rollouts import ONE_SAMPLED, group, rollout, sampled
+from rollouts import ONE_SAMPLED, build_samples, group, rollout, sampled
 
-from orchestrator.batch import build_samples
 from orchestrator.config import AdvantageConfig
 from orchestrator.verifiers_adapter.envs import trace_branches
 

@@ -1,8 +1,7 @@
 import pytest
 import torch
-from rollouts import masked, rollout
+from rollouts import build_samples, masked, rollout
 
-from orchestrator.batch import build_samples
 from orchestrator.rollout import Rollout
 from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
 
