@@ -1,7 +1,7 @@
 """Group-relative advantages: each rollout's reward against the other rollouts of the same prompt (and seat)."""
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from orchestrator.config import AdvantageConfig, BaselineGroups
@@ -52,6 +52,7 @@ def group_advantages(
     return advantages
 
 
-def uniform_groups(rewards: Float[Tensor, "groups rollouts"]) -> Bool[Tensor, " groups"]:
-    """Groups whose rollouts all got the same reward: their advantages are 0, they teach nothing."""
-    return (rewards == rewards[:, :1]).all(dim=1)
+def uniform_groups(rewards: list[list[float]]) -> list[bool]:
+    """Groups (a row of rewards each) whose rollouts all got the same reward: their advantages are 0, they teach
+    nothing."""
+    return [len(set(row)) <= 1 for row in rewards]
