@@ -122,8 +122,9 @@ def is_number(value) -> bool:
 
 
 def is_score(key: str) -> bool:
-    """An evaluation's score (``eval/<env>/<metric>``), not its count of failed rollouts or its seconds."""
-    return key.startswith(EVAL_PREFIX) and key.count("/") == 2 and not key.endswith("/failed")
+    """An evaluation's score (``eval/<env>/<metric>``, or a seat's ``eval/<env>/<seat>/<metric>``), not its count of
+    failed rollouts or its seconds."""
+    return key.startswith(EVAL_PREFIX) and key.count("/") in (2, 3) and not key.endswith("/failed")
 
 
 def found_spec(runs: list[RunMetrics], spec: PlotSpec, process: str, wanted: Callable[[str], bool]) -> PlotSpec:

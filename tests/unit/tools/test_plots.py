@@ -64,12 +64,14 @@ def test_a_multi_agent_run_has_a_plot_of_each_seats_reward(tmp_path):
     for step in range(STEPS, STEPS + 2):
         writer.write({"step": step, "seat/player0/reward_mean": 0.5, "seat/player1/reward_mean": -0.5,
                       "seat/player1/sampled_tokens": 4, "env/duel/seat/player0/reward_mean": 0.5})  # fmt: skip
+    writer.write_eval({"step": STEPS, "eval/duel/player0/pass@4": 0.5, "eval/duel/player0/failed": 1})
     plots = {plot.name: plot for plot in write_plots([load_run(run)], tmp_path / "out")}
     assert plots["seats"].series == {
         "seat/player0/reward_mean": ([STEPS, STEPS + 1], [0.5, 0.5]),
         "seat/player1/reward_mean": ([STEPS, STEPS + 1], [-0.5, -0.5]),
     }
     assert_not_blank(plots["seats"].path)
+    assert set(plots["eval"].series) == {"eval/gsm8k/reward_mean", "eval/duel/player0/pass@4"}  # a seat's score too
 
 
 def test_step_ticks_are_whole_steps(runs, tmp_path, monkeypatch):
