@@ -12,7 +12,7 @@ from propose_solve import balance
 from transformers import AutoTokenizer
 
 from contracts.model_path import TINY_MODEL_ID
-from orchestrator.batch import assemble_batch
+from orchestrator.batch import assemble_batch, build_samples
 from orchestrator.config import AdvantageConfig
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
@@ -82,6 +82,12 @@ def test_each_solver_run_is_a_rollout_of_the_solver_seat_and_the_proposer_is_rew
     assert sorted(advantages["solver"]) == [-0.5] * EPISODES + [0.5] * EPISODES
     pooled = assemble_batch(1, [rollouts], 0, seq_len=4096, advantage=AdvantageConfig(baseline_groups="task"))
     assert [s.advantage for s in pooled.samples if s.meta["seat"] == "proposer"] == pytest.approx([1 / 3] * EPISODES)
+    # episode_seat: the solvers of one problem against their own mean; task_seat: all solvers of the task against one
+    assert [r.episode for r in rollouts] == [0, 0, 0, 1, 1, 1]
+    rollouts[4].reward = 0.0  # episode 1's solvers: (0, 0), tied within their episode
+    per_problem = build_samples([rollouts], 0, advantage=AdvantageConfig(baseline_groups="episode_seat"))[2]
+    assert per_problem == [[0.0, 0.5, -0.5, 0.0, 0.0, 0.0]]  # the proposers, once an episode, still per task × seat
+    assert build_samples([rollouts], 0)[2] == [[0.0, 0.75, -0.25, 0.0, -0.25, -0.25]]
 
 
 def test_an_untrained_proposer_keeps_its_reward_and_gives_no_sample():
