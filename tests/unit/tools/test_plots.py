@@ -14,7 +14,7 @@ from matplotlib.image import imread
 from contracts.metrics import MetricsWriter
 from contracts.run_dir import configs_dir
 from launch.launcher import write_plots_or_warn
-from tools.plots import load_run, plot_runs, write_plots
+from tools.plots import draw, eval_spec, load_run, plot_runs, seats_spec, write_plots
 from tools.report import write_report
 
 
@@ -65,7 +65,9 @@ def test_a_multi_agent_run_has_a_plot_of_each_seats_reward(tmp_path):
         writer.write({"step": step, "seat/player0/reward_mean": 0.5, "seat/player1/reward_mean": -0.5,
                       "seat/player1/sampled_tokens": 4, "env/duel/seat/player0/reward_mean": 0.5})  # fmt: skip
     writer.write_eval({"step": STEPS, "eval/duel/player0/pass@4": 0.5, "eval/duel/player0/failed": 1})
-    plots = {plot.name: plot for plot in write_plots([load_run(run)], tmp_path / "out")}
+    runs, out = [load_run(run)], tmp_path / "out"
+    out.mkdir()
+    plots = {spec.name: draw(spec, runs, out) for spec in (seats_spec(runs), eval_spec(runs))}  # as write_plots does
     assert plots["seats"].series == {
         "seat/player0/reward_mean": ([STEPS, STEPS + 1], [0.5, 0.5]),
         "seat/player1/reward_mean": ([STEPS, STEPS + 1], [-0.5, -0.5]),
