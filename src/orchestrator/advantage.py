@@ -1,7 +1,9 @@
 """Group-relative advantages: each rollout's reward against the other rollouts of the same prompt (and seat)."""
 
+from collections import Counter
+
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from orchestrator.config import AdvantageConfig, BaselineGroups
@@ -16,12 +18,18 @@ def group_rewards(group: list[Rollout], zero_truncated: bool = False) -> list[fl
 
 def baseline_groups(group: list[Rollout], by: BaselineGroups) -> list[list[int]]:
     """The positions in ``group`` (the rollouts of one task) of the rollouts that share a baseline: the trained
-    rollouts of each seat (``"task_seat"``), or all trained rollouts (``"task"``). An untrained seat's rollouts
-    (``Rollout.trained`` false) share none: they give no sample."""
-    shared: dict[str, list[int]] = {}
+    rollouts of each seat (``"task_seat"``); under ``"episode_seat"`` those of each seat, except that a seat's runs in
+    one episode where it played several times share their own (the solvers of one proposed problem); or all trained
+    rollouts (``"task"``). An untrained seat's rollouts (``Rollout.trained`` false) share none: they give no sample."""
+    plays = Counter((r.episode, r.seat) for r in group)
+    shared: dict[tuple, list[int]] = {}
     for i, rollout in enumerate(group):
-        if rollout.trained:
-            shared.setdefault(rollout.seat if by == "task_seat" else "", []).append(i)
+        if not rollout.trained:
+            continue
+        key: tuple = () if by == "task" else (rollout.seat,)
+        if by == "episode_seat" and plays[rollout.episode, rollout.seat] > 1:
+            key += (rollout.episode,)
+        shared.setdefault(key, []).append(i)
     return list(shared.values())
 
 
@@ -52,6 +60,7 @@ def group_advantages(
     return advantages
 
 
-def uniform_groups(rewards: Float[Tensor, "groups rollouts"]) -> Bool[Tensor, " groups"]:
-    """Groups whose rollouts all got the same reward: their advantages are 0, they teach nothing."""
-    return (rewards == rewards[:, :1]).all(dim=1)
+def uniform_groups(rewards: list[list[float]]) -> list[bool]:
+    """Groups (a row of rewards each) whose rollouts all got the same reward: their advantages are 0, they teach
+    nothing."""
+    return [len(set(row)) <= 1 for row in rewards]

@@ -5,8 +5,6 @@ batch for the same groups. What it holds is the disk protocol's (docs/protocol.m
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float
-from torch import Tensor
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
@@ -23,34 +21,35 @@ def rollout_samples(
     mask_truncated: bool = False,
     zero_truncated: bool = False,
     advantage: AdvantageConfig | None = None,
-) -> tuple[list[list[list[Sample] | None]], Float[Tensor, "groups rollouts"], Float[Tensor, "groups rollouts"]]:
+) -> tuple[list[list[list[Sample] | None]], list[list[float]], list[list[float]]]:
     """The training samples of each rollout of ``groups`` (None for the rollouts of a group left out for tying),
-    with group-relative advantages; also the rewards and advantages they were built from.
+    with group-relative advantages; also the rewards and advantages they were built from, one row per group (groups
+    of different environments may hold different numbers of rollouts).
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
     Rollouts share a baseline as ``advantage.baseline_groups`` says (:func:`~orchestrator.advantage.baseline_groups`:
     by default those of one task and one seat). Failed rollouts (the environment raised) give no sample, and the
     baseline they would have shared is the others'.
     """
-    rewards = torch.tensor([group_rewards(group, zero_truncated) for group in groups], dtype=torch.float32)
+    rewards = [group_rewards(group, zero_truncated) for group in groups]
     advantage = advantage or AdvantageConfig()
-    advantages = torch.zeros_like(rewards)
-    for i, group in enumerate(groups):
+    advantages = [[0.0] * len(group) for group in groups]
+    for group, row, advantages_row in zip(groups, rewards, advantages, strict=True):
         for members in baseline_groups(group, advantage.baseline_groups):
             if ok := [j for j in members if group[j].ok]:
-                advantages[i, ok] = group_advantages(rewards[i, ok][None], advantage)[0]
+                shared = torch.tensor([[row[j] for j in ok]], dtype=torch.float32)
+                for j, value in zip(ok, group_advantages(shared, advantage)[0].tolist(), strict=True):
+                    advantages_row[j] = value
     dropped = [
         advantage.drop_uniform_groups and uniform_baselines(group, row, advantage.baseline_groups)
-        for group, row in zip(groups, rewards.tolist(), strict=True)
+        for group, row in zip(groups, rewards, strict=True)
     ]
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
     samples = [
         [None if drop else _samples_of(rollout, reward, rollout_advantage, weight_step, mask_truncated)
          for rollout, reward, rollout_advantage in zip(group, rewards_row, advantages_row, strict=True)]
-        for group, rewards_row, advantages_row, drop in zip(
-            groups, rewards.tolist(), advantages.tolist(), dropped, strict=True
-        )
+        for group, rewards_row, advantages_row, drop in zip(groups, rewards, advantages, dropped, strict=True)
     ]  # fmt: skip
     return samples, rewards, advantages
 
@@ -78,8 +77,8 @@ class Batch:
 
     groups: list[list[Rollout]]  # the groups that count: those not lost to infrastructure errors
     weight_step: int  # the weights served when the groups started
-    rewards: Float[Tensor, "groups rollouts"]  # of ``groups``, as advantages saw them
-    advantages: Float[Tensor, "groups rollouts"]
+    rewards: list[list[float]]  # of ``groups``, one row each, as advantages saw them
+    advantages: list[list[float]]
     samples: list[Sample]  # in the order the micro-batches hold them
     micro_batches: list[MicroBatch]
     overlong: int  # samples left out for being longer than seq_len
@@ -124,17 +123,9 @@ def assemble_batch(
     Groups lost to infrastructure errors are left out; the others give :func:`rollout_samples`' samples, those
     longer than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit,
     longest first). A :class:`TridentError` naming why (:func:`~orchestrator.no_sample.no_sample_error`) when no
-    trained rollout gives a trainable token, or naming the environments when groups hold different numbers of
-    rollouts (several seats play each episode of one).
+    trained rollout gives a trainable token.
     """
     kept = [group for group in groups if not is_lost(group)]
-    sizes = dict.fromkeys((group[0].env, len(group)) for group in kept)  # in order, each once
-    if len({size for _, size in sizes}) > 1:
-        counts = ", ".join(f"{env!r} gives {size}" for env, size in sizes)
-        raise TridentError(
-            f"step {step}: environments give different numbers of rollouts per task ({counts}: rollouts_per_example "
-            "times the seats that play each episode); a run's environments must give the same number for now"
-        )
     per_rollout, rewards, advantages = rollout_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
     untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group if r.trained]
     for group, row in zip(kept, per_rollout, strict=True):

@@ -86,7 +86,7 @@ class SamplingConfig(StrictModel):
     ] = False
 
 
-BaselineGroups = Literal["task_seat", "task"]  # which of a task's rollouts share an advantage baseline
+BaselineGroups = Literal["task_seat", "episode_seat", "task"]  # which of a task's rollouts share an advantage baseline
 
 
 class AdvantageConfig(StrictModel):
@@ -97,7 +97,9 @@ class AdvantageConfig(StrictModel):
     baseline_groups: Annotated[
         BaselineGroups,
         Field(description="Which rollouts share a baseline: those of one task played by one seat of the environment "
-                          "(the zero-sum payoffs of two players never share one), or all of one task's."),
+                          "(the zero-sum payoffs of two players never share one); episode_seat: as task_seat, but a "
+                          "seat's runs within one episode, where it played several (the solvers of one proposed "
+                          "problem), share their own; task: all of one task's."),
     ] = "task_seat"  # fmt: skip
     std_normalize: Annotated[
         bool, Field(description="Divide advantages by the group's reward standard deviation (GRPO).")

@@ -51,14 +51,26 @@ def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
 def eval_scores(name: str, groups: list[list[Rollout]], pass_reward: float) -> dict[str, float]:
     """``eval/<name>/...`` of one environment's groups (one per task, k rollouts each): ``reward_mean`` over all
     rollouts, ``pass@k`` (share of tasks with a rollout whose reward is at least ``pass_reward``), ``avg@k`` (share of
-    passing rollouts, averaged over tasks) and ``failed`` rollouts. A failed rollout scores 0 and does not pass."""
+    passing rollouts, averaged over tasks) and ``failed`` rollouts. A failed rollout scores 0 and does not pass.
+    When the groups hold several seats, each seat's too, as ``eval/<name>/<seat>/...`` over its own rollouts (its k
+    those of a task: ``n × rollouts_per_example`` for a seat that plays n times an episode)."""
+    scores = _scores(f"eval/{name}", groups, pass_reward)
+    seats = dict.fromkeys(r.seat for group in groups for r in group)
+    for seat in seats if len(seats) > 1 else ():
+        scores |= _scores(
+            f"eval/{name}/{seat}", [[r for r in group if r.seat == seat] for group in groups], pass_reward
+        )
+    return scores
+
+
+def _scores(prefix: str, groups: list[list[Rollout]], pass_reward: float) -> dict[str, float]:
     k = len(groups[0])
     passed = [[r.ok and r.reward >= pass_reward for r in group] for group in groups]
     return {
-        f"eval/{name}/reward_mean": statistics.fmean(r.reward if r.ok else 0.0 for group in groups for r in group),
-        f"eval/{name}/pass@{k}": statistics.fmean(any(group) for group in passed),
-        f"eval/{name}/avg@{k}": statistics.fmean(statistics.fmean(group) for group in passed),
-        f"eval/{name}/failed": sum(not r.ok for group in groups for r in group),
+        f"{prefix}/reward_mean": statistics.fmean(r.reward if r.ok else 0.0 for group in groups for r in group),
+        f"{prefix}/pass@{k}": statistics.fmean(any(group) for group in passed),
+        f"{prefix}/avg@{k}": statistics.fmean(statistics.fmean(group) for group in passed),
+        f"{prefix}/failed": sum(not r.ok for group in groups for r in group),
     }
 
 

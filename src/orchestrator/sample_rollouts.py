@@ -2,9 +2,6 @@
 
 from collections.abc import Callable
 
-from jaxtyping import Float
-from torch import Tensor
-
 from orchestrator.rollout import Rollout
 from orchestrator.stats import split_lengths
 
@@ -34,8 +31,8 @@ def prompt_and_completion(rollout: Rollout) -> tuple[list[int], list[int]]:
 def sample_rows(
     step: int,
     groups: list[list[Rollout]],
-    rewards: Float[Tensor, "groups rollouts"],
-    advantages: Float[Tensor, "groups rollouts"],
+    rewards: list[list[float]],
+    advantages: list[list[float]],
     decode: Callable[[list[int]], str],
 ) -> list[dict]:
     """One row per rollout of the step's first group of each environment, its text decoded with ``decode``
@@ -57,9 +54,9 @@ def sample_rows(
                     "seat": rollout.seat,
                     "prompt": shorten(decode(prompt)),
                     "completion": shorten(decode(completion)),
-                    "reward": rewards[g, r].item(),
+                    "reward": rewards[g][r],
                     "rewards": rollout.rewards,
-                    "advantage": advantages[g, r].item(),
+                    "advantage": advantages[g][r],
                     "truncated": rollout.truncated,
                 }
             )

@@ -1,11 +1,9 @@
 """Per-step statistics of rollouts and training samples, as the orchestrator logs them (see docs/metrics.md)."""
 
+import itertools
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-
-from jaxtyping import Float
-from torch import Tensor
 
 from contracts.protocol import Sample
 from orchestrator.advantage import uniform_groups
@@ -33,22 +31,21 @@ def split_lengths(mask: Sequence[bool]) -> tuple[int, int]:
     return prompt, len(mask) - prompt
 
 
-def rollout_metrics(
-    groups: list[list[Rollout]], rewards: Float[Tensor, "groups rollouts"], generate_s: float
-) -> dict[str, float]:
+def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], generate_s: float) -> dict[str, float]:
     """What the rollouts of one step got and produced, and how fast (``generate_s``: seconds spent generating).
 
-    ``rewards`` are the scores advantages were computed from (``rollout.reward``, or 0 for truncated rollouts
-    under ``zero_truncated_completions``), ``reward_*`` those of the trained rollouts (not an untrained seat's);
-    ``reward/<function>`` is each reward function's raw mean over the rollouts it scored, ``metric/<name>`` each
-    environment metric's mean over the rollouts that report it.
+    ``rewards`` (a row per group) are the scores advantages were computed from (``rollout.reward``, or 0 for
+    truncated rollouts under ``zero_truncated_completions``), ``reward_*`` those of the trained rollouts (not an
+    untrained seat's); ``reward/<function>`` is each reward function's raw mean over the rollouts it scored,
+    ``metric/<name>`` each environment metric's mean over the rollouts that report it; ``seat/<seat>/*`` each seat's
+    (:func:`seat_metrics`), when the rollouts hold several seats.
     ``failed/<type>`` counts the failed rollouts by their error's type (:func:`~orchestrator.no_sample.error_type`).
     Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """
     rollouts = [r for group in groups for r in group]
     # the policy's score: an untrained seat's (a simulated user, a pinned opponent) is not
-    policy_rewards = [reward for reward, r in zip(rewards.flatten().tolist(), rollouts, strict=True) if r.trained]
+    policy_rewards = [reward for reward, r in zip(itertools.chain(*rewards), rollouts, strict=True) if r.trained]
     branches = [(ids, mask) for r in rollouts for ids, mask, _ in r.branches]
     lengths = [split_lengths(mask) for _, mask in branches]
     by_function: dict[str, list[float]] = {}
@@ -63,9 +60,10 @@ def rollout_metrics(
     seconds = max(generate_s, 1e-9)
     return {
         **describe("reward", policy_rewards, ("mean", "std")),
+        **seat_metrics(rollouts, list(itertools.chain(*rewards))),
         **{f"reward/{function}": statistics.fmean(scores) for function, scores in sorted(by_function.items())},
         **{f"metric/{name}": statistics.fmean(values) for name, values in sorted(by_metric.items())},
-        "uniform_groups": uniform_groups(rewards).float().mean().item(),
+        "uniform_groups": statistics.fmean(uniform_groups(rewards)),
         "truncated_rate": sum(r.truncated for r in rollouts) / len(rollouts),
         "failed_rollouts": failed.total(),
         **{f"failed/{kind}": count for kind, count in sorted(failed.items())},
@@ -79,9 +77,26 @@ def rollout_metrics(
     }
 
 
-def env_metrics(
-    groups: list[list[Rollout]], rewards: Float[Tensor, "groups rollouts"], generate_s: float
-) -> dict[str, float]:
+def seat_metrics(rollouts: list[Rollout], rewards: list[float]) -> dict[str, float]:
+    """Each seat's ``seat/<seat>/reward_mean`` and ``reward_std`` over its rollouts (``rewards``, one per rollout;
+    an untrained seat's too: the opponent's or the proposer's score) and ``seat/<seat>/sampled_tokens`` (its trained
+    tokens: 0 for an untrained seat); none when every rollout is one seat's (a single-agent environment)."""
+    by_seat: dict[str, list[int]] = {}
+    for i, rollout in enumerate(rollouts):
+        by_seat.setdefault(rollout.seat, []).append(i)
+    if len(by_seat) < 2:
+        return {}
+    return {
+        f"seat/{seat}/{name}": value
+        for seat, rows in sorted(by_seat.items())
+        for name, value in {
+            **describe("reward", [rewards[i] for i in rows], ("mean", "std")),
+            "sampled_tokens": sum(sum(mask) for i in rows for _, mask, _ in rollouts[i].branches),
+        }.items()
+    }
+
+
+def env_metrics(groups: list[list[Rollout]], rewards: list[list[float]], generate_s: float) -> dict[str, float]:
     """:func:`rollout_metrics` of each environment's groups, as ``env/<id>/<metric>`` (throughput left out: the
     environments generate at the same time)."""
     by_env: dict[str, list[int]] = {}
@@ -90,7 +105,7 @@ def env_metrics(
     return {
         f"env/{env}/{name}": value
         for env, rows in sorted(by_env.items())
-        for name, value in rollout_metrics([groups[i] for i in rows], rewards[rows], generate_s).items()
+        for name, value in rollout_metrics([groups[i] for i in rows], [rewards[i] for i in rows], generate_s).items()
         if not name.endswith("_per_s")
     }
 

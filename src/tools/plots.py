@@ -1,8 +1,8 @@
 """``uv run trident-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out DIR]``: a run's metrics as PNGs and one HTML page.
 
 Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, its reward
-functions' scores, eval scores, loss, entropy, mismatch, lengths, truncation, throughput) against the training
-step, every run on the same axes, labelled by its folder name; then writes ``report.html`` beside them
+functions' scores, each seat's reward, eval scores, loss, entropy, mismatch, lengths, truncation, throughput) against
+the training step, every run on the same axes, labelled by its folder name; then writes ``report.html`` beside them
 (:mod:`tools.report`). Without ``--out`` both go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of
 every finished run.
 """
@@ -26,6 +26,7 @@ PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl
 LINE_STYLES = ("-", "--", ":", "-.")  # one per key of a plot; colours tell the runs apart
 EVAL_PREFIX = "eval/"
 REWARD_PREFIX = "reward/"  # the orchestrator's reward/<function>: each reward function's mean score
+SEAT_PREFIX = "seat/"  # the orchestrator's seat/<seat>/<metric>: each seat's, in a multi-agent run
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,9 @@ def is_number(value) -> bool:
 
 
 def is_score(key: str) -> bool:
-    """An evaluation's score (``eval/<env>/<metric>``), not its count of failed rollouts or its seconds."""
-    return key.startswith(EVAL_PREFIX) and key.count("/") == 2 and not key.endswith("/failed")
+    """An evaluation's score (``eval/<env>/<metric>``, or a seat's ``eval/<env>/<seat>/<metric>``), not its count of
+    failed rollouts or its seconds."""
+    return key.startswith(EVAL_PREFIX) and key.count("/") in (2, 3) and not key.endswith("/failed")
 
 
 def found_spec(runs: list[RunMetrics], spec: PlotSpec, process: str, wanted: Callable[[str], bool]) -> PlotSpec:
@@ -141,6 +143,14 @@ def reward_functions_spec(runs: list[RunMetrics]) -> PlotSpec:
     verdicts among them): what ``reward_mean`` is made of."""
     spec = PlotSpec("reward_functions", "reward functions (mean raw score, unweighted)", "score", {})
     return found_spec(runs, spec, "orchestrator", lambda key: key.startswith(REWARD_PREFIX))
+
+
+def seats_spec(runs: list[RunMetrics]) -> PlotSpec:
+    """The plot of each seat's mean reward (``seat/<seat>/reward_mean``), in a run whose steps hold several seats."""
+    spec = PlotSpec("seats", "mean reward per seat", "reward", {})
+    return found_spec(
+        runs, spec, "orchestrator", lambda key: key.startswith(SEAT_PREFIX) and key.endswith("/reward_mean")
+    )
 
 
 def series_label(run: RunMetrics, key: str, several_runs: bool, several_keys: bool) -> str:
@@ -177,7 +187,7 @@ def draw(spec: PlotSpec, runs: list[RunMetrics], out_dir: Path) -> Plot | None:
 def write_plots(runs: list[RunMetrics], out_dir: Path) -> list[Plot]:
     """Draw every plot that has data into ``out_dir``; returns those written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs = (PLOTS[0], reward_functions_spec(runs), eval_spec(runs), *PLOTS[1:])  # rewards first: what a run is for
+    specs = (PLOTS[0], reward_functions_spec(runs), seats_spec(runs), eval_spec(runs), *PLOTS[1:])  # rewards first
     return [plot for spec in specs if (plot := draw(spec, runs, out_dir)) is not None]
 
 

@@ -319,4 +319,7 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: Rol
 
     with judging_rollouts_of(ctx):
         episodes = await asyncio.gather(*(one(slot) for slot in env.slots(task, n)))
+    for number, rollouts in enumerate(episodes):
+        for rollout in rollouts:
+            rollout.episode = number
     return [rollout for rollouts in episodes for rollout in rollouts]

@@ -20,5 +20,6 @@ def test_leave_one_out_and_std_normalization():
     std = torch.tensor([1.0, 0.0, 0.0, 1.0]).std()  # unbiased, as GRPO
     torch.testing.assert_close(normalized[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-6))
     torch.testing.assert_close(normalized[1], torch.zeros(4))  # a tied group stays 0, not NaN
-    assert uniform_groups(rewards).tolist() == [False, True]
+    assert uniform_groups(rewards.tolist()) == [False, True]
+    assert uniform_groups([[1.0, 1.0], [0.0, 0.5, 0.0]]) == [True, False]  # groups of different sizes
     assert group_advantages(torch.tensor([[1.0], [2.0]])).tolist() == [[0.0], [0.0]]  # nothing to compare with

@@ -8,7 +8,6 @@ import copy
 import pytest
 from rollouts import ONE_SAMPLED, rollout, sampled
 
-from contracts.errors import TridentError
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
@@ -49,7 +48,7 @@ def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_adva
             "sample_lengths": [4, 2],
         },
     ]
-    assert batch.rewards.tolist() == [[1.0, 0.0], [3.0, 1.0]] and batch.advantages.tolist() == [[0.5, -0.5], [1, -1]]
+    assert batch.rewards == [[1.0, 0.0], [3.0, 1.0]] and batch.advantages == [[0.5, -0.5], [1, -1]]
     assert (batch.overlong, batch.empty, batch.failed) == (0, 0, [])
     info = batch.info(7, temperature=0.7, reward_mean=1.25, metrics={"m": 1.0})
     assert (info.step, info.num_samples, info.num_tokens, info.num_loss_tokens) == (7, 4, 14, 6)
@@ -96,7 +95,7 @@ def test_uniform_groups_are_left_out_only_with_drop_uniform_groups_and_never_all
     drop = AdvantageConfig(drop_uniform_groups=True)
     dropped = assemble_batch(0, [tied, split], 0, seq_len=16, advantage=drop)
     assert [s.token_ids for s in dropped.samples] == [A.branches[0][0], B.branches[0][0]]
-    assert dropped.rewards.tolist() == [[1.0, 1.0], [1.0, 0.0]]  # the left-out group still counts in the metrics
+    assert dropped.rewards == [[1.0, 1.0], [1.0, 0.0]]  # the left-out group still counts in the metrics
 
     all_tied = assemble_batch(0, [tied], 0, seq_len=16, advantage=drop)  # a step of ties still writes its batch
     assert [s.advantage for s in all_tied.samples] == [0.0, 0.0]
@@ -109,7 +108,7 @@ def test_failed_rollouts_give_no_sample_and_lost_groups_nothing_at_all():
     assert [s.token_ids for s in batch.samples] == [A.branches[0][0], B.branches[0][0]]
     assert [s.advantage for s in batch.samples] == [0.5, -0.5]  # the baseline is the finished rollouts' mean
     assert batch.groups == [[A, failed, B]] and batch.failed == [failed]
-    assert batch.rewards.tolist() == [[1.0, 0.0, 0.0]] and batch.advantages.tolist() == [[0.5, 0.0, -0.5]]
+    assert batch.rewards == [[1.0, 0.0, 0.0]] and batch.advantages == [[0.5, 0.0, -0.5]]
 
 
 def test_truncated_rollouts_are_masked_or_scored_zero_as_asked():
@@ -122,7 +121,7 @@ def test_truncated_rollouts_are_masked_or_scored_zero_as_asked():
     assert [s.advantage for s in masked.samples] == [0.5, 0.0, -0.5]  # its reward still counts in the baseline
 
     zeroed = assemble_batch(0, [group], 0, seq_len=16, zero_truncated=True)
-    assert zeroed.rewards.tolist() == [[0.0, 0.5, 0.0]]
+    assert zeroed.rewards == [[0.0, 0.5, 0.0]]
     assert [s.advantage for s in zeroed.samples] == pytest.approx([-1 / 6, 1 / 3, -1 / 6])
     assert zeroed.samples[0].loss_mask == [False, True, True]  # still trained, as a bad example
 
@@ -147,15 +146,15 @@ def test_seats_of_a_task_each_have_their_own_baseline_unless_baseline_groups_is_
     by_seat = assemble_batch(0, [group], 0, seq_len=16)
     advantages = {s.token_ids[-1]: (s.meta["seat"], s.advantage) for s in by_seat.samples}
     assert advantages == {10: ("player0", 1.0), 11: ("player0", -1.0), 12: ("player1", -1.0), 13: ("player1", 1.0)}
-    assert by_seat.advantages.tolist() == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]  # the untrained seat: no sample, 0
+    assert by_seat.advantages == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]  # the untrained seat: no sample, 0
 
     # one baseline over the task: the trained seats' mean is 0, so each keeps its reward; the judge's 5s stay out
     by_task = assemble_batch(0, [group], 0, seq_len=16, advantage=AdvantageConfig(baseline_groups="task"))
-    assert by_task.advantages.tolist() == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]
+    assert by_task.advantages == [[1.0, -1.0, 0.0, -1.0, 1.0, 0.0]]
     shifted = [seat(1.0, "player0", 10), seat(0.0, "player1", 12), seat(1.0, "player0", 11), seat(0.0, "player1", 13)]
-    assert assemble_batch(0, [shifted], 0, seq_len=16).advantages.tolist() == [[0.0] * 4]
+    assert assemble_batch(0, [shifted], 0, seq_len=16).advantages == [[0.0] * 4]
     task_wide = assemble_batch(0, [shifted], 0, seq_len=16, advantage=AdvantageConfig(baseline_groups="task"))
-    assert task_wide.advantages.tolist() == [[0.5, -0.5, 0.5, -0.5]]
+    assert task_wide.advantages == [[0.5, -0.5, 0.5, -0.5]]
 
 
 def test_a_group_is_uniform_when_each_of_its_seats_tied():
@@ -167,7 +166,10 @@ def test_a_group_is_uniform_when_each_of_its_seats_tied():
     assert len(assemble_batch(0, [won, [A, B, A, B]], 0, seq_len=16, advantage=task_wide).samples) == 8
 
 
-def test_groups_of_different_sizes_are_one_line_naming_the_environments():
-    one_seat, two_seats = [rollout(1.0, ONE_SAMPLED, env="solo")], [rollout(1.0, ONE_SAMPLED, env="duel")] * 2
-    with pytest.raises(TridentError, match=r"step 3: .*\('solo' gives 1, 'duel' gives 2: "):
-        assemble_batch(3, [one_seat, two_seats], 0, seq_len=16)
+def test_environments_whose_groups_hold_different_numbers_of_rollouts_share_a_batch():
+    solo = [rollout(r, ONE_SAMPLED, env="solo") for r in (1.0, 0.0)]
+    duel = [rollout(r, ONE_SAMPLED, env="duel", seat=seat) for r, seat in [(1.0, "a"), (-1.0, "b")] * 2]
+    batch = assemble_batch(3, [solo, duel], 0, seq_len=16)
+    assert batch.rewards == [[1.0, 0.0], [1.0, -1.0, 1.0, -1.0]]
+    assert batch.advantages == [[0.5, -0.5], [0.0, 0.0, 0.0, 0.0]]  # each seat of the duel against its own mean
+    assert len(batch.samples) == 6

@@ -32,6 +32,18 @@ def test_eval_scores_pass_at_k_and_avg_at_k():
     assert scores["eval/env/failed"] == 1
 
 
+def test_eval_scores_each_seat_of_a_multi_agent_environment_over_its_own_rollouts():
+    def episode(proposer: float, *solvers: float) -> list:
+        return [rollout(proposer, seat="proposer"), *(rollout(reward, seat="solver") for reward in solvers)]
+
+    groups = [episode(1.0, 1.0, 0.0) + episode(0.0, 0.0, 0.0), episode(0.0, 0.0, 0.0) + episode(0.0, 0.0, 0.0)]
+    scores = eval_scores("ps", groups, pass_reward=0.9)
+    assert scores["eval/ps/proposer/pass@2"] == 0.5 and scores["eval/ps/proposer/avg@2"] == 0.25
+    assert scores["eval/ps/solver/pass@4"] == 0.5 and scores["eval/ps/solver/avg@4"] == 0.125
+    assert scores["eval/ps/solver/reward_mean"] == 0.125 and scores["eval/ps/pass@6"] == 0.5
+    assert not any("/agent/" in key for key in eval_scores("one", [group([1.0, 0.0], ONE_SAMPLED)], 0.9))
+
+
 def test_eval_needs_an_env_table_and_no_eval_turns_a_files_eval_off():
     with pytest.raises(ConfigError, match="eval.env"):
         parse_config(OrchestratorConfig, ["--eval.interval", "5"])

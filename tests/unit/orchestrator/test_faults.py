@@ -10,7 +10,6 @@ import sys
 
 import httpx
 import pytest
-import torch
 import verifiers.v1 as vf
 from fake_policy import FakePolicy, PolicyHandler, rollouts_of, serving
 from rollouts import group, sampled
@@ -171,7 +170,7 @@ def test_model_calls_refused_as_unauthorized_are_failed_rollouts_named_in_the_st
         f"step 1: no rollout produced a training sample: 2 failed ({unauthorized} ×2, first in environment "
         f"'{ENV_ID}' (task t0))"
     )
-    assert rollout_metrics([rollouts], torch.zeros(1, 2), 1.0)["failed/ProviderError"] == 2
+    assert rollout_metrics([rollouts], [[0.0, 0.0]], 1.0)["failed/ProviderError"] == 2
 
 
 def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_error(tmp_path, caplog, monkeypatch):

@@ -1,4 +1,3 @@
-import torch
 from rollouts import rollout, sampled
 
 from orchestrator.rollout import Rollout
@@ -29,8 +28,8 @@ def test_sample_rows_show_the_first_group_of_each_environment():
         [scored(0.5, "math"), scored(0.5, "math")],  # a second group of math: not shown
         [scored(0.25, "code"), scored(0.0, "code")],
     ]
-    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.25, 0.0]])
-    advantages = rewards - rewards.mean(dim=1, keepdim=True)
+    rewards = [[1.0, 0.0], [0.5, 0.5], [0.25, 0.0]]
+    advantages = [[0.5, -0.5], [0.0, 0.0], [0.125, -0.125]]
     rows = sample_rows(4, groups, rewards, advantages, decode)
     assert [(r["env"], r["seat"], r["reward"], r["truncated"]) for r in rows] == [
         ("math", "player0", 1.0, False),

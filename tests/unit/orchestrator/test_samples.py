@@ -1,3 +1,4 @@
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -47,11 +48,11 @@ def test_forked_branches_train_a_shared_sampled_node_once():
 def test_build_samples_group_advantages_per_prompt():
     groups = [[rollout(1.0, BRANCH), rollout(0.0, BRANCH, BRANCH)], group([0.5, 0.5], BRANCH)]
     samples, rewards, advantages = build_samples(groups, weight_step=3)
-    assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
+    assert advantages == [[0.5, -0.5], [0.0, 0.0]]
     assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0, 0.0]
     assert [s.reward for s in samples] == [1.0, 0.0, 0.0, 0.5, 0.5]
     assert all(s.weight_step == 3 for s in samples)
-    assert rewards.mean().item() == pytest.approx(0.5)
+    assert statistics.fmean(reward for row in rewards for reward in row) == pytest.approx(0.5)
 
 
 def test_truncation_policies_are_off_by_default():
@@ -64,7 +65,7 @@ def test_zero_truncated_completions_scores_them_zero_before_advantages():
     samples, rewards, _ = build_samples(
         [[rollout(1.0, BRANCH, truncated=True), *group([0.5, 0.0], BRANCH)]], weight_step=0, zero_truncated=True
     )
-    assert rewards.tolist() == [[0.0, 0.5, 0.0]]
+    assert rewards == [[0.0, 0.5, 0.0]]
     assert [s.advantage for s in samples] == pytest.approx([-1 / 6, 1 / 3, -1 / 6])
     assert samples[0].loss_mask == [False, True, True]  # still trained, now as a bad example
 
@@ -91,4 +92,4 @@ def test_failed_rollouts_give_no_sample_and_leave_the_baseline_to_the_others():
     groups = [[rollout(1.0, BRANCH), failed, rollout(0.0, BRANCH)], [failed, failed, failed]]
     samples, _, advantages = build_samples(groups, weight_step=0)
     assert [s.advantage for s in samples] == [0.5, -0.5]  # mean of the two that finished is 0.5
-    assert advantages.tolist() == [[0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]
+    assert advantages == [[0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]

@@ -1,5 +1,4 @@
 import pytest
-import torch
 from rollouts import build_samples, masked, rollout
 
 from orchestrator.rollout import Rollout
@@ -22,7 +21,7 @@ def step_groups() -> list[list[Rollout]]:
 
 def test_rollout_metrics_on_hand_made_rollouts():
     groups = step_groups()
-    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    rewards = [[1.0, 0.0], [0.5, 0.5]]
     metrics = rollout_metrics(groups, rewards, generate_s=2.0)
     assert metrics == pytest.approx(
         {
@@ -51,8 +50,30 @@ def test_rollout_metrics_on_hand_made_rollouts():
 
 def test_the_reward_is_the_trained_seats_an_untrained_seats_is_left_out():
     groups = [[rollout(1.0, masked(".s"), seat="assistant"), rollout(0.0, seat="user", trained=False)]] * 2
-    metrics = rollout_metrics(groups, torch.tensor([[1.0, 0.0], [1.0, 0.0]]), generate_s=1.0)
+    metrics = rollout_metrics(groups, [[1.0, 0.0], [1.0, 0.0]], generate_s=1.0)
     assert (metrics["reward_mean"], metrics["reward_std"]) == (1.0, 0.0)
+
+
+def test_each_seat_has_its_reward_and_trained_tokens_an_untrained_seats_reward_included():
+    def episode(proposer: float, *solvers: float) -> list[Rollout]:
+        return [rollout(proposer, seat="proposer", trained=False, env="ps"),
+                *(rollout(reward, masked("..ss"), seat="solver", env="ps") for reward in solvers)]  # fmt: skip
+
+    groups = [episode(1.0, 1.0, 0.0) + episode(0.0, 1.0, 1.0), episode(0.0, 0.0, 0.0) + episode(0.0, 0.0, 0.0)]
+    rewards = [[r.reward for r in group] for group in groups]
+    metrics = rollout_metrics(groups, rewards, generate_s=1.0)
+    assert {key: value for key, value in metrics.items() if key.startswith("seat/")} == pytest.approx(
+        {
+            "seat/proposer/reward_mean": 0.25,
+            "seat/proposer/reward_std": 0.5,
+            "seat/proposer/sampled_tokens": 0,  # untrained: its rollouts give no trainable token
+            "seat/solver/reward_mean": 0.375,
+            "seat/solver/reward_std": (0.375 * 0.625 * 8 / 7) ** 0.5,
+            "seat/solver/sampled_tokens": 16,
+        }
+    )
+    assert metrics["reward_mean"] == 0.375  # the trained seats' alone
+    assert env_metrics(groups, rewards, generate_s=1.0)["env/ps/seat/proposer/reward_mean"] == 0.25
 
 
 def test_env_metrics_are_each_environments_rollout_metrics():
@@ -61,7 +82,7 @@ def test_env_metrics_are_each_environments_rollout_metrics():
         done.env = "math"
     for done in groups[1]:
         done.env = "chat"
-    rewards = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    rewards = [[1.0, 0.0], [0.5, 0.5]]
     metrics = env_metrics(groups, rewards, generate_s=2.0)
     assert metrics["env/math/reward_mean"] == 0.5 and metrics["env/chat/reward_mean"] == 0.5
     assert metrics["env/math/reward/correct"] == 0.5 and "env/chat/reward/correct" not in metrics
@@ -74,7 +95,7 @@ def test_env_metrics_are_each_environments_rollout_metrics():
 def test_advantage_metrics_are_over_the_samples_the_trainer_gets():
     groups = step_groups()
     samples, _, advantages = build_samples(groups, weight_step=0)
-    assert advantages.tolist() == [[0.5, -0.5], [0.0, 0.0]]
+    assert advantages == [[0.5, -0.5], [0.0, 0.0]]
     # rollout 1 gave two samples: its advantage counts twice; the failed rollout gave none
     assert [s.advantage for s in samples] == [0.5, -0.5, -0.5, 0.0]
     metrics = advantage_metrics(samples)

@@ -11,9 +11,10 @@ from fake_runs import STEPS, fake_reported_run, fake_run
 from matplotlib.figure import Figure
 from matplotlib.image import imread
 
+from contracts.metrics import MetricsWriter
 from contracts.run_dir import configs_dir
 from launch.launcher import write_plots_or_warn
-from tools.plots import load_run, plot_runs, write_plots
+from tools.plots import draw, eval_spec, load_run, plot_runs, seats_spec, write_plots
 from tools.report import write_report
 
 
@@ -55,6 +56,24 @@ def test_plots_of_two_runs_have_content_and_the_metrics_range(runs, tmp_path):
     assert components["run_a reward/judge"] == (list(range(STEPS)), [0.5] * STEPS)
     assert plots["eval"].series["run_b"][0] == [0, 2, 4]  # one key: labelled by run
     assert len(plots["eval"].series) == 2  # a line per run: neither failures nor seconds are scores
+
+
+def test_a_multi_agent_run_has_a_plot_of_each_seats_reward(tmp_path):
+    run = fake_run(tmp_path / "duel", 0.1)
+    writer = MetricsWriter(run, "orchestrator")
+    for step in range(STEPS, STEPS + 2):
+        writer.write({"step": step, "seat/player0/reward_mean": 0.5, "seat/player1/reward_mean": -0.5,
+                      "seat/player1/sampled_tokens": 4, "env/duel/seat/player0/reward_mean": 0.5})  # fmt: skip
+    writer.write_eval({"step": STEPS, "eval/duel/player0/pass@4": 0.5, "eval/duel/player0/failed": 1})
+    runs, out = [load_run(run)], tmp_path / "out"
+    out.mkdir()
+    plots = {spec.name: draw(spec, runs, out) for spec in (seats_spec(runs), eval_spec(runs))}  # as write_plots does
+    assert plots["seats"].series == {
+        "seat/player0/reward_mean": ([STEPS, STEPS + 1], [0.5, 0.5]),
+        "seat/player1/reward_mean": ([STEPS, STEPS + 1], [-0.5, -0.5]),
+    }
+    assert_not_blank(plots["seats"].path)
+    assert set(plots["eval"].series) == {"eval/gsm8k/reward_mean", "eval/duel/player0/pass@4"}  # a seat's score too
 
 
 def test_step_ticks_are_whole_steps(runs, tmp_path, monkeypatch):
