@@ -9,10 +9,11 @@ import itertools
 import pytest
 from fake_policy import FakePolicy, PolicyHandler, rollouts_of, serving
 from propose_solve import balance
+from rollouts import build_samples
 from transformers import AutoTokenizer
 
 from contracts.model_path import TINY_MODEL_ID
-from orchestrator.batch import assemble_batch, build_samples
+from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
