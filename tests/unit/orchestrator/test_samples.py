@@ -104,7 +104,7 @@ def test_the_servers_routes_go_from_the_trace_into_the_micro_batches_and_stay_ou
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import Branch
 
-    from contracts.protocol import MicroBatch
+    from contracts.protocol import MicroBatch, repack
     from orchestrator.verifiers_adapter.envs import trace_routes
 
     def node(ids, routes, sampled=False):
@@ -126,4 +126,6 @@ def test_the_servers_routes_go_from_the_trace_into_the_micro_batches_and_stay_ou
     assert torch.equal(samples[0].routes, routes[0]) and samples[1].routes is None
     assert torch.equal(MicroBatch.pack([samples[0], samples[2]]).routes, torch.cat([routes[0], routes[0]]))
     assert MicroBatch.pack(samples[:2]).routes is None
+    (repacked,) = repack([MicroBatch.pack([samples[0]]), MicroBatch.pack([samples[2]])], 64)  # the trainer's repacking
+    assert torch.equal(repacked.routes, torch.cat([routes[0], routes[0]]))
     assert "routes" not in MicroBatch.pack([samples[1]]).to_dict()  # absent from the file, not an empty tensor

@@ -210,3 +210,18 @@ def test_sft_refuses_replay_and_the_balancing_loss():
         with pytest.raises(ValueError, match="are the RL trainer's"):
             SFTConfig(model={"moe": moe}, data={"path": "data.parquet"})
     SFTConfig(model={"moe": {"router": "trained"}}, data={"path": "data.parquet"})
+
+
+def test_replay_holds_in_layers_recomputed_for_activation_checkpointing(moe_path, random_samples):
+    """A layer recomputed in the backward pass routes as its forward pass did: same gradients with and without."""
+    micro_batch = MicroBatch.pack(random_samples(4))
+    routes = perturbed_routes(moe_path, micro_batch)
+    grads = []
+    for ac in (None, {"part": "layer"}, {"part": "mlp"}):
+        config = TrainerModelConfig(name=moe_path, moe={"router": "trained"}, ac=ac)
+        model = load_model(config, torch.device("cpu"))
+        routers = Routers(decoder_layers(model), config.moe, torch.device("cpu"))
+        with routers.micro_batch(routes, measure=True):
+            packed_logprobs(model, micro_batch, 1.0).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
