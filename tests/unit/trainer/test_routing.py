@@ -183,7 +183,15 @@ def test_a_step_logs_router_metrics_the_balancing_loss_and_the_mismatch_with_and
     assert record["router/imbalance_max"] == pytest.approx(max(imbalance))
     assert record["router/imbalance_mean"] == pytest.approx(sum(imbalance) / 2)
     assert 0 < record["router/entropy"] < torch.log(torch.tensor(4.0)).item() + 1e-6
-    assert record["router/aux_loss"] >= 1.0 - 1e-6  # 1 at perfect balance
+    # the step's balancing loss is each micro-batch's (mean over layers) weighted by its share of the step's tokens
+    model = moe_model(moe_path, router="trained", aux_loss_coef=0.01)
+    routers = Routers(decoder_layers(model), MoeConfig(router="trained", aux_loss_coef=0.01), torch.device("cpu"))
+    expected = 0.0
+    for micro_batch in micro_batches:
+        with routers.micro_batch(micro_batch.routes, measure=True):
+            packed_logprobs(model, micro_batch, 1.0)
+            expected += routers.balance().item() * len(micro_batch.input_ids) / info.num_tokens
+    assert record["router/aux_loss"] == pytest.approx(expected, rel=1e-5) and expected > 1.0  # 1 at perfect balance
     assert record["replayed_fraction"] == 1.0
     # the perturbed routes are not the trainer's own: forcing them moves its logprobs away from the
     # (random-model-like) server logprobs differently than its own routing does
