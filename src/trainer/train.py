@@ -201,13 +201,12 @@ def forward_backward(
             (total * weight).backward()
             if routers is not None:
                 routers.add_micro_batch()
-        if moe.replay:
+        if moe.replay:  # the same tokens scored with the trainer's own routing, for comparison (on every rank and
+            # micro-batch alike, routes or not: FSDP pairs each rank's passes with the others')
             stats["replayed_tokens"] = torch.tensor(0 if routes is None else len(routes), device=world.device)
-            stats["mismatch_kl_no_replay"] = stats["mismatch_kl"]
-            if routes is not None:  # the same tokens scored with the trainer's own routing, for comparison
-                with routers.micro_batch(None, measure=False), torch.no_grad():
-                    free = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask)
-                stats["mismatch_kl_no_replay"] = mismatch_kl(free, inference_logprobs, loss_mask)
+            with routers.micro_batch(None, measure=False), torch.no_grad():
+                own = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask)
+            stats["mismatch_kl_no_replay"] = mismatch_kl(own, inference_logprobs, loss_mask)
         for name, value in {"loss": loss.detach(), **stats}.items():
             sums[name] = sums.get(name, 0) + weight * value.double()
     return sums
