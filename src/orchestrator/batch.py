@@ -60,9 +60,11 @@ def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: 
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
+    branches = rollout.branches if rollout.ok else []
+    routes = (rollout.routes or [None] * len(branches)) if rollout.ok else []
     return [
-        Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, weight_step, meta)
-        for ids, mask, logprobs in (rollout.branches if rollout.ok else [])
+        Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, weight_step, meta, route)
+        for (ids, mask, logprobs), route in zip(branches, routes, strict=True)
     ]
 
 

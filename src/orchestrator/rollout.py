@@ -26,3 +26,6 @@ class Rollout:
     seat: str = ""  # the environment's agent that played it (e.g. "player0"; "agent" for a single-agent environment)
     trained: bool = True  # False: a seat the environment does not train, or one on another model: no branches
     episode: int = 0  # the episode of its group that gave it (several seats, or several runs of one, share one)
+    # per branch, a mixture-of-experts model's routes ([tokens, layers, top_k] uint8 expert ids) when the server
+    # returned them (vLLM's enable_return_routed_experts, for routing replay), else None; empty: none at all
+    routes: list = field(default_factory=list)

@@ -93,6 +93,59 @@ class ExperimentalConfig(StrictModel):
         return self
 
 
+class ParallelConfig(StrictModel):
+    ep: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Expert parallelism: each mixture-of-experts layer's experts are split over this many "
+            "trainer ranks (1: every rank holds all experts).",
+        ),
+    ] = 1
+
+
+class MoeConfig(StrictModel):
+    """The routers of a mixture-of-experts model (docs/moe.md); on a dense model this section is refused."""
+
+    router: Annotated[
+        Literal["frozen", "trained"],
+        Field(
+            description="Whether each MoE layer's router (its expert-choosing linear layer) trains. 'frozen' (the "
+            "default): RL turns the load-balancing loss off, so nothing would keep a trained router balanced, and "
+            "each change of routing between sampler and trainer adds to their mismatch; the router is a tiny share "
+            "of the weights, and under LoRA it is part of the frozen base anyway. 'trained' (full fine-tuning only): "
+            "its gradient comes through the routing weights of the chosen experts (also under replay)."
+        ),
+    ] = "frozen"
+    aux_loss_coef: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="Weight of the load-balancing loss (Switch Transformer's: n_experts × Σ load share × mean "
+            "router probability, per MoE layer, 1 when balanced), averaged over MoE layers and over the step's "
+            "micro-batches by their tokens, added to the policy loss. 0 (the default for RL) turns it off; > 0 "
+            "needs router = 'trained'.",
+        ),
+    ] = 0.0
+    replay: Annotated[
+        bool,
+        Field(
+            description="Routing replay: force each token's experts to those the inference server chose (the "
+            "routes in the batch files), the routing weights recomputed from the trainer's router. Needs a GPU "
+            "server (vLLM's enable_return_routed_experts; rl turns it on there and refuses a CPU server)."
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _balancing_trains_the_router(self):
+        if self.aux_loss_coef > 0 and self.router == "frozen":
+            raise ValueError(
+                f"aux_loss_coef = {self.aux_loss_coef} balances the experts' load by training the router: set "
+                "router = 'trained' (or aux_loss_coef = 0)"
+            )
+        return self
+
+
 class TrainerModelConfig(ModelConfig):
     dtype: Annotated[
         Literal["auto", "bfloat16", "float32"],
@@ -123,7 +176,18 @@ class TrainerModelConfig(ModelConfig):
             "made twice."
         ),
     ] = "auto"
+    parallel: ParallelConfig = ParallelConfig()
+    moe: MoeConfig = MoeConfig()
     experimental: ExperimentalConfig = ExperimentalConfig()
+
+    @model_validator(mode="after")
+    def _router_trains_in_full(self):
+        if self.moe.router == "trained" and self.experimental.lora is not None:
+            raise ValueError(
+                "moe.router = 'trained' trains the router's weights in full, and under [model.experimental.lora] "
+                "the base model (routers included) is frozen: set moe.router = 'frozen' or train without LoRA"
+            )
+        return self
 
 
 class OptimConfig(StrictModel):
@@ -332,6 +396,16 @@ class SFTConfig(BaseConfig):
         if self.data.streaming and self.max_steps is None:
             raise ValueError(
                 "data.streaming = true needs max_steps: a streamed set's length is unknown before reading it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_rl_routing(self):
+        moe = self.model.moe
+        if moe.replay or moe.aux_loss_coef > 0:
+            raise ValueError(
+                "model.moe.replay and model.moe.aux_loss_coef are the RL trainer's: sft has no sampler's routes to "
+                "replay and does not add the load-balancing loss (leave both out; model.moe.router applies)"
             )
         return self
 

@@ -49,6 +49,16 @@ def correction_weights(
     return torch.where(outside, 0.0, log_weight.exp()), outside
 
 
+def mismatch_kl(
+    logprobs: Float[Tensor, " seq"], inference_logprobs: Float[Tensor, " seq"], loss_mask: Bool[Tensor, " seq"]
+) -> Float[Tensor, ""]:
+    """The k3 estimate of KL(inference ‖ trainer) summed over the loss tokens, in float64 (``ratio - 1 - log_ratio``
+    cancels to 0 in float32 for tiny mismatches). Naive equivalent: ``sum(r - 1 - log(r))`` over the loss tokens,
+    ``r = exp(logprobs - inference_logprobs)``."""
+    log_ratio = ((logprobs - inference_logprobs) * loss_mask).detach().double()
+    return ((log_ratio.exp() - 1 - log_ratio) * loss_mask).sum()
+
+
 def policy_loss(
     logprobs: Float[Tensor, " seq"],
     inference_logprobs: Float[Tensor, " seq"],
@@ -117,11 +127,9 @@ def policy_loss(
     else:
         loss = per_token.sum() / (num_samples * config.norm_length)
     with torch.no_grad():
-        log_ratio64 = token_log_ratio.double()  # ratio - 1 - log_ratio cancels to 0 in fp32 for tiny mismatches
         metrics = {
             "bounded_tokens": bounded.sum(),
-            # k3 estimator of KL(inference || trainer), summed over loss tokens
-            "mismatch_kl": ((log_ratio64.exp() - 1 - log_ratio64) * loss_mask).sum(),
+            "mismatch_kl": mismatch_kl(logprobs, inference_logprobs, loss_mask),
         }
         if entropy is not None:
             entropy_mask = loss_mask if entropy_mask is None else entropy_mask

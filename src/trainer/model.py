@@ -17,6 +17,7 @@ from contracts.model_path import resolve_model_path
 from contracts.protocol import MicroBatch
 from trainer.attention import packing, use_packed_attention
 from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
+from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
 
 
@@ -40,6 +41,7 @@ def load_model(
     if in_4bit:
         keep_training_layout(model)
     use_packed_forward(model)
+    configure_routers(decoder_layers(model), config.moe, "moe" in config.model_fields_set, config.name)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq, config.ac.part)
     if lora is not None:

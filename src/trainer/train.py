@@ -4,6 +4,7 @@ import atexit
 import logging
 import resource
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -22,8 +23,9 @@ from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
-from trainer.loss import policy_loss
+from trainer.loss import mismatch_kl, policy_loss
 from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
+from trainer.moe.routing import Routers, check_routes
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import (
     World,
@@ -109,10 +111,12 @@ def train_step(
     config: TrainerConfig,
     world: World,
     reference: FrozenReference | None = None,
+    routers: Routers | None = None,
 ) -> dict[str, float]:
     """One optimizer step over this rank's (micro-batch, loss weight) pairs; returns the step's metrics, summed
-    over all ranks and averaged over the step's loss tokens where they are per-token. Where compiling the layers
-    fails, the forward and backward passes run again eagerly (``eager_on_compile_failure``).
+    over all ranks and averaged over the step's loss tokens where they are per-token (with ``routers``, a
+    mixture-of-experts model's, also its router metrics). Where compiling the layers fails, the forward and
+    backward passes run again eagerly (``eager_on_compile_failure``).
 
     The micro-batches' metrics add up on the device; the host reads them once, after the optimizer step, so it
     never waits for the device within the step.
@@ -120,13 +124,15 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     models = [model] if reference is None else [model, reference.model]
     sums = eager_on_compile_failure(
-        lambda: forward_backward(model, micro_batches, info, config, world, reference), models
+        lambda: forward_backward(model, micro_batches, info, config, world, reference, routers), models
     )
     grad_norm = clip_gradients(model, config.optim.max_norm)
     optimizer.step()
     totals = sum_over_ranks(dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True)), world.device)
     entropy_tokens = totals.pop("entropy_tokens")
     corrected_samples = totals.pop("corrected_samples", None)  # with an off-policy correction
+    aux_loss = totals.pop("router/aux_loss", None)  # with the load-balancing loss
+    replayed_tokens = totals.pop("replayed_tokens", None)  # with routing replay
     metrics = {
         "loss": totals.pop("loss"),
         "grad_norm": grad_norm.item(),
@@ -137,6 +143,12 @@ def train_step(
     if corrected_samples is not None:  # shares of tokens and of samples whose weight was truncated or masked
         metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
         metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
+    if replayed_tokens is not None:
+        metrics["replayed_fraction"] = replayed_tokens / info.num_tokens
+    if routers is not None:
+        metrics |= routers.step_metrics()
+    if aux_loss is not None:
+        metrics["router/aux_loss"] = aux_loss
     return metrics
 
 
@@ -147,27 +159,54 @@ def forward_backward(
     config: TrainerConfig,
     world: World,
     reference: FrozenReference | None,
+    routers: Routers | None = None,
 ) -> dict[str, Tensor]:
     """The forward and backward passes of a step's micro-batches, gradients added up in the model; returns the
-    sums of the loss and its statistics, weighted, on the device."""
+    sums of the loss and its statistics, weighted, on the device.
+
+    A mixture-of-experts model's ``routers`` record each micro-batch's routing (not a filler's of weight 0) and,
+    under ``model.moe.replay``, force the micro-batch's routes. Its load-balancing loss (``model.moe.aux_loss_coef``)
+    counts each micro-batch by its share of the step's tokens, so the step's is their token-weighted mean
+    whatever the split over micro-batches and ranks.
+    """
     entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
+    moe = config.model.moe
     sums: dict[str, Tensor] = {}
+    if routers is not None:
+        routers.start_step()
     for micro_batch, weight in micro_batches:
-        scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
-        loss, stats = policy_loss(
-            scores.logprobs,
-            micro_batch.inference_logprobs.to(world.device, non_blocking=True),
-            micro_batch.advantages.to(world.device, non_blocking=True),
-            micro_batch.loss_mask.to(world.device, non_blocking=True),
-            micro_batch.sample_lengths,
-            config.loss,
-            num_loss_tokens=info.num_loss_tokens,
-            num_samples=info.num_samples,
-            entropy=scores.entropy,
-            reference_logprobs=reference.logprobs(micro_batch, info.temperature) if reference else None,
-            entropy_mask=scores.entropy_mask,
-        )
-        (loss * weight).backward()
+        routes = micro_batch.routes if moe.replay else None
+        loss_mask = micro_batch.loss_mask.to(world.device, non_blocking=True)
+        inference_logprobs = micro_batch.inference_logprobs.to(world.device, non_blocking=True)
+        with routers.micro_batch(routes, measure=weight > 0) if routers else nullcontext():
+            scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
+            loss, stats = policy_loss(
+                scores.logprobs,
+                inference_logprobs,
+                micro_batch.advantages.to(world.device, non_blocking=True),
+                loss_mask,
+                micro_batch.sample_lengths,
+                config.loss,
+                num_loss_tokens=info.num_loss_tokens,
+                num_samples=info.num_samples,
+                entropy=scores.entropy,
+                reference_logprobs=reference.logprobs(micro_batch, info.temperature) if reference else None,
+                entropy_mask=scores.entropy_mask,
+            )
+            total = loss
+            if routers is not None and routers.balancing:
+                balance = routers.balance() * (len(micro_batch.input_ids) / info.num_tokens)
+                total = loss + moe.aux_loss_coef * balance
+                stats["router/aux_loss"] = balance.detach()
+            (total * weight).backward()
+            if routers is not None:
+                routers.add_micro_batch()
+        if moe.replay:  # the same tokens scored with the trainer's own routing, for comparison (on every rank and
+            # micro-batch alike, routes or not: FSDP pairs each rank's passes with the others')
+            stats["replayed_tokens"] = torch.tensor(0 if routes is None else len(routes), device=world.device)
+            with routers.micro_batch(None, measure=False), torch.no_grad():
+                own = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask)
+            stats["mismatch_kl_no_replay"] = mismatch_kl(own, inference_logprobs, loss_mask)
         for name, value in {"loss": loss.detach(), **stats}.items():
             sums[name] = sums.get(name, 0) + weight * value.double()
     return sums
@@ -219,6 +258,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     model = build_model(config.model, world, config.optim.offload)
     reference = frozen_reference(model, config, world)
+    routers = Routers.install(decoder_layers(model), config.model.moe, world.device)
+    if routers is not None and reference is not None and reference.model is not model:
+        routers.attach(decoder_layers(reference.model))  # the reference replays the same routes
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
@@ -242,6 +284,12 @@ def run_training(config: TrainerConfig, world: World) -> None:
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
         micro_batches = micro_batches_to_train(micro_batches, config, step)
+        if routers is not None and config.model.moe.replay:
+            for micro_batch in micro_batches:
+                if micro_batch.routes is not None:
+                    check_routes(
+                        micro_batch.routes, routers.num_layers, routers.top_k, routers.num_experts, str(batch_dir)
+                    )
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
         if info.num_loss_tokens == 0:
@@ -252,7 +300,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
         train_start = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         with progress.doing(f"training step {step}"):
-            record = train_step(model, optimizer, rank_share(micro_batches, world), info, config, world, reference)
+            record = train_step(
+                model, optimizer, rank_share(micro_batches, world), info, config, world, reference, routers
+            )
         scheduler.step()
         save_start = time.perf_counter()
         last = step == config.max_steps  # no one samples from the last weights: files, the run's model

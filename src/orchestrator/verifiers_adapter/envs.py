@@ -11,6 +11,8 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+import torch
 import verifiers.v1 as vf
 from dataset_rows import DatasetError
 from pydantic import ValidationError
@@ -198,6 +200,22 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
     return out
 
 
+def trace_routes(trace: vf.Trace) -> list[torch.Tensor | None]:
+    """Each trainable branch's routes (as :func:`trace_branches` lists the branches): the experts the server routed
+    each of its tokens to, ``[tokens, layers, top_k]`` uint8, or None where it returned none for some of them (a
+    server without ``enable_return_routed_experts``, a dense model)."""
+    out = []
+    for branch in trace.branches:
+        if branch.trainable:
+            routes = branch.routed_experts
+            if routes is not None and routes.size and int(routes.max()) > np.iinfo(np.uint8).max:
+                raise TridentError(
+                    f"the server routed a token to expert {int(routes.max())}: routes hold ids below 256"
+                )
+            out.append(None if routes is None else torch.from_numpy(routes.astype(np.uint8)))
+    return out
+
+
 def _setup_seconds(trace: vf.Trace) -> float | None:
     timing = trace.timing
     return timing.setup.end - timing.boot.start if timing.setup.end and timing.boot.start else None
@@ -261,6 +279,7 @@ def _trace_rollout(trace: vf.Trace, episode: vf.Episode, env_id: str, task: str,
     return Rollout(
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace) if trained else [],
+        routes=trace_routes(trace) if trained else [],
         ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)

@@ -1,9 +1,11 @@
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
@@ -12,7 +14,7 @@ from contracts.broadcast import write_manifest
 from contracts.inference_api import adapter_name
 from contracts.run_dir import ADAPTER_CONFIG, mark_stable
 from inference.adapters import Adapters
-from inference.routes import token_id_logprobs, weights_router
+from inference.routes import token_id_logprobs, training_client_answer, weights_router
 
 
 def test_token_id_logprobs_adds_token_field_everywhere():
@@ -272,3 +274,24 @@ def test_a_server_without_weight_broadcast_takes_no_broadcast_weights(tmp_path, 
     response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
     assert response.status_code == 403 and "weight_broadcast" in response.text
     assert engine.calls == []
+
+
+def test_vllms_routes_reach_the_training_client_in_the_form_it_reads():
+    """vLLM 0.32 answers with a base64 .npy of the routes; renderers' parser and verifiers read data/shape/start."""
+    import binascii
+
+    from renderers.client import parse_generate_response
+    from vllm.utils.serial_utils import numpy2base64
+
+    routes = np.arange(5 * 2 * 2, dtype=np.uint8).reshape(5, 2, 2)
+    answer = JSONResponse(
+        training_client_answer({"choices": [{"token_ids": [1], "routed_experts": numpy2base64(routes)}]}, 3)
+    )
+    payload = parse_generate_response(answer.body)["choices"][0]["routed_experts"]
+    assert payload["start"] == 3 and payload["shape"] == [5, 2, 2]
+    # verifiers' _attribute_routed_experts decodes it so
+    decoded = np.frombuffer(binascii.a2b_base64(payload["data"]), dtype=np.dtype(payload["dtype"])).reshape(
+        payload["shape"]
+    )
+    assert np.array_equal(decoded, routes)
+    assert training_client_answer({"choices": [{"routed_experts": None}]}, 0)["choices"][0]["routed_experts"] is None

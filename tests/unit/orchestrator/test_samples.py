@@ -93,3 +93,39 @@ def test_failed_rollouts_give_no_sample_and_leave_the_baseline_to_the_others():
     samples, _, advantages = build_samples(groups, weight_step=0)
     assert [s.advantage for s in samples] == [0.5, -0.5]  # mean of the two that finished is 0.5
     assert advantages == [[0.5, 0.0, -0.5], [0.0, 0.0, 0.0]]
+
+
+def test_the_servers_routes_go_from_the_trace_into_the_micro_batches_and_stay_out_when_absent():
+    """Each trainable branch's routes (verifiers' ``Branch.routed_experts``, from its nodes) ride with its sample into
+    the micro-batch that packs it; a micro-batch with a sample the server returned none for carries none."""
+    import numpy as np
+    import torch
+    import verifiers.v1 as vf
+    from verifiers.v1.graph import MessageNode
+    from verifiers.v1.trace import Branch
+
+    from contracts.protocol import MicroBatch, repack
+    from orchestrator.verifiers_adapter.envs import trace_routes
+
+    def node(ids, routes, sampled=False):
+        message = vf.AssistantMessage(content="a") if sampled else vf.UserMessage(content="u")
+        return MessageNode(message=message, token_ids=ids, mask=[sampled] * len(ids), sampled=sampled,
+                           logprobs=[-1.0 if sampled else 0.0] * len(ids), routed_experts=routes)  # fmt: skip
+
+    prompt = node([1, 2], np.zeros((2, 2, 2), np.uint8))
+    reply = node([3, 4, 5], np.full((3, 2, 2), 3, np.uint8), sampled=True)
+    routed = Branch(index=0, nodes=[prompt, reply])
+    unrouted = Branch(index=1, nodes=[prompt, node([6], None, sampled=True)])
+    trace = SimpleNamespace(branches=[routed, unrouted, Branch(index=2, nodes=[prompt], trainable=False)])
+    routes = trace_routes(trace)
+    assert len(routes) == 2 and routes[1] is None
+    assert routes[0].dtype == torch.uint8 and routes[0][:, 0, 0].tolist() == [0, 0, 3, 3, 3]
+
+    rollouts = [rollout(r, *trace_branches(trace), routes=routes) for r in (0.0, 1.0)]
+    samples, _, _ = build_samples([rollouts], weight_step=0)
+    assert torch.equal(samples[0].routes, routes[0]) and samples[1].routes is None
+    assert torch.equal(MicroBatch.pack([samples[0], samples[2]]).routes, torch.cat([routes[0], routes[0]]))
+    assert MicroBatch.pack(samples[:2]).routes is None
+    (repacked,) = repack([MicroBatch.pack([samples[0]]), MicroBatch.pack([samples[2]])], 64)  # the trainer's repacking
+    assert torch.equal(repacked.routes, torch.cat([routes[0], routes[0]]))
+    assert "routes" not in MicroBatch.pack([samples[1]]).to_dict()  # absent from the file, not an empty tensor

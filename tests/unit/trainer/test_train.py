@@ -36,8 +36,10 @@ def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny
     write_batches(tmp_path)
     records = run(tmp_path, tiny_model_path, loss={"entropy_coef": 0.01})
     # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model), the corrected
-    # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked)
-    optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction"}
+    # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked), the replay ones only
+    # with routing replay on a mixture of experts (test_routing)
+    optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
+                "mismatch_kl_no_replay"}  # fmt: skip
     assert set(records[0]) == documented_trainer_keys() - optional
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
@@ -53,7 +55,7 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     write_batch(tmp_path, info, [MicroBatch.pack(samples[:3]), MicroBatch.pack(samples[3:])])
     loss = {"correction": "geometric_mask", "correction_low": 0.5, "correction_high": 2.0}
     (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss=loss)
-    assert set(record) == documented_trainer_keys() - {"reference_kl"}
+    assert set(record) == documented_trainer_keys() - {"reference_kl", "replayed_fraction", "mismatch_kl_no_replay"}
     # sample 4's weight is about e^12: all its loss tokens are masked, and no other sample's
     assert record["corrected_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))
     assert record["corrected_sample_fraction"] == pytest.approx(1 / 6)

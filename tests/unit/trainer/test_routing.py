@@ -1,0 +1,235 @@
+"""The routers of a mixture-of-experts model in the trainer (trainer.moe.routing): frozen or trained, routing replay,
+the load-balancing loss and the router metrics, on trident/tiny-qwen3-moe and small random MoEs."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+from contracts.errors import TridentError
+from contracts.protocol import BatchInfo, MicroBatch, read_batch, write_batch
+from tools.tiny_model import built_model_path
+from trainer.config import MoeConfig, TrainerConfig, TrainerModelConfig
+from trainer.model import decoder_layers, load_model, packed_logprobs, use_packed_forward
+from trainer.moe.routing import Routers, balance_loss, moe_routers, replayed_weights
+from trainer.train import train
+
+MOE = "trident/tiny-qwen3-moe"
+
+
+@pytest.fixture(scope="module")
+def moe_path() -> str:
+    return built_model_path(MOE)
+
+
+def moe_model(path: str, **moe) -> torch.nn.Module:
+    """The policy as the trainer loads it, with ``[model.moe]`` set to ``moe`` when given."""
+    return load_model(TrainerModelConfig(name=path, **({"moe": moe} if moe else {})), torch.device("cpu"))
+
+
+def experts_seen(model: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """Hooks that keep the experts each MoE layer's experts module was handed (what it computed with)."""
+    seen = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        layer.mlp.experts.register_forward_pre_hook(lambda m, args, i=i: seen.__setitem__(i, args[1].clone()))
+    return seen
+
+
+def perturbed_routes(path: str, micro_batch: MicroBatch) -> torch.Tensor:
+    """Routes recorded from a forward pass of the model with its routers' weights perturbed."""
+    model = moe_model(path)
+    torch.manual_seed(1)
+    for router in moe_routers(decoder_layers(model)).values():
+        router.weight.data += 0.5 * torch.randn_like(router.weight)
+    routers = Routers(decoder_layers(model), MoeConfig(), torch.device("cpu"))
+    with routers.micro_batch(None, measure=True):
+        packed_logprobs(model, micro_batch, 1.0)  # measured: a pass with gradient
+    return routers.recorded_routes()
+
+
+def test_replay_forces_every_tokens_experts_and_the_router_still_gets_gradients(moe_path, random_samples):
+    micro_batch = MicroBatch.pack(random_samples(4))
+    routes = perturbed_routes(moe_path, micro_batch)
+    model = moe_model(moe_path, router="trained")
+    seen = experts_seen(model)
+    routers = Routers(decoder_layers(model), MoeConfig(router="trained"), torch.device("cpu"))
+    packed_logprobs(model, micro_batch, 1.0)
+    own = {i: experts.clone() for i, experts in seen.items()}
+    assert any(not torch.equal(own[i], routes[:, i].long()) for i in own)  # the perturbed routes differ somewhere
+
+    with routers.micro_batch(routes, measure=True):
+        packed_logprobs(model, micro_batch, 1.0).sum().backward()
+    for i, experts in seen.items():  # what each layer's experts computed with is the recorded choice, every token
+        assert torch.equal(experts, routes[:, i].long())
+    assert torch.equal(routers.recorded_routes(), routes)
+    for router in moe_routers(decoder_layers(model)).values():
+        assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
+
+
+def test_replaying_a_models_own_routes_changes_no_logprob(moe_path, random_samples):
+    micro_batch = MicroBatch.pack(random_samples(4))
+    model = moe_model(moe_path)
+    routers = Routers(decoder_layers(model), MoeConfig(), torch.device("cpu"))
+    with routers.micro_batch(None, measure=True):
+        own = packed_logprobs(model, micro_batch, 1.0)
+    routes = routers.recorded_routes()
+    with routers.micro_batch(routes, measure=False):
+        replayed = packed_logprobs(model, micro_batch, 1.0)
+    assert torch.equal(replayed, own)
+    with routers.micro_batch(perturbed_routes(moe_path, micro_batch), measure=False):
+        assert not torch.allclose(packed_logprobs(model, micro_batch, 1.0), own)  # other routes do change them
+
+
+def test_replayed_weights_are_the_routers_own_at_its_own_choice():
+    logits = torch.randn(7, 8)
+    for normalize in (False, True):
+        probs = torch.softmax(logits, -1)
+        top, experts = probs.topk(2, -1)
+        expected = top / top.sum(-1, keepdim=True) if normalize else top
+        assert torch.equal(replayed_weights(logits, experts, normalize), expected)
+    forced = torch.tensor([[0, 1]] * 7)
+    assert torch.allclose(replayed_weights(logits, forced, True).sum(-1), torch.ones(7))
+
+
+def test_balance_loss_is_one_when_balanced_and_grows_with_imbalance():
+    uniform = torch.zeros(8, 4)
+    experts = torch.tensor([[0, 1], [2, 3]] * 4)
+    assert balance_loss(uniform, experts).item() == pytest.approx(1.0)
+    skewed = torch.tensor([[4.0, 3.0, 0.0, 0.0]] * 8)
+    assert balance_loss(skewed, torch.tensor([[0, 1]] * 8)).item() > 1.5
+
+
+def test_the_router_is_frozen_by_default_and_trains_when_asked(moe_path):
+    for setting, trains in (({}, False), ({"router": "trained"}, True)):
+        model = moe_model(moe_path, **setting)
+        assert {r.weight.requires_grad for r in moe_routers(decoder_layers(model)).values()} == {trains}
+        assert all(p.requires_grad for n, p in model.named_parameters() if "gate." not in n)
+
+
+def test_moe_settings_are_refused_on_a_dense_model_and_bad_combinations_in_the_config(tiny_model_path):
+    with pytest.raises(TridentError, match=r"^model.moe: .* is a dense model .*drop the \[model.moe\] section$"):
+        moe_model(tiny_model_path, replay=True)
+    moe_model(tiny_model_path)  # no [model.moe]: nothing to refuse
+    with pytest.raises(ValueError, match="needs|router = 'trained'"):
+        MoeConfig(aux_loss_coef=0.01)
+    with pytest.raises(ValueError, match="under \\[model.experimental.lora\\]"):
+        TrainerModelConfig(moe={"router": "trained"}, experimental={"lora": {}})
+
+
+def qwen2_moe(tmp_path: Path) -> str:
+    """A random 2-layer Qwen2-MoE (a shared expert beside 8 routed ones, top-2) on the tiny tokenizer."""
+    config = Qwen2MoeConfig(
+        vocab_size=2048, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, intermediate_size=64, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        num_experts=8, num_experts_per_tok=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "qwen2-moe")
+    return str(tmp_path / "qwen2-moe")
+
+
+def test_qwen2_moe_replays_as_qwen3_moe(tmp_path, random_samples):
+    path = qwen2_moe(tmp_path)
+    model = use_packed_forward(AutoModelForCausalLM.from_pretrained(path))
+    routers = Routers(decoder_layers(model), MoeConfig(), torch.device("cpu"))
+    micro_batch = MicroBatch.pack(random_samples(3))
+    with routers.micro_batch(None, measure=True):
+        own = packed_logprobs(model, micro_batch, 1.0)
+    routes = routers.recorded_routes()
+    assert routes.shape == (len(micro_batch.input_ids), 2, 2) and int(routes.max()) < 8
+    shifted = (routes + 1) % 8
+    seen = experts_seen(model)
+    with routers.micro_batch(shifted, measure=False):
+        assert not torch.allclose(packed_logprobs(model, micro_batch, 1.0), own)
+    assert all(torch.equal(experts, shifted[:, i].long()) for i, experts in seen.items())
+
+
+def with_routes(samples, routes: torch.Tensor):
+    """The samples, each carrying its slice of ``routes`` (packed in their order)."""
+    start = 0
+    for sample in samples:
+        sample.routes = routes[start : start + len(sample.token_ids)]
+        start += len(sample.token_ids)
+    return samples
+
+
+def run(output_dir: Path, path: str, **moe) -> dict:
+    config = TrainerConfig(output_dir=output_dir, max_steps=1, model={"name": path, "moe": moe}, optim={"lr": 1e-3})
+    train(config)
+    return json.loads((output_dir / "metrics" / "trainer.jsonl").read_text().splitlines()[0])
+
+
+def test_a_step_logs_router_metrics_the_balancing_loss_and_the_mismatch_with_and_without_replay(
+    tmp_path, moe_path, random_samples
+):
+    samples = random_samples(6)
+    routes = perturbed_routes(moe_path, MicroBatch.pack(samples))
+    samples = with_routes(samples, routes)
+    micro_batches = [MicroBatch.pack(samples[:2]), MicroBatch.pack(samples[2:])]
+    info = BatchInfo(1, 6, sum(len(s.token_ids) for s in samples), sum(sum(s.loss_mask) for s in samples), 0.0, 1.0)
+    write_batch(tmp_path / "replay", info, micro_batches)
+    assert read_batch(tmp_path / "replay", 1)[1][1].routes.dtype == torch.uint8  # the routes round-trip
+    record = run(tmp_path / "replay", moe_path, router="trained", aux_loss_coef=0.01, replay=True)
+
+    load = [record[f"router/load/{layer}"] for layer in (0, 1)]
+    # the load is the replayed routes' share of each expert, over all the step's tokens
+    for layer in (0, 1):
+        counts = torch.bincount(routes[:, layer].flatten().long(), minlength=4).double()
+        assert load[layer] == pytest.approx((counts / counts.sum()).tolist())
+    imbalance = [4 * max(row) for row in load]
+    assert record["router/imbalance_max"] == pytest.approx(max(imbalance))
+    assert record["router/imbalance_mean"] == pytest.approx(sum(imbalance) / 2)
+    assert 0 < record["router/entropy"] < torch.log(torch.tensor(4.0)).item() + 1e-6
+    # the step's balancing loss is each micro-batch's (mean over layers) weighted by its share of the step's tokens
+    model = moe_model(moe_path, router="trained", aux_loss_coef=0.01)
+    routers = Routers(decoder_layers(model), MoeConfig(router="trained", aux_loss_coef=0.01), torch.device("cpu"))
+    expected = 0.0
+    for micro_batch in micro_batches:
+        with routers.micro_batch(micro_batch.routes, measure=True):
+            packed_logprobs(model, micro_batch, 1.0)
+            expected += routers.balance().item() * len(micro_batch.input_ids) / info.num_tokens
+    assert record["router/aux_loss"] == pytest.approx(expected, rel=1e-5) and expected > 1.0  # 1 at perfect balance
+    assert record["replayed_fraction"] == 1.0
+    # the perturbed routes are not the trainer's own: forcing them moves its logprobs away from the
+    # (random-model-like) server logprobs differently than its own routing does
+    assert record["mismatch_kl_no_replay"] != record["mismatch_kl"]
+    assert {re.sub(r"/\d+$", "/<layer>", key) for key in record} <= documented_trainer_keys()
+
+    write_batch(tmp_path / "off", info, micro_batches)
+    record = run(tmp_path / "off", moe_path)  # routes in the files, replay off: not used
+    assert (
+        "replayed_fraction" not in record and "mismatch_kl_no_replay" not in record and "router/aux_loss" not in record
+    )
+    assert record["router/load/0"] != pytest.approx(load[0])
+
+
+def documented_trainer_keys() -> set[str]:
+    text = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text().split("## Trainer")[1].split("\n## ")[0]
+    return set(re.findall(r"^\| `([a-z_/<>]+)` \|", text, flags=re.M))
+
+
+def test_sft_refuses_replay_and_the_balancing_loss():
+    from trainer.config import SFTConfig
+
+    for moe in ({"replay": True}, {"router": "trained", "aux_loss_coef": 0.01}):
+        with pytest.raises(ValueError, match="are the RL trainer's"):
+            SFTConfig(model={"moe": moe}, data={"path": "data.parquet"})
+    SFTConfig(model={"moe": {"router": "trained"}}, data={"path": "data.parquet"})
+
+
+def test_replay_holds_in_layers_recomputed_for_activation_checkpointing(moe_path, random_samples):
+    """A layer recomputed in the backward pass routes as its forward pass did: same gradients with and without."""
+    micro_batch = MicroBatch.pack(random_samples(4))
+    routes = perturbed_routes(moe_path, micro_batch)
+    grads = []
+    for ac in (None, {"part": "layer"}, {"part": "mlp"}):
+        config = TrainerModelConfig(name=moe_path, moe={"router": "trained"}, ac=ac)
+        model = load_model(config, torch.device("cpu"))
+        routers = Routers(decoder_layers(model), config.moe, torch.device("cpu"))
+        with routers.micro_batch(routes, measure=True):
+            packed_logprobs(model, micro_batch, 1.0).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
