@@ -1,13 +1,15 @@
 """The memory plan of a mixture of experts under expert parallelism, on Qwen3-30B-A3B: its parameter and adapter
 counts against a model of its shape that transformers and peft build on the meta device, the per-rank split of what
-expert parallelism shards, the EP degrees that fit an 80 GiB GPU, and one-line refusals."""
+expert parallelism shards, the EP degrees that fit an 80 GiB GPU, one-line refusals, and docs/moe.md's table."""
+
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from contracts.errors import TridentError
-from launch.memory_plan import GIB, KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory, trainer_plan
+from launch.memory_plan import GIB, KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory, size, trainer_plan
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.model import add_lora
 
@@ -120,3 +122,21 @@ def test_an_ep_that_cannot_split_the_experts_is_one_line(name, ep, gpus, message
     with pytest.raises(TridentError) as error:
         plan_memory(trainer, None, list(range(gpus)), [], gpu_gib=80.0)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def table_row(kind: str, ep: int, lora: dict | None) -> str:
+    """A row of docs/moe.md's table, from the plan."""
+    trainer = plan(ep, lora).trainer
+    parts = ("weights", "gradients", "optimizer", "gathered", "lora_experts", "all_to_all")
+    cells = [size(trainer[part]) if part in trainer else "-" for part in parts]
+    working = size(trainer["activations"] + trainer["backward"] + trainer["allocator"] + trainer["cuda"])
+    fits = "fits" if not plan(ep, lora).problems() else "refused"
+    return f"| {kind} | {ep} | {128 // ep} | {' | '.join(cells)} | {working} | {size(trainer['total'])} | {fits} |"
+
+
+def test_docs_table_is_the_plan():
+    docs = (Path(__file__).parents[3] / "docs" / "moe.md").read_text()
+    for kind, lora in (("full", None), ("LoRA rank 8", LORA)):
+        for ep in (1, 2, 8):
+            row = table_row(kind, ep, lora)
+            assert row in docs, f"docs/moe.md lacks (or has another) row: {row}"
