@@ -3,14 +3,16 @@
 The plan is arithmetic on the model's shape (its ``config.json``, mixture-of-experts layers included) and the
 configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the frozen
 base in the compute dtype, its linear layers in 4-bit NF4 under QLoRA, and a float32 adapter), gradients and AdamW's
-two moments of what trains (each split over the FSDP ranks), the working copies FSDP gathers (the model's root and
+two moments of what trains (each split over the FSDP ranks; a mixture of experts' routed experts under expert
+parallelism over the ``ep`` ranks that hold them), the working copies FSDP gathers (the model's root and
 two decoder layers at a time, or every layer where layers are not resharded after forward), the activations kept for
 the backward pass of one packed micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured
 activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
-layer or part with its gradients), under QLoRA one linear layer dequantized, the weight broadcast's send buffer, and
-on a GPU what the caching allocator reserves beyond that and the CUDA context. The server's share is what vLLM
-claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one ``max_model_len``
-context of KV cache, and beside it the weights it receives over the broadcast.
+layer or part with its gradients), under LoRA on routed experts the copies of their weights with the adapter folded
+in, under expert parallelism the token dispatch's buffers, under QLoRA one linear layer dequantized, the weight
+broadcast's send buffer, and on a GPU what the caching allocator reserves beyond that and the CUDA context. The
+server's share is what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and
+one ``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
 ``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
 to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 """
@@ -411,8 +413,8 @@ def expert_shards(ranks: int, ep: int) -> int:
     return ranks if ep == 1 else ep
 
 
-def expert_parallel_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> dict[str, float]:
-    """Bytes of what routing tokens to experts adds at a layer's peak (none in a dense model):
+def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> dict[str, float]:
+    """Bytes the routed experts of a mixture of experts add beyond what a dense layer holds (none in a dense model):
 
     - ``lora_experts``: a LoRA on the routed experts is folded into their fused weights (peft's parametrization:
       ``W + scale · B·A``) at each forward, and autograd keeps that folded copy of the layer's experts (this rank's
@@ -466,7 +468,7 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu, layer_bytes),
         "activations": activations,
         "backward": backward,
-        **expert_parallel_bytes(shape, trainer, compute),
+        **routed_expert_bytes(shape, trainer, compute),
     }
     if in_4bit:  # each 4-bit linear is dequantized to the compute dtype to multiply, one at a time
         plan["dequantized"] = max(max(quantized_linears(shape, sparse)) for sparse in layer_kinds(shape)) * compute
