@@ -8,8 +8,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
+from contracts.config import parse_config
 from contracts.errors import TridentError
+from launch.launcher import run
 from launch.memory_plan import GIB, KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory, size, trainer_plan
+from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.model import add_lora
 
@@ -140,3 +143,26 @@ def test_docs_table_is_the_plan():
         for ep in (1, 2, 8):
             row = table_row(kind, ep, lora)
             assert row in docs, f"docs/moe.md lacks (or has another) row: {row}"
+
+
+def test_rl_dry_run_shows_the_ep_degree_and_refuses_one_that_does_not_divide_the_ranks(capsys, tmp_path):
+    """``rl --dry-run`` on the debug configs with Qwen3-30B-A3B on eight 80 GiB GPUs, in this process."""
+    debug = Path(__file__).parents[3] / "configs" / "debug" / "rl"
+    flags = ["--trainer", "@", str(debug / "train.toml"), "--orchestrator", "@", str(debug / "orch.toml"),
+             "--inference", "@", str(debug / "infer.toml"), "--gpu-memory-gib", "80", "--model.name",
+             "Qwen/Qwen3-30B-A3B", "--trainer-gpu-ids", "0,1,2,3,4,5,6,7", "--inference-gpu-ids", "8",
+             "--trainer.model.ac.freq", "1", "--seq-len", "8192"]  # fmt: skip
+
+    def rl_dry_run(ep: int, output_dir: Path) -> int:
+        config = parse_config(
+            RLConfig, [*flags, "--trainer.model.parallel.ep", str(ep), "--output-dir", str(output_dir)]
+        )
+        config = resolve_shared(config)
+        config.dry_run = True
+        return run(config)
+
+    assert rl_dry_run(8, tmp_path / "ep8") == 0
+    assert "  trainer, per rank (ep 8: 16 of 128 experts a rank): 63.8 GiB (" in capsys.readouterr().out
+    with pytest.raises(TridentError, match=r"^trainer.model.parallel.ep = 3 does not divide the trainer's 8 ranks"):
+        rl_dry_run(3, tmp_path / "ep3")
+    assert not (tmp_path / "ep3").exists()  # refused before anything was written
