@@ -419,7 +419,7 @@ def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int)
     - ``lora_experts``: a LoRA on the routed experts is folded into their fused weights (peft's parametrization:
       ``W + scale · B·A``) at each forward, and autograd keeps that folded copy of the layer's experts (this rank's
       ``num_experts / ep``) for the backward pass: one per sparse layer that is not checkpointed, one for the layer
-      recomputed in the backward pass, and one its gradient (measured with ``saved_tensors_hooks``);
+      recomputed in the backward pass, and one its gradient (the kept copy as ``saved_tensors_hooks`` read it);
     - ``all_to_all``: under expert parallelism a layer's dispatch sends each token's ``num_experts_per_tok``
       copies to the ranks of its experts and receives as many (the send and receive buffers, in the compute dtype,
       for routing balanced over the ranks; the combine's way back reuses the same sizes).

@@ -92,7 +92,7 @@ def test_a_lora_target_on_moe_experts_peft_cannot_adapt_is_one_line():
 
 @pytest.mark.parametrize("full", [False, True], ids=["lora", "full"])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_activations_are_what_a_layer_saves_for_backward(full, moe, saved_for_backward):
+def test_activations_are_what_a_layer_saves_for_backward(full, moe, layer_saved_bytes):
     """The per-token bytes of a bf16 decoder layer's saved tensors, read with saved_tensors_hooks at two lengths."""
     shape = {"vocab_size": 256, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 1,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
@@ -106,15 +106,7 @@ def test_activations_are_what_a_layer_saves_for_backward(full, moe, saved_for_ba
     model = model.to(torch.bfloat16)  # as FSDP's mixed precision computes, adapter included
     base = model.get_base_model() if not full else model
 
-    def saved_bytes(tokens: int) -> int:
-        hidden = torch.randn(1, tokens, 256, dtype=torch.bfloat16, requires_grad=True)
-        positions = torch.arange(tokens)[None]
-        with saved_for_backward(model) as saved:
-            base.model.layers[0](hidden, position_embeddings=base.model.rotary_emb(hidden, positions),
-                                 attention_mask=None, position_ids=positions)  # fmt: skip
-        return sum(saved.values())
-
-    measured = (saved_bytes(1024) - saved_bytes(512)) / 512
+    measured = (layer_saved_bytes(model, base, 1024) - layer_saved_bytes(model, base, 512)) / 512
     planned = layer_activation_bytes(ModelShape.from_config(config.to_dict()), 2, full, sparse=moe)
     assert planned == pytest.approx(measured, rel=0.05 if moe else 0.01)  # MoE: routing varies, index tensors
 

@@ -14,7 +14,7 @@ from launch.launcher import run
 from launch.memory_plan import GIB, KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory, size, trainer_plan
 from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import LoraConfig, TrainerConfig
-from trainer.model import add_lora
+from trainer.model import add_lora, use_packed_forward
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Qwen3-30B-A3B's config.json, its shape
@@ -166,3 +166,26 @@ def test_rl_dry_run_shows_the_ep_degree_and_refuses_one_that_does_not_divide_the
     with pytest.raises(TridentError, match=r"^trainer.model.parallel.ep = 3 does not divide the trainer's 8 ranks"):
         rl_dry_run(3, tmp_path / "ep3")
     assert not (tmp_path / "ep3").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("targets", [SEVEN, SEVEN[:4]], ids=["attention-and-experts", "attention"])
+def test_lora_on_experts_keeps_one_folded_copy_of_them_for_backward(targets, layer_saved_bytes):
+    """What a bf16 Qwen3-MoE layer under LoRA saves for the backward pass beyond its per-token activations (read with
+    saved_tensors_hooks at two lengths): with the experts adapted, one copy of them with the adapter folded in, what
+    the plan's ``lora_experts`` counts a copy; with attention alone adapted, nothing."""
+    config = Qwen3MoeConfig(vocab_size=256, hidden_size=256, intermediate_size=768, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=8,
+                            num_experts_per_tok=2, moe_intermediate_size=96)  # fmt: skip
+    torch.manual_seed(0)
+    model = use_packed_forward(AutoModelForCausalLM.from_config(config)).requires_grad_(False)
+    model = add_lora(model, LoraConfig(rank=4, target_modules=targets)).to(torch.bfloat16)
+    base = model.get_base_model()
+
+    short, long = layer_saved_bytes(model, base, 256), layer_saved_bytes(model, base, 512)
+    beside_tokens = short - (long - short)  # what does not grow with the tokens
+    # a checkpointed layer: the plan counts two copies, the recomputed layer's and its gradient
+    lora = {"rank": 4, "target_modules": targets}
+    trainer = TrainerConfig(model={"name": "tiny-moe", "ac": {}, "experimental": {"lora": lora}})
+    plan = trainer_plan(ModelShape.from_config(config.to_dict()), trainer, ranks=1, gpu=True)
+    copy = plan.get("lora_experts", 0) * GIB / 2  # 8 × (192 × 256 + 256 × 96) bf16 values with the experts adapted
+    assert beside_tokens == pytest.approx(copy, abs=64)
