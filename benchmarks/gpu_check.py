@@ -4,16 +4,21 @@
     uv run python benchmarks/gpu_check.py --smoke         # the same path on CPU with tiny shapes (CI)
     python3 benchmarks/gpu_check.py --baseline-src OLD/src   # also runs an older trainer, alternated with this one
 
-Each model is built once as random weights on disk; a case process then runs what the trainer runs per step
-(``init_world``, ``build_model``, ``build_optimizer``, samples packed by ``pack_samples`` into micro-batches of the
-case's ``seq_len``, or one, and packed anew into ``micro_batch_tokens`` where the case sets it, ``train_step``) on
-each of its batch sizes, small first: two warm-up steps (where compiled layers compile), then timed steps. Each
-result says which speed settings applied (compiled layers, micro-batch tokens, FSDP resharding, the checkpointed
-part): ``qwen3-0.6b-full`` against ``qwen3-0.6b-eager`` measures the compiled layers, ``qwen3-0.6b-short-samples``
-against a baseline the token budget, ``qwen3-8b-lora-ac-mlp`` against ``qwen3-8b-lora`` checkpointing the MLP only.
+Each model is built once as random weights on disk (a tiny model is used as built); a case process then runs what
+the trainer runs per step (``init_world``, ``build_model``, ``build_optimizer``, samples packed by ``pack_samples``
+into micro-batches of the case's ``seq_len``, or one, and packed anew into ``micro_batch_tokens`` where the case sets
+it, ``train_step``) on each of its batch sizes, small first: two warm-up steps (where compiled layers compile), then
+timed steps. Each result says which speed settings applied (compiled layers, micro-batch tokens, FSDP resharding, the
+checkpointed part, a mixture of experts' implementation): ``qwen3-0.6b-full`` against ``qwen3-0.6b-eager`` measures
+the compiled layers, ``qwen3-0.6b-short-samples`` against a baseline the token budget, ``qwen3-8b-lora-ac-mlp``
+against ``qwen3-8b-lora`` checkpointing the MLP only.
+The mixture-of-experts cases run four layers of Qwen3-30B-A3B's shape (128 experts, 8 a token), full and under LoRA
+on attention and experts, with transformers' grouped-GEMM experts (``grouped_mm``, one kernel for all experts)
+against its eager loop over experts (``...-eager``).
 
 It reports seconds per step, tokens/s, model FLOP/s against the chip's measured bf16 matrix-product rate (MFU: 6·N
-per token for full training, 4·N for LoRA, attention left out), peak allocated and reserved memory and the device
+per token for full training, 4·N for LoRA, attention left out; N of a mixture of experts counts the experts a token
+is routed to), peak allocated and reserved memory and the device
 memory in use, against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under
 LoRA, full weights otherwise). A last process pair hands a model's bf16 weights from one process to another as the
 trainer and the server's worker do on one device (``[weight_broadcast] backend = "shared"``: the trainer's
@@ -51,14 +56,21 @@ class Case:
     packs anew into ``micro_batch_tokens``. Settings an older trainer lacks (``--baseline-src``) are left out on
     its side: a case's result says which applied."""
 
-    shape: str  # a key of launch.memory_plan.KNOWN_SHAPES, or "tiny" (the tiny model's own shape)
+    shape: str  # a key of launch.memory_plan.KNOWN_SHAPES, or a tiny model's id ("trident/tiny-qwen3")
     batches: list[tuple[int, int]]
+    layers: int | None = None  # the shape's first layers only; None: all of them
+    experts: str | None = None  # a mixture of experts' implementation in transformers: "grouped_mm" or "eager"
     lora_rank: int | None = None  # LoRA on all seven linears; None: full fine-tune
     ac_freq: int | None = None  # activation checkpointing every ac_freq layers; None: off
     ac_part: str | None = None  # what of a checkpointed layer is recomputed; None: the trainer's default
     seq_len: int | None = None
     micro_batch_tokens: int | None = None
     compile: bool | None = None  # None: the trainer's default (on a GPU in bf16: compiled layers)
+
+    @property
+    def model_key(self) -> str:
+        """The random model this case trains: its shape, cut to its layers."""
+        return self.shape + (f"-{self.layers}-layers" if self.layers else "")
 
     def model_config(self, model_dir: str, known: set[str] = frozenset({"ac.part", "compile"})) -> dict:
         """The trainer's ``model`` section, with the settings in ``known`` (what the trainer has) only."""
@@ -80,13 +92,25 @@ CASES = {
     "qwen3-0.6b-short-samples": Case("Qwen3-0.6B", [(64, 128)], seq_len=1024, micro_batch_tokens=8192),
     "qwen3-8b-lora": Case("Qwen3-8B", [(4, 2048), (8, 2048)], lora_rank=4, ac_freq=1),  # seed 004's layout
     "qwen3-8b-lora-ac-mlp": Case("Qwen3-8B", [(4, 2048), (8, 2048)], lora_rank=4, ac_freq=1, ac_part="mlp"),
+    # four layers of Qwen3-30B-A3B (3.1B parameters, 2.4B of them in experts): grouped GEMM against the eager loop
+    "qwen3-30b-a3b-4l-full": Case("Qwen3-30B-A3B", [(4, 2048)], layers=4, experts="grouped_mm"),
+    "qwen3-30b-a3b-4l-full-eager": Case("Qwen3-30B-A3B", [(4, 2048)], layers=4, experts="eager"),
+    "qwen3-30b-a3b-4l-lora": Case(
+        "Qwen3-30B-A3B", [(4, 2048), (8, 2048)], layers=4, experts="grouped_mm", lora_rank=4, ac_freq=1
+    ),
+    "qwen3-30b-a3b-4l-lora-eager": Case(
+        "Qwen3-30B-A3B", [(4, 2048), (8, 2048)], layers=4, experts="eager", lora_rank=4, ac_freq=1
+    ),
 }
+TINY, TINY_MOE = "trident/tiny-qwen3", "trident/tiny-qwen3-moe"
 SMOKE_CASES = {
-    "tiny-full": Case("tiny", [(4, 64), (16, 16)]),
-    "tiny-lora": Case("tiny", [(4, 64)], lora_rank=4, ac_freq=1),
-    "tiny-short-samples": Case("tiny", [(16, 16)], ac_freq=1, ac_part="mlp", seq_len=64, micro_batch_tokens=256),
+    "tiny-full": Case(TINY, [(4, 64), (16, 16)]),
+    "tiny-lora": Case(TINY, [(4, 64)], lora_rank=4, ac_freq=1),
+    "tiny-short-samples": Case(TINY, [(16, 16)], ac_freq=1, ac_part="mlp", seq_len=64, micro_batch_tokens=256),
+    # the MoE path at its smallest: the tiny MoE, LoRA on attention and experts, grouped GEMM, one small batch
+    "tiny-moe-lora": Case(TINY_MOE, [(4, 16)], experts="grouped_mm", lora_rank=4),
 }
-HANDOVER_SHAPES = {"full": ["Qwen3-0.6B", "Qwen3-8B"], "smoke": ["tiny"]}
+HANDOVER_SHAPES = {"full": ["Qwen3-0.6B", "Qwen3-8B"], "smoke": [TINY]}
 
 
 def utc_now() -> str:
@@ -96,28 +120,34 @@ def utc_now() -> str:
 # --- in a case process -------------------------------------------------------------------------------------------
 
 
-def qwen3_config(shape: str):
-    """A transformers Qwen3 config of ``shape`` (a known hub model's, or the tiny model's own)."""
-    from transformers import AutoConfig, Qwen3Config
+def qwen3_config(shape: str, layers: int | None = None):
+    """A transformers Qwen3 (or Qwen3-MoE) config of ``shape`` (a known hub model's, or a tiny model's own), of its
+    first ``layers`` only where given."""
+    from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
-    from contracts.model_path import TINY_MODEL_ID
     from launch.memory_plan import KNOWN_SHAPES
     from tools.tiny_model import built_model_path
 
-    if shape == "tiny":
-        return AutoConfig.from_pretrained(built_model_path(TINY_MODEL_ID))
+    if shape not in KNOWN_SHAPES:
+        config = AutoConfig.from_pretrained(built_model_path(shape))
+        config.num_hidden_layers = layers or config.num_hidden_layers
+        return config
     s = KNOWN_SHAPES[shape]
-    return Qwen3Config(
+    common = dict(
         vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
+        num_hidden_layers=layers or s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
         num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim, tie_word_embeddings=s.tie_word_embeddings,
         max_position_embeddings=40_960,
     )  # fmt: skip
+    if not s.num_experts:
+        return Qwen3Config(**common)
+    return Qwen3MoeConfig(**common, num_experts=s.num_experts, num_experts_per_tok=s.num_experts_per_tok,
+                          moe_intermediate_size=s.moe_intermediate_size, norm_topk_prob=True)  # fmt: skip
 
 
-def make_model(shape: str, folder: Path) -> dict:
-    """Save random weights of ``shape`` (bf16, made on the GPU when there is one) with the tiny model's tokenizer
-    into ``folder``; also time bf16 matrix products, the rate MFU is measured against."""
+def make_model(shape: str, folder: Path, layers: int | None = None) -> dict:
+    """Save random weights of ``shape`` (its first ``layers``; bf16, made on the GPU when there is one) with the tiny
+    model's tokenizer into ``folder``; also time bf16 matrix products, the rate MFU is measured against."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -127,7 +157,7 @@ def make_model(shape: str, folder: Path) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(qwen3_config(shape), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(qwen3_config(shape, layers), dtype=torch.bfloat16)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(built_model_path(TINY_MODEL_ID)).save_pretrained(folder)
     return {"parameters": sum(p.numel() for p in model.parameters()), "matmul_tflops": matmul_tflops(device)}
@@ -218,6 +248,8 @@ def run_case(case: Case, model_dir: str) -> dict:
         start = time.perf_counter()
         torch.manual_seed(0)
         model = build_model(config.model, world, config.optim.offload)
+        if case.experts:
+            use_experts(model, case.experts)
         optimizer, _ = build_optimizer(model, config.optim, 1000)
         sync(world.device)
         result = {"build_s": time.perf_counter() - start, "batches": []}
@@ -259,6 +291,13 @@ def run_case(case: Case, model_dir: str) -> dict:
         close_world()
 
 
+def use_experts(model, implementation: str) -> None:
+    """Run the model's mixture-of-experts layers with transformers' ``implementation`` of its experts."""
+    from transformers import PreTrainedModel
+
+    next(m for m in model.modules() if isinstance(m, PreTrainedModel)).set_experts_implementation(implementation)
+
+
 def applied(model, config, world) -> dict:
     """The speed settings that took effect in this trainer: compiled layers, micro-batch tokens, and whether FSDP
     reshards the layers after forward (what an older trainer lacks is reported as it behaved)."""
@@ -279,6 +318,7 @@ def applied(model, config, world) -> dict:
         "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),
         "reshard_after_forward": reshard,
         "ac_part": getattr(model_config.ac, "part", "layer") if model_config.ac else None,
+        "experts": model.config._experts_implementation if model.config.model_type.endswith("moe") else None,
     }
 
 
@@ -347,7 +387,7 @@ def case_main(argv: list[str]) -> None:
     """``gpu_check.py case|make|handover ...`` in a child process: print one result line."""
     action, payload = argv[0], json.loads(argv[1])
     if action == "make":
-        result = make_model(payload["shape"], Path(payload["folder"]))
+        result = make_model(payload["shape"], Path(payload["folder"]), payload.get("layers"))
     elif action == "handover":
         result = run_handover(payload["shape"])
     else:
@@ -369,6 +409,15 @@ def child(action: str, payload: dict, src: Path, timeout_s: float) -> dict:
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
         raise RuntimeError(f"{action} {payload} failed (exit {done.returncode}):\n{tail}")
     return json.loads(lines[-1][len(RESULT_PREFIX) :]) | {"process_s": time.perf_counter() - started}
+
+
+def tiny_model(name: str) -> dict:
+    """A tiny model's own folder, built once with random weights (:mod:`tools.tiny_model`): none to make."""
+    from launch.memory_plan import model_shape
+    from tools.tiny_model import built_model_path
+
+    folder = built_model_path(name)
+    return {"folder": folder, "parameters": model_shape(folder).parameters, "matmul_tflops": None}
 
 
 def _has_gpu() -> bool:
@@ -399,8 +448,13 @@ def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -
 
 
 def summarise(case: Case, result: dict, parameters: int, matmul: float | None, model_dir: str, gpu: bool) -> None:
-    """Add MFU and the memory plan to each of a case's batches, in place."""
-    flops_per_token = (4 if case.lora_rank is not None else 6) * parameters
+    """Add MFU and the memory plan to each of a case's batches, in place. The FLOPs of a mixture of experts are those
+    of its parameters a token uses: the routed experts' share ``num_experts_per_tok / num_experts``."""
+    from launch.memory_plan import model_shape
+
+    shape = model_shape(model_dir)
+    unused = shape.expert_parameters * (1 - shape.num_experts_per_tok / shape.num_experts) if shape.num_experts else 0
+    flops_per_token = (4 if case.lora_rank is not None else 6) * (parameters - unused)
     for batch in result["batches"]:
         batch["model_tflops"] = flops_per_token * batch["tokens_per_s"] / 1e12
         if matmul:
@@ -442,6 +496,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-handover", action="store_true", help="skip the weight handover between processes")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per child process")
     args = parser.parse_args(argv)
+    from launch.memory_plan import KNOWN_SHAPES
+
     cases = SMOKE_CASES if args.smoke else CASES
     cases = {name: case for name, case in cases.items() if not args.cases or name in args.cases}
     sides = {"new": SRC} | ({"baseline": args.baseline_src.resolve()} if args.baseline_src else {})
@@ -472,12 +528,16 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="gpu-check-models-") as tmp:
         models = {}
         for i, (name, case) in enumerate(cases.items()):
-            if case.shape not in models:  # made just before its first case: a cut-short check has the cases before
-                folder = Path(tmp) / case.shape
-                models[case.shape] = attempt("make", {"shape": case.shape, "folder": str(folder)}, SRC) or {}
-                models[case.shape]["folder"] = str(folder)
-                results["matmul_tflops"] = results.get("matmul_tflops") or models[case.shape].get("matmul_tflops")
-            model = models[case.shape]
+            key = case.model_key
+            if key not in models and case.shape not in KNOWN_SHAPES:
+                models[key] = tiny_model(case.shape)
+            elif key not in models:  # made just before its first case: a cut-short check has the cases before
+                folder = Path(tmp) / key
+                make = {"shape": case.shape, "folder": str(folder), "layers": case.layers}
+                models[key] = attempt("make", make, SRC) or {}
+                models[key]["folder"] = str(folder)
+                results["matmul_tflops"] = results.get("matmul_tflops") or models[key].get("matmul_tflops")
+            model = models[key]
             if "parameters" not in model:
                 continue
             order = list(sides) if i % 2 == 0 else list(reversed(sides))  # alternate which side goes first

@@ -230,3 +230,23 @@ def saved_for_backward():
     """``with saved_for_backward(model) as saved:`` a forward pass; then ``sum(saved.values())`` is the bytes of
     activations it keeps for the backward pass."""
     return _saved_for_backward
+
+
+def _layer_saved_bytes(model, base, tokens: int) -> int:
+    """Bytes the first decoder layer of ``base`` (``model``'s base model, or ``model`` itself) keeps for the backward
+    pass of a bf16 forward over ``tokens`` random hidden states."""
+    import torch
+
+    hidden = torch.randn(1, tokens, base.config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(tokens)[None]
+    with _saved_for_backward(model) as saved:
+        base.model.layers[0](hidden, position_embeddings=base.model.rotary_emb(hidden, positions),
+                             attention_mask=None, position_ids=positions)  # fmt: skip
+    return sum(saved.values())
+
+
+@pytest.fixture
+def layer_saved_bytes():
+    """``layer_saved_bytes(model, base, tokens)``: the bytes of activations a bf16 forward of ``base``'s first decoder
+    layer over ``tokens`` positions keeps for the backward pass (``base``: ``model``'s base model under an adapter)."""
+    return _layer_saved_bytes

@@ -3,14 +3,16 @@
 The plan is arithmetic on the model's shape (its ``config.json``, mixture-of-experts layers included) and the
 configs: no weights are loaded. The trainer's share is its weights (float32 master weights, or under LoRA the frozen
 base in the compute dtype, its linear layers in 4-bit NF4 under QLoRA, and a float32 adapter), gradients and AdamW's
-two moments of what trains (each split over the FSDP ranks), the working copies FSDP gathers (the model's root and
+two moments of what trains (each split over the FSDP ranks; a mixture of experts' routed experts under expert
+parallelism over the ``ep`` ranks that hold them), the working copies FSDP gathers (the model's root and
 two decoder layers at a time, or every layer where layers are not resharded after forward), the activations kept for
 the backward pass of one packed micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured
 activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
-layer or part with its gradients), under QLoRA one linear layer dequantized, the weight broadcast's send buffer, and
-on a GPU what the caching allocator reserves beyond that and the CUDA context. The server's share is what vLLM
-claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and one ``max_model_len``
-context of KV cache, and beside it the weights it receives over the broadcast.
+layer or part with its gradients), under LoRA on routed experts the copies of their weights with the adapter folded
+in, under expert parallelism the token dispatch's buffers, under QLoRA one linear layer dequantized, the weight
+broadcast's send buffer, and on a GPU what the caching allocator reserves beyond that and the CUDA context. The
+server's share is what vLLM claims up front: ``gpu_memory_utilization`` of the GPU, which must hold its weights and
+one ``max_model_len`` context of KV cache, and beside it the weights it receives over the broadcast.
 ``benchmarks/memory_plan.py`` checks the trainer's figures against peaks measured on CPU; the unit tests hold them
 to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 """
@@ -99,11 +101,27 @@ class ModelShape:
         return experts + (3 * h * shared + h if shared else 0)
 
     @property
+    def layer_experts(self) -> int:
+        """A sparse layer's routed experts (gate, up and down of each): what expert parallelism splits."""
+        return self.num_experts * 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def expert_parameters(self) -> int:
+        """The routed experts of every sparse layer."""
+        return self.sparse_layers * self.layer_experts
+
+    @property
     def layer_parameters(self) -> int:
         """The largest decoder layer's parameters."""
+        return self.gathered_layer_parameters(ep=1)
+
+    def gathered_layer_parameters(self, ep: int) -> int:
+        """The largest decoder layer's parameters FSDP gathers: all of them, or under expert parallelism (``ep`` > 1)
+        all but the routed experts, which each rank holds its share of itself."""
         dense = 3 * self.hidden_size * self.intermediate_size
+        sparse = self.sparse_mlp_parameters - (self.layer_experts if ep > 1 else 0)
         return self.attention_parameters + max(dense if self.sparse_layers < self.num_hidden_layers else 0,
-                                               self.sparse_mlp_parameters if self.sparse_layers else 0)  # fmt: skip
+                                               sparse if self.sparse_layers else 0)  # fmt: skip
 
     @property
     def root_parameters(self) -> int:
@@ -246,14 +264,30 @@ def lora_parameters(shape: ModelShape, targets: list[str], rank: int) -> int:
     linears, h = shape.linear_shapes(), shape.hidden_size
     attention = sum(rank * sum(linears[t]) for t in targets if t in linears and t not in MLP_LINEARS)
     dense = sum(rank * sum(linears[t]) for t in targets if t in MLP_LINEARS)
-    experts, size, shared = shape.num_experts, shape.moe_intermediate_size, shape.shared_expert_intermediate_size
-    sparse = sum(rank * (h + shared) for t in targets if t in MLP_LINEARS and shared)
-    if "gate_proj" in targets and "up_proj" in targets:
-        sparse += experts * 2 * rank * (h + 2 * size)
-    if "down_proj" in targets:
-        sparse += experts * rank * (size + h)
+    shared = sum(rank * (h + shape.shared_expert_intermediate_size) for t in targets
+                 if t in MLP_LINEARS and shape.shared_expert_intermediate_size)  # fmt: skip
     dense_layers = shape.num_hidden_layers - shape.sparse_layers
-    return shape.num_hidden_layers * attention + dense_layers * dense + shape.sparse_layers * sparse
+    return (
+        shape.num_hidden_layers * attention
+        + dense_layers * dense
+        + shape.sparse_layers * (shared + expert_lora_parameters(shape, targets, rank))
+    )
+
+
+def adapted_experts(shape: ModelShape, targets: list[str]) -> dict[str, tuple[int, int]]:
+    """The fused routed-expert weights a LoRA on ``targets`` adapts, with their (in, out) features per expert:
+    ``gate_up_proj`` when gate and up are both targets, ``down_proj`` when down is."""
+    h, size = shape.hidden_size, shape.moe_intermediate_size
+    fused = {"gate_up_proj": (h, 2 * size)} if {"gate_proj", "up_proj"} <= set(targets) else {}
+    return fused | ({"down_proj": (size, h)} if "down_proj" in targets and shape.num_experts else {})
+
+
+def expert_lora_parameters(shape: ModelShape, targets: list[str], rank: int) -> int:
+    """Parameters of a LoRA adapter on one sparse layer's routed experts, as peft builds it for fused experts: gate
+    and up together at twice the rank, down at the rank, per expert."""
+    ranks = {"gate_up_proj": 2 * rank, "down_proj": rank}
+    fused = adapted_experts(shape, targets)
+    return sum(shape.num_experts * ranks[name] * (n_in + n_out) for name, (n_in, n_out) in fused.items())
 
 
 def mlp_width(shape: ModelShape, sparse: bool) -> int:
@@ -363,33 +397,78 @@ def gathered_bytes(
 ) -> int:
     """Bytes of the working copies FSDP gathers: the root in the compute dtype and two decoder layers of
     ``layer_bytes`` at a time, or every layer from its forward pass to its backward pass where layers are not
-    resharded after forward."""
-    if reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
-        return shape.root_parameters * compute + 2 * layer_bytes
-    return shape.parameters * compute
+    resharded after forward. Under expert parallelism ``layer_bytes`` leaves the routed experts out: in full
+    training each rank casts its own experts of those two layers to the compute dtype instead."""
+    if not reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
+        return shape.parameters * compute
+    ep, full = trainer.model.parallel.ep, trainer.model.experimental.lora is None
+    local_experts = shape.layer_experts // ep * compute if ep > 1 and full else 0
+    return shape.root_parameters * compute + 2 * (layer_bytes + local_experts)
+
+
+def expert_shards(ranks: int, ep: int) -> int:
+    """Over how many ranks the routed experts' weights, gradients and optimizer state are split: FSDP's ``ranks``
+    without expert parallelism, else the ``ep`` ranks of an expert group (``num_experts / ep`` whole experts on
+    each; every group of ``ep`` ranks holds them all), while the rest of the model stays split over all ranks."""
+    return ranks if ep == 1 else ep
+
+
+def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> dict[str, float]:
+    """Bytes the routed experts of a mixture of experts add beyond what a dense layer holds (none in a dense model):
+
+    - ``lora_experts``: a LoRA on the routed experts is folded into their fused weights (peft's parametrization:
+      ``W + scale · B·A``) at each forward, and autograd keeps that folded copy of the layer's experts (this rank's
+      ``num_experts / ep``) for the backward pass: one per sparse layer that is not checkpointed, one for the layer
+      recomputed in the backward pass, and one its gradient (the kept copy as ``saved_tensors_hooks`` read it);
+    - ``all_to_all``: under expert parallelism a layer's dispatch sends each token's ``num_experts_per_tok``
+      copies to the ranks of its experts and receives as many (the send and receive buffers, in the compute dtype,
+      for routing balanced over the ranks; the combine's way back reuses the same sizes).
+    """
+    ep, lora, ac = trainer.model.parallel.ep, trainer.model.experimental.lora, trainer.model.ac
+    parts = {}
+    fused = adapted_experts(shape, lora.target_modules) if lora is not None and shape.sparse_layers else {}
+    if fused:
+        copy = shape.num_experts // ep * sum(n_in * n_out for n_in, n_out in fused.values()) * compute
+        kept = shape.sparse_layers if ac is None else shape.sparse_layers - math.ceil(shape.sparse_layers / ac.freq)
+        parts["lora_experts"] = (kept + (ac is not None) + 1) * copy
+    if ep > 1:
+        routed = trainer.micro_batch_budget * shape.num_experts_per_tok
+        parts["all_to_all"] = 2 * routed * shape.hidden_size * compute
+    return parts
 
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
-    """GiB per trainer rank, by what holds them."""
+    """GiB per trainer rank, by what holds them: what trains and the frozen base split over the ranks, the routed
+    experts' share over :func:`expert_shards`."""
     compute = dtype_bytes(trainer.model.dtype, gpu)
     lora, in_4bit = trainer.model.experimental.lora, trainer.model.experimental.load_in_4bit
-    layer_bytes = shape.layer_parameters * compute
+    ep = trainer.model.parallel.ep
+    layer_bytes = shape.gathered_layer_parameters(ep) * compute
     if lora is None:
-        trainable, frozen_bytes = shape.parameters, 0
+        trainable, trainable_experts, frozen_bytes = shape.parameters, shape.expert_parameters, 0
     else:
         trainable = lora_parameters(shape, lora.target_modules, lora.rank)
+        trainable_experts = shape.sparse_layers * expert_lora_parameters(shape, lora.target_modules, lora.rank)
         frozen_bytes = shape.parameters * compute
     if in_4bit:
         frozen_bytes = base_bytes_4bit(shape, compute)
         layer_bytes = max(layer_bytes_4bit(shape, compute, sparse) for sparse in layer_kinds(shape))
+    frozen_experts = shape.expert_parameters * compute if frozen_bytes else 0  # routed experts stay unquantized
+    shards = expert_shards(ranks, ep)
+
+    def per_rank(total: float, experts: float) -> float:
+        return (total - experts) / ranks + experts / shards
+
+    trained = per_rank(trainable, trainable_experts) * 4  # float32 bytes of what trains, on this rank
     activations, backward = activation_bytes(shape, trainer, compute)
     plan = {
-        "weights": (frozen_bytes + trainable * 4) / ranks,
-        "gradients": trainable * 4 / ranks,
-        "optimizer": 2 * trainable * 4 / ranks,
+        "weights": per_rank(frozen_bytes, frozen_experts) + trained,
+        "gradients": trained,
+        "optimizer": 2 * trained,
         "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu, layer_bytes),
         "activations": activations,
         "backward": backward,
+        **routed_expert_bytes(shape, trainer, compute),
     }
     if in_4bit:  # each 4-bit linear is dequantized to the compute dtype to multiply, one at a time
         plan["dequantized"] = max(max(quantized_linears(shape, sparse)) for sparse in layer_kinds(shape)) * compute
@@ -446,6 +525,8 @@ class MemoryPlan:
     trainer: dict[str, float]
     inference: dict[str, float] | None
     gpus: dict[int, list[str]]  # GPU id -> the processes placed on it
+    experts: int = 0  # routed experts of each sparse layer; 0: a dense model
+    ep: int = 1  # expert parallelism: ranks each sparse layer's experts are split over
 
     def problems(self) -> list[str]:
         """Each way the plan does not fit, as a line naming the number at fault."""
@@ -475,7 +556,8 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         """The plan for a person to read."""
         lines = [f"memory plan ({'CPU' if self.gpu_gib is None else f'GPUs of {size(self.gpu_gib)}'}):"]
-        lines.append(f"  trainer, per rank: {size(self.trainer['total'])} ({self.describe('trainer')})")
+        experts = f" (ep {self.ep}: {self.experts // self.ep} of {self.experts} experts a rank)" if self.experts else ""
+        lines.append(f"  trainer, per rank{experts}: {size(self.trainer['total'])} ({self.describe('trainer')})")
         if self.inference:
             parts, total = self.describe("inference"), size(self.inference["total"])
             if self.gpu_gib is None:
@@ -500,7 +582,9 @@ def plan_memory(
     one) uses ``inference_gpus``, each GPU of ``gpu_gib`` GiB (None: no GPUs, everything on the CPU)."""
     shape = model_shape(trainer.model.name)
     gpu = gpu_gib is not None
-    trainer_part = trainer_plan(shape, trainer, len(trainer_gpus) if gpu else 1, gpu)
+    ranks, ep = len(trainer_gpus) if gpu else 1, trainer.model.parallel.ep
+    check_expert_parallel(shape, ep, ranks, trainer.model.name)
+    trainer_part = trainer_plan(shape, trainer, ranks, gpu)
     broadcast = broadcast_backend(trainer, gpu)
     inference_part = inference_plan(shape, inference, gpu_gib, broadcast) if inference is not None else None
     gpus: dict[int, list[str]] = {}
@@ -509,4 +593,18 @@ def plan_memory(
             gpus.setdefault(gpu_id, []).append("trainer")
         for gpu_id in inference_gpus if inference_part else []:
             gpus.setdefault(gpu_id, []).append("inference")
-    return MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())))
+    return MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep)
+
+
+def check_expert_parallel(shape: ModelShape, ep: int, ranks: int, name: str) -> None:
+    """Refuse an expert parallelism that cannot split the model's experts evenly over whole groups of ranks."""
+    key = f"trainer.model.parallel.ep = {ep}"
+    if ep > 1 and not shape.num_experts:
+        raise TridentError(f"{key}: model {name!r} has no experts to split (a dense model); leave ep at 1")
+    if ranks % ep:
+        raise TridentError(
+            f"{key} does not divide the trainer's {ranks} rank{'s' if ranks > 1 else ''} (--trainer-gpu-ids); "
+            "choose a divisor of it"
+        )
+    if shape.num_experts % ep:
+        raise TridentError(f"{key} does not divide the {shape.num_experts} experts of {name!r}; choose a divisor")

@@ -1,5 +1,6 @@
-"""The GPU check at its smoke size on CPU: every case trains, exports and is planned; the weight handover runs
-between two processes through the trainer's shared buffer (no timing asserted)."""
+"""The GPU check at its smoke size on CPU: every case trains, exports and is planned, a tiny mixture of experts among
+them; the weight handover runs between two processes through the trainer's shared buffer (no timing asserted). The
+mixture-of-experts cases for a GPU are checked for their shape and their eager twins without running them."""
 
 import json
 import math
@@ -17,11 +18,11 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
     assert result["smoke"] and result["device"] == "cpu" and result["date"]
-    assert set(result["cases"]) == {"tiny-full", "tiny-lora", "tiny-short-samples"}
+    assert set(result["cases"]) == {"tiny-full", "tiny-lora", "tiny-short-samples", "tiny-moe-lora"}
     for name, sides in result["cases"].items():
         assert list(sides) == ["new"]  # no --baseline-src
         run = sides["new"]
-        assert run["export"]["kind"] == ("adapter" if name == "tiny-lora" else "merged")
+        assert run["export"]["kind"] == ("adapter" if "lora" in name else "merged")
         assert run["export"]["seconds"] > 0
         for batch in run["batches"]:
             assert batch["tokens"] == batch["samples"] * batch["tokens_per_sample"]
@@ -35,8 +36,37 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
     assert short["applied"]["micro_batch_tokens"] == 256 and short["applied"]["ac_part"] == "mlp"
     assert short["batches"][0]["micro_batches"] == 1
     assert 0 < lora["trainable_parameters"] < full["trainable_parameters"]
+    # the tiny MoE under LoRA on attention and experts, its experts by grouped GEMM; the dense cases have none
+    moe = result["cases"]["tiny-moe-lora"]["new"]
+    assert moe["applied"]["experts"] == "grouped_mm" and full["applied"]["experts"] is None
+    assert moe["trainable_parameters"] > 0 and moe["batches"][0]["tokens"] == 64
     (handover,) = result["handover"]
     assert handover["transport"] == "shm" and handover["tensors"] > 0  # a /dev/shm buffer on the CPU
     assert len(handover["write_s"]) == len(handover["take_s"]) == 4
     assert all(s > 0 for s in handover["write_s"] + handover["take_s"])
     assert "results: " in done.stdout
+
+
+def test_the_moe_cases_run_four_layers_of_qwen3_30b_a3b_grouped_and_eager():
+    import runpy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launch.memory_plan import ModelShape
+
+    check = runpy.run_path(str(ROOT / "benchmarks" / "gpu_check.py"))
+    moe = {name: case for name, case in check["CASES"].items() if case.experts}
+    assert {case.experts for case in moe.values()} == {"grouped_mm", "eager"}
+    for name, case in moe.items():  # each grouped-GEMM case has its eager twin, the same run otherwise
+        if case.experts == "grouped_mm":
+            assert moe[f"{name}-eager"] == check["Case"](**vars(case) | {"experts": "eager"})
+    assert {case.lora_rank for case in moe.values()} == {None, 4}  # full and LoRA
+    config = check["qwen3_config"]("Qwen3-30B-A3B", 4)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shape = ModelShape.from_config(config.to_dict())
+    assert (config.model_type, shape.num_hidden_layers, shape.num_experts, shape.num_experts_per_tok) == (
+        "qwen3_moe", 4, 128, 8)  # fmt: skip
+    norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight")))
+    assert sum(p.numel() for p in model.parameters()) - norms == shape.parameters  # 3.1B, planned as it is built

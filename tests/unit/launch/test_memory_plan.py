@@ -90,28 +90,9 @@ def test_a_lora_target_on_moe_experts_peft_cannot_adapt_is_one_line():
         assert str(error.value).startswith(f"model.experimental.lora.target_modules: {message}"), str(error.value)
 
 
-# Qwen3-30B-A3B's config.json, its shape
-QWEN3_30B_A3B = {"vocab_size": 151_936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
-                 "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-                 "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
-                 "mlp_only_layers": [], "tie_word_embeddings": False}  # fmt: skip
-
-
-def test_qwen3_30b_a3b_counts_all_its_experts():
-    shape = ModelShape.from_config(QWEN3_30B_A3B)
-    assert shape == ModelShape.from_config(Qwen3MoeConfig(**QWEN3_30B_A3B).to_dict())  # num_local_experts there
-    assert shape == KNOWN_SHAPES["Qwen3-30B-A3B"]
-    assert round(shape.parameters / 1e9, 1) == 30.5  # its model card: 30.5B in total (3.3B activated)
-    lora = {"rank": 4, "target_modules": SEVEN}
-    trainer = TrainerConfig(model={"name": "Qwen/Qwen3-30B-A3B", "ac": {"freq": 1}, "experimental": {"lora": lora}})
-    plan = trainer_plan(shape, trainer, ranks=1, gpu=True)
-    adapter = lora_parameters(shape, SEVEN, 4)  # 245M: rank 4 on each of the 128 experts of 48 layers
-    assert plan["weights"] == pytest.approx((30.53e9 * 2 + adapter * 4) / GIB, rel=0.01)  # every expert, in bf16
-
-
 @pytest.mark.parametrize("full", [False, True], ids=["lora", "full"])
 @pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
-def test_activations_are_what_a_layer_saves_for_backward(full, moe, saved_for_backward):
+def test_activations_are_what_a_layer_saves_for_backward(full, moe, layer_saved_bytes):
     """The per-token bytes of a bf16 decoder layer's saved tensors, read with saved_tensors_hooks at two lengths."""
     shape = {"vocab_size": 256, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 1,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
@@ -125,15 +106,7 @@ def test_activations_are_what_a_layer_saves_for_backward(full, moe, saved_for_ba
     model = model.to(torch.bfloat16)  # as FSDP's mixed precision computes, adapter included
     base = model.get_base_model() if not full else model
 
-    def saved_bytes(tokens: int) -> int:
-        hidden = torch.randn(1, tokens, 256, dtype=torch.bfloat16, requires_grad=True)
-        positions = torch.arange(tokens)[None]
-        with saved_for_backward(model) as saved:
-            base.model.layers[0](hidden, position_embeddings=base.model.rotary_emb(hidden, positions),
-                                 attention_mask=None, position_ids=positions)  # fmt: skip
-        return sum(saved.values())
-
-    measured = (saved_bytes(1024) - saved_bytes(512)) / 512
+    measured = (layer_saved_bytes(model, base, 1024) - layer_saved_bytes(model, base, 512)) / 512
     planned = layer_activation_bytes(ModelShape.from_config(config.to_dict()), 2, full, sparse=moe)
     assert planned == pytest.approx(measured, rel=0.05 if moe else 0.01)  # MoE: routing varies, index tensors
 
