@@ -93,6 +93,14 @@ class ExperimentalConfig(StrictModel):
         return self
 
 
+class ParallelConfig(StrictModel):
+    ep: Annotated[
+        int,
+        Field(ge=1, description="Expert parallelism: each mixture-of-experts layer's experts are split over this many "
+                                "trainer ranks (1: every rank holds all experts)."),
+    ] = 1
+
+
 class TrainerModelConfig(ModelConfig):
     dtype: Annotated[
         Literal["auto", "bfloat16", "float32"],
@@ -123,6 +131,7 @@ class TrainerModelConfig(ModelConfig):
             "made twice."
         ),
     ] = "auto"
+    parallel: ParallelConfig = ParallelConfig()
     experimental: ExperimentalConfig = ExperimentalConfig()
 
 
