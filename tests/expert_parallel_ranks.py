@@ -1,8 +1,9 @@
-"""What tests/integration/test_expert_parallel.py runs on two gloo ranks (``torchrun ... expert_parallel_ranks.py
-FOLDER``), in one launch: a step of the tiny MoE with its experts split over both ranks (ep = 2) beside the same step
-with every rank holding all experts (ep = 1), in full training and under LoRA on attention; then an ep = 2 run of 3
-steps, and the same run stopped after its checkpoint of step 2 and resumed. FOLDER holds the batches (``whole/`` and
-``resumed/``, written by the test); rank 0 writes ``steps.json``, the trainer's runs their usual files."""
+"""What tests/integration/test_expert_parallel_two_ranks.py runs on two gloo ranks (``torchrun ...
+expert_parallel_ranks.py FOLDER``), in one launch: a step of the tiny MoE with its experts split over both ranks
+(ep = 2) beside the same step with every rank holding all experts (ep = 1), in full training and under LoRA on
+attention; then an ep = 2 run of 3 steps, and the same run stopped after its checkpoint of step 2 and resumed. FOLDER
+holds the batches (``whole/`` and ``resumed/``, written by the test); rank 0 writes ``steps.json``, the trainer's runs
+their usual files."""
 
 import json
 import sys

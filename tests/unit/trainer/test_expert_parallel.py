@@ -1,6 +1,6 @@
 """Expert parallelism's parts on one rank: the dispatch and combine around the experts compute what transformers'
 experts module computes, the grouped GEMM what the loop computes, and what cannot be split is refused in one line.
-Two ranks, all-to-all included: tests/integration/test_expert_parallel.py."""
+Two ranks, all-to-all included: tests/integration/test_expert_parallel_two_ranks.py."""
 
 import pytest
 import torch
