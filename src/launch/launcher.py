@@ -49,6 +49,7 @@ from launch.rl_config import (
     settle_run_spec,
     started_urls,
     sub_configs,
+    trainer_ranks,
 )
 from tools.tiny_model import built_model_path
 
@@ -60,11 +61,6 @@ MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "
 def module_of(name: str, config: RLConfig) -> str:
     """The module a process runs: each of :func:`servers` (``inference``, or ``inference-0``, ...) is a server."""
     return MODULES["inference"] if name in servers(config) else MODULES[name]
-
-
-def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
-    """How many trainer processes ``rl`` starts: one per trainer GPU (torchrun, FSDP2), or one on CPU."""
-    return len(config.trainer_gpu_ids) if on_gpu else 1
 
 
 def process_commands(config: RLConfig, paths: dict[str, Path], on_gpu: bool) -> dict[str, tuple[list[str], dict]]:

@@ -16,7 +16,7 @@ from contracts.inference_api import is_loopback
 from contracts.model_path import resolve_model_path
 from contracts.run_spec import local_model_folder
 from launch.memory_plan import MemoryPlan, plan_memory
-from launch.rl_config import RLConfig, servers
+from launch.rl_config import RLConfig, servers, trainer_ranks
 
 logger = logging.getLogger("rl")
 
@@ -157,8 +157,9 @@ def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
             server = started[name]
             lines.append(f"  {name}: {where}, port {server.port}, tensor_parallel_size {server.tensor_parallel_size}")
         elif name == "trainer":
-            ranks = len(gpus) if on_gpu else 1
-            lines.append(f"  trainer: {where}" + (f", torchrun with {ranks} ranks (FSDP2)" if ranks > 1 else ""))
+            ranks, ep = trainer_ranks(config, on_gpu), config.trainer.model.parallel.ep
+            sharding = "FSDP2" + (f", experts split over {ep} ranks" if ep > 1 else "")
+            lines.append(f"  trainer: {where}" + (f", torchrun with {ranks} ranks ({sharding})" if ranks > 1 else ""))
         else:
             lines.append(f"  {name}: {where}")
     return lines

@@ -8,8 +8,9 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
+from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES
-from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
+from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, local_model_folder, served_lora_rank
 from contracts.shared_config import (
     AsyncLevel,
     ChatFamilyName,
@@ -23,6 +24,7 @@ from contracts.shared_config import (
     WandbSection,
 )
 from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
+from launch.memory_plan import KNOWN_SHAPES, experts_of
 from orchestrator.config import OrchestratorConfig
 from trainer.config import TrainerConfig
 
@@ -211,6 +213,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     serve_adapters(config)
     serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
+    expert_parallel(config, on_gpu)
     one_receiver(config)
     if config.inference is None:
         if config.inference_servers is not None:
@@ -337,17 +340,55 @@ def serve_routes(config: RLConfig, on_gpu: bool) -> None:
 
 def trainer_gpus(config: RLConfig, on_gpu: bool) -> None:
     """On GPUs, refuse a QLoRA trainer on several before anything starts (its trainer refuses it too); on a machine
-    without GPUs, say that ``--trainer-gpu-ids`` go unused (the trainer runs on the CPU, as one process)."""
-    gpus = config.trainer_gpu_ids
+    without GPUs, say that ``--trainer-gpu-ids`` go unused (the trainer runs on the CPU)."""
+    gpus, cpu_ranks = config.trainer_gpu_ids, trainer_ranks(config, on_gpu=False)
     if not on_gpu and "trainer_gpu_ids" in config.model_fields_set:
         logger.warning(
-            f"--trainer-gpu-ids {gpus}: this machine has no GPU, so the trainer runs on the CPU, as one process (or "
-            "plan a GPU run with --gpu-memory-gib)"
+            f"--trainer-gpu-ids {gpus}: this machine has no GPU, so the trainer runs on the CPU, as "
+            f"{'one process' if cpu_ranks == 1 else f'{cpu_ranks} processes'} (or plan a GPU run with --gpu-memory-gib)"
         )
     if on_gpu and config.trainer.model.experimental.load_in_4bit and len(gpus) > 1:
         raise ConfigError(
             f"--trainer-gpu-ids {gpus}: trainer.model.experimental.load_in_4bit trains on one rank; give it one GPU"
         )
+
+
+def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
+    """How many trainer processes ``rl`` starts: one per trainer GPU (torchrun, FSDP2); on the CPU one, or
+    ``model.parallel.ep`` (gloo) to split a mixture of experts' experts."""
+    return len(config.trainer_gpu_ids) if on_gpu else config.trainer.model.parallel.ep
+
+
+def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
+    """Refuse an expert parallelism the trainer cannot run, before anything starts: ``ep`` must divide the trainer's
+    ranks and the model's experts (where rl can count them without the network), and needs a mixture of experts
+    and a full-precision base."""
+    ep, name = config.trainer.model.parallel.ep, config.trainer.model.name
+    key = f"trainer.model.parallel.ep = {ep}"
+    if ep == 1:
+        return
+    if config.trainer.model.experimental.load_in_4bit:
+        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set ep = 1")
+    if trainer_ranks(config, on_gpu) % ep:
+        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+    experts = model_experts(name)
+    if experts == 0:
+        raise ConfigError(f"{key}: model {name!r} is dense (no experts to split); set ep = 1")
+    if experts is not None and experts % ep:
+        raise ConfigError(f"{key} must divide the {experts} experts of model {name!r}")
+
+
+def model_experts(name: str) -> int | None:
+    """The routed experts of model ``name`` (0: dense), from its config.json on this machine or a known model's
+    shape; None where rl cannot tell without the network (the trainer checks at start)."""
+    try:
+        folder = local_model_folder(name)
+    except TridentError:  # a tiny model not built yet
+        folder = None
+    if folder is not None:
+        return experts_of(json.loads((Path(folder) / "config.json").read_text())).get("num_experts", 0)
+    known = KNOWN_SHAPES.get(name.split("/")[-1])
+    return known.num_experts if known is not None else None
 
 
 def process_configs(config: RLConfig) -> dict[str, BaseConfig]:

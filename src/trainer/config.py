@@ -162,7 +162,8 @@ class TrainerModelConfig(ModelConfig):
         bool | Literal["auto"],
         Field(
             description="Compile each decoder layer on its own with torch.compile (regional compilation; the first "
-            "steps take longer). 'auto': on a GPU computing in bfloat16 (varlen attention), off elsewhere: on the CPU "
+            "steps take longer). 'auto': on a GPU computing in bfloat16 (varlen attention) without expert "
+            "parallelism (parallel.ep > 1 breaks the graph), off elsewhere: on the CPU "
             "and with per-sample attention each new packing of samples is compiled anew (true there warns). A compile "
             "error or graph break falls back to eager layers with one warning, redoing the step."
         ),

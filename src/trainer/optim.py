@@ -37,6 +37,18 @@ def build_optimizer(
 
 def clip_gradients(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip the gradients to a global L2 norm of ``max_norm`` (over all ranks); returns the norm before, on the
-    device (reading it waits for the backward pass: read it after the optimizer step)."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    device (reading it waits for the backward pass: read it after the optimizer step).
+
+    Parameters sharded over different device meshes (expert parallelism's experts beside FSDP's other parameters)
+    are normed per mesh, and the meshes' norms combined."""
+    groups: dict[object, list[torch.Tensor]] = {}
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            mesh = parameter.device_mesh if isinstance(parameter, DTensor) else None
+            groups.setdefault(mesh, []).append(parameter)
+    norms = [torch.nn.utils.get_total_norm([p.grad for p in group]) for group in groups.values()]
+    norms = [norm.full_tensor() if isinstance(norm, DTensor) else norm for norm in norms]
+    norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
+    for group in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return norm

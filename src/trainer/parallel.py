@@ -15,6 +15,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from contracts.metrics import setup_logging
 from contracts.protocol import MicroBatch
+from trainer.moe.expert_parallel import expert_mesh, split_experts
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,11 @@ def shard_model(
     compute_dtype: torch.dtype,
     offload: bool,
     reshard_after_forward: bool = True,
+    ep: int = 1,
 ) -> None:
-    """Shard each decoder layer, then the rest, across the ranks (FSDP2), in place.
+    """Shard each decoder layer, then the rest, across the ranks (FSDP2), in place; with ``ep`` > 1 each
+    mixture-of-experts layer's experts are first split over groups of ``ep`` ranks (:mod:`trainer.moe.expert_parallel`)
+    and sharded over the groups.
 
     Parameters stay float32 (the master weights); forward and backward run in ``compute_dtype`` and gradients
     are reduced in float32. With ``offload``, parameters, gradients and optimizer state live in CPU memory.
@@ -71,6 +75,10 @@ def shard_model(
         "mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32),
         "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
     }
+    if ep > 1:
+        mesh = expert_mesh(ep, "cuda" if torch.cuda.is_available() else "cpu")
+        for experts in split_experts(model, mesh):
+            fully_shard(experts, mesh=mesh["replica"], reshard_after_forward=reshard_after_forward, **kwargs)
     for layer in layers:
         fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)  # the root is not resharded: its backward comes first

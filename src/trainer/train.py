@@ -66,8 +66,8 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
     model = load_model(model_config, world.device if in_4bit else torch.device("cpu"), dtype)
     offload = offload and world.device.type == "cuda"
     reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
-    shard_model(model, decoder_layers(model), dtype, offload, reshard)
-    if compiles(model_config.compile, world.device, dtype):
+    shard_model(model, decoder_layers(model), dtype, offload, reshard, model_config.parallel.ep)
+    if compiles(model_config.compile, world.device, dtype, model_config.parallel.ep):
         compile_layers(model)
     return model
 

@@ -22,9 +22,10 @@ def files(name: str) -> list[str]:
             "--inference", "@", str(folder / "infer.toml")]  # fmt: skip
 
 
-def dry_run(capsys, output_dir: Path, configs: str, *flags: str) -> str:
+def dry_run(capsys, output_dir: Path, configs: str, *flags: str, on_gpu: bool = True) -> str:
     """What ``rl --dry-run`` prints for ``configs`` with ``flags``, run in this process."""
-    config = resolve_shared(parse_config(RLConfig, [*files(configs), "--output-dir", str(output_dir), *flags]))
+    flags = [*files(configs), "--output-dir", str(output_dir), *flags]
+    config = resolve_shared(parse_config(RLConfig, flags), on_gpu)
     config.dry_run = True
     assert run(config) == 0
     return capsys.readouterr().out
@@ -118,3 +119,39 @@ def test_a_planned_gpu_run_on_a_machine_without_gpus_starts_nothing():
     config = resolve_shared(parse_config(RLConfig, ["--gpu-memory-gib", "80"]))
     with pytest.raises(TridentError, match=r"--gpu-memory-gib 80: plans a GPU run, and this machine has no GPU"):
         check_gpus(config, on_gpu=True)
+
+
+def test_expert_parallelism_on_the_cpu_starts_a_trainer_rank_per_expert_share(capsys, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("checks a machine without GPUs")
+    out = dry_run(capsys, tmp_path, "debug", "--model.name", "trident/tiny-qwen3-moe",
+                  "--trainer.model.parallel.ep", "2", on_gpu=False)  # fmt: skip
+    assert commands(out)["trainer"] == (
+        f"CUDA_VISIBLE_DEVICES= {sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 "
+        f"-m trainer.main @ {tmp_path}/configs/trainer.toml"
+    )
+    assert "  trainer: CPU, torchrun with 2 ranks (FSDP2, experts split over 2 ranks)" in out
+
+
+@pytest.mark.parametrize(
+    ("model", "flags", "message"),
+    [("trident/tiny-qwen3-moe", ["--trainer.model.parallel.ep", "3", "--trainer-gpu-ids", "0,1,2"],
+      r"trainer.model.parallel.ep = 3 must divide the 4 experts of model 'trident/tiny-qwen3-moe'"),
+     ("Qwen/Qwen3-30B-A3B", ["--trainer.model.parallel.ep", "3", "--trainer-gpu-ids", "0,1,2"],
+      r"trainer.model.parallel.ep = 3 must divide the 128 experts of model 'Qwen/Qwen3-30B-A3B'"),
+     ("Qwen/Qwen3-30B-A3B", ["--trainer.model.parallel.ep", "4", "--trainer-gpu-ids", "0,1"],
+      r"trainer.model.parallel.ep = 4 must divide the trainer's ranks: --trainer-gpu-ids \[0, 1\]"),
+     ("trident/tiny-qwen3", ["--trainer.model.parallel.ep", "2", "--trainer-gpu-ids", "0,1"],
+      r"trainer.model.parallel.ep = 2: model 'trident/tiny-qwen3' is dense \(no experts to split\); set ep = 1"),
+     ("trident/tiny-qwen3-moe", ["--trainer.model.parallel.ep", "2", "--trainer.model.experimental",
+                                 '{"load_in_4bit": true, "lora": {}}'],
+      r"trainer.model.parallel.ep = 2: trainer.model.experimental.load_in_4bit trains on one rank; set ep = 1")],
+)  # fmt: skip
+def test_an_expert_parallelism_the_trainer_cannot_run_is_refused_in_one_line(model, flags, message):
+    config = parse_config(RLConfig, [*files("debug"), "--model.name", model, *flags])
+    with pytest.raises(ConfigError, match=rf"^{message}$"):
+        resolve_shared(config, on_gpu=True)
+    eight = ["--model.name", "Qwen/Qwen3-30B-A3B", "--trainer-gpu-ids", "0,1,2,3,4,5,6,7"]
+    for ep in ("2", "8"):  # where it divides both, it is taken
+        config = parse_config(RLConfig, [*files("debug"), *eight, "--trainer.model.parallel.ep", ep])
+        assert resolve_shared(config, on_gpu=True).trainer.model.parallel.ep == int(ep)
