@@ -397,20 +397,13 @@ def gathered_bytes(
 ) -> int:
     """Bytes of the working copies FSDP gathers: the root in the compute dtype and two decoder layers of
     ``layer_bytes`` at a time, or every layer from its forward pass to its backward pass where layers are not
-    resharded after forward. Under expert parallelism ``layer_bytes`` leaves the routed experts out: in full
-    training each rank casts its own experts of those two layers to the compute dtype instead."""
+    resharded after forward. Under expert parallelism ``layer_bytes`` leaves the routed experts out, and FSDP
+    gathers each rank's own ``num_experts / ep`` experts of those two layers over its replicas instead."""
     if not reshards_after_forward(trainer.model, ranks, gpu, trainer.optim.offload and gpu):
         return shape.parameters * compute
-    ep, full = trainer.model.parallel.ep, trainer.model.experimental.lora is None
-    local_experts = shape.layer_experts // ep * compute if ep > 1 and full else 0
+    ep = trainer.model.parallel.ep
+    local_experts = shape.layer_experts // ep * compute if ep > 1 else 0
     return shape.root_parameters * compute + 2 * (layer_bytes + local_experts)
-
-
-def expert_shards(ranks: int, ep: int) -> int:
-    """Over how many ranks the routed experts' weights, gradients and optimizer state are split: FSDP's ``ranks``
-    without expert parallelism, else the ``ep`` ranks of an expert group (``num_experts / ep`` whole experts on
-    each; every group of ``ep`` ranks holds them all), while the rest of the model stays split over all ranks."""
-    return ranks if ep == 1 else ep
 
 
 def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> dict[str, float]:
@@ -438,31 +431,22 @@ def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int)
 
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
-    """GiB per trainer rank, by what holds them: what trains and the frozen base split over the ranks, the routed
-    experts' share over :func:`expert_shards`."""
+    """GiB per trainer rank, by what holds them: what trains and the frozen base split over the ranks (under expert
+    parallelism too: a rank's ``num_experts / ep`` experts are split further over the ``ranks / ep`` replicas)."""
     compute = dtype_bytes(trainer.model.dtype, gpu)
     lora, in_4bit = trainer.model.experimental.lora, trainer.model.experimental.load_in_4bit
-    ep = trainer.model.parallel.ep
-    layer_bytes = shape.gathered_layer_parameters(ep) * compute
+    layer_bytes = shape.gathered_layer_parameters(trainer.model.parallel.ep) * compute
     if lora is None:
-        trainable, trainable_experts, frozen_bytes = shape.parameters, shape.expert_parameters, 0
+        trainable, frozen_bytes = shape.parameters, 0
     else:
-        trainable = lora_parameters(shape, lora.target_modules, lora.rank)
-        trainable_experts = shape.sparse_layers * expert_lora_parameters(shape, lora.target_modules, lora.rank)
-        frozen_bytes = shape.parameters * compute
+        trainable, frozen_bytes = lora_parameters(shape, lora.target_modules, lora.rank), shape.parameters * compute
     if in_4bit:
         frozen_bytes = base_bytes_4bit(shape, compute)
         layer_bytes = max(layer_bytes_4bit(shape, compute, sparse) for sparse in layer_kinds(shape))
-    frozen_experts = shape.expert_parameters * compute if frozen_bytes else 0  # routed experts stay unquantized
-    shards = expert_shards(ranks, ep)
-
-    def per_rank(total: float, experts: float) -> float:
-        return (total - experts) / ranks + experts / shards
-
-    trained = per_rank(trainable, trainable_experts) * 4  # float32 bytes of what trains, on this rank
+    trained = trainable / ranks * 4  # float32 bytes of what trains, on this rank
     activations, backward = activation_bytes(shape, trainer, compute)
     plan = {
-        "weights": per_rank(frozen_bytes, frozen_experts) + trained,
+        "weights": frozen_bytes / ranks + trained,
         "gradients": trained,
         "optimizer": 2 * trained,
         "gathered": gathered_bytes(shape, trainer, ranks, compute, gpu, layer_bytes),
@@ -583,7 +567,6 @@ def plan_memory(
     shape = model_shape(trainer.model.name)
     gpu = gpu_gib is not None
     ranks, ep = len(trainer_gpus) if gpu else 1, trainer.model.parallel.ep
-    check_expert_parallel(shape, ep, ranks, trainer.model.name)
     trainer_part = trainer_plan(shape, trainer, ranks, gpu)
     broadcast = broadcast_backend(trainer, gpu)
     inference_part = inference_plan(shape, inference, gpu_gib, broadcast) if inference is not None else None
@@ -594,17 +577,3 @@ def plan_memory(
         for gpu_id in inference_gpus if inference_part else []:
             gpus.setdefault(gpu_id, []).append("inference")
     return MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep)
-
-
-def check_expert_parallel(shape: ModelShape, ep: int, ranks: int, name: str) -> None:
-    """Refuse an expert parallelism that cannot split the model's experts evenly over whole groups of ranks."""
-    key = f"trainer.model.parallel.ep = {ep}"
-    if ep > 1 and not shape.num_experts:
-        raise TridentError(f"{key}: model {name!r} has no experts to split (a dense model); leave ep at 1")
-    if ranks % ep:
-        raise TridentError(
-            f"{key} does not divide the trainer's {ranks} rank{'s' if ranks > 1 else ''} (--trainer-gpu-ids); "
-            "choose a divisor of it"
-        )
-    if shape.num_experts % ep:
-        raise TridentError(f"{key} does not divide the {shape.num_experts} experts of {name!r}; choose a divisor")
