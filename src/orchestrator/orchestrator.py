@@ -26,6 +26,7 @@ from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
+from orchestrator.memory import StepMemory
 from orchestrator.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.refill import pool_results, refill_metrics
 from orchestrator.rollout import Rollout
@@ -77,6 +78,7 @@ class Orchestrator:
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
         self.cpu_mark = (time.perf_counter(), self.groups.rollout_cpu())  # when, and the rollout processes' CPU
         self.cpu_hinted = False
+        self.memory = StepMemory(config.max_memory_growth_gib)
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -155,7 +157,7 @@ class Orchestrator:
                    "write_s": self.written_at - generated}  # fmt: skip
         self.metrics.write(
             {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
-             "tokens": info.num_tokens, "weight_step": weight_step, **timings}
+             "tokens": info.num_tokens, "weight_step": weight_step, **timings, **self.memory_metrics(step)}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
         if every and (step - 1) % every == 0:
@@ -175,6 +177,16 @@ class Orchestrator:
         for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
             if isinstance(tasks, TaskStream):
                 tasks.release(position)
+
+    def memory_metrics(self, step: int) -> dict[str, float]:
+        """The orchestrator's resident memory after step ``step`` (bounded: :class:`~orchestrator.memory.StepMemory`)
+        and the tasks its task streams hold."""
+        held = [len(t.held) if isinstance(t, TaskStream) else len(t) for t in self.per_env]
+        resident = self.memory.after_step(step, [(env.id, n) for env, n in zip(self.config.env, held, strict=True)])
+        streams = [n for t, n in zip(self.per_env, held, strict=True) if isinstance(t, TaskStream)]
+        return ({"resident_gib": resident} if resident is not None else {}) | (
+            {"stream_tasks_held": sum(streams)} if streams else {}
+        )
 
     def rollout_cpu_share(self, step: int) -> float:
         """The share of a core that the busiest process running rollouts used since the previous step (1.0: a
