@@ -20,7 +20,7 @@ from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batch import assemble_batch
-from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
+from orchestrator.ckpt import check_resumable, check_stream_tasks, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
@@ -227,7 +227,10 @@ class Orchestrator:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
-        self.release_tasks(step)  # a stream is read again from its start up to where the run left it
+        for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
+            if isinstance(tasks, TaskStream):
+                tasks.resume_at(position)
+        check_stream_tasks(self.output_dir, step, [env.id for env in self.config.env], self.stream_tasks(step))
         logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
         saved = read_state(self.output_dir, step).get("difficulty_pool")
         if self.pool is not None and saved is not None:
@@ -242,11 +245,21 @@ class Orchestrator:
         return data_state(step, config.batch_size, self.tasks.num_tasks, config.seed, self.tasks.counts,
                           pool.state_dict() if pool else None, self.tasks.stream_positions(step))  # fmt: skip
 
+    def stream_tasks(self, step: int) -> list[str | None]:
+        """The key of the task at each stream's position after step ``step`` (verifiers' ``Task.key``, by default a
+        hash of its data), None for a finite taskset."""
+        positions = self.tasks.stream_positions(step)
+        return [None if at is None else tasks[at].key for tasks, at in zip(self.per_env, positions, strict=True)]
+
     def save_checkpoint(self, step: int) -> None:
-        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
+        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval; with a
+        task stream, the key of the task each stream goes on from, which a resumed run must read there."""
         ckpt = self.config.ckpt
         if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
-            save_state(self.output_dir, self.data_state(step))
+            state = self.data_state(step)
+            if "stream_positions" in state:
+                state["stream_tasks"] = self.stream_tasks(step)
+            save_state(self.output_dir, state)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

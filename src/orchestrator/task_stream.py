@@ -36,8 +36,10 @@ class TaskStream:
             self.reader, self.next = iter(self.open_tasks()), 0
             self.held.clear()
             self.reads += 1
-            if position:
-                logger.info(f"environment {self.name!r}: reading its task stream from the start up to task {position}")
+            if self.reads > 1:
+                logger.info(
+                    f"environment {self.name!r}: reading its task stream again from its start up to task {position}"
+                )
         self.low = min(self.low, position)
         if self.next <= position:
             self.read_to(position)
@@ -70,6 +72,17 @@ class TaskStream:
                     f"{self.max_gib:g} GiB of memory ({self.next - first} tasks read, {len(self.held)} held): raise "
                     "[[env]] max_load_gib, or lower difficulty_pool.stream_window or the step's prompts"
                 )
+
+    def resume_at(self, position: int) -> None:
+        """Go on from ``position``, as a resumed run does: no task before it is kept, and the task there is read now.
+        A verifiers taskset cannot seek: the tasks before it are read (once) and dropped."""
+        self.release(position)
+        if position:
+            logger.info(
+                f"environment {self.name!r}: reading its task stream up to task {position}, where the resumed run "
+                "goes on (a verifiers taskset cannot seek)"
+            )
+        self[position]
 
     def release(self, below: int) -> None:
         """Keep no task before position ``below``: no step can draw one any more."""

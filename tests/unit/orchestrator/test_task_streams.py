@@ -148,19 +148,20 @@ def test_the_pool_draws_a_stream_by_weight_from_a_window_and_forgets_the_tasks_b
     assert pool.weights(6, [range(10, 16)]) == [[1.0] * 6] and pool.pass_rates == [{10: 0.5}]
 
 
-def stream_config(output_dir, **settings) -> OrchestratorConfig:
-    return OrchestratorConfig(output_dir=output_dir, env=[{"id": "puzzle-stream"}], batch_size=2,
+def stream_config(output_dir, args: dict | None = None, **settings) -> OrchestratorConfig:
+    return OrchestratorConfig(output_dir=output_dir, env=[{"id": "puzzle-stream", "args": args or {}}], batch_size=2,
                               rollouts_per_example=2, async_level=1, sample_rollouts_every=0, **settings)  # fmt: skip
 
 
 async def run_steps(orchestrator, steps: int, stop_at: int | None = None) -> list[int]:
     """Steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint after
-    each (the trainer's part and weights faked), until ``stop_at``; the tasks the stream held after each step."""
+    each (the trainer's part and weights faked), until ``stop_at``; the tasks the stream held after each step (before
+    its checkpoint, which reads the task the next step goes on from)."""
     held = []
     for step in range(orchestrator.start_step() + 1, steps + 1):
         await orchestrator.step(step, start_next=step < steps)
-        orchestrator.save_checkpoint(step)
         held.append(len(orchestrator.per_env[0].held))
+        orchestrator.save_checkpoint(step)
         trainer_part = checkpoint_dir(orchestrator.output_dir, step) / "trainer"
         for folder in (trainer_part, weights_dir(orchestrator.output_dir, step)):
             folder.mkdir(parents=True, exist_ok=True)
@@ -191,13 +192,15 @@ def test_the_endless_puzzle_stream_runs_through_the_rollout_path_holding_a_bound
         assert isinstance(stream, TaskStream)
         held = asyncio.run(run_steps(orchestrator, steps))
     # each step's window: its 2 tasks, then 2 replacements; steps 1 .. 6 read tasks 0 .. 23, step 7's never start
-    assert stream.next == steps * 4 and stream.reads == 1
+    # (the last checkpoint reads task 24, the one step 7 would go on from)
+    assert stream.next == steps * 4 + 1 and stream.reads == 1
     assert max(held) <= 4  # at most the next step's window is held, however long the run: memory stays flat
     metrics = read_metrics(tmp_path, "orchestrator")
     assert [r["stream_tasks_held"] for r in metrics] == held and all(r["resident_gib"] > 0 for r in metrics)
     assert batch_tasks(tmp_path, 3) == [f"puzzle-{task}" for task in (10, 10, 11, 11)]  # the replacements'
     state = json.loads((checkpoint_dir(tmp_path, 3) / "orchestrator" / "state.json").read_text())
     assert state["stream_positions"] == [12] and state["num_tasks"] == 0
+    assert state["stream_tasks"] == [stream[12].key]  # the task step 4 goes on from, which a resumed run must read
 
 
 def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_path, monkeypatch, on_weights_server):
@@ -211,8 +214,8 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
-    def build(output_dir, resume_step=None, pool=True):
-        config = stream_config(output_dir, max_steps=steps, filter={"refill": True, "max_attempts": 3},
+    def build(output_dir, resume_step=None, pool=True, args=None):
+        config = stream_config(output_dir, args, max_steps=steps, filter={"refill": True, "max_attempts": 3},
                                difficulty_pool={"ema": 0.5, "stream_window": 5} if pool else None,
                                ckpt={"interval": 1, "keep": None, "resume_step": resume_step})  # fmt: skip
         return on_weights_server(config)[0]
@@ -232,6 +235,12 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
     # without the pool, each step's window is its places' 3 attempts: resuming at the pool's position would repeat
     with pytest.raises(TridentError, match=r"task order changed \(stream_positions \[6\] -> \[18\]\)"):
         build(tmp_path / "stopped", resume_step=3, pool=False).start_step()
+    # the same positions, but the stream yields other tasks there: another seed here, as a load() seeded by the clock
+    with pytest.raises(TridentError) as error:
+        build(tmp_path / "stopped", resume_step=3, args={"seed": 7}).start_step()
+    assert "environment 'puzzle-stream''s task stream yields another task at position 6 than the checkpointed " in (
+        str(error.value)
+    )
 
 
 def test_the_debug_stream_run_evaluates_the_first_tasks_of_a_stream_of_its_own(tmp_path, on_weights_server):
