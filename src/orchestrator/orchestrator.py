@@ -253,11 +253,12 @@ class Orchestrator:
 
     def save_checkpoint(self, step: int) -> None:
         """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval; with a
-        task stream, the key of the task each stream goes on from, which a resumed run must read there."""
+        task stream, the key of the task each stream goes on from, which a resumed run must read there (but after
+        the last step: a stream may end where the run does)."""
         ckpt = self.config.ckpt
         if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
             state = self.data_state(step)
-            if "stream_positions" in state:
+            if "stream_positions" in state and step < self.config.max_steps:
                 state["stream_tasks"] = self.stream_tasks(step)
             save_state(self.output_dir, state)
 
