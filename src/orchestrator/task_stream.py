@@ -19,7 +19,7 @@ MEMORY_CHECK_EVERY = 256  # tasks read between two looks at the process's reside
 class TaskStream:
     """The tasks of ``open_tasks()`` (a fresh read of the taskset from its first task each call), read as far as
     the positions asked for. Positions below :meth:`release`'s mark are not kept; asking for one again reads the
-    taskset from its start (a verifiers taskset cannot seek), as a resumed run does once to reach its position.
+    taskset from its start (a verifiers taskset cannot seek), as :meth:`resume_at` reads up to a resumed run's.
     Holding more than ``max_held`` tasks, or one read (of a step's window, or up to a resumed run's position)
     growing this process's resident memory by more than ``max_gib`` GiB, is an error naming environment ``name``."""
 
