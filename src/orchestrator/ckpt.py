@@ -67,3 +67,21 @@ def check_resumable(output_dir: Path, expected: dict) -> None:
             f"cannot resume from {path}: the task order changed ({', '.join(changed)}); resuming would repeat or "
             "skip prompts. Use the environments and seed of the checkpointed run, or start from scratch."
         )
+
+
+def check_stream_tasks(output_dir: Path, step: int, envs: list[str], keys: list[str | None]) -> None:
+    """Raise unless each task stream yields, where the run resumed from the checkpoint of ``step`` goes on, the task
+    the checkpointed run read there (``keys``: each environment's task key there, None for a finite taskset): a
+    ``load()`` that gives other tasks on another read would make the resumed run draw others. A checkpoint that
+    recorded none passes."""
+    saved = read_state(output_dir, step)
+    if "stream_tasks" not in saved:
+        return
+    for env, position, was, now in zip(envs, saved["stream_positions"], saved["stream_tasks"], keys, strict=True):
+        if was != now:
+            raise TridentError(
+                f"cannot resume from {state_path(output_dir, step)}: environment {env!r}'s task stream yields "
+                f"another task at position {position} than the checkpointed run read there (other args, or a load() "
+                "that gives other tasks on another read: seeded by the clock, a feed that moved), so the resumed run "
+                "would not draw what the run drew. Use the checkpointed run's args, or start from scratch."
+            )

@@ -299,7 +299,8 @@ class EnvConfig(StrictModel):
         Field(
             gt=0,
             description="Most growth of the orchestrator's resident memory while it reads this environment's "
-            "tasks; past it the run stops with one line naming the environment (lower max_tasks).",
+            "tasks (all of them at the start; a stream's as steps draw them, or up to a resumed run's position); "
+            "past it the run stops with one line naming the environment.",
         ),
     ] = 8.0
 
@@ -474,6 +475,15 @@ class OrchestratorConfig(BaseConfig):
         bool, Field(description="Rollouts cut off by max_tokens get reward 0 before advantages are computed.")
     ] = False
     seed: Seed = 0
+    max_memory_growth_gib: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Most growth of the orchestrator's resident memory from the end of its first step, checked "
+            "after each step; past it the run stops with one line giving the tasks each environment holds, before "
+            "the machine kills it. Raise it for steps that hold more as completions grow.",
+        ),
+    ] = 8.0
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
     ckpt: CkptSection = None

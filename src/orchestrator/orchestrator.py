@@ -20,12 +20,13 @@ from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batch import assemble_batch
-from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
+from orchestrator.ckpt import check_resumable, check_stream_tasks, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
 from orchestrator.infra import check_lost, infra_metrics, is_lost
+from orchestrator.memory import StepMemory
 from orchestrator.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.refill import pool_results, refill_metrics
 from orchestrator.rollout import Rollout
@@ -77,6 +78,7 @@ class Orchestrator:
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
         self.cpu_mark = (time.perf_counter(), self.groups.rollout_cpu())  # when, and the rollout processes' CPU
         self.cpu_hinted = False
+        self.memory = StepMemory(config.max_memory_growth_gib)
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -155,7 +157,7 @@ class Orchestrator:
                    "write_s": self.written_at - generated}  # fmt: skip
         self.metrics.write(
             {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
-             "tokens": info.num_tokens, "weight_step": weight_step, **timings}
+             "tokens": info.num_tokens, "weight_step": weight_step, **timings, **self.memory_metrics(step)}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
         if every and (step - 1) % every == 0:
@@ -175,6 +177,16 @@ class Orchestrator:
         for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
             if isinstance(tasks, TaskStream):
                 tasks.release(position)
+
+    def memory_metrics(self, step: int) -> dict[str, float]:
+        """The orchestrator's resident memory after step ``step`` (bounded: :class:`~orchestrator.memory.StepMemory`)
+        and the tasks its task streams hold."""
+        held = [len(t.held) if isinstance(t, TaskStream) else len(t) for t in self.per_env]
+        resident = self.memory.after_step(step, [(env.id, n) for env, n in zip(self.config.env, held, strict=True)])
+        streams = [n for t, n in zip(self.per_env, held, strict=True) if isinstance(t, TaskStream)]
+        return ({"resident_gib": resident} if resident is not None else {}) | (
+            {"stream_tasks_held": sum(streams)} if streams else {}
+        )
 
     def rollout_cpu_share(self, step: int) -> float:
         """The share of a core that the busiest process running rollouts used since the previous step (1.0: a
@@ -215,7 +227,10 @@ class Orchestrator:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
         check_resumable(self.output_dir, self.data_state(step))
-        self.release_tasks(step)  # a stream is read again from its start up to where the run left it
+        for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
+            if isinstance(tasks, TaskStream):
+                tasks.resume_at(position)
+        check_stream_tasks(self.output_dir, step, [env.id for env in self.config.env], self.stream_tasks(step))
         logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
         saved = read_state(self.output_dir, step).get("difficulty_pool")
         if self.pool is not None and saved is not None:
@@ -230,11 +245,22 @@ class Orchestrator:
         return data_state(step, config.batch_size, self.tasks.num_tasks, config.seed, self.tasks.counts,
                           pool.state_dict() if pool else None, self.tasks.stream_positions(step))  # fmt: skip
 
+    def stream_tasks(self, step: int) -> list[str | None]:
+        """The key of the task at each stream's position after step ``step`` (verifiers' ``Task.key``, by default a
+        hash of its data), None for a finite taskset."""
+        positions = self.tasks.stream_positions(step)
+        return [None if at is None else tasks[at].key for tasks, at in zip(self.per_env, positions, strict=True)]
+
     def save_checkpoint(self, step: int) -> None:
-        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
+        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval; with a
+        task stream, the key of the task each stream goes on from, which a resumed run must read there (but after
+        the last step: a stream may end where the run does)."""
         ckpt = self.config.ckpt
         if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
-            save_state(self.output_dir, self.data_state(step))
+            state = self.data_state(step)
+            if "stream_positions" in state and step < self.config.max_steps:
+                state["stream_tasks"] = self.stream_tasks(step)
+            save_state(self.output_dir, state)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)

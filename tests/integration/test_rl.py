@@ -17,6 +17,7 @@ import httpx
 import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
+from rl_runs import DEBUG, ROOT, rl_argv, wait_for
 
 from contracts.metrics import eval_line, read_metrics
 from contracts.progress import read_progress
@@ -25,17 +26,6 @@ from orchestrator.ckpt import read_state
 from tools.plots import load_runs, write_plots
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).parents[2]
-DEBUG = ROOT / "configs" / "debug" / "rl"
-
-
-def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
-    """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags)."""
-    server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
-    return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
-            "--orchestrator", "@", str(DEBUG / "orch.toml"), *server,
-            "--output-dir", str(output_dir), *flags]  # fmt: skip
 
 
 def run_rl(output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True) -> subprocess.CompletedProcess:
@@ -167,13 +157,6 @@ def test_failing_process_stops_the_run(tmp_path, inference_server):
     assert f"orchestrator exited with code 1; last lines of {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr
     assert "environment 'reverse-text' rejects its args: no_such_arg" in result.stderr
     assert_process_groups_gone(started_pids(tmp_path))
-
-
-def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline and rl.poll() is None, f"rl: {what} did not happen"
-        time.sleep(0.2)
 
 
 def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals, whole_group: bool = True) -> float:

@@ -4,6 +4,7 @@ a finite one is held whole as before; a resumed run draws what an uninterrupted 
 import asyncio
 import itertools
 import json
+import re
 
 import pytest
 from debug_configs import DEBUG, FILES
@@ -13,10 +14,12 @@ from rollouts import ONE_SAMPLED, group
 import orchestrator.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
+from contracts.metrics import read_metrics
 from contracts.run_dir import checkpoint_dir, mark_stable, weights_dir
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
+from orchestrator.memory import StepMemory
 from orchestrator.task_stream import TaskStream, read_tasks
 from orchestrator.tasks import TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, load_tasks, tasks_of
@@ -37,7 +40,7 @@ class Counted:
 
 def test_a_stream_reads_only_as_far_as_asked_and_holds_only_what_is_not_released():
     load = Counted()
-    stream = TaskStream("gen", load, max_held=8)
+    stream = TaskStream("gen", load, max_held=8, max_gib=1.0)
     assert load.built == 0  # nothing read before a task is asked for
     assert stream[5] == 5 and load.built == 6
     stream.release(4)
@@ -48,7 +51,7 @@ def test_a_stream_reads_only_as_far_as_asked_and_holds_only_what_is_not_released
     assert stream[2] == 2 and load.reads == 2  # a released task asked for again: read from the start (no seeking)
     with pytest.raises(TridentError, match=r"^environment 'gen': its task stream holds more than max_tasks = 8 "):
         stream[11]  # tasks 2 .. 11: more than 8 held
-    short = TaskStream("short", Counted(limit=3), max_held=8)
+    short = TaskStream("short", Counted(limit=3), max_held=8, max_gib=1.0)
     with pytest.raises(TridentError, match=r"^environment 'short': its task stream ended after 3 tasks, and the run "):
         short[3]
 
@@ -74,6 +77,38 @@ def test_reading_tasks_that_grow_memory_past_max_load_gib_is_one_line_naming_the
         "environment 'huge': reading its tasks took more than 0.03 GiB of memory (256 tasks read); "
     )
     assert big.built == 256
+
+
+def test_a_stream_read_that_grows_memory_past_max_load_gib_is_one_line_naming_the_environment():
+    """A step's window (or a resumed run's read up to its position) of tasks too big for memory."""
+    stream = TaskStream("huge", Counted(size=256 * 1024), max_held=100_000, max_gib=0.03)
+    with pytest.raises(TridentError) as error:
+        stream[1000]  # 64 MiB held at the first look, after 256 tasks
+    assert str(error.value) == (
+        "environment 'huge': reading its task stream up to task 255 took more than 0.03 GiB of memory (256 tasks "
+        "read, 256 held): raise [[env]] max_load_gib, or lower difficulty_pool.stream_window or the step's prompts"
+    )
+    small = TaskStream("small", Counted(size=256 * 1024), max_held=100_000, max_gib=0.03)
+    assert small[99][0] == 99  # 25 MiB: within the bound
+    small.release(100)
+    assert small[199][0] == 199 and len(small.held) == 100  # the next window's 25 MiB: the bound is per read
+
+
+def test_the_orchestrators_memory_may_grow_by_max_memory_growth_gib_from_its_first_step():
+    memory = StepMemory(max_growth_gib=0.03)
+    held = [("puzzle-stream", 16), ("char-target", 1000)]
+    first = memory.after_step(3, held)  # a resumed run's first step: the bound starts there
+    assert first == memory.first > 0
+    grown = b"x" * 48 * 2**20  # 48 MiB, written: resident
+    with pytest.raises(TridentError) as error:
+        memory.after_step(4, held)
+    assert re.fullmatch(
+        r"step 4: the orchestrator's resident memory grew by 0\.0\d GiB since its first step \(\d+\.\d\d -> "
+        r"\d+\.\d\d GiB\), past orchestrator\.max_memory_growth_gib = 0\.03 \(environment 'puzzle-stream' holds "
+        r"16 tasks, environment 'char-target' holds 1000 tasks\): raise it if the run's steps need more",
+        str(error.value),
+    ), str(error.value)
+    del grown
 
 
 def test_tasks_are_read_as_verifiers_reads_them_each_with_its_position_and_the_configs_system_prompt(tmp_path):
@@ -113,19 +148,20 @@ def test_the_pool_draws_a_stream_by_weight_from_a_window_and_forgets_the_tasks_b
     assert pool.weights(6, [range(10, 16)]) == [[1.0] * 6] and pool.pass_rates == [{10: 0.5}]
 
 
-def stream_config(output_dir, **settings) -> OrchestratorConfig:
-    return OrchestratorConfig(output_dir=output_dir, env=[{"id": "puzzle-stream"}], batch_size=2,
+def stream_config(output_dir, args: dict | None = None, **settings) -> OrchestratorConfig:
+    return OrchestratorConfig(output_dir=output_dir, env=[{"id": "puzzle-stream", "args": args or {}}], batch_size=2,
                               rollouts_per_example=2, async_level=1, sample_rollouts_every=0, **settings)  # fmt: skip
 
 
 async def run_steps(orchestrator, steps: int, stop_at: int | None = None) -> list[int]:
     """Steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint after
-    each (the trainer's part and weights faked), until ``stop_at``; the tasks the stream held after each step."""
+    each (the trainer's part and weights faked), until ``stop_at``; the tasks the stream held after each step (before
+    its checkpoint, which reads the task the next step goes on from)."""
     held = []
     for step in range(orchestrator.start_step() + 1, steps + 1):
         await orchestrator.step(step, start_next=step < steps)
-        orchestrator.save_checkpoint(step)
         held.append(len(orchestrator.per_env[0].held))
+        orchestrator.save_checkpoint(step)
         trainer_part = checkpoint_dir(orchestrator.output_dir, step) / "trainer"
         for folder in (trainer_part, weights_dir(orchestrator.output_dir, step)):
             folder.mkdir(parents=True, exist_ok=True)
@@ -158,9 +194,12 @@ def test_the_endless_puzzle_stream_runs_through_the_rollout_path_holding_a_bound
     # each step's window: its 2 tasks, then 2 replacements; steps 1 .. 6 read tasks 0 .. 23, step 7's never start
     assert stream.next == steps * 4 and stream.reads == 1
     assert max(held) <= 4  # at most the next step's window is held, however long the run: memory stays flat
+    metrics = read_metrics(tmp_path, "orchestrator")
+    assert [r["stream_tasks_held"] for r in metrics] == held and all(r["resident_gib"] > 0 for r in metrics)
     assert batch_tasks(tmp_path, 3) == [f"puzzle-{task}" for task in (10, 10, 11, 11)]  # the replacements'
     state = json.loads((checkpoint_dir(tmp_path, 3) / "orchestrator" / "state.json").read_text())
     assert state["stream_positions"] == [12] and state["num_tasks"] == 0
+    assert state["stream_tasks"] == [stream[12].key]  # the task step 4 goes on from, which a resumed run must read
 
 
 def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_path, monkeypatch, on_weights_server):
@@ -174,8 +213,8 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 
-    def build(output_dir, resume_step=None, pool=True):
-        config = stream_config(output_dir, max_steps=steps, filter={"refill": True, "max_attempts": 3},
+    def build(output_dir, resume_step=None, pool=True, args=None):
+        config = stream_config(output_dir, args, max_steps=steps, filter={"refill": True, "max_attempts": 3},
                                difficulty_pool={"ema": 0.5, "stream_window": 5} if pool else None,
                                ckpt={"interval": 1, "keep": None, "resume_step": resume_step})  # fmt: skip
         return on_weights_server(config)[0]
@@ -195,6 +234,12 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
     # without the pool, each step's window is its places' 3 attempts: resuming at the pool's position would repeat
     with pytest.raises(TridentError, match=r"task order changed \(stream_positions \[6\] -> \[18\]\)"):
         build(tmp_path / "stopped", resume_step=3, pool=False).start_step()
+    # the same positions, but the stream yields other tasks there: another seed here, as a load() seeded by the clock
+    with pytest.raises(TridentError) as error:
+        build(tmp_path / "stopped", resume_step=3, args={"seed": 7}).start_step()
+    assert "environment 'puzzle-stream''s task stream yields another task at position 6 than the checkpointed " in (
+        str(error.value)
+    )
 
 
 def test_the_debug_stream_run_evaluates_the_first_tasks_of_a_stream_of_its_own(tmp_path, on_weights_server):

@@ -1,0 +1,88 @@
+"""The CPU debug run on an endless generated taskset (configs/debug/rl/stream.toml: puzzle-stream with refill) through
+``rl``, killed mid-run and resumed: every step draws the tasks an uninterrupted run draws, and the orchestrator's
+memory stays flat."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from procs import run_processes, wait_gone
+from rl_runs import DEBUG, ROOT, rl_argv, wait_for
+
+from contracts.metrics import read_metrics
+from contracts.run_dir import complete_checkpoints
+from orchestrator.tasks import TaskSampler
+
+pytestmark = pytest.mark.slow
+
+STEPS, PROMPTS, ATTEMPTS = 20, 4, 2  # ATTEMPTS: stream.toml's [filter] max_attempts
+KILL_AFTER = 9  # trained steps: the newest complete checkpoint is step 8's (interval 2), or a later one
+
+
+def batch_tasks(output_dir, step: int) -> list[str]:
+    """The task of each sample of step ``step``'s batch."""
+    batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
+    return [sample["task"] for sample in batch["samples"]]
+
+
+def drawable(step: int) -> list[set[str]]:
+    """Each place of step ``step``'s batch: the tasks that may fill it, as an uninterrupted run draws them (a pure
+    function of the seed and the step): its own task, or its one refill replacement."""
+    tasks = TaskSampler([None], [PROMPTS], seed=0, attempts=ATTEMPTS).step_tasks(step)
+    places = [(tasks.tasks[slot][1], tasks.replacement(slot, 1, [])[1]) for slot in range(PROMPTS)]
+    return [{f"puzzle-{own}", f"puzzle-{replacement}"} for own, replacement in places]
+
+
+def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_with_flat_memory(
+    tmp_path, inference_server
+):
+    """20 small steps (4 prompts x 2 rollouts, a replacement for each tied group), a checkpoint every 2; ``rl``
+    SIGKILLed after step 9 (its processes stop themselves), then resumed from its newest checkpoint."""
+    flags = ["@", str(DEBUG / "stream.toml"), "--max-steps", str(STEPS), "--ckpt.interval", "2",
+             "--orchestrator.batch-size", str(PROMPTS), "--orchestrator.rollouts-per-example", "2",
+             "--no-orchestrator.eval", "--trainer.keep-rollouts", str(STEPS),
+             "--orchestrator.client.base-url", inference_server]  # fmt: skip
+    argv = rl_argv(tmp_path, *flags, inference=False)
+    rl = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          start_new_session=True)  # fmt: skip
+    try:
+        wait_for(lambda: len(read_metrics(tmp_path, "trainer")) >= KILL_AFTER, 900, rl, f"{KILL_AFTER} steps")
+        launcher = int((tmp_path / "rl.lock").read_text())
+        os.kill(launcher, signal.SIGKILL)
+        wait_gone(lambda: run_processes(launcher), timeout_s=30)
+    finally:
+        if rl.poll() is None:
+            os.killpg(rl.pid, signal.SIGKILL)
+        rl.communicate()
+    last = complete_checkpoints(tmp_path)[-1]
+    assert KILL_AFTER - 1 <= last < STEPS
+    tasks = {step: batch_tasks(tmp_path, step) for step in range(1, last + 1)}  # rl deletes them when it resumes
+    (tmp_path / "logs" / "orchestrator.log").unlink()  # the killed run's
+
+    resumed = subprocess.run([*argv, "--ckpt.resume-step", "-1"], capture_output=True, text=True, timeout=900,
+                             cwd=ROOT)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    log = (tmp_path / "logs" / "orchestrator.log").read_text()
+    position = last * PROMPTS * ATTEMPTS  # where step last + 1's window begins
+    assert f"resuming after step {last}" in log
+    assert re.findall(r"reading its task stream up to task (\d+), where the resumed run", log) == [str(position)]
+
+    trainer, orchestrator = read_metrics(tmp_path, "trainer"), read_metrics(tmp_path, "orchestrator")
+    assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))  # each step trained once
+    assert [r["step"] for r in orchestrator] == list(range(1, STEPS + 1))
+    tasks |= {step: batch_tasks(tmp_path, step) for step in range(last + 1, STEPS + 1)}
+    for step, drawn in tasks.items():
+        places = drawable(step)
+        # each task in the batch fills one place (a group of 2 rollouts, one sample each), at most one task a place
+        assert all(drawn.count(task) == 2 for task in drawn), (step, drawn)
+        assert all(len(place & set(drawn)) <= 1 for place in places), (step, drawn)
+        assert set(drawn) <= set.union(*places), (step, drawn, places)
+
+    # memory: the stream holds at most the next step's window (and the one after it while steps overlap); the
+    # orchestrator's resident memory after each step of the resumed run stays within 128 MiB of its second step's
+    assert all(r["stream_tasks_held"] <= 2 * PROMPTS * ATTEMPTS for r in orchestrator)
+    resident = [r["resident_gib"] for r in orchestrator[last + 1 :]]
+    assert max(resident) - resident[0] < 0.125, resident

@@ -1,0 +1,24 @@
+"""Full ``rl`` runs of the CPU debug configs, for the tests that prove the process boundary."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+DEBUG = ROOT / "configs" / "debug" / "rl"
+
+
+def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
+    """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags)."""
+    server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
+    return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), *server,
+            "--output-dir", str(output_dir), *flags]  # fmt: skip
+
+
+def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline and rl.poll() is None, f"rl: {what} did not happen"
+        time.sleep(0.2)
