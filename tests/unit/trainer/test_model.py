@@ -54,18 +54,28 @@ def test_activation_checkpointing_gives_the_same_gradients(tiny_model_path):
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
 
 
-def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, tmp_path):
-    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+@pytest.mark.parametrize(
+    "moe, targets",
+    [(False, ["q_proj", "v_proj", "down_proj"]), (True, ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"])],
+    ids=["dense", "moe-experts"],
+)
+def test_lora_trains_only_the_adapter_and_saves_merged_weights(moe, targets, request, tmp_path):
+    """On the mixture of experts, the MLP targets adapt the fused expert weights (peft's target_parameters): their
+    adapters get gradients, and merged into the experts they give what the adapted model gives."""
+    tiny_model_path = request.getfixturevalue("tiny_moe_path" if moe else "tiny_model_path")
+    lora = {"rank": 4, "alpha": 8, "target_modules": targets}
     model = load_model(TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora}), torch.device("cpu"))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    # a few steps move the adapter away from its zero-initialized B
+    assert any(".experts." in n for n in trainable) == moe
+    # a few steps move the adapter away from its zero-initialized B: every factor, the experts' too, gets gradients
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
-    before = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    before = {n: p.clone() for n, p in model.named_parameters()}
     for _ in range(3):
         one_step(model, tiny_batch())
         optimizer.step()
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    assert [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n])] == []
 
     save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_1")
     merged = use_packed_forward(AutoModelForCausalLM.from_pretrained(tmp_path / "step_1", dtype=torch.float32))
