@@ -15,10 +15,9 @@ def main() -> None:
     config, _ = load_config(InferenceConfig, "inference")  # with the run spec rl wrote to its output dir, if any
     watch_launcher()
     setup_logging("inference", config.log.level)
-    with exit_on_user_error("inference"):
-        api_key = api_key_for(config.host)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", config.log.level.upper())  # read when vLLM is imported
-    serve(config, api_key)
+    with exit_on_user_error("inference"):
+        serve(config, api_key_for(config.host))
 
 
 if __name__ == "__main__":

