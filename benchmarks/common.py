@@ -8,6 +8,8 @@ import os
 import platform
 import signal
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +25,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from contracts.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
+from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from launch.launcher import child_env, log_tail
 from launch.process import Child, stop_all
@@ -115,10 +118,10 @@ def run_and_report(
     return report(args.output, result, table(result))
 
 
-def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0) -> Path:
-    """Save a random Qwen3 with the tiny model's config and tokenizer, reshaped by ``shape``: a model the
-    inference server can serve and the trainer can train, larger than the tiny one."""
-    tiny = built_model_path(TINY_MODEL_ID)
+def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0, tiny_model: str = TINY_MODEL_ID) -> Path:
+    """Save a random model with a tiny model's config and tokenizer (the tiny Qwen3 unless ``tiny_model`` names
+    another), reshaped by ``shape``: a model the inference server can serve and the trainer can train."""
+    tiny = built_model_path(tiny_model)
     config = AutoConfig.from_pretrained(tiny)
     for name, value in shape.items():
         setattr(config, name, value)
@@ -336,3 +339,26 @@ def pair_ratios(runs: list[dict], key: str, base: object, other: object) -> list
         if seconds.keys() == {base, other}:
             ratios.append(seconds[other] / seconds[base])
     return ratios
+
+
+def rl_debug_run(flags: list[str], output_dir: Path, timeout_s: float) -> dict:
+    """Run ``rl`` with ``flags`` (config files and flags of a debug run) into ``output_dir``; a failure raises with the
+    tail of its stderr. What the run did: its reward per step and over its first and last 5 steps, its held-out
+    evaluations, the probe gaps after the server's reloads, the trainer's largest mismatch KL and peak memory, and its
+    median step."""
+    argv = [sys.executable, "-m", "launch.launcher", *flags, "--output-dir", str(output_dir)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).parents[1])
+    if result.returncode != 0:
+        raise RuntimeError(f"rl failed ({result.returncode}): {result.stderr[-3000:]}")
+    orchestrator, trainer = read_metrics(output_dir, "orchestrator"), read_metrics(output_dir, "trainer")
+    rewards = [r["reward_mean"] for r in orchestrator]
+    return {
+        "rewards": rewards,
+        "first_5_mean": statistics.mean(rewards[:5]),
+        "last_5_mean": statistics.mean(rewards[-5:]),
+        "eval_reward_mean": {e["step"]: e["eval/char-target/reward_mean"] for e in read_metrics(output_dir, "eval")},
+        "probe_gaps": [r["probe_gap"] for r in orchestrator if r.get("probe_gap") is not None],
+        "mismatch_kl_max": max(r["mismatch_kl"] for r in trainer),
+        "peak_memory_gib": max(r["peak_memory_gib"] for r in trainer),
+        "step_s_median": statistics.median(r["wait_s"] + r["train_s"] + r["save_s"] for r in trainer[1:]),
+    }

@@ -17,8 +17,6 @@ weights drawn at std 0.2 (``initializer_range``): the same shape and vocabulary,
 """
 
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -26,7 +24,6 @@ import common
 import torch
 from transformers import AutoTokenizer
 
-from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE_4BIT
 from tools.tiny_model import built_model_path
@@ -80,26 +77,11 @@ def debug_run(model_dir: Path, output_dir: Path) -> dict:
     configs = {"trainer": debug / "qlora" / "train.toml", "orchestrator": debug / "rl" / "orch.toml",
                "inference": debug / "rl" / "infer.toml"}  # fmt: skip
     files = [arg for name, path in configs.items() for arg in (f"--{name}", "@", str(path))]
-    flags = {"--model.name": model_dir, "--output-dir": output_dir, "--inference.port": common.free_port(),
+    flags = {"--model.name": model_dir, "--inference.port": common.free_port(),
              "--orchestrator.client.probe-tolerance": RUN_PROBE_TOLERANCE}  # fmt: skip
-    argv = [sys.executable, "-m", "launch.launcher", *files, *(str(a) for flag in flags.items() for a in flag)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT)
-    if result.returncode != 0:
-        raise RuntimeError(f"rl failed ({result.returncode}): {result.stderr[-3000:]}")
-    orchestrator, trainer = read_metrics(output_dir, "orchestrator"), read_metrics(output_dir, "trainer")
-    rewards = [r["reward_mean"] for r in orchestrator]
-    evals = {e["step"]: e["eval/char-target/reward_mean"] for e in read_metrics(output_dir, "eval")}
-    probe = [r["probe_gap"] for r in orchestrator if r.get("probe_gap") is not None]
-    return {
-        "rewards": rewards,
-        "first_5_mean": statistics.mean(rewards[:5]),
-        "last_5_mean": statistics.mean(rewards[-5:]),
-        "eval_reward_mean": evals,
-        "served_probe_gap": gap_summary(probe),
-        "mismatch_kl_max": max(r["mismatch_kl"] for r in trainer),
-        "peak_memory_gib": max(r["peak_memory_gib"] for r in trainer),
-        "step_s_median": statistics.median(r["wait_s"] + r["train_s"] + r["save_s"] for r in trainer[1:]),
-    }
+    run_ = common.rl_debug_run([*files, *(str(a) for flag in flags.items() for a in flag)], output_dir, RUN_TIMEOUT_S)
+    probe_gaps = run_.pop("probe_gaps")
+    return run_ | {"served_probe_gap": gap_summary(probe_gaps)}
 
 
 def run(smoke: bool) -> dict:

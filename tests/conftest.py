@@ -41,6 +41,12 @@ def tiny_model_path() -> str:
     return built_model_path(TINY_MODEL_ID)
 
 
+@pytest.fixture(scope="session")
+def tiny_moe_path() -> str:
+    """The tiny mixture-of-experts model's folder (trident/tiny-qwen3-moe), built on first use."""
+    return built_model_path("trident/tiny-qwen3-moe")
+
+
 def pick_free_port(count: int = 1) -> int:
     """A TCP port nobody listens on right now; the first of ``count`` consecutive ones (``rl`` puts its servers on
     consecutive ports)."""

@@ -25,16 +25,18 @@ class Server:
     log_path: Path
 
 
-def launch(folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Server:
+def launch(
+    folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None, lora: bool = True
+) -> Server:
     """Start an ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``), loading weights
-    from under ``weights_root`` and broadcast weights through a trainer's store on ``broadcast_port``; it is not
-    ready yet (:func:`wait_healthy`). A tiny model is built first."""
+    from under ``weights_root`` and broadcast weights through a trainer's store on ``broadcast_port``, and LoRA
+    adapters unless ``lora`` is False; it is not ready yet (:func:`wait_healthy`). A tiny model is built first."""
     built_model_path(model)
     config = folder / "infer.toml"
     config.write_text(
         f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
         f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
-        f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\n"  # for the trainer's default adapter rank
+        + (f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\n" if lora else "")  # the default rank's
         + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
     )
     log_path = folder / "inference.log"
@@ -78,9 +80,11 @@ def stop(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def serve(folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None) -> Iterator[str]:
+def serve(
+    folder: Path, model: str, port: int, weights_root=None, broadcast_port: int | None = None, lora: bool = True
+) -> Iterator[str]:
     """A server (:func:`launch`) until the block ends; its base URL once it is ready."""
-    server = launch(folder, model, port, weights_root, broadcast_port)
+    server = launch(folder, model, port, weights_root, broadcast_port, lora)
     try:
         yield wait_healthy(server)
     finally:

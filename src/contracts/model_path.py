@@ -8,6 +8,7 @@ the models they name before starting any process, and a process run alone on one
 saying how to build it.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from contracts.errors import TridentError
 
 TINY_NAMESPACE = "trident/"
 TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
-TINY_MODEL_IDS = (TINY_MODEL_ID, "trident/tiny-qwen2.5", "trident/tiny-llama3", "trident/tiny-qwen3-moe")
+TINY_MODEL_IDS = (TINY_MODEL_ID, "trident/tiny-qwen2.5", "trident/tiny-llama3", "trident/tiny-qwen3-moe",
+                  "trident/tiny-qwen2.5-moe")  # fmt: skip
 # The builds' version, part of their folder's name: bumped whenever tools.tiny_model or tools.tiny_templates changes
 # what they build, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 4
@@ -53,3 +55,14 @@ def resolve_model_path(name: str) -> str:
         raise TridentError(f"model {name!r} is not built yet: run `uv run --no-sync build-tiny-model {name}` "
                            "(rl builds it before it starts the processes)")  # fmt: skip
     return str(path)
+
+
+def is_mixture_of_experts(folder: str | None) -> bool:
+    """Whether the model in ``folder`` routes each token to some of its experts (its config.json, or its text
+    model's, names a number of experts); False where there is no config.json to read (None: not on this machine)."""
+    config_file = Path(folder or "").expanduser() / "config.json"
+    if folder is None or not config_file.is_file():
+        return False
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)
+    return bool(config.get("num_experts") or config.get("num_local_experts"))

@@ -84,10 +84,33 @@ def tensor_shapes(folder: Path) -> dict[str, list[int]]:
     return shapes
 
 
+# A mixture of experts' fused expert weights (the trainer's in-memory layout, which vLLM loads as it is) and the
+# per-expert weights each one holds in a checkpoint, in order: ``gate_up_proj`` [experts, 2 x width, hidden] is each
+# expert's ``gate_proj`` [width, hidden] over its ``up_proj``; ``down_proj`` [experts, hidden, width] its ``down_proj``.
+FUSED_EXPERT_WEIGHTS = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",)}
+
+
+def per_expert_shapes(shapes: dict[str, list[int]]) -> dict[str, list[int]]:
+    """``shapes`` with each fused expert weight (``….experts.gate_up_proj``, ``….experts.down_proj``: 3-d) under the
+    names and shapes of the per-expert weights it holds in a checkpoint (``….experts.N.gate_proj.weight``, …)."""
+    unfused = {}
+    for name, shape in shapes.items():
+        prefix, _, weight = name.rpartition(".experts.")
+        parts = FUSED_EXPERT_WEIGHTS.get(weight, ()) if prefix else ()
+        if len(shape) != 3 or not parts or shape[1] % len(parts):
+            unfused[name] = shape
+            continue
+        experts, rows, columns = shape
+        for expert in range(experts):
+            for part in parts:
+                unfused[f"{prefix}.experts.{expert}.{part}.weight"] = [rows // len(parts), columns]
+    return unfused
+
+
 def check_shapes(path: Path, shapes: dict[str, list[int]], base: Path) -> None:
     """400 unless ``shapes`` (of the weights in ``path``) are the tensors of the served model ``base``, of the same
-    shapes (a tied ``lm_head`` may be absent)."""
-    expected = tensor_shapes(base)
+    shapes (a tied ``lm_head`` may be absent; a mixture of experts' may come fused, :func:`per_expert_shapes`)."""
+    shapes, expected = per_expert_shapes(shapes), tensor_shapes(base)
     unknown = sorted(shapes.keys() - expected.keys())
     wrong = sorted(name for name in shapes.keys() & expected.keys() if list(shapes[name]) != expected[name])
     missing = sorted(expected.keys() - shapes.keys() - {"lm_head.weight"})

@@ -8,9 +8,9 @@ import torch
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES, Served
-from contracts.model_path import resolve_model_path
+from contracts.model_path import is_mixture_of_experts, resolve_model_path
 from inference.adapters import Adapters
-from inference.config import InferenceConfig, InferenceModelConfig
+from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import patch_generate_route, weights_router
@@ -63,6 +63,9 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
             raise TridentError(f"return_routes: {NO_CPU_ROUTES}; serve on a GPU or turn routing replay off")
         argv.append("--enable-return-routed-experts")
     if config.lora is not None:
+        if not on_gpu and is_mixture_of_experts(model_path):
+            raise TridentError(f"[lora] on {config.model.name!r}: {CPU_MOE_LORA}; serve merged weights instead "
+                               "(the trainer's lora.export = 'merged', no [lora])")  # fmt: skip
         lora = config.lora
         argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]
     return argv

@@ -54,10 +54,11 @@ class WeightReloadExtension:
         return {"tensors": len(tensors), "seconds": round(time.perf_counter() - start, 4)}
 
     def _loaded(self) -> None:
-        """After new weights are in: tie the output layer to the embeddings again, and give the heap glibc kept
-        from the reload back to the OS (``malloc_trim``), so the worker's memory does not creep up reload by
-        reload."""
+        """After new weights are in: tie the output layer to the embeddings again, pack a mixture of experts'
+        weights for the CPU kernel again, and give the heap glibc kept from the reload back to the OS
+        (``malloc_trim``), so the worker's memory does not creep up reload by reload."""
         self._tie_lm_head()
+        self._pack_cpu_experts()
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):  # not glibc
@@ -76,3 +77,22 @@ class WeightReloadExtension:
             with torch.no_grad():
                 lm_head.weight = embed.weight
                 lm_head.quant_method.process_weights_after_loading(lm_head)
+
+    def _pack_cpu_experts(self) -> None:
+        """Pack each mixture-of-experts layer's expert weights into the CPU kernel's layout again.
+
+        vLLM 0.32 packs them only when the model first loads (``UnquantizedFusedMoEMethod`` skips the experts'
+        own processing on a weight update): after an in-place reload they stay in checkpoint layout, which the CPU
+        kernel reads as packed, and the server serves other weights than it loaded (probe gap about 0.01 on the
+        tiny MoE, for the very weights it started with). GPU kernels need no packing.
+        """
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+        from vllm.model_executor.utils import replace_parameter
+
+        for layer in self.model_runner.get_model().modules():
+            kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+                for name in ("w13_weight", "w2_weight"):
+                    replace_parameter(layer, name, cpu_prepack_moe_weight(getattr(layer, name), experts.isa))

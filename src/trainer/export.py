@@ -2,11 +2,15 @@
 or merged in, with the probe that lets the server prove it loaded them."""
 
 import json
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from jaxtyping import Float
 from peft import PeftModel
+from peft.tuners.lora.layer import ParamWrapper
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -49,12 +53,55 @@ def untied(state: dict[str, Tensor], model: PreTrainedModel) -> dict[str, Tensor
     return {name: tensor for name, tensor in state.items() if name not in model.all_tied_weights_keys}
 
 
-def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
+class ExpertAdapter(NamedTuple):
+    """Where the LoRA adapter of a fused expert weight (peft's ``target_parameters``) lives, and its layout."""
+
+    prefix: str  # the peft wrapper's name: its ``lora_A`` and ``lora_B`` are under it
+    out_first: bool  # the weight is [experts, fan_out, fan_in] (else [experts, fan_in, fan_out])
+
+
+def expert_adapters(model: PeftModel) -> dict[str, ExpertAdapter]:
+    """The adapter of each fused expert weight peft adapts in ``model``, by the weight's name in its state dict.
+
+    peft nests one wrapper per adapted weight of a module (``experts`` adapts ``down_proj``, ``experts.base_layer``
+    ``gate_up_proj``, the weights under ``experts.base_layer.base_layer``): which adapts which is the module's, not
+    the names', to say."""
+    adapters = {}
+    for name, module in model.named_modules():
+        if isinstance(module, ParamWrapper):
+            inner, path = module.get_base_layer(), name + ".base_layer" * _depth(module)
+            out_first = not getattr(inner, "is_transposed", False)  # as peft lays out the adapter
+            adapters[f"{path}.{module.parameter_name}"] = ExpertAdapter(name, out_first)
+    return adapters
+
+
+def _depth(module: nn.Module) -> int:
+    """How many peft parameter wrappers ``module`` nests, itself included."""
+    return 1 + _depth(module.base_layer) if isinstance(module, ParamWrapper) else 0
+
+
+def expert_delta(
+    lora_a: Float[Tensor, "experts_rank fan_in"], lora_b: Float[Tensor, "fan_out experts_rank"], experts: int
+) -> Float[Tensor, "experts fan_out fan_in"]:
+    """Each expert's ``B_e @ A_e`` of a peft adapter on a fused expert weight.
+
+    peft lays the experts' factors out as ``A_e = lora_a[e·r:(e+1)·r]`` and ``B_e = lora_b[:, e::experts]``; the
+    naive form: ``torch.stack([lora_b[:, e::experts] @ lora_a[e*r:(e+1)*r] for e in range(experts)])``.
+    """
+    a = lora_a.reshape(experts, -1, lora_a.shape[-1])
+    b = lora_b.reshape(lora_b.shape[0], -1, experts)
+    return torch.einsum("ore,eri->eoi", b, a)
+
+
+def merge_lora(
+    state: dict[str, Tensor], scaling: float, experts: dict[str, ExpertAdapter] | None = None
+) -> dict[str, Tensor]:
     """The base model's weights with the adapter merged in, under the base model's own names.
 
     ``state`` is a peft model's state dict: each adapted layer keeps its weight ``W`` under ``base_layer`` next
-    to ``lora_A`` (A) and ``lora_B`` (B), and becomes ``W + scaling · B @ A``; a module to save replaces its
-    ``original_module`` by its trained copy.
+    to ``lora_A`` (A) and ``lora_B`` (B), and becomes ``W + scaling · B @ A``; each fused expert weight of
+    ``experts`` (:func:`expert_adapters`) gets its experts' ``scaling · B_e @ A_e`` (:func:`expert_delta`); a module
+    to save replaces its ``original_module`` by its trained copy.
     """
     merged = {}
     for name, tensor in state.items():
@@ -64,7 +111,14 @@ def merge_lora(state: dict[str, Tensor], scaling: float) -> dict[str, Tensor]:
             layer = name.removesuffix(".base_layer.weight")
             lora_a, lora_b = state[f"{layer}.lora_A.default.weight"], state[f"{layer}.lora_B.default.weight"]
             tensor = tensor.float() + scaling * (lora_b.float() @ lora_a.float())
-        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        elif (expert := (experts or {}).get(name)) is not None:
+            lora_a, lora_b = (
+                state[f"{expert.prefix}.lora_A.default.weight"],
+                state[f"{expert.prefix}.lora_B.default.weight"],
+            )
+            delta = expert_delta(lora_a.float(), lora_b.float(), len(tensor))
+            tensor = tensor.float() + scaling * (delta if expert.out_first else delta.transpose(1, 2))
+        name = re.sub(r"(\.base_layer)+\.", ".", name.removeprefix("base_model.model."))
         merged[name.replace(".modules_to_save.default.", ".")] = tensor
     return merged
 
@@ -129,7 +183,7 @@ def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tupl
     in, in float32, tied copies left out), and the model that saves them; every rank must call it."""
     if isinstance(model, PeftModel):
         lora, base = model.peft_config["default"], model.get_base_model()
-        merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r)
+        merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r, expert_adapters(model))
         return base, {name: tensor.to(dtype) for name, tensor in untied(merged, base).items()}
     return model, untied(gather_weights(model, dtype), model)
 

