@@ -41,7 +41,7 @@ def load_model(
     if in_4bit:
         keep_training_layout(model)
     use_packed_forward(model)
-    configure_routers(decoder_layers(model), config.moe, "moe" in config.model_fields_set, config.name)
+    configure_routers(decoder_layers(model), config.moe, config.name)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq, config.ac.part)
     if lora is not None:

@@ -37,12 +37,12 @@ def moe_routers(layers: nn.ModuleList) -> dict[int, nn.Module]:
     }
 
 
-def configure_routers(layers: nn.ModuleList, moe: MoeConfig, moe_set: bool, model_name: str) -> None:
-    """Freeze the routers unless ``moe.router`` trains them, in place; ``[model.moe]`` settings (``moe_set``) on a
-    model without a router are a TridentError."""
+def configure_routers(layers: nn.ModuleList, moe: MoeConfig, model_name: str) -> None:
+    """Freeze the routers unless ``moe.router`` trains them, in place; ``[model.moe]`` settings other than the
+    defaults on a model without a router are a TridentError (the defaults are welcome: ``rl`` writes every key)."""
     routers = moe_routers(layers)
     if not routers:
-        if moe_set:
+        if moe != MoeConfig():
             raise TridentError(
                 f"model.moe: {model_name} is a dense model (no mixture-of-experts router): drop the [model.moe] section"
             )

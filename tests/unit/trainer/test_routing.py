@@ -113,6 +113,7 @@ def test_moe_settings_are_refused_on_a_dense_model_and_bad_combinations_in_the_c
     with pytest.raises(TridentError, match=r"^model.moe: .* is a dense model .*drop the \[model.moe\] section$"):
         moe_model(tiny_model_path, replay=True)
     moe_model(tiny_model_path)  # no [model.moe]: nothing to refuse
+    moe_model(tiny_model_path, **MoeConfig().model_dump())  # its defaults written out, as rl writes every key
     with pytest.raises(ValueError, match="needs|router = 'trained'"):
         MoeConfig(aux_loss_coef=0.01)
     with pytest.raises(ValueError, match="under \\[model.experimental.lora\\]"):
