@@ -159,12 +159,12 @@ def test_failing_process_stops_the_run(tmp_path, inference_server):
     assert_process_groups_gone(started_pids(tmp_path))
 
 
-def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals, whole_group: bool = True) -> float:
+def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals) -> float:
     """Send ``signals`` to ``uv run rl``'s whole process group (as a scheduler or Ctrl-C does: uv forwards each, so
-    rl gets it twice) or to rl alone; returns the seconds until no process of the run was left."""
+    rl gets it twice); returns the seconds until no process of the run was left."""
     launcher = int((output_dir / "rl.lock").read_text())  # rl's pid, not uv's
     for sig in signals:
-        os.killpg(rl.pid, sig) if whole_group else os.kill(launcher, sig)
+        os.killpg(rl.pid, sig)
         time.sleep(0.05)  # the second arrives while rl stops the processes
     gone = wait_gone(lambda: run_processes(launcher), timeout_s=30)
     rl.communicate(timeout=30)
@@ -175,11 +175,12 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     """One run, stopped in turn as processes die and as users and schedulers stop runs, through ``uv run``: SIGTERM
     to the whole process group while its own server starts; SIGKILL of the trainer, of the orchestrator and of the
     inference server, each at a random step (each time rl stops the whole run, exits 1 naming the process, and
-    leaves no process group behind); SIGTERM twice during a step and once during a checkpoint; Ctrl-C twice; SIGKILL
-    of rl itself (the processes stop themselves). After each, ``--ckpt.resume-step -1`` continues from the newest
-    complete checkpoint; in the end every step was trained once, on the prompts an uninterrupted run would have used.
-    The run refills tied groups and draws its tasks from a difficulty pool (configs/debug/rl/filter.toml): each
-    resume restores the pool saved. The session's server serves it, but for the stages that start their own."""
+    leaves no process group behind); Ctrl-C then SIGTERM during a step, SIGTERM during a checkpoint (SIGKILL of rl
+    itself, whose processes stop themselves, is test_stream_run's stop). After each, ``--ckpt.resume-step -1``
+    continues from the newest complete checkpoint; in the end every step was trained once, on the prompts an
+    uninterrupted run would have used. The run refills tied groups and draws its tasks from a difficulty pool
+    (configs/debug/rl/filter.toml): each resume restores the pool saved. The session's server serves it, but for the
+    stages that start their own."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     steps, batch_size = 16, 4
@@ -241,9 +242,9 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     assert inference_server in (tmp_path / "configs" / "orchestrator.toml").read_text()
     kill("trainer", rl)
 
-    rl = start(*session_server, *resume)  # SIGTERM twice, mid-step
+    rl = start(*session_server, *resume)  # Ctrl-C, then SIGTERM, mid-step
     train_a_step(rl)
-    signal_run(rl, tmp_path, signal.SIGTERM, signal.SIGTERM)  # uv's forwarded copy may merge with the first
+    signal_run(rl, tmp_path, signal.SIGINT, signal.SIGTERM)  # uv forwards each: rl gets them twice, may merge them
     assert status() == "interrupted"  # rl's exit; uv, signalled twice, may have exited before it
     rl_log = (tmp_path / "logs" / "rl.log").read_text()
     assert "SIGTERM: already stopping" in rl_log and "all processes stopped" in rl_log
@@ -255,18 +256,7 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     wait_for(next_ckpt.exists, 600, rl, f"{next_ckpt} to appear")
     signal_run(rl, tmp_path, signal.SIGTERM)
 
-    rl = start(*session_server, *resume)  # Ctrl-C twice, mid-step
-    train_a_step(rl)
-    signal_run(rl, tmp_path, signal.SIGINT, signal.SIGINT)
-    assert status() == "interrupted"
-    assert "SIGINT: already stopping" in (tmp_path / "logs" / "rl.log").read_text()
-
     kill("inference", start(*own_server, *resume))  # the run's own server (the session's serves other tests)
-
-    rl = start(*session_server, *resume)  # SIGKILL of rl alone: the processes stop themselves
-    train_a_step(rl)
-    signal_run(rl, tmp_path, signal.SIGKILL, whole_group=False)
-    assert "has exited: stopping process group" in (tmp_path / "logs" / "orchestrator.log").read_text()
 
     last = complete_checkpoints(tmp_path)[-1]
     pool = read_state(tmp_path, last)["difficulty_pool"]  # what the last resume must start from

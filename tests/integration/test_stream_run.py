@@ -60,7 +60,9 @@ def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_wit
     last = complete_checkpoints(tmp_path)[-1]
     assert KILL_AFTER - 1 <= last < STEPS
     tasks = {step: batch_tasks(tmp_path, step) for step in range(1, last + 1)}  # rl deletes them when it resumes
-    (tmp_path / "logs" / "orchestrator.log").unlink()  # the killed run's
+    killed_log = tmp_path / "logs" / "orchestrator.log"
+    assert "has exited: stopping process group" in killed_log.read_text()  # the processes stopped themselves
+    killed_log.unlink()
 
     resumed = subprocess.run([*argv, "--ckpt.resume-step", "-1"], capture_output=True, text=True, timeout=900,
                              cwd=ROOT)  # fmt: skip
