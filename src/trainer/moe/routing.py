@@ -153,15 +153,6 @@ class Routers:
         """The micro-batch's load-balancing loss: mean over the MoE layers (with gradient)."""
         return torch.stack([record.balance for record in self.records.values()]).mean()
 
-    def recorded_routes(self) -> Int[Tensor, "tokens layers k"]:
-        """The experts each token went to in each decoder layer in the last measured pass (uint8, as the batch
-        files hold them; 0 at layers without a router)."""
-        first = next(iter(self.records.values())).experts
-        routes = torch.zeros(len(first), self.num_layers, self.top_k, dtype=torch.uint8, device=first.device)
-        for layer, record in self.records.items():
-            routes[:, layer] = record.experts
-        return routes
-
     def start_step(self) -> None:
         """Zero the step's sums (at the start of a step's forward and backward passes, also when it runs again)."""
         self.counts = torch.zeros(len(self.routers), self.num_experts, device=self.device)
