@@ -16,6 +16,7 @@ from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.run_dir import rollouts_dir, step_dirs
+from contracts.sampling import NO_TRUNCATION, Truncation
 
 
 @dataclass
@@ -214,6 +215,7 @@ class BatchInfo:
     num_loss_tokens: int  # sampled tokens over the whole step: the loss is normalized by this
     reward_mean: float
     temperature: float  # sampling temperature: the trainer's logprobs use the same
+    truncation: Truncation = NO_TRUNCATION  # the server's top_p / top_k / min_p: the trainer's logprobs use the same
     weight_steps: list[int] = field(default_factory=list)  # weights steps that produced the samples
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)  # per sample, in packed order: see :func:`sample_summary`
@@ -275,6 +277,8 @@ def read_batch(output_dir: Path, step: int, vocab_size: int | None = None) -> tu
         raise BatchError(f"{info_path}: not a batch description ({type(e).__name__}: {e})") from None
     if not (math.isfinite(info.temperature) and info.temperature > 0):
         raise BatchError(f"{info_path}: temperature is {info.temperature}, expected a positive number")
+    if problem := info.truncation.problem():
+        raise BatchError(f"{info_path}: truncation {problem}")
     micro_batches = [MicroBatch.load(f) for f in micro_batch_paths(folder)]
     counts = {
         "step": (info.step, step),

@@ -8,6 +8,7 @@ import torch
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
+from contracts.sampling import NO_TRUNCATION, Truncation
 from orchestrator.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
 from orchestrator.config import AdvantageConfig
 from orchestrator.infra import is_lost
@@ -96,8 +97,15 @@ class Batch:
         """Samples with no trainable token."""
         return sum(not any(s.loss_mask) for s in self.samples)
 
-    def info(self, step: int, temperature: float, reward_mean: float, metrics: dict[str, float]) -> BatchInfo:
-        """``batch.json`` of this batch as the batch of ``step``."""
+    def info(
+        self,
+        step: int,
+        temperature: float,
+        reward_mean: float,
+        metrics: dict[str, float],
+        truncation: Truncation = NO_TRUNCATION,
+    ) -> BatchInfo:
+        """``batch.json`` of this batch as the batch of ``step``, sampled at ``temperature`` under ``truncation``."""
         return BatchInfo(
             step=step,
             num_samples=len(self.samples),
@@ -105,6 +113,7 @@ class Batch:
             num_loss_tokens=sum(sum(s.loss_mask) for s in self.samples),
             reward_mean=reward_mean,
             temperature=temperature,
+            truncation=truncation,
             weight_steps=[self.weight_step],
             metrics=metrics,
             samples=[sample_summary(s) for s in self.samples],

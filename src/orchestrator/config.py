@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
 from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
+from contracts.sampling import NO_TRUNCATION, Truncation
 from contracts.shared_config import (
     AsyncLevel,
     ChatFamilyName,
@@ -76,6 +77,21 @@ class SamplingConfig(StrictModel):
     temperature: Annotated[
         float, Field(gt=0, description="Sampling temperature; the trainer's logprobs use the same.")
     ] = 1.0
+    top_p: Annotated[
+        float,
+        Field(gt=0, le=1, description="Sample from the likeliest tokens whose probability adds up to top_p (1: off); "
+                                      "the trainer scores each token under the same truncation."),
+    ] = 1.0  # fmt: skip
+    top_k: Annotated[
+        int,
+        Field(ge=0, description="Sample from the top_k likeliest tokens only (0: off); the trainer scores each token "
+                                "under the same truncation."),
+    ] = 0  # fmt: skip
+    min_p: Annotated[
+        float,
+        Field(ge=0, lt=1, description="Drop the tokens less likely than min_p times the likeliest one (0: off); the "
+                                      "trainer scores each token under the same truncation."),
+    ] = 0.0  # fmt: skip
     max_tokens: Annotated[int, Field(ge=1, description="Most tokens sampled in one turn.")] = 128
     enable_thinking: Annotated[
         bool,
@@ -84,6 +100,35 @@ class SamplingConfig(StrictModel):
             "thinking once a user speaks again, so such a rollout trains as several samples."
         ),
     ] = False
+
+    @property
+    def truncation(self) -> Truncation:
+        """What the server drops after temperature (top_p, top_k, min_p), as the batch files carry it."""
+        return Truncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+
+    def request_params(self) -> dict[str, float | int]:
+        """The sampling parameters of each request to the server: temperature and max_tokens, and each truncation
+        that is on (a request without them samples as before they existed)."""
+        params: dict[str, float | int] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        defaults = NO_TRUNCATION
+        for key in ("top_p", "top_k", "min_p"):
+            if getattr(self, key) != getattr(defaults, key):
+                params[key] = getattr(self, key)
+        return params
+
+
+UNREPLAYED_OK = {"max_tokens", "max_completion_tokens"}  # sampling keys that change no token's probability
+
+
+def unreplayable_seat_sampling(env: "EnvConfig", model: str) -> str | None:
+    """The first ``<seat>.sampling.<key>`` of ``env.env_args`` that changes how a seat played by ``model`` (a
+    trained one) samples, which the trainer cannot replay: it scores every sample under ``[sampling]``."""
+    for seat, settings in env.env_args.items():
+        if not isinstance(settings, dict) or settings.get("model", model) != model:
+            continue
+        for key in sorted((settings.get("sampling") or {}).keys() - UNREPLAYED_OK):
+            return f"{seat}.sampling.{key}"
+    return None
 
 
 BaselineGroups = Literal["task_seat", "episode_seat", "task"]  # which of a task's rollouts share an advantage baseline
@@ -518,6 +563,16 @@ class OrchestratorConfig(BaseConfig):
         Field(description="Held-out evaluation during training (absent or --no-eval: none); scores in "
                           "metrics/eval.jsonl."),
     ] = None  # fmt: skip
+
+    @model_validator(mode="after")
+    def _trained_seats_sample_as_replayed(self):
+        for i, env in enumerate(self.env):
+            if key := unreplayable_seat_sampling(env, self.model.name):
+                raise ValueError(
+                    f"env.{i}.env_args.{key} ({env.id!r}): the trainer replays [sampling] only, so a trained seat's "
+                    "own sampling would bias its logprobs; set it in [sampling], or pin the seat to another model"
+                )
+        return self
 
     @model_validator(mode="after")
     def _every_env_gets_prompts(self):

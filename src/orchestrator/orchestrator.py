@@ -149,7 +149,8 @@ class Orchestrator:
             "started_early_s": started_early_s,
             "rollout_cpu_share": self.rollout_cpu_share(step),
         }
-        info = batch.info(step, self.config.sampling.temperature, metrics.pop("reward_mean"), metrics)
+        sampling = self.config.sampling
+        info = batch.info(step, sampling.temperature, metrics.pop("reward_mean"), metrics, sampling.truncation)
         write_batch(self.output_dir, info, batch.micro_batches)
         self.release_tasks(step)
         self.written_at = time.perf_counter()

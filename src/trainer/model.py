@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedMod
 from contracts.errors import TridentError, first_line
 from contracts.model_path import resolve_model_path
 from contracts.protocol import MicroBatch
+from contracts.sampling import NO_TRUNCATION, Truncation
 from trainer.attention import packing, use_packed_attention
 from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.moe.routing import configure_routers
@@ -185,10 +186,12 @@ def packed_scores(
     temperature: float,
     positions: Bool[Tensor, " seq"] | None = None,
     entropy: Entropy = "off",
+    truncation: Truncation = NO_TRUNCATION,
 ) -> Scores:
-    """Logprob of each token given the ones before it in its sample, after temperature, and the entropy of the
-    distribution it was drawn from, at ``positions`` (all when None) and 0 elsewhere. The entropy is computed at
-    every position for ``trained``, at a strided subset of them for ``logged`` (``entropy_mask`` says where).
+    """Logprob of each token given the ones before it in its sample, after temperature and the server's
+    ``truncation`` (:mod:`trainer.truncation`), and the entropy of the distribution it was drawn from, at
+    ``positions`` (all when None) and 0 elsewhere. The entropy is computed at every position for ``trained``, at a
+    strided subset of them for ``logged`` (``entropy_mask`` says where).
 
     A sample's first token has no context and always gets 0. Only the kept positions go through the output
     layer, in chunks: no ``[tokens × vocab]`` tensor is made. Naive equivalent: ``log_softmax(logits[i - 1] /
@@ -209,7 +212,7 @@ def packed_scores(
     entropy_index = index if entropy == "trained" else index[logged_entropy_rows(len(index))]
     entropy_mask = torch.zeros_like(keep).index_fill(0, entropy_index, entropy != "off") & keep
     input_ids, index = micro_batch.input_ids.to(device, non_blocking=True), index.to(device, non_blocking=True)
-    with scoring(input_ids[index], temperature, entropy):
+    with scoring(input_ids[index], temperature, entropy, truncation):
         scores = model(
             input_ids=input_ids[None],
             position_ids=micro_batch.position_ids[None].to(device, non_blocking=True),
@@ -226,7 +229,11 @@ def packed_scores(
 
 
 def packed_logprobs(
-    model: nn.Module, micro_batch: MicroBatch, temperature: float, positions: Bool[Tensor, " seq"] | None = None
+    model: nn.Module,
+    micro_batch: MicroBatch,
+    temperature: float,
+    positions: Bool[Tensor, " seq"] | None = None,
+    truncation: Truncation = NO_TRUNCATION,
 ) -> Float[Tensor, " seq"]:
-    """Per-token logprobs (after temperature) of a packed micro-batch, as in :func:`packed_scores`."""
-    return packed_scores(model, micro_batch, temperature, positions).logprobs
+    """Per-token logprobs (after temperature and truncation) of a packed micro-batch, as in :func:`packed_scores`."""
+    return packed_scores(model, micro_batch, temperature, positions, truncation=truncation).logprobs

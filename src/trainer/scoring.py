@@ -22,7 +22,9 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from contracts.sampling import NO_TRUNCATION, Truncation
 from trainer.config import chunk_rows
+from trainer.truncation import truncated_logits
 
 if TYPE_CHECKING:  # transformers takes seconds to import
     from transformers import PreTrainedModel
@@ -35,23 +37,29 @@ Entropy = Literal["off", "logged", "trained"]
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """What the head scores: the target token of each kept position, the sampling temperature, and whether the
+    """What the head scores: the target token of each kept position, the sampling temperature, whether the
     entropy is computed (``logged``: at :func:`logged_entropy_rows` only, without gradient; ``trained``: at every
-    position, with gradient)."""
+    position, with gradient), and the server's truncation of each distribution."""
 
     targets: Int[Tensor, " positions"]
     temperature: float
     entropy: Entropy
+    truncation: Truncation = NO_TRUNCATION
 
 
 _request: ContextVar[ScoreRequest | None] = ContextVar("trident_score_request", default=None)
 
 
 @contextmanager
-def scoring(targets: Int[Tensor, " positions"], temperature: float, entropy: Entropy = "off") -> Iterator[None]:
+def scoring(
+    targets: Int[Tensor, " positions"],
+    temperature: float,
+    entropy: Entropy = "off",
+    truncation: Truncation = NO_TRUNCATION,
+) -> Iterator[None]:
     """Within this block a model's :class:`ScoringHead` returns scores ``[..., positions, 2]`` (logprob of each
     target, entropy or 0) instead of logits."""
-    token = _request.set(ScoreRequest(targets, temperature, entropy))
+    token = _request.set(ScoreRequest(targets, temperature, entropy, truncation))
     try:
         yield
     finally:
@@ -65,19 +73,23 @@ def chunk_scores(
     targets: Int[Tensor, "... positions"],
     temperature: float,
     entropy: Entropy,
+    truncation: Truncation = NO_TRUNCATION,
 ) -> Float[Tensor, "... positions 2"]:
-    """Logprob of each target after temperature, and the entropy of that distribution (0 when ``off``).
+    """Logprob of each target after temperature and ``truncation`` (the distribution the server sampled from),
+    and the entropy of that distribution (0 when ``off``).
 
-    Naive equivalent: ``logp = log_softmax((hidden @ weight.T + bias).float() / T)``; ``logp[i, targets[i]]``
-    and ``-(logp.exp() * logp).sum(-1)``.
+    Naive equivalent: ``logp = log_softmax(truncated((hidden @ weight.T + bias).float() / T))``, with
+    :func:`~trainer.truncation.truncated_logits` as ``truncated``; ``logp[i, targets[i]]`` and
+    ``-(logp.exp() * logp).sum(-1)`` over the kept tokens.
     """
     logits = F.linear(hidden, weight, bias).float() / temperature
-    log_normalizer = logits.logsumexp(-1)
+    sampled_from = truncated_logits(logits, targets, truncation) if truncation.on else logits  # dropped: -inf
+    log_normalizer = sampled_from.logsumexp(-1)
     logprobs = logits.gather(-1, targets[..., None])[..., 0] - log_normalizer
     if entropy == "off":
         return torch.stack([logprobs, torch.zeros_like(logprobs)], -1)
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "trained"):
-        entropies = log_normalizer - (torch.softmax(logits, -1) * logits).sum(-1)  # -Σ p log p
+        entropies = log_normalizer - (torch.softmax(sampled_from, -1) * logits).sum(-1)  # -Σ p log p, p 0 if dropped
     return torch.stack([logprobs, entropies], -1)
 
 
@@ -99,27 +111,35 @@ def chunked_scores(
     """
     targets = request.targets.reshape(hidden.shape[:-1])
     if request.entropy != "logged":
-        return _chunked(hidden, weight, bias, targets, request.temperature, request.entropy)
-    scores = _chunked(hidden, weight, bias, targets, request.temperature, "off")
+        return _chunked(hidden, weight, bias, targets, request.temperature, request.entropy, request.truncation)
+    scores = _chunked(hidden, weight, bias, targets, request.temperature, "off", request.truncation)
     rows = logged_entropy_rows(hidden.shape[-2])
     with torch.no_grad():
-        logged = _chunked(hidden[..., rows, :], weight, bias, targets[..., rows], request.temperature, "logged")
+        logged = _chunked(
+            hidden[..., rows, :], weight, bias, targets[..., rows], request.temperature, "logged", request.truncation
+        )
     entropies = torch.zeros_like(scores[..., 1])
     entropies[..., rows] = logged[..., 1]
     return torch.stack([scores[..., 0], entropies], -1)
 
 
 def _chunked(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, entropy: Entropy
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    entropy: Entropy,
+    truncation: Truncation,
 ) -> Tensor:
     rows = chunk_rows(weight.shape[0])
     pieces = []
     for start in range(0, hidden.shape[-2], rows):
         args = (hidden[..., start : start + rows, :], weight, bias, targets[..., start : start + rows])
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(chunk_scores, *args, temperature, entropy, use_reentrant=False))
+            pieces.append(checkpoint(chunk_scores, *args, temperature, entropy, truncation, use_reentrant=False))
         else:
-            pieces.append(chunk_scores(*args, temperature, entropy))
+            pieces.append(chunk_scores(*args, temperature, entropy, truncation))
     return torch.cat(pieces, dim=-2)
 
 

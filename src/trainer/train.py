@@ -86,12 +86,13 @@ class FrozenReference:
 
     model: nn.Module
 
-    def logprobs(self, micro_batch: MicroBatch, temperature: float) -> Tensor:
+    def logprobs(self, micro_batch: MicroBatch, info: BatchInfo) -> Tensor:
+        """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation)."""
         with torch.no_grad():
-            if isinstance(self.model, PeftModel):
-                with self.model.disable_adapter():
-                    return packed_logprobs(self.model, micro_batch, temperature, micro_batch.loss_mask)
-            return packed_logprobs(self.model, micro_batch, temperature, micro_batch.loss_mask)
+            with self.model.disable_adapter() if isinstance(self.model, PeftModel) else nullcontext():
+                return packed_logprobs(
+                    self.model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation
+                )
 
 
 def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> FrozenReference | None:
@@ -179,7 +180,9 @@ def forward_backward(
         loss_mask = micro_batch.loss_mask.to(world.device, non_blocking=True)
         inference_logprobs = micro_batch.inference_logprobs.to(world.device, non_blocking=True)
         with routers.micro_batch(routes, measure=weight > 0) if routers else nullcontext():
-            scores = packed_scores(model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode)
+            scores = packed_scores(
+                model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode, info.truncation
+            )
             loss, stats = policy_loss(
                 scores.logprobs,
                 inference_logprobs,
@@ -190,7 +193,7 @@ def forward_backward(
                 num_loss_tokens=info.num_loss_tokens,
                 num_samples=info.num_samples,
                 entropy=scores.entropy,
-                reference_logprobs=reference.logprobs(micro_batch, info.temperature) if reference else None,
+                reference_logprobs=reference.logprobs(micro_batch, info) if reference else None,
                 entropy_mask=scores.entropy_mask,
             )
             total = loss
@@ -205,7 +208,7 @@ def forward_backward(
             # micro-batch alike, routes or not: FSDP pairs each rank's passes with the others')
             stats["replayed_tokens"] = torch.tensor(0 if routes is None else len(routes), device=world.device)
             with routers.micro_batch(None, measure=False), torch.no_grad():
-                own = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask)
+                own = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation)
             stats["mismatch_kl_no_replay"] = mismatch_kl(own, inference_logprobs, loss_mask)
         for name, value in {"loss": loss.detach(), **stats}.items():
             sums[name] = sums.get(name, 0) + weight * value.double()

@@ -20,20 +20,23 @@ from contracts.inference_api import adapter_name
 from contracts.protocol import MicroBatch
 from contracts.run_dir import PROBE_FILE, PROBE_TEXT, mark_stable
 from orchestrator.client import InferenceClient
-from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.config import EnvConfig, OrchestratorConfig, SamplingConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import packed_logprobs, use_packed_forward
+from trainer.truncation import kept_tokens
 
 pytestmark = pytest.mark.slow
 
 TEMPERATURE = 0.7
 
 
-def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4):
-    """Samples of ``n`` reverse-text rollouts of one prompt, as the orchestrator builds them."""
-    config = OrchestratorConfig(client={"base_url": base_url}, sampling={"temperature": TEMPERATURE, "max_tokens": 16})
+def rollout_samples(base_url: str, tiny_model_path: str, n: int = 4, sampling: dict | None = None):
+    """Samples of ``n`` reverse-text rollouts of one prompt, as the orchestrator builds them (``[sampling]``
+    ``sampling``, or temperature :data:`TEMPERATURE`)."""
+    sampling = {"temperature": TEMPERATURE, **(sampling or {}), "max_tokens": 16}
+    config = OrchestratorConfig(client={"base_url": base_url}, sampling=sampling)
     env = load_env(EnvConfig(id="reverse-text", args={"num_examples": 1}))
     task = next(iter(env.taskset.load()))
 
@@ -86,6 +89,32 @@ def test_samples_are_the_servers_tokens_with_matching_logprobs(inference_server,
     # processed logprobs (after temperature) equal the trainer's: the importance ratio starts at 1
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     assert max_gap(model, samples) < 1e-4
+
+
+# Each truncation alone and all together, at a temperature where the tiny model's near-uniform distributions are
+# peaked enough for min_p 0.05 to drop tokens (at 0.7 it keeps them all).
+TRUNCATIONS = [{"top_p": 0.9}, {"top_k": 20}, {"min_p": 0.05}, {"top_p": 0.9, "top_k": 20, "min_p": 0.05}]
+
+
+@pytest.mark.parametrize("truncation", TRUNCATIONS, ids=lambda t: "+".join(t))
+def test_truncated_sampling_is_replayed_exactly(inference_server, tiny_model_path, truncation):
+    """The trainer scores each sampled token under the server's truncation: its logprobs equal the server's, while
+    the full softmax's differ from them by the log of the kept mass, a real gap at every token."""
+    sampling = SamplingConfig(temperature=0.2, max_tokens=16, **truncation)
+    _, samples = rollout_samples(inference_server, tiny_model_path, n=2, sampling=sampling.model_dump())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    use_packed_forward(model)
+    for sample in samples:
+        micro_batch, mask = MicroBatch.pack([sample]), torch.tensor(sample.loss_mask)
+        served = torch.tensor(sample.inference_logprobs)[mask]
+        with torch.no_grad():
+            replayed = packed_logprobs(model, micro_batch, 0.2, truncation=sampling.truncation)[mask]
+            full = packed_logprobs(model, micro_batch, 0.2)[mask]
+            logits = model(input_ids=torch.tensor([sample.token_ids])).logits[0, :-1][mask[1:]] / 0.2
+        kept_mass = (logits.softmax(-1) * kept_tokens(logits, sampling.truncation)).sum(-1)
+        assert (kept_mass < 0.999).all(), kept_mass  # the setting truncates at every tested token
+        assert (replayed - served).abs().max() < 1e-4
+        assert (full - served - kept_mass.log()).abs().max() < 1e-4
 
 
 def test_reload_serves_new_weights(inference_server, tiny_model_path, tmp_path):

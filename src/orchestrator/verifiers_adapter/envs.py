@@ -168,10 +168,7 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
             ),
             renderer_model_name=tokenizer_path,
         ),
-        sampling=vf.SamplingConfig(
-            temperature=config.sampling.temperature,
-            max_tokens=config.sampling.max_tokens,
-        ),
+        sampling=vf.SamplingConfig(**config.sampling.request_params()),
     )
 
 

@@ -64,6 +64,17 @@ def test_the_valid_batch_reads_back():
     assert info_read == info() and micro_batches[0].input_ids.tolist() == [5, 6, 7, 8, 9, 10, 11]
 
 
+@pytest.mark.parametrize("truncation", [{"top_p": 0.0}, {"top_k": -1}, {"min_p": 1.0}, {"top_p": float("nan")}])
+def test_a_truncation_the_server_cannot_have_applied_is_refused(truncation):
+    def spoil(folder):
+        described = json.loads((folder / "batch.json").read_text())
+        described["truncation"].update(truncation)
+        (folder / "batch.json").write_text(json.dumps(described))
+
+    with pytest.raises(BatchError, match=rf"batch\.json: truncation {next(iter(truncation))} is "):
+        read_fuzzed(spoil)
+
+
 @FUZZ
 @given(cut=st.floats(0, 1, exclude_max=True))
 def test_a_truncated_micro_batch_file_is_refused(micro_batch_bytes, cut):

@@ -9,6 +9,7 @@ import pytest
 from rollouts import ONE_SAMPLED, rollout, sampled
 
 from contracts.protocol import read_batch, write_batch
+from contracts.sampling import Truncation
 from orchestrator.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
 from orchestrator.rollout import Rollout
@@ -61,10 +62,11 @@ def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_adva
 
 def test_the_batch_is_what_the_trainer_reads_back(tmp_path):
     batch = assemble_batch(3, [[A, B], [C, D]], weight_step=2, seq_len=8)
-    write_batch(tmp_path, batch.info(3, 1.0, 0.5, {}), batch.micro_batches)
+    write_batch(tmp_path, batch.info(3, 1.0, 0.5, {}, Truncation(top_p=0.9, top_k=20)), batch.micro_batches)
     info, micro_batches = read_batch(tmp_path, 3, vocab_size=32)  # the trainer's checks pass
     assert [tensors(m) for m in micro_batches] == [tensors(m) for m in batch.micro_batches]
     assert info.num_loss_tokens == 6
+    assert info.truncation == Truncation(top_p=0.9, top_k=20)  # the trainer replays the server's truncation
 
 
 def test_the_same_groups_give_the_same_batch_and_are_left_as_they_were():

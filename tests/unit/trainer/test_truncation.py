@@ -1,0 +1,73 @@
+"""The trainer's replay of the server's top_p / top_k / min_p: vLLM's kept sets, in vLLM's order, and scores under
+the truncated, renormalised distribution (the sampled token always kept, nothing ever -inf or NaN)."""
+
+import math
+
+import pytest
+import torch
+
+from contracts.sampling import Truncation
+from trainer.scoring import chunk_scores
+from trainer.truncation import kept_tokens
+
+# probabilities 0.5, 0.3, 0.15, 0.05 (at temperature 1)
+LOGITS = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+
+
+@pytest.mark.parametrize(
+    "truncation, kept",
+    [
+        (Truncation(), [1, 1, 1, 1]),
+        (Truncation(top_k=2), [1, 1, 0, 0]),
+        (Truncation(top_p=0.8), [1, 1, 0, 0]),  # 0.5 + 0.3 reaches 0.8
+        (Truncation(top_p=0.81), [1, 1, 1, 0]),
+        (Truncation(top_p=0.1), [1, 0, 0, 0]),  # the likeliest always stays
+        (Truncation(min_p=0.2), [1, 1, 1, 0]),  # 0.05 < 0.2 * 0.5
+        (Truncation(min_p=0.7), [1, 0, 0, 0]),
+        # top_p counts the mass of what min_p and top_k kept: of 0.5 and 0.3 renormalised (0.625, 0.375)
+        (Truncation(top_p=0.6, top_k=2), [1, 0, 0, 0]),
+        (Truncation(top_p=0.7, min_p=0.2), [1, 1, 0, 0]),  # of 0.5, 0.3, 0.15 renormalised: 0.53 + 0.32 > 0.7
+    ],
+)
+def test_kept_tokens_hand_computed(truncation, kept):
+    assert kept_tokens(LOGITS[None], truncation)[0].tolist() == [bool(k) for k in kept]
+
+
+def test_scores_are_those_of_the_truncated_renormalised_distribution():
+    hidden = LOGITS[None].repeat(2, 1)  # with an identity head, the logits
+    truncation = Truncation(top_k=2)
+    scores = chunk_scores(hidden, torch.eye(4), None, torch.tensor([1, 0]), 1.0, "logged", truncation)
+    assert math.isclose(scores[0, 0].item(), math.log(0.3 / 0.8), rel_tol=1e-6)
+    assert math.isclose(scores[1, 0].item(), math.log(0.5 / 0.8), rel_tol=1e-6)
+    entropy = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))  # of the kept two, renormalised
+    assert torch.allclose(scores[:, 1], torch.tensor([entropy] * 2))
+    full = chunk_scores(hidden, torch.eye(4), None, torch.tensor([1, 0]), 1.0, "off")
+    # without replay, each logprob is off by the log of the kept mass
+    assert torch.allclose(full[:, 0] - scores[:, 0], torch.tensor(math.log(0.8)).expand(2))
+
+
+def test_a_sampled_token_outside_the_trainers_kept_set_scores_finite_with_finite_gradients():
+    """Where the trainer's logits differ from the server's (newer weights), the sampled token may fall outside its
+    kept set: it counts as kept, so the loss and its gradient stay finite."""
+    hidden = LOGITS[None].clone().requires_grad_()
+    truncation = Truncation(top_p=0.5, top_k=1, min_p=0.9)  # keeps token 0 only
+    scores = chunk_scores(hidden, torch.eye(4), None, torch.tensor([3]), 1.0, "trained", truncation)
+    assert math.isclose(scores[0, 0].item(), math.log(0.05 / 0.55), rel_tol=1e-6)  # among token 0 and itself
+    scores.sum().backward()
+    assert torch.isfinite(scores).all() and torch.isfinite(hidden.grad).all()
+    assert hidden.grad[0, 1:3].abs().max() == 0  # the dropped tokens take no gradient
+
+
+def test_chunked_scores_with_truncation_equal_the_naive_ones():
+    generator = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(6, 8, generator=generator), torch.randn(50, 8, generator=generator)
+    targets = torch.randint(0, 50, (6,), generator=generator)
+    truncation = Truncation(top_p=0.9, top_k=20, min_p=0.05)
+    scores = chunk_scores(hidden, weight, None, targets, 0.7, "trained", truncation)
+    logits = hidden @ weight.T / 0.7
+    keep = kept_tokens(logits, truncation)
+    keep[torch.arange(6), targets] = True
+    logp = torch.log_softmax(logits.masked_fill(~keep, -torch.inf), -1)
+    assert torch.allclose(scores[:, 0], logp[torch.arange(6), targets], atol=1e-6)
+    entropy = -(logp.exp() * logp.masked_fill(~keep, 0)).sum(-1)
+    assert torch.allclose(scores[:, 1], entropy, atol=1e-6)
