@@ -45,6 +45,7 @@ from contracts.chat_family import FAMILIES, ChatFamily, detect_family, family_by
 from contracts.errors import TridentError
 from contracts.protocol import MICRO_BATCH_DTYPES, BatchError, MicroBatch, micro_batch_paths, read_batch
 from contracts.run_dir import configs_dir, rollouts_dir, step_dirs
+from contracts.sampling import NO_TRUNCATION
 
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
@@ -113,6 +114,16 @@ class StepRollouts:
     step: int
     info: dict  # batch.json as written (old batches may lack keys)
     samples: list[SampleRecord]  # those of the micro-batches that split into samples
+
+    @property
+    def sampling(self) -> dict:
+        """How the server sampled the batch's tokens, which the trainer replays: ``temperature`` and the
+        truncation's ``top_p``, ``top_k``, ``min_p`` (a batch from before they existed: none)."""
+        truncation = self.info.get("truncation")
+        recorded = truncation if isinstance(truncation, dict) else {}
+        return {"temperature": self.info.get("temperature")} | {
+            key: recorded.get(key, getattr(NO_TRUNCATION, key)) for key in ("top_p", "top_k", "min_p")
+        }
 
 
 def rollout_steps(output_dir: Path) -> list[int]:

@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from contracts.sampling import NO_TRUNCATION
 from tools.rollout_check import (
     CONTENT,
     END,
@@ -136,7 +137,7 @@ def summary_line(report: StepReport) -> str:
     share = t["trainable"] / t["tokens"] if t["tokens"] else 0.0
     head = (
         f"step {report.rollouts.step}: {t['samples']} samples, {t['tokens']} tokens, "
-        f"{t['trainable']} trainable ({share:.1%})"
+        f"{t['trainable']} trainable ({share:.1%}), sampled at {sampling_text(report.rollouts.sampling)}"
     )
     if len(t["seats"]) > 1:  # several agents per rollout: each seat's share
         head += " (" + ", ".join(f"{seat}: {n['samples']} samples, {n['trainable']} trainable"
@@ -149,6 +150,17 @@ def summary_line(report: StepReport) -> str:
     return f"{head}: {t['errors']} errors in {bad} samples [{by_check}] ({report.rollouts.path})"
 
 
+def sampling_text(sampling: dict) -> str:
+    """``StepRollouts.sampling`` in words: the temperature and each truncation that is on, which the trainer
+    replays (docs/sampling.md)."""
+    on = [
+        f"{key} {value}"
+        for key, value in sampling.items()
+        if key != "temperature" and value != getattr(NO_TRUNCATION, key)
+    ]
+    return f"temperature {sampling['temperature']}" + (f", {', '.join(on)} (replayed)" if on else ", no truncation")
+
+
 def report_json(report: StepReport, samples: list[int] | None = None) -> dict:
     """The report as one JSON document; ``samples`` limits the per-sample entries (the totals cover all)."""
     chosen = report.samples if samples is None else [report.samples[i] for i in samples]
@@ -157,6 +169,7 @@ def report_json(report: StepReport, samples: list[int] | None = None) -> dict:
         "step": report.rollouts.step,
         "model": report.model,
         "ok": report.ok,
+        "sampling": report.rollouts.sampling,
         **report.totals(),
         "batch_problems": [p.to_json() for p in report.problems],
         "sample_reports": [
@@ -205,8 +218,7 @@ def step_overview(rollouts: StepRollouts) -> Text:
         parts.append(f"reward mean {info['reward_mean']:.4g}")
     if "weight_steps" in info:
         parts.append(f"weights steps {info['weight_steps']}")
-    if "temperature" in info:
-        parts.append(f"temperature {info['temperature']}")
+    parts.append(f"sampled at {sampling_text(rollouts.sampling)}")
     metrics = info.get("metrics") or {}
     parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()]
     return Text(" · ".join(parts) + f"  ({rollouts.path})", style="bold")

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
+from contracts.sampling import Truncation
 from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
 TOOLS = [
@@ -475,6 +476,26 @@ def test_inspect_rollouts_shows_the_conversation(tmp_path, samples, tiny_model_p
         assert expected in out
     assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--sample", "9"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_both_tools_show_the_sampling_truncation_the_trainer_replays(
+    tmp_path, samples, tiny_model_path, check_loss_mask, capsys
+):
+    write_step(tmp_path, baseline(samples), tiny_model_path, step=1)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+    assert "sampled at temperature 1.0, no truncation" in capsys.readouterr().out
+
+    def truncated(info, micro_batches):
+        info.truncation = Truncation(top_p=0.9, top_k=20)
+
+    write_step(tmp_path, baseline(samples), tiny_model_path, step=2, mutate=truncated)
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
+    assert "sampled at temperature 1.0, top_p 0.9, top_k 20 (replayed)" in capsys.readouterr().out
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 20,
+                                                               "min_p": 0.0}  # fmt: skip
+    assert load_script("inspect_rollouts").main(["--output-dir", str(tmp_path), "--sample", "0"]) == 0
+    assert "top_p 0.9, top_k 20 (replayed)" in capsys.readouterr().out
 
 
 def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch):
