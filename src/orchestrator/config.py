@@ -283,7 +283,8 @@ class EnvConfig(StrictModel):
         Field(
             description="The verifiers environment's own config beside its taskset (verifiers' --env.* options), e.g. "
             "a game's rounds, or a seat's model, client and sampling ({ player1 = { model = ... } }: a seat pinned to "
-            "another model is never trained). Its seats' harness and runtime are this table's."
+            "another model is never trained; a trained seat's sampling may set max_tokens only, since the trainer "
+            "replays [sampling]). Its seats' harness and runtime are this table's."
         ),
     ] = {}
     harness: Annotated[
