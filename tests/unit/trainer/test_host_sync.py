@@ -22,6 +22,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 import trainer.loss
 import trainer.train
 from contracts.protocol import BatchInfo, MicroBatch
+from contracts.sampling import NO_TRUNCATION, Truncation
 from trainer.config import TrainerConfig
 from trainer.optim import build_optimizer
 from trainer.train import build_model, frozen_reference, train_step
@@ -87,23 +88,31 @@ def micro_batches(count: int) -> list[MicroBatch]:
     return [MicroBatch.pack(samples[3 * i : 3 * i + 3]) for i in range(count)]
 
 
-def step_reads(model, config, world, count: int, reference=None) -> list[str]:
-    """The host's reads of device values in one ``train_step`` over ``count`` micro-batches."""
+def step_reads(model, config, world, count: int, reference=None, truncation=NO_TRUNCATION) -> list[str]:
+    """The host's reads of device values in one ``train_step`` over ``count`` micro-batches sampled under
+    ``truncation``."""
     batches = micro_batches(count)
     loss_tokens = sum(int(b.loss_mask.sum()) for b in batches)
-    info = BatchInfo(0, 3 * count, sum(len(b.input_ids) for b in batches), loss_tokens, 0.0, 1.0)
+    info = BatchInfo(0, 3 * count, sum(len(b.input_ids) for b in batches), loss_tokens, 0.0, 1.0, truncation)
     optimizer, _ = build_optimizer(model, config.optim, 2)
     with DeviceReads(model) as reads, ListReads(reads):
         train_step(model, optimizer, [(b, 1.0) for b in batches], info, config, world, reference)
     return reads.reads
 
 
-@pytest.mark.parametrize("loss", [{}, {"entropy_coef": 0.01, "kl_coef": 0.1, "correction": "sequence_truncate"}])
-def test_a_step_reads_device_values_only_at_its_end(tmp_path, tiny_model_path, world, loss):
+@pytest.mark.parametrize(
+    "loss, truncation",
+    [
+        ({}, NO_TRUNCATION),
+        ({"entropy_coef": 0.01, "kl_coef": 0.1, "correction": "sequence_truncate"}, Truncation(0.9, 20, 0.05)),
+    ],
+)
+def test_a_step_reads_device_values_only_at_its_end(tmp_path, tiny_model_path, world, loss, truncation):
     config = TrainerConfig(output_dir=tmp_path, model={"name": tiny_model_path}, loss=loss)
     model = build_model(config.model, world, offload=False)
     reference = frozen_reference(model, config, world)
-    two, five = step_reads(model, config, world, 2, reference), step_reads(model, config, world, 5, reference)
+    two = step_reads(model, config, world, 2, reference, truncation)
+    five = step_reads(model, config, world, 5, reference, truncation)
     assert two == five, f"reads per micro-batch: {two} with 2 micro-batches, {five} with 5"
     assert len(five) <= 2, five  # the gradient norm, the metrics
 
