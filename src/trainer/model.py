@@ -178,6 +178,7 @@ class Scores(NamedTuple):
     logprobs: Float[Tensor, " seq"]
     entropy: Float[Tensor, " seq"]  # 0 where not computed
     entropy_mask: Bool[Tensor, " seq"]  # where ``entropy`` was computed (on the model's device)
+    outside_kept: Float[Tensor, " seq"]  # 1 where the token lay outside the truncation's kept set (scored as kept)
 
 
 def packed_scores(
@@ -225,6 +226,7 @@ def packed_scores(
         zeros.index_put((index,), scores[:, 0]),
         zeros.index_put((index,), scores[:, 1]),
         entropy_mask.to(device, non_blocking=True),
+        zeros.index_put((index,), scores[:, 2].detach()),
     )
 
 

@@ -57,8 +57,8 @@ def scoring(
     entropy: Entropy = "off",
     truncation: Truncation = NO_TRUNCATION,
 ) -> Iterator[None]:
-    """Within this block a model's :class:`ScoringHead` returns scores ``[..., positions, 2]`` (logprob of each
-    target, entropy or 0) instead of logits."""
+    """Within this block a model's :class:`ScoringHead` returns scores ``[..., positions, 3]`` (logprob of each
+    target, entropy or 0, 1 where the target lay outside the truncation's kept set) instead of logits."""
     token = _request.set(ScoreRequest(targets, temperature, entropy, truncation))
     try:
         yield
@@ -74,23 +74,26 @@ def chunk_scores(
     temperature: float,
     entropy: Entropy,
     truncation: Truncation = NO_TRUNCATION,
-) -> Float[Tensor, "... positions 2"]:
+) -> Float[Tensor, "... positions 3"]:
     """Logprob of each target after temperature and ``truncation`` (the distribution the server sampled from),
-    and the entropy of that distribution (0 when ``off``).
+    the entropy of that distribution (0 when ``off``), and 1 where the target lay outside the kept set (0 else).
 
     Naive equivalent: ``logp = log_softmax(truncated((hidden @ weight.T + bias).float() / T))``, with
     :func:`~trainer.truncation.truncated_logits` as ``truncated``; ``logp[i, targets[i]]`` and
     ``-(logp.exp() * logp).sum(-1)`` over the kept tokens.
     """
     logits = F.linear(hidden, weight, bias).float() / temperature
-    sampled_from = truncated_logits(logits, targets, truncation) if truncation.on else logits  # dropped: -inf
+    sampled_from, outside = logits, None
+    if truncation.on:
+        sampled_from, outside = truncated_logits(logits, targets, truncation)  # dropped: -inf
     log_normalizer = sampled_from.logsumexp(-1)
     logprobs = logits.gather(-1, targets[..., None])[..., 0] - log_normalizer
+    outside = torch.zeros_like(logprobs) if outside is None else outside.to(logprobs.dtype)
     if entropy == "off":
-        return torch.stack([logprobs, torch.zeros_like(logprobs)], -1)
+        return torch.stack([logprobs, torch.zeros_like(logprobs), outside], -1)
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy == "trained"):
         entropies = log_normalizer - (torch.softmax(sampled_from, -1) * logits).sum(-1)  # -Σ p log p, p 0 if dropped
-    return torch.stack([logprobs, entropies], -1)
+    return torch.stack([logprobs, entropies, outside], -1)
 
 
 def logged_entropy_rows(positions: int) -> slice:
@@ -101,7 +104,7 @@ def logged_entropy_rows(positions: int) -> slice:
 
 def chunked_scores(
     hidden: Float[Tensor, "... positions hidden"], weight: Tensor, bias: Tensor | None, request: ScoreRequest
-) -> Float[Tensor, "... positions 2"]:
+) -> Float[Tensor, "... positions 3"]:
     """:func:`chunk_scores` over ``hidden`` in chunks of :func:`chunk_rows` positions (the request's targets in
     the same layout); under autograd each chunk's logits are recomputed in the backward pass instead of kept.
 
@@ -120,7 +123,7 @@ def chunked_scores(
         )
     entropies = torch.zeros_like(scores[..., 1])
     entropies[..., rows] = logged[..., 1]
-    return torch.stack([scores[..., 0], entropies], -1)
+    return torch.stack([scores[..., 0], entropies, scores[..., 2]], -1)
 
 
 def _chunked(

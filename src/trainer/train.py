@@ -141,6 +141,8 @@ def train_step(
     }
     metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
+    if "outside_kept_tokens" in metrics:  # with a truncation: share of tokens outside the trainer's kept set
+        metrics["outside_kept_fraction"] = metrics.pop("outside_kept_tokens")
     if corrected_samples is not None:  # shares of tokens and of samples whose weight was truncated or masked
         metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
         metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
@@ -196,6 +198,8 @@ def forward_backward(
                 reference_logprobs=reference.logprobs(micro_batch, info) if reference else None,
                 entropy_mask=scores.entropy_mask,
             )
+            if info.truncation.on:  # sampled tokens the trainer's own truncation would have dropped
+                stats["outside_kept_tokens"] = (scores.outside_kept * loss_mask).sum()
             total = loss
             if routers is not None and routers.balancing:
                 balance = routers.balance() * (len(micro_batch.input_ids) / info.num_tokens)

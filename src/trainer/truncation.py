@@ -40,9 +40,11 @@ def kept_tokens(logits: Float[Tensor, "... vocab"], truncation: Truncation) -> B
 
 def truncated_logits(
     logits: Float[Tensor, "... vocab"], targets: Int[Tensor, "..."], truncation: Truncation
-) -> Float[Tensor, "... vocab"]:
+) -> tuple[Float[Tensor, "... vocab"], Bool[Tensor, "..."]]:
     """``logits`` (after temperature) with the tokens the server dropped at ``-inf``, each target kept: their
-    ``log_softmax`` is the distribution the server sampled from. Gradients flow through the kept logits."""
+    ``log_softmax`` is the distribution the server sampled from. Gradients flow through the kept logits. Also
+    whether each target lay outside the kept set (kept all the same)."""
     keep = kept_tokens(logits, truncation)
+    outside = ~keep.gather(-1, targets[..., None])[..., 0]
     keep.scatter_(-1, targets[..., None], True)
-    return logits.masked_fill(~keep, -torch.inf)
+    return logits.masked_fill(~keep, -torch.inf), outside

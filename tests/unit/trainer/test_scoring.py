@@ -84,7 +84,7 @@ def test_packed_scores_hold_no_vocabulary_wide_tensor_and_match_full_logits(tiny
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        logprobs, entropies, entropy_mask = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "trained")
+        logprobs, entropies, entropy_mask, _ = packed_scores(model, micro_batch, 0.7, micro_batch.loss_mask, "trained")
     (logprobs + entropies).sum().backward()
     tokens, vocab = len(micro_batch.input_ids), model.config.vocab_size
     assert max(saved) < tokens * vocab // 4, "a vocabulary-wide tensor of the whole row was kept for backward"

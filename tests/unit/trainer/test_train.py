@@ -1,6 +1,7 @@
 """The training loop in-process (a one-rank FSDP2 group on CPU) on hand-made batches."""
 
 import json
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from contracts.protocol import BatchError, BatchInfo, MicroBatch, write_batch
 from contracts.run_dir import checkpoint_dir, read_probe, rollouts_dir, weights_dir
+from contracts.sampling import Truncation
 from trainer.config import TrainerConfig
 from trainer.model import packed_logprobs, use_packed_forward
 from trainer.train import EmptyBatchError, train
@@ -37,9 +39,10 @@ def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny
     records = run(tmp_path, tiny_model_path, loss={"entropy_coef": 0.01})
     # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model), the corrected
     # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked), the replay ones only
-    # with routing replay on a mixture of experts (test_routing)
+    # with routing replay on a mixture of experts (test_routing), outside_kept_fraction only under a sampling
+    # truncation (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set)
     optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
-                "mismatch_kl_no_replay"}  # fmt: skip
+                "mismatch_kl_no_replay", "outside_kept_fraction"}  # fmt: skip
     assert set(records[0]) == documented_trainer_keys() - optional
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
@@ -55,11 +58,41 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     write_batch(tmp_path, info, [MicroBatch.pack(samples[:3]), MicroBatch.pack(samples[3:])])
     loss = {"correction": "geometric_mask", "correction_low": 0.5, "correction_high": 2.0}
     (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss=loss)
-    assert set(record) == documented_trainer_keys() - {"reference_kl", "replayed_fraction", "mismatch_kl_no_replay"}
+    assert set(record) == documented_trainer_keys() - {"reference_kl", "replayed_fraction", "mismatch_kl_no_replay",
+                                                       "outside_kept_fraction"}  # fmt: skip
     # sample 4's weight is about e^12: all its loss tokens are masked, and no other sample's
     assert record["corrected_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))
     assert record["corrected_sample_fraction"] == pytest.approx(1 / 6)
     assert record["bounded_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))  # IcePop drops them too
+
+
+def test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set(
+    tmp_path, random_samples, tiny_model_path
+):
+    """Under top_k = 1 the trainer's kept set is its greedy token: one sample's replies are the model's greedy
+    continuation (inside), the others' random tokens (outside, scored as kept all the same)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    samples = random_samples(4)
+    greedy = samples[0]
+    prompt = greedy.loss_mask.index(True)
+    ids = greedy.token_ids[:prompt]
+    with torch.no_grad():
+        for _ in range(len(greedy.token_ids) - prompt):
+            ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    greedy.token_ids = ids
+    outside = []
+    with torch.no_grad():
+        for sample in samples:
+            best = model(input_ids=torch.tensor([sample.token_ids])).logits[0, :-1].argmax(-1)
+            trained = torch.tensor(sample.loss_mask[1:])
+            outside.append(int((best != torch.tensor(sample.token_ids[1:]))[trained].sum()))
+    assert outside[0] == 0 and all(n > 0 for n in outside[1:])
+    loss_tokens = sum(sum(s.loss_mask) for s in samples)
+    info = BatchInfo(1, 4, sum(len(s.token_ids) for s in samples), loss_tokens, 0.0, 1.0, Truncation(top_k=1))
+    write_batch(tmp_path, info, [MicroBatch.pack(samples)])
+    (record,) = run(tmp_path, tiny_model_path, max_steps=1)
+    assert record["outside_kept_fraction"] == pytest.approx(sum(outside) / loss_tokens)
+    assert all(math.isfinite(value) for value in record.values())  # every token scored finite, as kept
 
 
 @pytest.mark.parametrize("load_in_4bit", [False, True], ids=["lora", "qlora"])

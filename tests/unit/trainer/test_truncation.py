@@ -41,6 +41,7 @@ def test_scores_are_those_of_the_truncated_renormalised_distribution():
     assert math.isclose(scores[1, 0].item(), math.log(0.5 / 0.8), rel_tol=1e-6)
     entropy = -(0.625 * math.log(0.625) + 0.375 * math.log(0.375))  # of the kept two, renormalised
     assert torch.allclose(scores[:, 1], torch.tensor([entropy] * 2))
+    assert not scores[:, 2].any()  # both targets inside the kept set
     full = chunk_scores(hidden, torch.eye(4), None, torch.tensor([1, 0]), 1.0, "off")
     # without replay, each logprob is off by the log of the kept mass
     assert torch.allclose(full[:, 0] - scores[:, 0], torch.tensor(math.log(0.8)).expand(2))
@@ -53,6 +54,7 @@ def test_a_sampled_token_outside_the_trainers_kept_set_scores_finite_with_finite
     truncation = Truncation(top_p=0.5, top_k=1, min_p=0.9)  # keeps token 0 only
     scores = chunk_scores(hidden, torch.eye(4), None, torch.tensor([3]), 1.0, "trained", truncation)
     assert math.isclose(scores[0, 0].item(), math.log(0.05 / 0.55), rel_tol=1e-6)  # among token 0 and itself
+    assert scores[0, 2] == 1  # counted for the outside_kept_fraction metric
     scores.sum().backward()
     assert torch.isfinite(scores).all() and torch.isfinite(hidden.grad).all()
     assert hidden.grad[0, 1:3].abs().max() == 0  # the dropped tokens take no gradient
