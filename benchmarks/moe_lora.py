@@ -12,6 +12,7 @@ far, so an adapter cannot steer it (benchmarks/qlora.py).
 """
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import common
@@ -23,18 +24,19 @@ LORA = ('{"rank": 8, "alpha": 16, "export": "merged", "target_modules": ["q_proj
         '"gate_proj", "up_proj", "down_proj"]}')  # fmt: skip
 LR = 1e-2  # as configs/debug/qlora: an adapter needs a larger step than full training
 RUN_TIMEOUT_S = 3600
+SMOKE = ("--max-steps", "3", "--no-orchestrator.eval")
 
 
-def debug_run(model_dir: Path, output_dir: Path, smoke: bool) -> dict:
-    """The debug RL run with LoRA on the experts on ``model_dir``: rewards per step, held-out evaluations."""
+def debug_run(model_dir: Path, output_dir: Path, size: Sequence[str] = ()) -> dict:
+    """The debug RL run with LoRA on the experts on ``model_dir`` (``size``: more flags of rl, e.g. the smoke run's
+    :data:`SMOKE`): rewards per step, held-out evaluations."""
     debug = ROOT / "configs" / "debug"
     processes = (("trainer", "train"), ("orchestrator", "orch"), ("inference", "infer"))
     files = [arg for process, name in processes for folder in ("rl", "moe")
              for arg in (f"--{process}", "@", str(debug / folder / f"{name}.toml"))]  # fmt: skip
     flags = {"--model.name": model_dir, "--inference.port": common.free_port(),
              "--trainer.model.experimental.lora": LORA, "--trainer.optim.lr": LR}  # fmt: skip
-    smoke_flags = ["--max-steps", "3", "--no-orchestrator.eval"] if smoke else []
-    run_ = common.rl_debug_run([*files, *(str(a) for flag in flags.items() for a in flag), *smoke_flags], output_dir,
+    run_ = common.rl_debug_run([*files, *(str(a) for flag in flags.items() for a in flag), *size], output_dir,
                                RUN_TIMEOUT_S)  # fmt: skip
     probe_gaps = run_.pop("probe_gaps")
     return run_ | {"probe_gap_max": max(probe_gaps, default=None)}
@@ -43,7 +45,7 @@ def debug_run(model_dir: Path, output_dir: Path, smoke: bool) -> dict:
 def run(smoke: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-bench-") as tmp:
         wide = common.build_random_model(Path(tmp) / "wide", WIDE, tiny_model=MOE)
-        result = debug_run(wide, Path(tmp) / "run", smoke)
+        result = debug_run(wide, Path(tmp) / "run", SMOKE if smoke else ())
     return common.benchmark_result("moe_lora", lora=LORA, lr=LR, wide_model=WIDE, debug_run=result)
 
 

@@ -57,12 +57,22 @@ def resolve_model_path(name: str) -> str:
     return str(path)
 
 
+# The key of a config.json that counts a mixture of experts' routed experts, by family: Qwen2-MoE's and the hub's
+# Qwen3-MoE files; Mixtral, gpt-oss and transformers 5's own Qwen3-MoE files; DeepSeek-V2/V3 and GLM-4.5.
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def routed_experts(config: dict) -> int:
+    """How many routed experts each sparse layer of the model of ``config`` (a config.json's fields; a multimodal
+    model's are its text model's) has: 0 for a dense model."""
+    config = config.get("text_config", config)
+    return next((config[key] for key in EXPERT_KEYS if config.get(key)), 0)
+
+
 def is_mixture_of_experts(folder: str | None) -> bool:
     """Whether the model in ``folder`` routes each token to some of its experts (its config.json, or its text
-    model's, names a number of experts); False where there is no config.json to read (None: not on this machine)."""
+    model's, counts routed experts); False where there is no config.json to read (None: not on this machine)."""
     config_file = Path(folder or "").expanduser() / "config.json"
     if folder is None or not config_file.is_file():
         return False
-    config = json.loads(config_file.read_text())
-    config = config.get("text_config", config)
-    return bool(config.get("num_experts") or config.get("num_local_experts"))
+    return routed_experts(json.loads(config_file.read_text())) > 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.errors import TridentError
-from contracts.model_path import resolve_model_path
+from contracts.model_path import resolve_model_path, routed_experts
 from inference.config import InferenceConfig
 from trainer.config import TrainerConfig, chunk_rows, reshards_after_forward
 
@@ -146,10 +146,11 @@ class ModelShape:
 
 
 def experts_of(config: dict) -> dict[str, int]:
-    """The mixture-of-experts fields of a ``config.json`` (none for a dense model): Qwen-MoE's names
-    (``num_local_experts`` as transformers writes ``num_experts``; Mixtral's experts are ``intermediate_size``
-    wide), or DeepSeek's ``n_routed_experts`` and ``n_shared_experts`` (each ``moe_intermediate_size`` wide)."""
-    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+    """The mixture-of-experts fields of a ``config.json`` (none for a dense model; the experts counted by
+    :func:`contracts.model_path.routed_experts`): experts ``moe_intermediate_size`` wide (Mixtral's and gpt-oss's:
+    ``intermediate_size``), a shared expert of Qwen-MoE's ``shared_expert_intermediate_size`` or DeepSeek's
+    ``n_shared_experts`` of expert width."""
+    experts = routed_experts(config)
     if not experts:
         return {}
     size = config.get("moe_intermediate_size") or config["intermediate_size"]

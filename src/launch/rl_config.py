@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
 from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES
+from contracts.model_path import routed_experts
 from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, local_model_folder, served_lora_rank
 from contracts.shared_config import (
     AsyncLevel,
@@ -24,7 +25,7 @@ from contracts.shared_config import (
     WandbSection,
 )
 from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
-from launch.memory_plan import KNOWN_SHAPES, experts_of
+from launch.memory_plan import KNOWN_SHAPES
 from orchestrator.config import OrchestratorConfig
 from trainer.config import TrainerConfig
 
@@ -386,7 +387,7 @@ def model_experts(name: str) -> int | None:
     except TridentError:  # a tiny model not built yet
         folder = None
     if folder is not None:
-        return experts_of(json.loads((Path(folder) / "config.json").read_text())).get("num_experts", 0)
+        return routed_experts(json.loads((Path(folder) / "config.json").read_text()))
     known = KNOWN_SHAPES.get(name.split("/")[-1])
     return known.num_experts if known is not None else None
 

@@ -2,15 +2,25 @@
 stops a process alone with one line saying how to build it, and the builder (a tool) builds the ids the contracts
 name."""
 
+import json
+
 import pytest
 from debug_configs import FILES
+from transformers import DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen3Config, Qwen3MoeConfig
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
-from contracts.model_path import TINY_MODEL_IDS, resolve_model_path, tiny_model_path
+from contracts.model_path import (
+    TINY_MODEL_IDS,
+    is_mixture_of_experts,
+    resolve_model_path,
+    routed_experts,
+    tiny_model_path,
+)
 from contracts.run_spec import load_config
 from inference.config import InferenceConfig
-from launch.rl_config import RLConfig
+from launch.memory_plan import model_shape
+from launch.rl_config import RLConfig, model_experts
 from tools import tiny_model
 from trainer.config import TrainerConfig
 
@@ -56,3 +66,28 @@ def test_the_builder_builds_the_ids_the_contracts_name_where_they_look(tiny_mode
     monkeypatch.setattr("sys.argv", ["build-tiny-model"])
     tiny_model.main()
     assert capsys.readouterr().out == f"{tiny_model_path}\n"
+
+
+@pytest.mark.parametrize(
+    ("config", "experts"),
+    [
+        (Qwen3MoeConfig(num_experts=128), 128),  # written as num_local_experts by transformers 5
+        ({"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8}, 128),  # the hub's Qwen3-30B-A3B
+        (MixtralConfig(num_local_experts=8), 8),
+        (DeepseekV3Config(n_routed_experts=256), 256),
+        (GptOssConfig(num_local_experts=32), 32),
+        (Qwen3Config(), 0),
+    ],
+    ids=["qwen3-moe", "qwen3-moe-hub", "mixtral", "deepseek-v3", "gpt-oss", "dense"],
+)
+def test_every_reader_counts_the_experts_of_each_family_alike(config, experts, tmp_path):
+    """The server and the preflight (is_mixture_of_experts), rl's ep check (model_experts) and the memory plan
+    (model_shape) all count a config.json's routed experts with contracts.model_path.routed_experts."""
+    fields = config if isinstance(config, dict) else config.to_dict()
+    assert routed_experts(fields) == experts
+    assert routed_experts({"model_type": "vlm", "text_config": fields}) == experts  # a multimodal model's text model
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    assert is_mixture_of_experts(str(tmp_path)) == (experts > 0)
+    assert model_experts(str(tmp_path)) == experts
+    if "vocab_size" in fields:  # the hub file above is cut to its expert fields
+        assert model_shape(str(tmp_path)).num_experts == experts
