@@ -28,8 +28,10 @@ from tools.plots import load_runs, write_plots
 pytestmark = pytest.mark.slow
 
 
-def run_rl(output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True) -> subprocess.CompletedProcess:
-    argv = rl_argv(output_dir, *flags, inference=inference)
+def run_rl(
+    output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True, plots: bool = False
+) -> subprocess.CompletedProcess:
+    argv = rl_argv(output_dir, *flags, inference=inference, plots=plots)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -50,13 +52,12 @@ def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> N
 
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory, session_server) -> tuple[Path, subprocess.CompletedProcess]:
-    """The debug configs run once on the session's server, for the tests below to inspect: its output_dir and what
-    rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
+    """The debug configs run once on the session's server, drawing its plots, for the tests below to inspect: its
+    output_dir and what rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
     output_dir = tmp_path_factory.mktemp("debug-run")
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()  # a run refuses another's weights
-    result = run_rl(
-        output_dir, "--orchestrator.client.base-url", session_server, "--progress-every-s", "0.2", inference=False
-    )
+    server = ("--orchestrator.client.base-url", session_server)
+    result = run_rl(output_dir, *server, "--progress-every-s", "0.2", inference=False, plots=True)
     assert result.returncode == 0, result.stdout + result.stderr
     yield output_dir, result
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
@@ -275,7 +276,7 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     metrics = read_metrics(tmp_path, "orchestrator")
     assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
     assert complete_checkpoints(tmp_path)[-1] == steps
-    assert status() == "finished"
+    assert status() == "finished" and not (tmp_path / "plots").exists()  # --no-plots (the debug run draws them)
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):
