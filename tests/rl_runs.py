@@ -9,11 +9,12 @@ ROOT = Path(__file__).parents[1]
 DEBUG = ROOT / "configs" / "debug" / "rl"
 
 
-def rl_argv(output_dir: Path, *flags: str, inference: bool = True) -> list[str]:
-    """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags)."""
+def rl_argv(output_dir: Path, *flags: str, inference: bool = True, plots: bool = False) -> list[str]:
+    """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags); without
+    ``plots`` a finished run draws no plots (``--no-plots``: about 10 s saved, for the tests that do not read them)."""
     server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
     return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
-            "--orchestrator", "@", str(DEBUG / "orch.toml"), *server,
+            "--orchestrator", "@", str(DEBUG / "orch.toml"), *server, *([] if plots else ["--no-plots"]),
             "--output-dir", str(output_dir), *flags]  # fmt: skip
 
 

@@ -345,7 +345,7 @@ def run(config: RLConfig) -> int:
         logger.info("all processes stopped")
         status = {0: "finished", 130: "interrupted"}.get(code, "failed")
         logger.info(f"summary: {write_summary(output_dir, status, time.perf_counter() - start)}")
-    if code == 0:
+    if code == 0 and config.plots:
         write_plots_or_warn(output_dir)
     return code
 

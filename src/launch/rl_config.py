@@ -117,6 +117,13 @@ class RLConfig(BaseConfig):
             "(or the wait for the first) runs longer than this; on a terminal a spinner shows it every second.",
         ),
     ] = 30.0
+    plots: Annotated[
+        bool,
+        Field(
+            description="At the end of a finished run, draw its plots and report.html into output_dir/plots (about "
+            "10 s on a CPU; `trident-plot output_dir` draws them later). --no-plots skips them.",
+        ),
+    ] = True
     dry_run: Annotated[
         bool, Field(description="Write the resolved configs to output_dir/configs, print the memory plan and exit.")
     ] = False

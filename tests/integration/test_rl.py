@@ -28,8 +28,10 @@ from tools.plots import load_runs, write_plots
 pytestmark = pytest.mark.slow
 
 
-def run_rl(output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True) -> subprocess.CompletedProcess:
-    argv = rl_argv(output_dir, *flags, inference=inference)
+def run_rl(
+    output_dir: Path, *flags: str, timeout: float = 1500, inference: bool = True, plots: bool = False
+) -> subprocess.CompletedProcess:
+    argv = rl_argv(output_dir, *flags, inference=inference, plots=plots)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -50,13 +52,12 @@ def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> N
 
 @pytest.fixture(scope="module")
 def debug_run(tmp_path_factory, session_server) -> tuple[Path, subprocess.CompletedProcess]:
-    """The debug configs run once on the session's server, for the tests below to inspect: its output_dir and what
-    rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
+    """The debug configs run once on the session's server, drawing its plots, for the tests below to inspect: its
+    output_dir and what rl printed (rl starting its own server is the swe-grep test's and the two-server test's)."""
     output_dir = tmp_path_factory.mktemp("debug-run")
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()  # a run refuses another's weights
-    result = run_rl(
-        output_dir, "--orchestrator.client.base-url", session_server, "--progress-every-s", "0.2", inference=False
-    )
+    server = ("--orchestrator.client.base-url", session_server)
+    result = run_rl(output_dir, *server, "--progress-every-s", "0.2", inference=False, plots=True)
     assert result.returncode == 0, result.stdout + result.stderr
     yield output_dir, result
     httpx.post(f"{session_server}/reset_weights", timeout=300).raise_for_status()
@@ -175,12 +176,12 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     """One run, stopped in turn as processes die and as users and schedulers stop runs, through ``uv run``: SIGTERM
     to the whole process group while its own server starts; SIGKILL of the trainer, of the orchestrator and of the
     inference server, each at a random step (each time rl stops the whole run, exits 1 naming the process, and
-    leaves no process group behind); Ctrl-C then SIGTERM during a step, SIGTERM during a checkpoint (SIGKILL of rl
-    itself, whose processes stop themselves, is test_stream_run's stop). After each, ``--ckpt.resume-step -1``
-    continues from the newest complete checkpoint; in the end every step was trained once, on the prompts an
-    uninterrupted run would have used. The run refills tied groups and draws its tasks from a difficulty pool
-    (configs/debug/rl/filter.toml): each resume restores the pool saved. The session's server serves it, but for the
-    stages that start their own."""
+    leaves no process group behind); Ctrl-C then SIGTERM during a checkpoint, while the orchestrator generates the
+    next step (SIGKILL of rl itself, whose processes stop themselves, is test_stream_run's stop). After each,
+    ``--ckpt.resume-step -1`` continues from the newest complete checkpoint; in the end every step was trained once,
+    on the prompts an uninterrupted run would have used. The run refills tied groups and draws its tasks from a
+    difficulty pool (configs/debug/rl/filter.toml): each resume restores the pool saved. The session's server serves
+    it, but for the stages that start their own."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     steps, batch_size = 16, 4
@@ -205,10 +206,6 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
 
     def status() -> str:
         return json.loads((tmp_path / "summary.json").read_text())["status"]
-
-    def train_a_step(rl: subprocess.Popen) -> None:
-        done = trained()
-        wait_for(lambda: trained() > done, 600, rl, "a step")
 
     def kill(victim: str, rl: subprocess.Popen) -> None:
         """SIGKILL ``victim`` 1-3 steps on (after step 3 at the earliest, so a checkpoint exists): rl stops it all."""
@@ -242,19 +239,15 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     assert inference_server in (tmp_path / "configs" / "orchestrator.toml").read_text()
     kill("trainer", rl)
 
-    rl = start(*session_server, *resume)  # Ctrl-C, then SIGTERM, mid-step
-    train_a_step(rl)
+    kill("orchestrator", start(*session_server, *resume))
+
+    rl = start(*session_server, *resume)  # Ctrl-C, then SIGTERM, as soon as the next checkpoint's folder appears
+    next_ckpt = tmp_path / "checkpoints" / f"step_{complete_checkpoints(tmp_path)[-1] + 2}"
+    wait_for(next_ckpt.exists, 600, rl, f"{next_ckpt} to appear")
     signal_run(rl, tmp_path, signal.SIGINT, signal.SIGTERM)  # uv forwards each: rl gets them twice, may merge them
     assert status() == "interrupted"  # rl's exit; uv, signalled twice, may have exited before it
     rl_log = (tmp_path / "logs" / "rl.log").read_text()
     assert "SIGTERM: already stopping" in rl_log and "all processes stopped" in rl_log
-
-    kill("orchestrator", start(*session_server, *resume))
-
-    rl = start(*session_server, *resume)  # SIGTERM during a checkpoint: as soon as the next one's folder appears
-    next_ckpt = tmp_path / "checkpoints" / f"step_{complete_checkpoints(tmp_path)[-1] + 2}"
-    wait_for(next_ckpt.exists, 600, rl, f"{next_ckpt} to appear")
-    signal_run(rl, tmp_path, signal.SIGTERM)
 
     kill("inference", start(*own_server, *resume))  # the run's own server (the session's serves other tests)
 
@@ -275,7 +268,7 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     metrics = read_metrics(tmp_path, "orchestrator")
     assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
     assert complete_checkpoints(tmp_path)[-1] == steps
-    assert status() == "finished"
+    assert status() == "finished" and not (tmp_path / "plots").exists()  # --no-plots (the debug run draws them)
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path):

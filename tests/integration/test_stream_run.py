@@ -67,6 +67,7 @@ def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_wit
     resumed = subprocess.run([*argv, "--ckpt.resume-step", "-1"], capture_output=True, text=True, timeout=900,
                              cwd=ROOT)  # fmt: skip
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not (tmp_path / "plots").exists()  # finished under --no-plots (rl_argv's): no plots drawn
     log = (tmp_path / "logs" / "orchestrator.log").read_text()
     position = last * PROMPTS * ATTEMPTS  # where step last + 1's window begins
     assert f"resuming after step {last}" in log
