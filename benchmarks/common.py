@@ -345,8 +345,8 @@ def rl_debug_run(flags: list[str], output_dir: Path, timeout_s: float) -> dict:
     """Run ``rl`` with ``flags`` (config files and flags of a debug run) into ``output_dir``; a failure raises with the
     tail of its stderr. What the run did: its reward per step and over its first and last 5 steps, its held-out
     evaluations, the probe gaps after the server's reloads, the trainer's largest mismatch KL and peak memory, and its
-    median step."""
-    argv = [sys.executable, "-m", "launch.launcher", *flags, "--output-dir", str(output_dir)]
+    median step. It draws no plots (what it measures is in its metrics)."""
+    argv = [sys.executable, "-m", "launch.launcher", *flags, "--no-plots", "--output-dir", str(output_dir)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).parents[1])
     if result.returncode != 0:
         raise RuntimeError(f"rl failed ({result.returncode}): {result.stderr[-3000:]}")
