@@ -38,6 +38,8 @@ def test_customer_service_configs_run_on_cpu_with_the_tiny_model(tmp_path, infer
             "--model.name", "trident/tiny-qwen3", "--max-steps", "2", "--output-dir", str(tmp_path),
             # the tiny model never stops by itself: every turn runs to max_tokens, 64 keeps a step near a minute
             "--orchestrator.sampling.max-tokens", "64",
+            # 2 scenarios × 4 dialogues a step, not the configs' 4 × 8: each group's rewards still differ in brevity
+            "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "4",
             "--orchestrator.env", json.dumps(short_reply_env())]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr

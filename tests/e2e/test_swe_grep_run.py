@@ -17,23 +17,23 @@ ROOT = Path(__file__).parents[2]
 
 
 def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
-    """The single-GPU swe-grep configs, as they are, with only the model swapped: multi-turn tools, LoRA, full
-    activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
+    """The single-GPU swe-grep configs, as they are, with the model swapped and 3 of their 5 steps: multi-turn tools,
+    LoRA, full activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
     configs = ROOT / "configs" / "swe-grep" / "rl"
     argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--inference", "@", str(configs / "infer.toml"),
             "--model.name", "trident/tiny-qwen3", "--wandb.offline", "true", "--output-dir", str(tmp_path),
-            "--inference.port", str(free_port())]  # fmt: skip
+            "--inference.port", str(free_port()), "--max-steps", "3"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [
         line.split(" |")[0] for line in result.stdout.splitlines() if line.startswith("step ") and " | " in line
-    ] == [f"step {i}/5" for i in range(1, 6)]
+    ] == [f"step {i}/3" for i in range(1, 4)]
     # the server takes well over 30 s to start: the user is told what the run waits for
     assert "waiting for step 1: starting the inference server" in result.stdout
     orchestrator = read_metrics(tmp_path, "orchestrator")
-    assert len(orchestrator) == 5 and all(r["failed_rollouts"] == 0 for r in orchestrator)
-    batch = json.loads((tmp_path / "rollouts" / "step_4" / "batch.json").read_text())
+    assert len(orchestrator) == 3 and all(r["failed_rollouts"] == 0 for r in orchestrator)
+    batch = json.loads((tmp_path / "rollouts" / "step_2" / "batch.json").read_text())
     assert {s["env"] for s in batch["samples"]} == {"swe-grep-oss-env"}
     assert "missed_files_penalty" in batch["samples"][0]["rewards"]
     runs = finished_runs(tmp_path)  # no API key here: offline either way
@@ -51,7 +51,7 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
     assert check.returncode == 0, check.stdout + check.stderr
     assert "loss masks OK" in check.stdout
     # LoRA hot-swap: each step's adapter alone, swapped in under its own name, checked through the probe
-    assert (tmp_path / "weights" / "step_5" / "adapter_config.json").exists()
+    assert (tmp_path / "weights" / "step_3" / "adapter_config.json").exists()
     inference_log = (tmp_path / "logs" / "inference.log").read_text()
     swapped = [int(s) for s in re.findall(r"serving adapter lora-step-(\d+) of step", inference_log)]
     assert swapped == sorted({r["weight_step"] for r in orchestrator} - {0})
