@@ -89,6 +89,14 @@ class InferenceConfig(BaseConfig):
                                 "message before sleeping until it comes (vLLM's own: 1). Absent: 0 on CPU, where "
                                 "the spinning takes the cores that generation needs; vLLM's own on GPU."),
     ] = None  # fmt: skip
+    cpu_worker_start: Annotated[
+        Literal["auto", "spawn", "fork"],
+        Field(description="How vLLM's engine starts its worker process on CPU. 'spawn' (vLLM's way): a fresh "
+                          "interpreter, its OpenMP threads set and bound to cores by vLLM. 'fork': a copy of the "
+                          "engine, about 20 s sooner (no second import of vLLM), its OpenMP threads the engine's "
+                          "OMP_NUM_THREADS (rl sets 1), not bound. 'auto': fork with two CPUs or fewer, where vLLM "
+                          "gives the worker one core either way; spawn otherwise. No effect on GPU."),
+    ] = "auto"  # fmt: skip
     weights_root: Annotated[
         Path | None,
         Field(description="Load weights and adapters only from the step_N folders under this one (symlinks "

@@ -12,7 +12,7 @@ from contracts.model_path import is_mixture_of_experts, resolve_model_path
 from inference.adapters import Adapters
 from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
-from inference.plugin import BUSY_WAIT_ENV
+from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV
 from inference.routes import patch_generate_route, weights_router
 from inference.security import ApiKeyMiddleware
 from inference.worker import WORKER_EXTENSION
@@ -27,6 +27,14 @@ def tool_call_parser(model: InferenceModelConfig, model_path: str) -> str:
         return model.tool_call_parser
     family = resolve_family(model.chat_family, model_path)
     return family.vllm_tool_call_parser if family else "hermes"
+
+
+def forks_cpu_worker(config: InferenceConfig, cpus: int) -> bool:
+    """Whether vLLM's CPU worker starts by fork (``cpu_worker_start``; "auto": one worker with ``cpus`` CPUs or
+    fewer than three, where vLLM's binding gives it one core anyway)."""
+    if config.cpu_worker_start == "auto":
+        return config.tensor_parallel_size == 1 and cpus <= 2
+    return config.cpu_worker_start == "fork"
 
 
 def vllm_argv(config: InferenceConfig) -> list[str]:
@@ -149,6 +157,8 @@ def serve(config: InferenceConfig, api_key: str | None) -> None:
     busy_wait_s = config.busy_wait_s if config.busy_wait_s is not None else 0.0 if current_platform.is_cpu() else None
     if busy_wait_s is not None:
         os.environ[BUSY_WAIT_ENV] = str(busy_wait_s)  # read by inference.plugin in each of vLLM's processes
+    if current_platform.is_cpu() and forks_cpu_worker(config, len(os.sched_getaffinity(0))):
+        os.environ[FORK_WORKER_ENV] = "1"
     os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(resolve_model_path(config.model.name)) else "0")
     cli_env_setup()
     args = make_arg_parser(FlexibleArgumentParser(prog="inference")).parse_args(vllm_argv(config))

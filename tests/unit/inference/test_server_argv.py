@@ -5,7 +5,7 @@ import torch
 
 from contracts.errors import TridentError
 from inference.config import InferenceConfig
-from inference.server import vllm_argv
+from inference.server import forks_cpu_worker, vllm_argv
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU server")
@@ -43,3 +43,13 @@ def test_the_cpu_server_refuses_lora_on_a_mixture_of_experts(tiny_moe_path, tiny
         vllm_argv(InferenceConfig(model={"name": tiny_moe_path}, lora={}))
     assert "--enable-lora" not in vllm_argv(InferenceConfig(model={"name": tiny_moe_path}))
     assert "--enable-lora" in vllm_argv(InferenceConfig(model={"name": tiny_model_path}, lora={}))
+
+
+@pytest.mark.parametrize(
+    ("start", "tensor_parallel", "cpus", "forks"),
+    [("auto", 1, 2, True), ("auto", 1, 1, True), ("auto", 1, 3, False), ("auto", 2, 2, False),
+     ("fork", 1, 16, True), ("spawn", 1, 2, False)],
+)  # fmt: skip
+def test_the_cpu_worker_forks_where_it_gets_one_core_either_way_or_as_set(start, tensor_parallel, cpus, forks):
+    config = InferenceConfig(cpu_worker_start=start, tensor_parallel_size=tensor_parallel)
+    assert forks_cpu_worker(config, cpus) is forks
