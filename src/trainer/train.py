@@ -140,6 +140,10 @@ def train_step(
     }
     metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
+    metrics["token_staleness_mean"] = metrics.pop("token_staleness")  # steps, over the loss tokens
+    metrics["stale_token_share"] = metrics.pop("stale_tokens")
+    if config.loss.max_token_staleness is not None:  # share of loss tokens dropped as too stale
+        metrics["too_stale_fraction"] = metrics.pop("too_stale_tokens")
     if corrected_samples is not None:  # shares of tokens and of samples whose weight was truncated or masked
         metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
         metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
@@ -192,6 +196,7 @@ def forward_backward(
                 entropy=scores.entropy,
                 reference_logprobs=reference.logprobs(micro_batch, info.temperature) if reference else None,
                 entropy_mask=scores.entropy_mask,
+                staleness=(info.step - 1 - micro_batch.weight_steps).to(world.device, non_blocking=True),
             )
             total = loss
             if routers is not None and routers.balancing:
