@@ -10,13 +10,11 @@ import torch
 from rollouts import build_samples
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contracts.protocol import MicroBatch
 from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from trainer.export import save_weights
-from trainer.model import packed_logprobs, use_packed_forward
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +27,14 @@ def counter(metrics: str, name: str) -> float:
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))
 
 
-def token_logprobs(model, sample) -> torch.Tensor:
-    use_packed_forward(model)
+def token_logprobs(model, sample, banned: list[int]) -> torch.Tensor:
+    """The model's logprob of each token of ``sample`` given those before it (0 at position 0) with the ``banned``
+    tokens left out of the distribution, as vLLM's ``min_tokens`` leaves out the stop tokens before its count."""
     with torch.no_grad():
-        return packed_logprobs(model, MicroBatch.pack([sample]), 1.0)
+        logits = model(torch.tensor([sample.token_ids])).logits[0, :-1].float()
+    logits[:, banned] = -torch.inf
+    picked = logits.log_softmax(-1).gather(1, torch.tensor(sample.token_ids[1:])[:, None])[:, 0]
+    return torch.cat([torch.zeros(1), picked])
 
 
 def gap(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -62,7 +64,9 @@ def test_a_generation_paused_halfway_goes_on_with_the_new_weights(
     changed = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():
         changed.model.embed_tokens.weight.mul_(3.0)  # tied: changes the lm_head too
-    save_weights(changed, AutoTokenizer.from_pretrained(tiny_model_path), tmp_path / "step_1")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    save_weights(changed, tokenizer, tmp_path / "step_1")
+    stop_ids = sorted({*tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]), tokenizer.eos_token_id})
     config = OrchestratorConfig(client={"base_url": inference_server},
                                 sampling={"temperature": 1.0, "max_tokens": MAX_TOKENS})  # fmt: skip
     env = load_env(EnvConfig(id="reverse-text", args={"num_examples": 1}))
@@ -110,8 +114,8 @@ def test_a_generation_paused_halfway_goes_on_with_the_new_weights(
         served = torch.tensor(sample.inference_logprobs)[mask]
         old, new = steps == 0, steps == 1
         # each token's logprob is that of the weights its label names: the label is exact
-        assert gap(token_logprobs(original, sample)[mask][old], served[old]) < 1e-4
-        assert gap(token_logprobs(changed, sample)[mask][new], served[new]) < 1e-4
+        assert gap(token_logprobs(original, sample, stop_ids)[mask][old], served[old]) < 1e-4
+        assert gap(token_logprobs(changed, sample, stop_ids)[mask][new], served[new]) < 1e-4
         swapped += bool(old.any() and new.any())
         assert sample.weight_step == int(steps.min())
         assert int(mask.sum()) == MAX_TOKENS
