@@ -49,11 +49,33 @@ def adapter_name(step: int) -> str:
     return f"lora-step-{step}"
 
 
+def adapter_step(name: str | None) -> int | None:
+    """The weights step of an adapter served under :func:`adapter_name` (None: not such a name)."""
+    number = (name or "").removeprefix("lora-step-")
+    return int(number) if number != name and number.isdigit() else None
+
+
+def token_weight_steps(spans: list[dict] | None, count: int) -> list[int] | None:
+    """The weights step that sampled each of a completion's ``count`` tokens, from the ``weight_versions`` the
+    generate route answers with (vLLM's spans ``{"version", "start", "end"}`` over output tokens, each version a
+    step as the server labels it); None when they are absent, not steps, or do not tile the completion."""
+    if spans is None:
+        return None
+    steps: list[int] = []
+    for span in spans:
+        version, start, end = str(span.get("version")), span.get("start"), span.get("end")
+        if not version.isdigit() or start != len(steps) or not isinstance(end, int) or end < start:
+            return None
+        steps += [int(version)] * (end - start)
+    return steps if len(steps) == count else None
+
+
 class WeightsRequest(BaseModel):
     """The body of ``POST /reload_weights`` and ``POST /load_adapter``: serve the weights in ``path`` as ``step``."""
 
     path: str
     step: Annotated[int, Field(ge=0)]
+    in_flight: bool = False  # pause keeping requests in flight: they go on from where they were, on the new weights
 
 
 class Served(BaseModel):
@@ -66,9 +88,11 @@ class Served(BaseModel):
 
 
 class WeightsChange(Served):
-    """The answer to a change of weights: what is served now, and the seconds the change took."""
+    """The answer to a change of weights: what is served now, the seconds the change took, and the seconds
+    generation was paused for it (0 for an adapter, which is swapped without a pause)."""
 
     seconds: float
+    paused_s: float = 0.0
 
 
 def probe_request(model: str, token_ids: list[int]) -> dict:

@@ -26,6 +26,9 @@ class Sample:
     ``loss_mask[i]`` is True exactly where ``token_ids[i]`` was sampled by the policy; ``inference_logprobs``
     holds the server's (temperature-processed) logprob there and 0 elsewhere. ``routes`` (a mixture-of-experts
     model's, when the server returned them): the experts each token went to, ``[tokens, layers, top_k]`` uint8.
+    ``weight_steps[i]``: the weights step that sampled token ``i`` (weights can change in flight, mid-completion);
+    ``weight_step`` where it was not sampled, and everywhere when not given. ``weight_step`` is the oldest step
+    that sampled any of its tokens.
     """
 
     token_ids: list[int]
@@ -33,15 +36,18 @@ class Sample:
     inference_logprobs: list[float]
     advantage: float
     reward: float
-    weight_step: int  # the weights step that sampled it
+    weight_step: int  # the oldest weights step that sampled its tokens
     meta: dict = field(default_factory=dict)  # where it came from: env, task, rewards by function, ...
     routes: torch.Tensor | None = None
+    weight_steps: list[int] | None = None  # per token; None: weight_step for every token
 
     def __post_init__(self):
-        if not len(self.token_ids) == len(self.loss_mask) == len(self.inference_logprobs):
+        if self.weight_steps is None:
+            self.weight_steps = [self.weight_step] * len(self.token_ids)
+        if not len(self.token_ids) == len(self.loss_mask) == len(self.inference_logprobs) == len(self.weight_steps):
             raise ValueError(
-                f"sample fields differ in length: {len(self.token_ids)} token ids, "
-                f"{len(self.loss_mask)} mask entries, {len(self.inference_logprobs)} logprobs"
+                f"sample fields differ in length: {len(self.token_ids)} token ids, {len(self.loss_mask)} mask "
+                f"entries, {len(self.inference_logprobs)} logprobs, {len(self.weight_steps)} weight steps"
             )
         if self.routes is not None and (self.routes.dim() != 3 or len(self.routes) != len(self.token_ids)):
             raise ValueError(f"routes of shape {list(self.routes.shape)} for {len(self.token_ids)} tokens")
@@ -57,6 +63,7 @@ MICRO_BATCH_DTYPES = {  # the tensors of a micro-batch file; all but sample_leng
     "loss_mask": torch.bool,
     "advantages": torch.float32,
     "inference_logprobs": torch.float32,
+    "weight_steps": torch.long,
     "sample_lengths": torch.long,
 }
 MICRO_BATCH_TENSORS = tuple(MICRO_BATCH_DTYPES)
@@ -71,8 +78,9 @@ class MicroBatch:
     """Samples packed end to end into one row, without padding (``position_ids`` restart per sample).
 
     All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries. Their dtypes:
-    :data:`MICRO_BATCH_DTYPES`. ``routes`` (``[tokens, layers, top_k]``, :data:`ROUTES_DTYPE`; None: absent) are the
-    experts the server routed each token to, for routing replay: present when every sample packed in has them.
+    :data:`MICRO_BATCH_DTYPES`. ``weight_steps``: the weights step that sampled each token (:class:`Sample`).
+    ``routes`` (``[tokens, layers, top_k]``, :data:`ROUTES_DTYPE`; None: absent) are the experts the server routed
+    each token to, for routing replay: present when every sample packed in has them.
     """
 
     input_ids: torch.Tensor
@@ -80,6 +88,7 @@ class MicroBatch:
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     inference_logprobs: torch.Tensor
+    weight_steps: torch.Tensor
     sample_lengths: torch.Tensor
     routes: torch.Tensor | None = None
 
@@ -95,6 +104,7 @@ class MicroBatch:
             loss_mask=cat("loss_mask", lambda s: s.loss_mask),
             advantages=cat("advantages", lambda s: [s.advantage] * len(s.token_ids)),
             inference_logprobs=cat("inference_logprobs", lambda s: s.inference_logprobs),
+            weight_steps=cat("weight_steps", lambda s: s.weight_steps),
             sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),
             routes=torch.cat([s.routes.to(ROUTES_DTYPE) for s in samples]) if routed and samples else None,
         )
@@ -134,6 +144,8 @@ class MicroBatch:
             return layout
         if (self.input_ids < 0).any():
             return "input_ids holds negative token ids"
+        if (self.weight_steps < 0).any():
+            return "weight_steps holds negative steps"
         if not (self.advantages.isfinite().all() and self.inference_logprobs.isfinite().all()):
             return "advantages or inference_logprobs hold NaN or infinite values"
         return None

@@ -38,13 +38,21 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
     lock = asyncio.Lock()  # one change of weights at a time
     full_weights = {"path": base_path}  # what the model's own weights hold now (adapters come on top)
 
-    async def load_full_weights(state: State, path: str, step: int, manifest: dict | None = None) -> JSONResponse:
+    async def load_full_weights(
+        state: State, path: str, step: int, manifest: dict | None = None, in_flight: bool = False
+    ) -> JSONResponse:
         """Serve the full weights in ``path`` (files, or sent over the broadcast that ``manifest`` describes) as
-        ``step``, no adapter; call holding ``lock``."""
+        ``step``, no adapter; call holding ``lock``.
+
+        Requests in flight finish on the old weights before the swap, or with ``in_flight`` are paused where they
+        are and go on with the new weights: their KV cache is dropped (they are preempted) and computed again
+        under the new weights on resuming, so every token after the swap is the new policy's, and vLLM labels
+        each request's tokens with the step that sampled them (``weight_versions``).
+        """
         engine = state.engine_client
         start = time.perf_counter()
-        # Finish in-flight requests on the old weights, swap, and drop KV computed with the old weights.
-        await engine.pause_generation(mode="wait", clear_cache=True)
+        # Drop KV computed with the old weights; pause where the requests are, or once they have finished.
+        await engine.pause_generation(mode="keep" if in_flight else "wait", clear_cache=True)
         try:
             if manifest is not None:
                 await engine.collective_rpc("receive_weights", args=(manifest,))
@@ -57,10 +65,11 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
             return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
         finally:
             await engine.resume_generation()
+        paused_s = time.perf_counter() - start  # no request started (nor, in flight, went on) meanwhile
         full_weights["path"] = path
         if state.trident_adapters is not None:  # adapters were trained on the old base weights
             await state.trident_adapters.retire_all()
-        return serving(state, step, path, None, start)
+        return serving(state, step, path, None, start, paused_s)
 
     @router.post(api.RELOAD_WEIGHTS)
     async def reload_weights(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
@@ -76,7 +85,7 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         else:
             check_manifest(Path(path), manifest, store, Path(base_path))
         async with lock:
-            return await load_full_weights(raw_request.app.state, path, request.step, manifest)
+            return await load_full_weights(raw_request.app.state, path, request.step, manifest, request.in_flight)
 
     @router.post(api.RESET_WEIGHTS)
     async def reset_weights(raw_request: Request) -> JSONResponse:
@@ -120,13 +129,17 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
     return router
 
 
-def serving(state: State, step: int, path: str, adapter: str | None, start: float) -> JSONResponse:
-    """Record what the server now serves; the answer to a weights change."""
+def serving(
+    state: State, step: int, path: str, adapter: str | None, start: float, paused_s: float = 0.0
+) -> JSONResponse:
+    """Record what the server now serves; the answer to a weights change (``paused_s``: seconds generation was
+    paused for it)."""
     state.trident_weights = api.Served(step=step, path=path, adapter=adapter).model_dump()
     seconds = time.perf_counter() - start
     what = f"adapter {adapter}" if adapter else "weights"
-    logger.info(f"serving {what} of step {step} from {path} (loaded in {seconds:.3f}s)")
-    return JSONResponse(api.WeightsChange(**state.trident_weights, seconds=round(seconds, 4)).model_dump())
+    logger.info(f"serving {what} of step {step} from {path} (loaded in {seconds:.3f}s, paused {paused_s:.3f}s)")
+    change = api.WeightsChange(**state.trident_weights, seconds=round(seconds, 4), paused_s=round(paused_s, 4))
+    return JSONResponse(change.model_dump())
 
 
 def token_id_logprobs(data: Any) -> Any:
@@ -170,10 +183,27 @@ def verifiers_routes(data: Any, start: int) -> Any:
     return data
 
 
-def training_client_answer(data: Any, start: int) -> Any:
-    """``/inference/v1/generate``'s answer as verifiers' training client reads it: :func:`token_id_logprobs` and
-    :func:`verifiers_routes`."""
-    return verifiers_routes(token_id_logprobs(data), start)
+def adapter_weight_versions(data: Any, step: int | None) -> Any:
+    """Label every token of each choice with ``step``, the step of the adapter the request named (None: it named
+    none, and the engine's labels stand).
+
+    vLLM labels tokens with the engine's one weight version, which :func:`weights_router` sets to each newly loaded
+    adapter's step; but a request keeps the adapter it named to its end (adapters are swapped without a pause), so
+    its tokens are that adapter's step.
+    """
+    if step is None or not isinstance(data, dict):
+        return data
+    for choice in data.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("weight_versions") is not None:
+            count = len(choice.get("token_ids") or [])
+            choice["weight_versions"] = [{"version": str(step), "start": 0, "end": count}]
+    return data
+
+
+def training_client_answer(data: Any, start: int, adapter_step: int | None = None) -> Any:
+    """``/inference/v1/generate``'s answer as verifiers' training client reads it: :func:`token_id_logprobs`,
+    :func:`verifiers_routes` and :func:`adapter_weight_versions`."""
+    return adapter_weight_versions(verifiers_routes(token_id_logprobs(data), start), adapter_step)
 
 
 def patch_generate_route(app: FastAPI) -> bool:
@@ -197,6 +227,7 @@ def patch_generate_route(app: FastAPI) -> bool:
     async def generate(request: GenerateRequest, raw_request: Request):
         response = await original(request, raw_request)
         start = request.sampling_params.routed_experts_prompt_start
+        step = api.adapter_step(request.model)
         if isinstance(response, StreamingResponse):
             inner = response.body_iterator
 
@@ -204,14 +235,14 @@ def patch_generate_route(app: FastAPI) -> bool:
                 async for chunk in inner:
                     text = chunk.decode() if isinstance(chunk, bytes) else chunk
                     if text.startswith("data: {"):
-                        text = "data: " + json.dumps(training_client_answer(json.loads(text[6:]), start)) + "\n\n"
+                        text = "data: " + json.dumps(training_client_answer(json.loads(text[6:]), start, step)) + "\n\n"
                     yield text
 
             response.body_iterator = rewrite()
             return response
         if isinstance(response, JSONResponse) and response.status_code == 200:
             return JSONResponse(
-                training_client_answer(json.loads(response.body), start), background=response.background
+                training_client_answer(json.loads(response.body), start, step), background=response.background
             )
         return response
 

@@ -102,6 +102,7 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
         app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
     await init_app_state(engine_client, app.state, args, supported_tasks)
     app.state.trident_weights = Served(step=0, path=base_path, adapter=None).model_dump()
+    await engine_client.update_weight_version("0")  # vLLM labels each sampled token with it: the base model is step 0
     app.state.trident_adapters = (
         Adapters(app.state.openai_serving_models, engine_client) if config.lora is not None else None
     )

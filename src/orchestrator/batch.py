@@ -2,6 +2,7 @@
 batch for the same groups. What it holds is the disk protocol's (docs/protocol.md, :mod:`contracts.protocol`).
 """
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -57,16 +58,27 @@ def rollout_samples(
 
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
     """A sample of each trainable branch of ``rollout``: none for a failed one; all masked when truncated under
-    ``mask_truncated``."""
+    ``mask_truncated``. ``weight_step``: the weights served when its group started, the step of each token the
+    server did not label (:attr:`Rollout.weight_steps`)."""
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
     branches = rollout.branches if rollout.ok else []
     routes = (rollout.routes or [None] * len(branches)) if rollout.ok else []
-    return [
-        Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, weight_step, meta, route)
-        for (ids, mask, logprobs), route in zip(branches, routes, strict=True)
-    ]
+    labels = (rollout.weight_steps or [[None] * len(ids) for ids, _, _ in branches]) if rollout.ok else []
+    samples = []
+    for (ids, mask, logprobs), route, labelled in zip(branches, routes, labels, strict=True):
+        known = [step if step is not None else weight_step for step in labelled]
+        oldest = min((step for step, m in zip(known, mask, strict=True) if m), default=weight_step)
+        steps = [step if m else oldest for step, m in zip(known, mask, strict=True)]
+        samples.append(Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, oldest, meta,
+                              route, steps))  # fmt: skip
+    return samples
+
+
+def token_steps(samples: list[Sample]) -> Counter[int]:
+    """How many sampled tokens of ``samples`` each weights step sampled."""
+    return Counter(step for s in samples for step, m in zip(s.weight_steps, s.loss_mask, strict=True) if m)
 
 
 def flat(per_rollout: list[list[list[Sample] | None]]) -> list[Sample]:
@@ -114,7 +126,7 @@ class Batch:
             reward_mean=reward_mean,
             temperature=temperature,
             truncation=truncation,
-            weight_steps=[self.weight_step],
+            weight_steps=sorted(token_steps(self.samples)) or [self.weight_step],
             metrics=metrics,
             samples=[sample_summary(s) for s in self.samples],
         )

@@ -31,10 +31,12 @@ NOTICE_S = 30.0  # how often to say that the server is still not up
 
 
 class InferenceClient:
-    def __init__(self, base_url: str, timeout_s: float, model: str = ""):
+    def __init__(self, base_url: str, timeout_s: float, model: str = "", in_flight: bool = False):
         self.base_url = base_url.rstrip("/")
         self.base_model = model
         self.model = model  # the name the policy is served under: the base model's, or the current adapter's
+        self.in_flight = in_flight  # full-weight reloads keep requests in flight (WeightsRequest.in_flight)
+        self.paused_s = 0.0  # seconds the server paused generation for the last reload
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=auth_headers())
 
     async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:
@@ -79,10 +81,11 @@ class InferenceClient:
 
     async def reload_weights(self, path: Path, step: int) -> float:
         """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
-        swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken."""
+        swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken; the seconds
+        generation was paused for it become :attr:`paused_s`."""
         adapter = adapter_name(step) if is_adapter(path) else None
         route = LOAD_ADAPTER if adapter else RELOAD_WEIGHTS
-        body = WeightsRequest(path=str(path.resolve()), step=step)
+        body = WeightsRequest(path=str(path.resolve()), step=step, in_flight=self.in_flight)
         response = await self.http.post(route, json=body.model_dump())
         if response.status_code != 200:
             raise TridentError(f"inference server failed to load {path} ({route}): {response.text}")
@@ -93,7 +96,9 @@ class InferenceClient:
                 f"loading step {step} (adapter {adapter})"
             )
         self.use(served)
-        return WeightsChange.model_validate(response.json()).seconds
+        change = WeightsChange.model_validate(response.json())
+        self.paused_s = change.paused_s
+        return change.seconds
 
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The server's logprob of each token given the ones before it (temperature 1; 0.0 at position 0)."""

@@ -475,6 +475,20 @@ class InfraConfig(StrictModel):
     ] = 0.5
 
 
+class WeightSyncConfig(StrictModel):
+    """How the servers move to new weights: see docs/in_flight.md."""
+
+    in_flight: Annotated[
+        bool,
+        Field(
+            description="Swap full weights while requests are in flight: generation pauses where it is, the weights "
+            "change, and each request goes on with the new ones, every token labelled with the weights step that "
+            "sampled it. Off: each reload waits for the requests in flight to finish on the old weights. LoRA "
+            "adapters swap without a pause either way: a request keeps the adapter it started on.",
+        ),
+    ] = False
+
+
 class OrchestratorConfig(BaseConfig):
     """``uv run orchestrator @ orch.toml``: run environments against the server and write training batches."""
 
@@ -492,6 +506,7 @@ class OrchestratorConfig(BaseConfig):
         EnvConfig(id="reverse-text")
     ]
     client: ClientConfig = ClientConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
     output_dir: OutputDir = Path("outputs")
     max_steps: MaxSteps = 20
     seq_len: SeqLen = 2048

@@ -33,7 +33,7 @@ from orchestrator.rollout import Rollout
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.schedule import StepSchedule
 from orchestrator.servers import NoServer
-from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics
+from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics, token_staleness_metrics
 from orchestrator.task_stream import TaskStream
 from orchestrator.tasks import TaskSampler, prompts_per_env
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
@@ -72,7 +72,8 @@ class Orchestrator:
         self.evaluation = Evaluation(config.eval, self.groups, self.metrics, self.progress)
         client = config.client
         self.weights = WeightSync(self.output_dir, self.servers, self.progress, config.weights_timeout_s,
-                                  client.probe_tolerance, self.evaluation.finish)  # fmt: skip
+                                  client.probe_tolerance, self.evaluation.finish,
+                                  config.weight_sync.in_flight)  # fmt: skip
         self.schedule = StepSchedule(config, self.groups, self.weights, self.evaluation, self.tasks, self.envs,
                                      self.per_env, self.progress)  # fmt: skip
         self.written_at: float | None = None  # time.perf_counter() when the last batch was written
@@ -146,6 +147,7 @@ class Orchestrator:
             **no_sample_metrics(batch.untrained),
             **({"probe_gap": self.weights.probe_gap} if self.weights.probe_gap is not None else {}),
             "staleness": step - 1 - weight_step,
+            **token_staleness_metrics(step, samples),
             "started_early_s": started_early_s,
             "rollout_cpu_share": self.rollout_cpu_share(step),
         }
@@ -154,8 +156,8 @@ class Orchestrator:
         write_batch(self.output_dir, info, batch.micro_batches)
         self.release_tasks(step)
         self.written_at = time.perf_counter()
-        timings = {"wait_weights_s": started.wait_s, "reload_s": started.reload_s, "generate_s": generate_s,
-                   "write_s": self.written_at - generated}  # fmt: skip
+        timings = {"wait_weights_s": started.wait_s, "reload_s": started.reload_s, "reload_paused_s": started.paused_s,
+                   "generate_s": generate_s, "write_s": self.written_at - generated}  # fmt: skip
         self.metrics.write(
             {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
              "tokens": info.num_tokens, "weight_step": weight_step, **timings, **self.memory_metrics(step)}

@@ -29,3 +29,6 @@ class Rollout:
     # per branch, a mixture-of-experts model's routes ([tokens, layers, top_k] uint8 expert ids) when the server
     # returned them (vLLM's enable_return_routed_experts, for routing replay), else None; empty: none at all
     routes: list = field(default_factory=list)
+    # per branch, per token: the weights step that sampled it as the server labelled it, None where it is not sampled
+    # or the server labelled none (then it is the step served when its group started); empty: none at all
+    weight_steps: list = field(default_factory=list)

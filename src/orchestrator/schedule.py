@@ -29,6 +29,7 @@ class StartedStep:
     start: float  # time.perf_counter() when they started
     wait_s: float  # seconds waited for the trainer's weights before they could start
     reload_s: float  # seconds the servers took to load those weights
+    paused_s: float  # seconds generation was paused for that reload (the longest of the servers')
 
     def cancel(self) -> None:
         for run in self.runs:
@@ -91,7 +92,8 @@ class StepSchedule:
         runs = [self.fill_slot(tasks, slot, per_server) for slot in range(len(tasks.tasks))]
         track(self.progress, f"sampling step {step}", runs)
         self.evaluation.start_if_due(self.weights.served_step)
-        return StartedStep(runs, per_server, self.weights.served_step, time.perf_counter(), wait_s, reload_s)
+        return StartedStep(runs, per_server, self.weights.served_step, time.perf_counter(), wait_s, reload_s,
+                           self.weights.paused_s)  # fmt: skip
 
     async def start_in_tail(self, step: int, running: list[asyncio.Future]) -> StartedStep:
         """Start step ``step``'s groups once at most ``overlap_tail`` of the step before's groups (``running``) are

@@ -113,3 +113,21 @@ def env_metrics(groups: list[list[Rollout]], rewards: list[list[float]], generat
 def advantage_metrics(samples: list[Sample]) -> dict[str, float]:
     """Mean, std, min and max of the advantages of the samples the trainer gets (one value per sample)."""
     return describe("advantage", [s.advantage for s in samples])
+
+
+def token_staleness_metrics(step: int, samples: list[Sample]) -> dict[str, float]:
+    """How stale the sampled tokens of step ``step``'s ``samples`` are: a token sampled by weights step K is
+    ``step - 1 - K`` steps stale (0: the newest weights the step could have). ``token_staleness_{mean,max}``, the
+    share of tokens stale at all (``stale_token_share``) and the share of samples whose tokens came from more than
+    one step (``mixed_step_samples``: weights changed while they were generated, in flight)."""
+    counts = Counter(step - 1 - k for s in samples for k, m in zip(s.weight_steps, s.loss_mask, strict=True) if m)
+    total = sum(counts.values())
+    if not total:
+        return {}
+    mixed = sum(len({k for k, m in zip(s.weight_steps, s.loss_mask, strict=True) if m}) > 1 for s in samples)
+    return {
+        "token_staleness_mean": sum(age * n for age, n in counts.items()) / total,
+        "token_staleness_max": max(counts),
+        "stale_token_share": sum(n for age, n in counts.items() if age > 0) / total,
+        "mixed_step_samples": mixed / len(samples),
+    }

@@ -31,12 +31,16 @@ class WeightSync:
         timeout_s: float,
         probe_tolerance: float | None,
         before_reload: Callable[[], Awaitable[None]],
+        in_flight: bool = False,
     ):
         self.output_dir, self.servers, self.progress = output_dir, servers, progress
         self.timeout_s, self.probe_tolerance = timeout_s, probe_tolerance
         self.before_reload = before_reload
+        for server in servers.servers:  # [weight_sync] in_flight: reloads keep the requests in flight
+            server.client.in_flight = in_flight
         self.served_step = 0
         self.probe_gap: float | None = None  # mean |logprob difference| on the probe after the last reload
+        self.paused_s = 0.0  # seconds generation was paused for the last reload (the longest of the servers')
 
     async def bring_servers_back(self) -> None:
         """Make every server that answers serve ``served_step`` (:meth:`Servers.bring_to`)."""
@@ -59,15 +63,20 @@ class WeightSync:
         waited = time.perf_counter() - start
         newest = latest_stable_weights(self.output_dir)
         if newest <= self.served_step:
+            self.paused_s = 0.0
             return waited, 0.0
         await self.before_reload()
         path = weights_dir(self.output_dir, newest)
         with self.progress.doing(f"loading weights step {newest} into the server"):
             reload_s, gap = await self.servers.reload_weights(path, newest, self.probe_tolerance)
         self.probe_gap = gap
+        self.paused_s = max((server.client.paused_s for server in self.servers.up), default=0.0)
         count = len(self.servers.up)
         which = "server now serves" if len(self.servers.servers) == 1 else f"all {count} servers serve"
-        logger.info(f"{which} weights step {newest} (reload {reload_s:.3f}s, probe gap {gap})")
+        logger.info(
+            f"{which} weights step {newest} (reload {reload_s:.3f}s, generation paused {self.paused_s:.3f}s, "
+            f"probe gap {gap})"
+        )
         # Nothing can ask for older weights any more: the server moved past them. The folder served until now
         # goes at the next swap (requests admitted under a retired adapter may still read it).
         for old in range(1, newest):

@@ -281,6 +281,16 @@ class LossConfig(StrictModel):
         Field(ge=0, le=1, description="correction: lower end of the weight's range (0: no lower end)."),
     ] = 0.0
     correction_high: Annotated[float, Field(ge=1, description="correction: upper end of the weight's range.")] = 2.0
+    max_token_staleness: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description="A loss token sampled by weights more than this many steps older than the newest its step "
+            "could have (step N's: N - 1) gets no gradient; each token counts by the weights that sampled it, so a "
+            "sample whose weights changed in flight keeps its fresh tokens (docs/in_flight.md). Absent: no bound "
+            "beyond the orchestrator's async_level.",
+        ),
+    ] = None
 
     @model_validator(mode="after")
     def _correction_replaces_clipping(self):

@@ -71,6 +71,7 @@ def policy_loss(
     entropy: Float[Tensor, " seq"] | None = None,
     reference_logprobs: Float[Tensor, " seq"] | None = None,
     entropy_mask: Bool[Tensor, " seq"] | None = None,
+    staleness: Int[Tensor, " seq"] | None = None,
 ) -> tuple[Float[Tensor, ""], dict[str, Tensor]]:
     """The importance-weighted policy-gradient loss of one packed micro-batch (formulas in docs/losses.md).
 
@@ -92,7 +93,22 @@ def policy_loss(
     ``sample_lengths`` stay on the host (all the rest is on the device): nothing here waits for the device. The
     ``entropy`` metric sums the entropy over ``entropy_mask`` (the loss tokens when None), counted in
     ``entropy_tokens``.
+
+    ``staleness`` (per token: steps between the weights that sampled it and the newest its step could have) drops
+    the loss tokens staler than ``config.max_token_staleness`` from the loss, as if not sampled (counted in
+    ``too_stale_tokens``); ``token_staleness`` and ``stale_tokens`` sum it, and count the tokens stale at all, over
+    the loss tokens. Each token's ratio is against the logprob of the weights that sampled it (``inference_logprobs``),
+    so corrections are per token whichever weights sampled it.
     """
+    if staleness is not None:
+        staleness = staleness * loss_mask
+        if config.max_token_staleness is not None:
+            too_stale = staleness > config.max_token_staleness
+            stale_metrics = {"too_stale_tokens": too_stale.sum()}
+            loss_mask = loss_mask & ~too_stale
+        else:
+            stale_metrics = {}
+        stale_metrics |= {"token_staleness": staleness.sum(), "stale_tokens": (staleness > 0).sum()}
     segment = sample_segments(sample_lengths.cpu()).to(logprobs.device, non_blocking=True)
     token_log_ratio = (logprobs - inference_logprobs) * loss_mask
     tokens_per_sample = sample_sums(loss_mask.float(), segment, len(sample_lengths))
@@ -137,6 +153,8 @@ def policy_loss(
             metrics["entropy_tokens"] = entropy_mask.sum()
         if reference_logprobs is not None:
             metrics["reference_kl"] = reference_kl.sum()
+        if staleness is not None:
+            metrics |= stale_metrics
         if config.correction != "none":
             metrics["corrected_tokens"] = corrected.sum()
             corrected_per_sample = sample_sums(corrected.float(), segment, len(sample_lengths))

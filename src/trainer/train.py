@@ -143,6 +143,10 @@ def train_step(
     metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
     if "outside_kept_tokens" in metrics:  # with a truncation: share of tokens outside the trainer's kept set
         metrics["outside_kept_fraction"] = metrics.pop("outside_kept_tokens")
+    metrics["token_staleness_mean"] = metrics.pop("token_staleness")  # steps, over the loss tokens
+    metrics["stale_token_share"] = metrics.pop("stale_tokens")
+    if config.loss.max_token_staleness is not None:  # share of loss tokens dropped as too stale
+        metrics["too_stale_fraction"] = metrics.pop("too_stale_tokens")
     if corrected_samples is not None:  # shares of tokens and of samples whose weight was truncated or masked
         metrics["corrected_fraction"] = metrics.pop("corrected_tokens")
         metrics["corrected_sample_fraction"] = corrected_samples / info.num_samples
@@ -197,6 +201,7 @@ def forward_backward(
                 entropy=scores.entropy,
                 reference_logprobs=reference.logprobs(micro_batch, info) if reference else None,
                 entropy_mask=scores.entropy_mask,
+                staleness=(info.step - 1 - micro_batch.weight_steps).to(world.device, non_blocking=True),
             )
             if info.truncation.on:  # sampled tokens the trainer's own truncation would have dropped
                 stats["outside_kept_tokens"] = (scores.outside_kept * loss_mask).sum()

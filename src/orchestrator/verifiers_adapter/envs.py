@@ -30,6 +30,7 @@ from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from orchestrator.verifiers_adapter.renderer import renderer_config
 from orchestrator.verifiers_adapter.runtimes import container_need, container_runtime
+from orchestrator.verifiers_adapter.weight_steps import node_weight_steps
 
 logger = logging.getLogger("orchestrator")
 # what the rest of the orchestrator holds of verifiers, by these names: a loaded environment, and how rollouts sample
@@ -213,6 +214,21 @@ def trace_routes(trace: vf.Trace) -> list[torch.Tensor | None]:
     return out
 
 
+def trace_weight_steps(trace: vf.Trace) -> list[list[int | None]]:
+    """Each trainable branch's weights step per token (as :func:`trace_branches` lists the branches): the step that
+    sampled it, as the server labelled it (:mod:`~orchestrator.verifiers_adapter.weight_steps`); None for a token
+    not sampled, or sampled by a server that labelled none."""
+    out = []
+    for branch in trace.branches:
+        if branch.trainable:
+            steps: list[int | None] = []
+            for node in branch.nodes:
+                sampled = iter(node_weight_steps(node.logprobs) or [None] * sum(node.mask))
+                steps += [next(sampled) if trained else None for trained in node.mask]
+            out.append(steps)
+    return out
+
+
 def _setup_seconds(trace: vf.Trace) -> float | None:
     timing = trace.timing
     return timing.setup.end - timing.boot.start if timing.setup.end and timing.boot.start else None
@@ -277,6 +293,7 @@ def _trace_rollout(trace: vf.Trace, episode: vf.Episode, env_id: str, task: str,
         reward=float(trace.reward or 0.0),
         branches=trace_branches(trace) if trained else [],
         routes=trace_routes(trace) if trained else [],
+        weight_steps=trace_weight_steps(trace) if trained else [],
         ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)

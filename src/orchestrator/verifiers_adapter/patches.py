@@ -10,13 +10,14 @@ changes nothing.
 import sys
 
 import renderers.base
+import renderers.client
 from pydantic._internal import _fields
 from verifiers.v1.clients import train
 from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.rollout import Rollout as VerifiersRollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
-from orchestrator.verifiers_adapter import harness, judge, limits, pydantic_defaults, tokenizer_memo
+from orchestrator.verifiers_adapter import harness, judge, limits, pydantic_defaults, tokenizer_memo, weight_steps
 from orchestrator.verifiers_adapter.generate_transport import GenerateTransport
 
 
@@ -33,5 +34,7 @@ def install_patches() -> None:
     train.build_async_openai = GenerateTransport
     # tokenizer_memo: renderers' tokenizers remember short encodes and decodes
     renderers.base.load_tokenizer = tokenizer_memo.load_memoized
+    # weight_steps: each sampled token's weights step rides its node's logprobs list into verifiers' rollout graph
+    renderers.client._parse_completion_logprobs = weight_steps.parse_completion_logprobs
     # pydantic_defaults: verifiers' rollout graph is built with model_construct on every turn
     _fields.takes_validated_data_argument = pydantic_defaults.takes_validated_data_argument

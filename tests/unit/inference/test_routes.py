@@ -43,10 +43,12 @@ class FakeEngine:
 
     def __init__(self):
         self.calls = []
+        self.keywords = []  # (name, keyword arguments) of each call
 
     def __getattr__(self, name):
         async def call(*args, **kwargs):
             self.calls.append((name, *args))
+            self.keywords.append((name, kwargs))
 
         return call
 
@@ -191,10 +193,33 @@ def test_reload_weights_swaps_paused_and_retires_the_adapters(root):
     assert client.get("/weights").json()["step"] == 2
 
 
+def test_in_flight_reload_pauses_keeping_requests_and_says_how_long_generation_stopped(root):
+    """Without in_flight the pause waits for the requests in flight to finish; with it, vLLM keeps them where they
+    are (mode keep), and both drop the KV cache computed with the old weights."""
+    for in_flight, mode in [(False, "wait"), (True, "keep")]:
+        client, engine, _ = weights_app(root)
+        body = {"path": str(root / "full" / "step_2"), "step": 2, "in_flight": in_flight}
+        answer = client.post("/reload_weights", json=body).json()
+        assert ("pause_generation", {"mode": mode, "clear_cache": True}) in engine.keywords
+        assert 0 <= answer["paused_s"] <= answer["seconds"]
+
+
+def test_tokens_of_a_request_naming_an_adapter_are_labelled_with_its_step():
+    """vLLM labels tokens with the engine's one weight version, which moves on when a newer adapter is loaded; a
+    request keeps the adapter it named, so its tokens are that adapter's step."""
+    answer = {"choices": [{"token_ids": [4, 5, 6], "weight_versions": [{"version": "3", "start": 0, "end": 3}]}]}
+    assert training_client_answer(answer, 0, adapter_step=2)["choices"][0]["weight_versions"] == [
+        {"version": "2", "start": 0, "end": 3}
+    ]
+    engine_labels = [{"version": "0", "start": 0, "end": 1}, {"version": "1", "start": 1, "end": 3}]
+    answer = {"choices": [{"token_ids": [4, 5, 6], "weight_versions": engine_labels}]}
+    assert training_client_answer(answer, 0)["choices"][0]["weight_versions"] == engine_labels  # the base model
+
+
 def test_reset_weights_serves_the_base_model_again_so_a_new_run_can_reuse_the_server(root):
     client, engine, adapters = weights_app(root)
     base = {"step": 0, "path": BASE, "adapter": None}
-    assert client.post("/reset_weights").json() | {"seconds": 0} == base | {"seconds": 0}
+    assert client.post("/reset_weights").json() | {"seconds": 0, "paused_s": 0} == base | {"seconds": 0, "paused_s": 0}
     assert engine.calls == [] and adapters.calls == []  # a fresh server: nothing to do
 
     client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})  # an earlier run's adapter

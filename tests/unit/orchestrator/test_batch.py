@@ -4,6 +4,7 @@ tokens (first fit, longest first), position ids restarting per sample, the loss 
 the server's logprobs there and 0 elsewhere, each sample's group-relative advantage over its tokens."""
 
 import copy
+import dataclasses
 
 import pytest
 from rollouts import ONE_SAMPLED, rollout, sampled
@@ -25,6 +26,21 @@ C = rollout(3.0, sampled([20, 21, 22, 23, 24], 3, [-0.125, -2.0]), task="c")
 D = rollout(1.0, sampled([20, 25], 1, [-3.0]), task="c")
 
 
+def test_each_token_keeps_the_weights_step_that_sampled_it_through_the_batch_files(tmp_path):
+    """Weights changed in flight: the server labelled A's two sampled tokens steps 5 and 6 and C's 6 and 6; D was
+    sampled where no label came back (its group's start, 5). A sample's weight_step is its oldest sampled token's,
+    its unsampled tokens carry that, and batch.json lists the steps that sampled tokens."""
+    a = dataclasses.replace(A, weight_steps=[[None, None, 5, 6]])
+    b = dataclasses.replace(B, weight_steps=[[None, None, 6]])
+    c = dataclasses.replace(C, weight_steps=[[None, None, None, 6, 6]])
+    batch = assemble_batch(7, [[a, b], [c, D]], weight_step=5, seq_len=8)
+    write_batch(tmp_path, batch.info(7, 1.0, 0.0, {}), batch.micro_batches)
+    info, micro_batches = read_batch(tmp_path, 7)
+    assert [m.weight_steps.tolist() for m in micro_batches] == [[6, 6, 6, 6, 6, 6, 6, 6], [5, 5, 5, 6, 5, 5]]
+    assert [s["weight_step"] for s in info.samples] == [6, 6, 5, 5]  # C, B, A, D
+    assert info.weight_steps == [5, 6]
+
+
 def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_advantages():
     batch = assemble_batch(7, [[A, B], [C, D]], weight_step=5, seq_len=8)
     # lengths A 4, B 3, C 5, D 2; longest first: C opens row 0 (3 left), A row 1 (4 left), B fills row 0, D row 1
@@ -38,6 +54,7 @@ def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_adva
             "loss_mask": [False, False, False, True, True, False, False, True],
             "advantages": [1.0] * 5 + [-0.5] * 3,
             "inference_logprobs": [0.0, 0.0, 0.0, -0.125, -2.0, 0.0, 0.0, -1.0],
+            "weight_steps": [5] * 8,  # the server labelled no token: the weights the groups started on
             "sample_lengths": [5, 3],
         },
         {
@@ -46,6 +63,7 @@ def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_adva
             "loss_mask": [False, False, True, True, False, True],
             "advantages": [0.5] * 4 + [-1.0] * 2,
             "inference_logprobs": [0.0, 0.0, -0.5, -0.25, 0.0, -3.0],
+            "weight_steps": [5] * 6,
             "sample_lengths": [4, 2],
         },
     ]

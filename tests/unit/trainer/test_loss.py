@@ -269,3 +269,27 @@ def test_corrections_do_not_depend_on_how_samples_are_split(correction, normaliz
     (whole_loss, whole_grad), (split_loss, split_grad) = split_losses(config, WHOLE_AND_SPLIT)
     torch.testing.assert_close(split_loss, whole_loss)
     torch.testing.assert_close(split_grad, whole_grad)
+
+
+def test_staleness_bounds_each_token_by_the_weights_that_sampled_it():
+    """One sample whose weights changed in flight: its first two sampled tokens came from weights 2 steps stale,
+    the last two from fresh ones. max_token_staleness = 1 drops the stale two only; each kept token's ratio is
+    against the logprob of the weights that sampled it, so a fresh token on policy has ratio 1 whatever the stale
+    ones' ratios are."""
+    logprobs = torch.tensor([0.0, -1.0, -1.0, -0.5, -2.0], requires_grad=True)
+    inference = torch.tensor([0.0, -1.5, -0.5, -0.5, -2.0])  # the stale tokens' sampler differs from the trainer
+    advantages = torch.full((5,), 1.0)
+    mask = torch.tensor([False, True, True, True, True])
+    staleness = torch.tensor([2, 2, 2, 0, 0])  # the prompt token's is not counted
+    bounded = LossConfig(max_token_staleness=1)
+    loss, metrics = policy_loss(logprobs, inference, advantages, mask, torch.tensor([5]), bounded, 4, 1,
+                                staleness=staleness)  # fmt: skip
+    assert math.isclose(loss.item(), -(1.0 + 1.0) / 4, rel_tol=1e-6)  # two fresh tokens, on policy: ratio 1
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.0, 0.0, -0.25, -0.25]))
+    assert (metrics["too_stale_tokens"].item(), metrics["stale_tokens"].item()) == (2, 2)
+    assert metrics["token_staleness"].item() == 4  # summed over the loss tokens: the trainer logs the mean
+    unbounded, _ = policy_loss(logprobs, inference, advantages, mask, torch.tensor([5]), LossConfig(), 4, 1,
+                               staleness=staleness)  # fmt: skip
+    expected = -(math.exp(0.5) + math.exp(-0.5) + 1.0 + 1.0) / 4  # without the bound the stale tokens count too
+    assert math.isclose(unbounded.item(), expected, rel_tol=1e-6)
