@@ -1,18 +1,20 @@
-"""Weights sent from the trainer to the inference server in memory: a two-rank process group of their own (the
-trainer rank 0, the server's worker rank 1), NCCL between GPUs and gloo otherwise, found through a TCP store the
-trainer hosts; or, for a trainer and a server on one device, a buffer both map (``backend = "shared"``,
-:mod:`contracts.shared_weights`: CUDA IPC on a GPU, ``/dev/shm`` on the CPU), the store then only carrying the server's
-word that it took the weights.
+"""Weights sent from the trainer to its inference servers in memory: over one TCP store the trainer hosts, a two-rank
+process group of its own with each server's worker (the trainer rank 0, the worker rank 1), NCCL between GPUs and
+gloo otherwise, so a server that dies or comes back breaks or holds up no other; or, for a trainer and one server on
+one device, a buffer both map (``backend = "shared"``, :mod:`contracts.shared_weights`: CUDA IPC on a GPU,
+``/dev/shm`` on the CPU), the store then only carrying the server's word that it took the weights.
 
-The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the store's address and
-the tensors' names, shapes and dtypes in sending order, and for a shared buffer its handle and their offsets)
-instead of weight files, then broadcasts the tensors (or has written them into the buffer); the server, asked to
-load that folder, joins the group (once per trainer session) and receives them in the same order, or copies them
-from the buffer. Imported by vLLM's worker process: keep its imports to torch, pydantic (vLLM's own), the standard
-library and contracts.errors.
+The trainer writes ``weights/step_N/`` as usual but with a manifest (:data:`MANIFEST`: the store's address, the
+weights' sequence number in the trainer session and the tensors' names, shapes and dtypes in sending order, and for a
+shared buffer its handle and their offsets) instead of weight files, and holds the weights; a server asked to load
+that folder asks the trainer for them through the store (:class:`Receiver`) and receives them in the same order over
+its group (made at its first ask of the session), or copies them from the buffer. Imported by vLLM's worker process:
+keep its imports to torch, pydantic (vLLM's own), the standard library and contracts.errors.
 """
 
+import itertools
 import json
+import logging
 import socket
 import threading
 import uuid
@@ -28,14 +30,18 @@ from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only 
 from contracts.errors import TridentError
 from contracts.shared_weights import SharedBuffer, layout
 
+logger = logging.getLogger("trainer")  # only the trainer's Sender logs
+
 MANIFEST = "broadcast.json"  # in a weights folder: its tensors come over the process group, not from files
+SEND = b"send"  # the trainer's answer to an ask for the weights it holds
 
 
-def open_group(manifest: dict, rank: int) -> dist.ProcessGroup:
-    """Join the two-rank group that ``manifest`` names as ``rank`` (0: the trainer, which hosts the store).
-    Blocks until both ranks are there, at most ``manifest["timeout_s"]``."""
+def open_group(manifest: dict, rank: int, receiver: str) -> dist.ProcessGroup:
+    """Join the two-rank group of the trainer (rank 0) and ``receiver`` (a server's worker, rank 1) in the session
+    ``manifest`` names, over a connection of its own to the trainer's store (hosted already). Blocks until both
+    ranks are there, at most ``manifest["timeout_s"]``."""
     timeout = timedelta(seconds=manifest["timeout_s"])
-    prefixed = dist.PrefixStore(manifest["session"], open_store(manifest, rank))
+    prefixed = dist.PrefixStore(f"{manifest['session']}/{receiver}", open_store(manifest))
     if manifest["backend"] == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
@@ -65,15 +71,13 @@ def receive(group: dist.ProcessGroup, manifest: dict, device: torch.device) -> l
     return received
 
 
-def open_store(manifest: dict, rank: int) -> dist.TCPStore:
-    """The trainer's TCP store that ``manifest`` names: hosted by rank 0 (the trainer), listening on that host only,
-    joined by rank 1."""
+def open_store(manifest: dict, hosting: bool = False) -> dist.TCPStore:
+    """A connection to the trainer's TCP store that ``manifest`` names; ``hosting``: the trainer's, which hosts the
+    store, listening on that host only. One connection serves one thread at a time (a wait holds it)."""
     host, port = manifest["host"], manifest["port"]
-    listening = {"master_listen_fd": listen(host, port)} if rank == 0 else {}
+    listening = {"master_listen_fd": listen(host, port)} if hosting else {}
     timeout = timedelta(seconds=manifest["timeout_s"])
-    return dist.TCPStore(
-        host, port, world_size=2, is_master=rank == 0, timeout=timeout, wait_for_workers=False, **listening
-    )
+    return dist.TCPStore(host, port, is_master=hosting, timeout=timeout, wait_for_workers=False, **listening)
 
 
 def listen(host: str, port: int) -> int:
@@ -96,14 +100,28 @@ def taken_key(manifest: dict) -> str:
     return f"{manifest['session']}/taken/{manifest['sequence']}"
 
 
-def manifest_for(tensors: dict[str, torch.Tensor], host: str, port: int, session: str, backend: str, timeout_s: float):
-    """The manifest of a broadcast of ``tensors`` over the group at ``host:port`` of trainer session ``session``."""
+def ask_key(session: str, ask: int) -> str:
+    """The store key of a receiver's ``ask``-th ask of the session (numbered from 1 by the store's counter)."""
+    return f"{session}/ask/{ask}"
+
+
+def answer_key(session: str, ask: int) -> str:
+    """The store key of the trainer's answer to that ask: :data:`SEND`, or why it cannot."""
+    return f"{session}/answer/{ask}"
+
+
+def manifest_for(
+    tensors: dict[str, torch.Tensor], host: str, port: int, session: str, backend: str, timeout_s: float, sequence=1
+) -> dict:
+    """The manifest of a broadcast of ``tensors``, the trainer session ``session``'s weights number ``sequence``,
+    through the store at ``host:port``."""
     return {
         "host": host,
         "port": port,
         "session": session,
         "backend": backend,
         "timeout_s": timeout_s,
+        "sequence": sequence,
         "tensors": [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()],
     }
 
@@ -123,6 +141,7 @@ class Manifest(TypedDict):
     session: str
     backend: Literal["nccl", "gloo"]
     timeout_s: Annotated[float, Field(gt=0)]
+    sequence: Annotated[int, Field(ge=1)]
     tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], WeightDtype]]
 
 
@@ -153,57 +172,125 @@ def read_manifest(folder: str | Path) -> dict | None:
     return json.loads(text)
 
 
-class Sender:
-    """The trainer's end (its rank 0 only): one group (or shared buffer) per trainer process, made with the first
-    send. A send goes on in the background until the server has taken those weights (the orchestrator asks for the
-    newest); the trainer waits for it before it writes the next weights, so at most one is pending and it is the
-    newest. Weights the orchestrator never asks for (it finished first) are left untaken when the trainer exits."""
+class Receiver:
+    """An inference server worker's end of a gloo or NCCL broadcast, one per trainer session: it asks the trainer
+    for the weights a manifest names and receives them over its own group with the trainer (made at the first)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, backend: str, device: torch.device):
+    def __init__(self, manifest: dict):
+        self.name = uuid.uuid4().hex
+        self.session = manifest["session"]
+        self.store = open_store(manifest)
+        self.group: dist.ProcessGroup | None = None
+
+    def receive(self, manifest: dict, device: torch.device) -> list[tuple[str, torch.Tensor]] | None:
+        """The manifest's tensors, in its order onto ``device``; None when the trainer no longer holds them (it has
+        sent newer weights since)."""
+        ask = self.store.add(f"{self.session}/asks", 1)
+        self.store.set(ask_key(self.session, ask), json.dumps([self.name, manifest["sequence"]]))
+        self.store.wait([answer_key(self.session, ask)])
+        if self.store.get(answer_key(self.session, ask)) != SEND:
+            return None
+        if self.group is None:
+            self.group = open_group(manifest, 1, self.name)
+        return receive(self.group, manifest, device)
+
+
+class Sender:
+    """The trainer's end (its rank 0 only), made with the first send. For gloo and NCCL it hosts the store and holds
+    the newest weights until newer ones are sent, sending them to each server that asks (:class:`Receiver`) over a
+    group of their own, several at once; the orchestrator has every server load the newest, and a server that comes
+    back asks again. Before newer weights replace them, the trainer waits until as many servers took them as took
+    the weights before (``receivers`` the first time), at most ``timeout_s``: a server that left costs one such wait
+    and is then no longer waited for; one that comes back counts again once it took weights. A shared buffer serves
+    one server: a send goes on in the background until that server has taken the weights, and the trainer waits for
+    it before it writes the next. Weights the orchestrator never asks for (it finished first) are left untaken when
+    the trainer exits."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, backend: str, device: torch.device, receivers: int = 1):
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
         self.address = {"host": host, "port": port, "session": uuid.uuid4().hex, "backend": backend}
         self.timeout_s = timeout_s
         self.device = device if backend in ("nccl", "shared") else torch.device("cpu")
-        self.group: dist.ProcessGroup | None = None
+        self.receivers = receivers  # how many servers must take the newest weights before newer replace them
         self.store: dist.TCPStore | None = None
         self.buffer: SharedBuffer | None = None
-        self.sequence = 0  # shared buffer: how many weights were written into it
-        self.pending: threading.Thread | None = None
+        self.sequence = 0  # how many weights were sent (or written into the shared buffer)
+        self.newest: dict[str, torch.Tensor] = {}
+        self.takers: set[str] = set()  # receivers that took the newest weights
+        self.groups: dict[str, dist.ProcessGroup] = {}  # each receiver's, by name
+        self.changed = threading.Condition()  # guards newest, sequence, takers, groups and error
+        self.serving: threading.Thread | None = None  # answers the servers' asks, from the first send to close
+        self.pending: threading.Thread | None = None  # a shared buffer's wait for the server to take the weights
         self.error: Exception | None = None
 
     def manifest(self, tensors: dict[str, torch.Tensor]) -> dict:
-        return manifest_for(tensors, **self.address, timeout_s=self.timeout_s)
+        return manifest_for(tensors, **self.address, timeout_s=self.timeout_s, sequence=max(self.sequence, 1))
 
     def send(self, tensors: dict[str, torch.Tensor]) -> dict:
-        """Start sending ``tensors`` (a shared buffer holds them when this returns); returns the manifest for their
-        weights folder. :meth:`wait` for the send before the next."""
+        """Hold ``tensors`` as the newest weights (a shared buffer holds them when this returns), sent to each server
+        that asks; returns the manifest for their weights folder. Waits for the previous ones first (:meth:`wait`)."""
         self.wait()
         if self.address["backend"] == "shared":
             manifest = self._share(tensors)
-            work, args = self._await_taken, (manifest,)
-        else:
-            manifest = self.manifest(tensors)
-            work, args = self._send, (tensors,)
-        self.pending = threading.Thread(target=self._run, args=(work, *args), name="weight-broadcast", daemon=True)
-        self.pending.start()
-        return manifest
+            self.pending = threading.Thread(target=self._run, args=(self._await_taken, manifest), daemon=True)
+            self.pending.start()
+            return manifest
+        if self.serving is None:
+            try:
+                self.store = open_store(self.manifest({}), hosting=True)
+            except (RuntimeError, OSError) as e:  # the port taken
+                raise self.failure(e) from None
+            self.serving = threading.Thread(target=self._run, args=(self._serve,), name="weight-broadcast", daemon=True)
+            self.serving.start()
+        with self.changed:
+            self.newest, self.takers, self.sequence = tensors, set(), self.sequence + 1
+        return self.manifest(tensors)
 
     def wait(self) -> None:
-        """Block until the pending send has been received (at most ``timeout_s``); raise if it failed."""
-        if self.pending is not None:
-            self.pending.join()
-            self.pending = None
+        """Block until the newest weights were taken by as many servers as :meth:`send` says, at most ``timeout_s``
+        (a shared buffer's: by its server); raise if none took them or the store failed."""
+        if self.address["backend"] == "shared":
+            if self.pending is not None:
+                self.pending.join()
+                self.pending = None
+        elif self.sequence:
+            self._await_receivers()
         if self.error is not None:
-            address = f"{self.address['host']}:{self.address['port']}"
-            raise TridentError(
-                f"weight broadcast ({self.address['backend']}, store {address}) failed: the inference server did not "
-                f"receive the weights within weight_broadcast.timeout_s = {self.timeout_s:.0f}s, or left "
-                f"({self.error})"
+            raise self.failure(self.error)
+
+    def failure(self, error: Exception) -> TridentError:
+        address = f"{self.address['host']}:{self.address['port']}"
+        return TridentError(
+            f"weight broadcast ({self.address['backend']}, store {address}) failed: the inference server did not "
+            f"receive the weights within weight_broadcast.timeout_s = {self.timeout_s:.0f}s, or left ({error})"
+        )
+
+    def _await_receivers(self) -> None:
+        """Wait until ``receivers`` servers took the newest weights, at most ``timeout_s``; then expect as many as
+        took them."""
+        with self.changed:
+            enough = self.changed.wait_for(
+                lambda: len(self.takers) >= self.receivers or self.error is not None, self.timeout_s
             )
+            if not enough and self.takers:
+                logger.warning(
+                    f"weight broadcast: {len(self.takers)} of {self.receivers} inference servers took weights "
+                    f"{self.sequence} within weight_broadcast.timeout_s = {self.timeout_s:.0f}s; going on without "
+                    "waiting for the others (one that comes back gets newer weights when it asks)"
+                )
+            elif not enough:
+                self.error = TimeoutError("no server asked for them")
+            self.receivers = len(self.takers) or self.receivers
 
     def close(self) -> None:
-        """Release the shared buffer (its ``/dev/shm`` file goes); the server keeps what it copied."""
+        """Stop answering servers (a thread blocked in the store when the process exits aborts it: the last ask
+        ends it) and release the shared buffer (its ``/dev/shm`` file goes); the servers keep what they took."""
+        if self.serving is not None:
+            session, store = self.address["session"], open_store(self.manifest({}))  # the serving thread holds its own
+            store.set(ask_key(session, store.add(f"{session}/asks", 1)), "null")
+            self.serving.join()
+            self.serving = None
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
@@ -212,12 +299,49 @@ class Sender:
         try:
             work(*args)
         except (RuntimeError, OSError) as e:  # torch's DistBackendError and store timeouts; the port taken
-            self.error = e
+            with self.changed:
+                self.error = e
+                self.changed.notify_all()
 
-    def _send(self, tensors: dict[str, torch.Tensor]) -> None:
-        if self.group is None:
-            self.group = open_group(self.manifest({}), rank=0)
-        send(self.group, tensors, self.device)
+    def _serve(self) -> None:
+        """Answer each receiver's ask, in turn: send it the newest weights (in a thread of their own), or tell it
+        that the weights it asks for were replaced by newer ones; until the ask :meth:`close` makes."""
+        session = self.address["session"]
+        for ask in itertools.count(1):
+            while True:
+                try:
+                    self.store.wait([ask_key(session, ask)], timedelta(days=1))
+                    break
+                except dist.DistStoreError:  # a day without an ask: wait on
+                    continue
+            request = json.loads(self.store.get(ask_key(session, ask)))
+            if request is None:
+                return
+            name, sequence = request
+            with self.changed:
+                newest, current = self.newest, self.sequence
+            if sequence != current:
+                self.store.set(answer_key(session, ask), f"the trainer holds weights {current}, not {sequence}")
+                continue
+            self.store.set(answer_key(session, ask), SEND)
+            threading.Thread(target=self._send_to, args=(name, newest, sequence), daemon=True).start()
+
+    def _send_to(self, name: str, tensors: dict[str, torch.Tensor], sequence: int) -> None:
+        """Send ``tensors`` (weights ``sequence``) to receiver ``name`` over its group (made at its first ask); a
+        receiver that leaves meanwhile is let go with a warning."""
+        try:
+            group = self.groups.get(name) or open_group(self.manifest({}), 0, name)
+            send(group, tensors, self.device)
+        except (RuntimeError, OSError) as e:
+            with self.changed:
+                self.groups.pop(name, None)
+            logger.warning(f"weight broadcast: an inference server left while it received weights {sequence} ({e})")
+            return
+        with self.changed:
+            self.groups[name] = group
+            if sequence == self.sequence:
+                self.takers.add(name)
+                self.changed.notify_all()
 
     def _share(self, tensors: dict[str, torch.Tensor]) -> dict:
         """Write ``tensors`` into the shared buffer (made at the first call); their manifest."""
@@ -234,6 +358,6 @@ class Sender:
     def _await_taken(self, manifest: dict) -> None:
         """Wait until the server has copied the buffer's weights out (it sets :func:`taken_key`)."""
         if self.store is None:
-            self.store = open_store(manifest, rank=0)
+            self.store = open_store(manifest, hosting=True)
         self.store.wait([taken_key(manifest)])
         self.buffer.unlink()  # the server has mapped it for the session: no file is left behind if either dies

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from contracts.chat_family import FAMILIES, known_family
 from contracts.model_path import TINY_MODEL_ID, known_model
@@ -106,7 +106,7 @@ CkptSection = Annotated[CkptConfig | None, Field(description="Checkpoints for re
 
 
 class WeightBroadcastConfig(StrictModel):
-    """Send each step's weights to the inference server in memory instead of through files. Present (a
+    """Send each step's weights to the inference servers in memory instead of through files. Present (a
     [weight_broadcast] table or any --weight-broadcast.* flag) means on."""
 
     host: Annotated[str, Field(description="Address the server reaches the trainer at (the trainer listens).")] = (
@@ -114,7 +114,7 @@ class WeightBroadcastConfig(StrictModel):
     )
     port: Annotated[int, Field(ge=1, le=65535, description="Port of the trainer's rendezvous store.")] = 29510
     timeout_s: Annotated[
-        float, Field(gt=0, description="Seconds a broadcast may wait for the server to receive the weights.")
+        float, Field(gt=0, description="Seconds the trainer waits for the servers to take each step's weights.")
     ] = 600.0
     backend: Annotated[
         Literal["auto", "shared", "nccl", "gloo"],
@@ -122,13 +122,31 @@ class WeightBroadcastConfig(StrictModel):
             description="'shared': trainer and server on one device (the same GPU, or the CPU) map one buffer, the "
             "trainer writes the weights in and the server copies them out (CUDA IPC, or /dev/shm); 'nccl': between "
             "two GPUs (NCCL cannot pair two ranks on one device); 'gloo': through CPU memory, anywhere. 'auto': under "
-            "rl, 'shared' when trainer and server share a device and 'nccl' between GPUs; a trainer started alone "
-            "takes NCCL on GPU, else gloo."
+            "rl, 'shared' when trainer and its one server share a device, 'gloo' when one of several does, and 'nccl' "
+            "between GPUs; a trainer started alone takes NCCL on GPU, else gloo."
         ),
     ] = "auto"
+    receivers: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Inference servers that receive each step's weights (rl sets it: one per server). The trainer "
+            "holds each step's weights until that many took them (at most timeout_s; then as many as took them), "
+            "sending them to each server that asks. 'shared' serves one.",
+        ),
+    ] = 1
+
+    @model_validator(mode="after")
+    def _shared_serves_one(self):
+        if self.backend == "shared" and self.receivers > 1:
+            raise ValueError(
+                f"weight_broadcast.backend = 'shared' hands the weights to one server, receivers = {self.receivers}: "
+                "use 'gloo' (or 'nccl' between GPUs)"
+            )
+        return self
 
 
 WeightBroadcastSection = Annotated[
     WeightBroadcastConfig | None,
-    Field(description="In-memory weight broadcast to the server (absent: weights go through output_dir/weights)."),
+    Field(description="In-memory weight broadcast to the servers (absent: weights go through output_dir/weights)."),
 ]

@@ -55,7 +55,9 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         await engine.pause_generation(mode="keep" if in_flight else "wait", clear_cache=True)
         try:
             if manifest is not None:
-                await engine.collective_rpc("receive_weights", args=(manifest,))
+                received = await engine.collective_rpc("receive_weights", args=(manifest,))
+                if "gone" in received[0]:  # the trainer moved on: the orchestrator loads newer weights
+                    return JSONResponse({"error": f"{path}: {received[0]['gone']}"}, status_code=409)
             else:
                 await engine.collective_rpc("reload_weights_from", args=(path,))
             await engine.reset_prefix_cache()

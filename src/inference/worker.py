@@ -22,12 +22,13 @@ class WeightReloadExtension:
         return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
 
     def receive_weights(self, manifest: dict) -> dict[str, Any]:
-        """Receive the trainer's weights as ``manifest`` describes (``contracts.broadcast``): over its broadcast group,
-        joined on the first call of each trainer session, or copied from its shared buffer, after which the trainer
-        hears that they were taken. Loads them in place."""
+        """Receive the trainer's weights as ``manifest`` describes (``contracts.broadcast``): asked for and sent over
+        this worker's group with the trainer, made on the first call of each trainer session, or copied from its
+        shared buffer, after which the trainer hears that they were taken. Loads them in place; ``{"gone": why}``,
+        loading nothing, when the trainer holds newer weights than these."""
         import torch
 
-        from contracts.broadcast import open_group, open_store, receive, taken_key
+        from contracts.broadcast import Receiver, open_store, taken_key
         from contracts.shared_weights import SharedBuffer
 
         start = time.perf_counter()
@@ -35,16 +36,18 @@ class WeightReloadExtension:
         if getattr(self, "_trident_session", None) != manifest["session"]:
             if shared:
                 self._trident_buffer = SharedBuffer.attach(manifest["buffer"])
-                self._trident_store = open_store(manifest, rank=1)
+                self._trident_store = open_store(manifest)
             else:
-                self._trident_group = open_group(manifest, rank=1)
+                self._trident_receiver = Receiver(manifest)
             self._trident_session = manifest["session"]
         if shared:
             tensors = self._trident_buffer.read(manifest["tensors"])
         else:
             nccl = manifest["backend"] == "nccl"
             device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-            tensors = receive(self._trident_group, manifest, device)
+            tensors = self._trident_receiver.receive(manifest, device)
+            if tensors is None:
+                return {"gone": f"the trainer has sent newer weights than {manifest['sequence']} of its session"}
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         self._loaded()
         if shared:

@@ -220,27 +220,28 @@ def check_gpus(config: RLConfig, on_gpu: bool) -> None:
 
 
 def settle_broadcast(config: RLConfig, on_gpu: bool) -> None:
-    """The weight broadcast's backend for a server ``rl`` starts on this machine: ``auto`` becomes ``shared`` (a
-    buffer both processes map: CUDA IPC, or ``/dev/shm`` on the CPU) when the trainer's first rank and the server
-    are on one device, NCCL between two GPUs. NCCL on one device and a shared buffer across two are refused."""
+    """The weight broadcast's backend for servers ``rl`` starts on this machine: ``auto`` becomes ``shared`` (a
+    buffer both processes map: CUDA IPC, or ``/dev/shm`` on the CPU) when the trainer's first rank and the one server
+    are on one device, NCCL when no server is on the trainer's GPU, else gloo (several servers on the CPU, or one of
+    several on the trainer's GPU). NCCL on one device and a shared buffer across two are refused."""
     broadcast = config.trainer.weight_broadcast
     if broadcast is None or config.inference is None or not is_loopback(config.inference.host):
         return  # a server on another node: the trainer picks by its own device
-    trainer, server = config.trainer_gpu_ids[0], config.inference_gpu_ids[0]
-    same = not on_gpu or trainer == server
-    device = f"GPU {server}" if on_gpu else "the CPU"
+    trainer = config.trainer_gpu_ids[0]
+    same = not on_gpu or trainer in config.inference_gpu_ids
+    device = f"GPU {trainer}" if on_gpu else "the CPU"
     key = "trainer.weight_broadcast.backend"
     if broadcast.backend == "auto":
-        broadcast.backend = "shared" if same else "nccl"
+        broadcast.backend = ("shared" if broadcast.receivers == 1 else "gloo") if same else "nccl"
     elif broadcast.backend == "nccl" and same:
         raise TridentError(
-            f"{key} = 'nccl': trainer and inference server share {device}, where NCCL cannot pair two ranks on one "
-            "device; use backend = 'shared' (or 'auto'), which hands the weights over in shared memory"
+            f"{key} = 'nccl': the trainer and an inference server share {device}, where NCCL cannot pair two ranks on "
+            "one device; use backend = 'auto', which hands the weights over in shared memory (one server) or by gloo"
         )
     elif broadcast.backend == "shared" and not same:
         raise TridentError(
-            f"{key} = 'shared': the trainer (GPU {trainer}) and the inference server (GPU {server}) are on two "
-            "devices; use backend = 'nccl' (or 'auto')"
+            f"{key} = 'shared': the trainer (GPU {trainer}) and the inference server (GPU "
+            f"{config.inference_gpu_ids[0]}) are on two devices; use backend = 'nccl' (or 'auto')"
         )
 
 

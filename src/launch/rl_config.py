@@ -222,18 +222,19 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
     expert_parallel(config, on_gpu)
-    one_receiver(config)
+    one_receiver_per_server(config)
     if config.inference is None:
         if config.inference_servers is not None:
             raise ConfigError("--inference-servers: rl starts servers only with --inference @ infer.toml")
-        return config
-    count_servers(config, on_gpu)
-    broadcast_store(config)
-    if not is_set(config, "inference.weights_root"):
-        config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # the server loads nothing else
-    if not is_set(config, "orchestrator.client.base_url"):
-        urls = started_urls(config)
-        config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
+    else:
+        count_servers(config, on_gpu)
+        broadcast_store(config)
+        if not is_set(config, "inference.weights_root"):
+            config.inference.weights_root = Path(config.trainer.output_dir) / "weights"  # it loads nothing else
+        if not is_set(config, "orchestrator.client.base_url"):
+            urls = started_urls(config)
+            config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
+    broadcast_receivers(config)
     return config
 
 
@@ -245,18 +246,32 @@ def started_urls(config: RLConfig) -> list[str]:
     return [f"http://{host}:{server.port}" for server in servers(config).values()]
 
 
-def one_receiver(config: RLConfig) -> None:
-    """The weight broadcast is a group of the trainer and one server's single worker: refuse it with several servers
-    or a tensor-parallel one (their weights go through files)."""
+def one_receiver_per_server(config: RLConfig) -> None:
+    """The weight broadcast reaches one worker per server: refuse it with a tensor-parallel server (its weights go
+    through files)."""
     if config.trainer.weight_broadcast is None:
         return
-    several = (config.inference_servers or 1) > 1 or len(config.orchestrator.client.base_urls) > 1
-    if several:
-        raise ConfigError("trainer.weight_broadcast: the broadcast reaches one server; with several, leave it out "
-                          "(weights then go through output_dir/weights)")  # fmt: skip
     if config.inference is not None and config.inference.tensor_parallel_size > 1:
         raise ConfigError("trainer.weight_broadcast: the broadcast reaches a server of inference.tensor_parallel_size "
                           "= 1 only; leave it out (weights then go through output_dir/weights)")  # fmt: skip
+
+
+def broadcast_receivers(config: RLConfig) -> None:
+    """Tell the trainer how many servers receive its broadcast weights: one per URL the orchestrator samples from
+    (``trainer.weight_broadcast.receivers``); a ConfigError when it is given and says otherwise."""
+    broadcast = config.trainer.weight_broadcast
+    if broadcast is None:
+        return
+    servers = len(config.orchestrator.client.base_urls)
+    if is_set(config, "trainer.weight_broadcast.receivers") and broadcast.receivers != servers:
+        raise ConfigError(
+            f"trainer.weight_broadcast.receivers = {broadcast.receivers}, but the orchestrator samples from {servers} "
+            "servers; leave it out (rl sets it)"
+        )
+    try:
+        broadcast.receivers = servers
+    except ValidationError as e:  # a shared buffer serves one server
+        raise ConfigError(format_errors(e, {})) from None
 
 
 def broadcast_store(config: RLConfig) -> None:

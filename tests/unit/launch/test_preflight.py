@@ -130,10 +130,18 @@ def test_server_count_must_match_the_gpus_given():
         resolve_shared(parse_config(RLConfig, ["--inference-servers", "2"]))
 
 
-def test_the_weight_broadcast_is_refused_with_several_servers():
-    with pytest.raises(ConfigError, match="trainer.weight_broadcast: the broadcast reaches one server"):
-        resolved("--inference-servers", "2", "--trainer.weight-broadcast.port", "29510")
-    with pytest.raises(ConfigError, match="trainer.weight_broadcast: the broadcast reaches one server"):
-        resolve_shared(parse_config(RLConfig, ["--orchestrator.client.base-url", "http://a:1,http://b:2",
-                                               "--trainer.weight-broadcast.port", "29510"]))  # fmt: skip
-    assert resolved("--trainer.weight-broadcast.port", "29510").trainer.weight_broadcast.port == 29510
+def test_the_weight_broadcast_feeds_every_server_and_a_shared_buffer_one():
+    """rl tells the trainer how many servers take its broadcast weights (those it starts, or the URLs given); a count
+    that disagrees, and a shared buffer for several servers, are refused in one line."""
+    broadcast = ["--trainer.weight-broadcast.port", "29510"]
+    assert resolved("--inference-servers", "2", *broadcast).trainer.weight_broadcast.receivers == 2
+    given = resolve_shared(parse_config(RLConfig, ["--orchestrator.client.base-url", "http://a:1,http://b:2",
+                                                   *broadcast]))  # fmt: skip
+    assert given.trainer.weight_broadcast.receivers == 2
+    assert resolved(*broadcast).trainer.weight_broadcast.receivers == 1
+    with pytest.raises(ConfigError, match=r"^trainer.weight_broadcast.receivers = 3, but the orchestrator samples "
+                                          r"from 2 servers; leave it out"):  # fmt: skip
+        resolved("--inference-servers", "2", *broadcast, "--trainer.weight-broadcast.receivers", "3")
+    with pytest.raises(ConfigError, match=r"^weight_broadcast.backend = 'shared' hands the weights to one server, "
+                                          r"receivers = 2: use 'gloo'"):  # fmt: skip
+        resolved("--inference-servers", "2", *broadcast, "--trainer.weight-broadcast.backend", "shared")

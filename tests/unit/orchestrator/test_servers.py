@@ -57,6 +57,7 @@ class FakeServer:
 
     def __init__(self, step: int = 0, path: str = "/weights"):
         self.state, self.step, self.path, self.requests = "up", step, path, []
+        self.broadcast_holds: int | None = None  # the only step the trainer's weight broadcast still sends
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(f"{request.method} {request.url.path}")
@@ -65,7 +66,10 @@ class FakeServer:
         if self.state == "stalled":
             raise httpx.ReadTimeout("timed out", request=request)
         if request.url.path == "/reload_weights":
-            self.step, self.path = json.loads(request.content)["step"], json.loads(request.content)["path"]
+            body = json.loads(request.content)
+            if self.broadcast_holds not in (None, body["step"]):
+                return httpx.Response(409, json={"error": f"{body['path']}: the trainer has sent newer weights"})
+            self.step, self.path = body["step"], body["path"]
         if request.url.path == "/reset_weights":
             self.step, self.path = 0, "/base"
         return httpx.Response(200, json={"step": self.step, "path": self.path, "adapter": None, "seconds": 0.01})
@@ -143,6 +147,35 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
     assert "inference server at http://a:1 stalled (no reply within 1s): set aside" in messages
     assert "inference server at http://a:1 serves weights step 0, not 2: loading step 2" in messages
     assert "inference server at http://a:1 is back, serving weights step 2" in messages
+
+
+def test_a_server_back_after_the_broadcast_moved_on_stays_aside_until_the_next_reload_brings_it_back(
+    tmp_path, monkeypatch, caplog
+):
+    """With the weight broadcast, a server restarted on its base model cannot get the run's weights step 2 once the
+    trainer has sent step 3 (the server answers 409): it gets no work until the reload of step 3, in the same step."""
+    orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
+    for step in (2, 3):
+        (weights := weights_dir(tmp_path, step)).mkdir(parents=True)
+        mark_stable(weights)
+    orchestrator.weights.served_step = b.step = 2
+    a.broadcast_holds = 3  # a restarted on its base model (step 0); the trainer holds step 3 only
+    ran_on = []
+
+    async def run_group(env, task, n, ctx, limit):
+        ran_on.append(ctx.client.base_url)
+        return group(range(n), TWO_SAMPLED)
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    with caplog.at_level(logging.INFO, logger="orchestrator"):
+        asyncio.run(orchestrator.step(4))
+    assert a.requests.count("POST /reload_weights") == 2 and (a.step, b.step) == (3, 3)
+    assert all(s.up for s in orchestrator.servers.servers) and ran_on == ["http://a:1/v1"]  # back before work
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    back = "inference server at http://a:1 is back, serving weights step 3"
+    aside = "inference server at http://a:1 could not load the run's weights ("
+    assert aside in messages and back in messages and messages.index(aside) < messages.index(back)
+    assert "is back, serving weights step 2" not in messages
 
 
 def test_a_run_resets_a_server_only_from_its_own_weights_unless_told(tmp_path):

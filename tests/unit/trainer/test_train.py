@@ -40,9 +40,10 @@ def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny
     # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model), the corrected
     # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked), the replay ones only
     # with routing replay on a mixture of experts (test_routing), outside_kept_fraction only under a sampling
-    # truncation (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set)
+    # truncation (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set), too_stale_fraction
+    # only with loss.max_token_staleness
     optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
-                "mismatch_kl_no_replay", "outside_kept_fraction"}  # fmt: skip
+                "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction"}  # fmt: skip
     assert set(records[0]) == documented_trainer_keys() - optional
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
