@@ -29,6 +29,16 @@ def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "metrics" / "trainer.jsonl").read_text().splitlines()]
 
 
+# Trainer metrics logged only with a setting on: reference_kl with a KL penalty
+# (test_lora_kl_reference_is_the_base_model), the corrected shares with an off-policy correction
+# (test_a_correction_logs_the_shares_it_masked), the replay ones with routing replay on a mixture of experts
+# (test_routing), outside_kept_fraction under a sampling truncation
+# (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set), too_stale_fraction with
+# loss.max_token_staleness.
+OPTIONAL_METRICS = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
+                    "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction"}  # fmt: skip
+
+
 def documented_trainer_keys() -> set[str]:
     text = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text().split("## Trainer")[1].split("##")[0]
     return set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.M))
@@ -37,14 +47,7 @@ def documented_trainer_keys() -> set[str]:
 def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny_model_path):
     write_batches(tmp_path)
     records = run(tmp_path, tiny_model_path, loss={"entropy_coef": 0.01})
-    # reference_kl is logged only with a KL penalty (see test_lora_kl_reference_is_the_base_model), the corrected
-    # shares only with an off-policy correction (test_a_correction_logs_the_shares_it_masked), the replay ones only
-    # with routing replay on a mixture of experts (test_routing), outside_kept_fraction only under a sampling
-    # truncation (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set), too_stale_fraction
-    # only with loss.max_token_staleness
-    optional = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
-                "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction"}  # fmt: skip
-    assert set(records[0]) == documented_trainer_keys() - optional
+    assert set(records[0]) == documented_trainer_keys() - OPTIONAL_METRICS
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
     assert records[0]["peak_memory_gib"] > 0
@@ -59,8 +62,9 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     write_batch(tmp_path, info, [MicroBatch.pack(samples[:3]), MicroBatch.pack(samples[3:])])
     loss = {"correction": "geometric_mask", "correction_low": 0.5, "correction_high": 2.0}
     (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss=loss)
-    assert set(record) == documented_trainer_keys() - {"reference_kl", "replayed_fraction", "mismatch_kl_no_replay",
-                                                       "outside_kept_fraction"}  # fmt: skip
+    assert set(record) == documented_trainer_keys() - (
+        OPTIONAL_METRICS - {"corrected_fraction", "corrected_sample_fraction"}
+    )
     # sample 4's weight is about e^12: all its loss tokens are masked, and no other sample's
     assert record["corrected_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))
     assert record["corrected_sample_fraction"] == pytest.approx(1 / 6)
