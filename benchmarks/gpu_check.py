@@ -334,7 +334,7 @@ def handover_receive(manifests) -> None:
     while (manifest := manifests.get()) is not None:
         start = time.perf_counter()
         if buffer is None:
-            buffer, store = SharedBuffer.attach(manifest["buffer"]), open_store(manifest, rank=1)
+            buffer, store = SharedBuffer.attach(manifest["buffer"]), open_store(manifest)
         tensors = buffer.read(manifest["tensors"])
         if own is None:
             own = {name: torch.empty_like(tensor) for name, tensor in tensors}
