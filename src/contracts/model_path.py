@@ -69,10 +69,21 @@ def routed_experts(config: dict) -> int:
     return next((config[key] for key in EXPERT_KEYS if config.get(key)), 0)
 
 
-def is_mixture_of_experts(folder: str | None) -> bool:
-    """Whether the model in ``folder`` routes each token to some of its experts (its config.json, or its text
-    model's, counts routed experts); False where there is no config.json to read (None: not on this machine)."""
+def folder_config(folder: str | None) -> dict:
+    """The fields of the config.json in ``folder``; empty where there is none to read (None: not on this machine)."""
     config_file = Path(folder or "").expanduser() / "config.json"
     if folder is None or not config_file.is_file():
-        return False
-    return routed_experts(json.loads(config_file.read_text())) > 0
+        return {}
+    return json.loads(config_file.read_text())
+
+
+def is_mixture_of_experts(folder: str | None) -> bool:
+    """Whether the model in ``folder`` routes each token to some of its experts (its config.json, or its text
+    model's, counts routed experts); False where there is no config.json to read."""
+    return routed_experts(folder_config(folder)) > 0
+
+
+def is_vision_language(folder: str | None) -> bool:
+    """Whether the model in ``folder`` takes images (its config.json has a ``vision_config``: Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL and most others); False where there is no config.json to read."""
+    return "vision_config" in folder_config(folder)

