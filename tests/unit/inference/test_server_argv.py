@@ -69,6 +69,9 @@ def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tin
     assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 1, "video": 0}
     if not torch.cuda.is_available():  # a processed-image cache sized for a CPU shared with the trainer
         assert float(option(argv, "--mm-processor-cache-gb")) == CPU_IMAGE_CACHE_GIB and "--skip-mm-profiling" in argv
-    text = vllm_argv(InferenceConfig(model={"name": tiny_model_path, "max_images_per_prompt": 1}))
+    assert "--enable-tower-connector-lora" not in argv  # no [lora]
+    # with [lora], adapters on the vision tower too (without the flag vLLM serves them without their tower weights)
+    assert "--enable-tower-connector-lora" in vllm_argv(InferenceConfig(model={"name": vision_language_path}, lora={}))
+    text = vllm_argv(InferenceConfig(model={"name": tiny_model_path, "max_images_per_prompt": 1}, lora={}))
     assert not [flag for flag in text if flag.startswith("--mm-") or flag in ("--limit-mm-per-prompt",
-                                                                             "--skip-mm-profiling")]  # fmt: skip
+                "--skip-mm-profiling", "--enable-tower-connector-lora")]  # fmt: skip
