@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,3 +90,8 @@ def serve(
         yield wait_healthy(server)
     finally:
         stop(server)
+
+
+def counter(metrics: str, name: str) -> float:
+    """The sum over its labels of the Prometheus counter ``name`` in a server's ``/metrics`` text."""
+    return sum(float(value) for value in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))

@@ -2,12 +2,12 @@
 go on, every token labelled with the weights step that sampled it, through verifiers into the training samples."""
 
 import asyncio
-import re
 
 import httpx
 import pytest
 import torch
 from rollouts import build_samples
+from servers import counter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from orchestrator.client import InferenceClient
@@ -20,11 +20,6 @@ pytestmark = pytest.mark.slow
 
 MAX_TOKENS = 1024
 ROLLOUTS = 3
-
-
-def counter(metrics: str, name: str) -> float:
-    """The sum over its labels of the Prometheus counter ``name`` in the server's ``/metrics`` text."""
-    return sum(float(value) for value in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))
 
 
 def token_logprobs(model, sample, banned: list[int]) -> torch.Tensor:

@@ -3,7 +3,8 @@ tower, embeddings and language model all moved reach it by files and by the trai
 on its language model (the trainer's default) and on its vision tower too are swapped in, and after each the
 server's logprobs of a prompt with two images are the ones transformers computes on the same images; the probe,
 which shows the model an image, passes, and fails a server still serving other vision weights (a text-only probe
-would pass it). One server for the module, with [lora]."""
+would pass it). A generation with images swapped in flight goes on with the new vision tower. One server for the
+module, with [lora]."""
 
 import asyncio
 import base64
@@ -19,7 +20,7 @@ from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGene
 
 from contracts.broadcast import Sender
 from contracts.errors import TridentError
-from contracts.inference_api import GENERATE, adapter_name
+from contracts.inference_api import GENERATE, adapter_name, token_weight_steps
 from contracts.run_dir import PROBE_TEXT
 from orchestrator.client import InferenceClient
 from tools.tiny_model import built_model_path
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 VLM = "trident/tiny-qwen3-vl"
 LANGUAGE_MODEL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MAX_TOKENS = 512  # tokens the generation swapped in flight samples
 VISION_TARGETS = ["qkv", "linear_fc1", "linear_fc2"]  # the vision tower's attention and MLPs, and its mergers' MLPs
 
 
@@ -82,30 +84,41 @@ def prompt(path: str) -> str:
     return f"{image}Which is green? {image}The disc."
 
 
-def transformers_logprobs(model, path: str) -> tuple[list[int], list[float]]:
-    """The :func:`prompt` with its images' tokens expanded by the model's processor, and transformers' logprob of
-    each of its tokens (0.0 at position 0)."""
+def transformers_logprobs(model, path: str, completion: list[int] = (), banned: list[int] = ()) -> tuple[list, list]:
+    """The :func:`prompt` with its images' tokens expanded by the model's processor, then ``completion``, and
+    transformers' logprob of each of their tokens (0.0 at position 0), with the ``banned`` tokens left out of the
+    distribution (as the server's ``allowed_token_ids`` leaves them out)."""
     inputs = processor(path)(images=IMAGES, text=[prompt(path)], return_tensors="pt")
+    ids = torch.cat([inputs["input_ids"], torch.tensor([list(completion)], dtype=torch.long)], 1)
+    text = torch.zeros(1, len(completion), dtype=inputs["mm_token_type_ids"].dtype)
+    images = {"pixel_values": inputs["pixel_values"], "image_grid_thw": inputs["image_grid_thw"],
+              "mm_token_type_ids": torch.cat([inputs["mm_token_type_ids"], text], 1)}  # fmt: skip
     with torch.no_grad():
-        logits = model.eval()(**inputs).logits[0, :-1].float()
-    ids = inputs["input_ids"][0]
-    return ids.tolist(), [0.0, *torch.log_softmax(logits, -1).gather(1, ids[1:, None])[:, 0].tolist()]
+        logits = model.eval()(input_ids=ids, **images).logits[0, :-1].float()
+    logits[:, list(banned)] = -torch.inf
+    return ids[0].tolist(), [0.0, *torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0].tolist()]
 
 
-def served_logprobs(url: str, model: str, path: str) -> tuple[list[int], list[float]]:
-    """The :func:`prompt` as the server expands it (sent with one placeholder token per image), and its logprobs."""
+def image_request(model: str, path: str, sampling: dict) -> dict:
+    """The body of ``POST /inference/v1/generate`` for the :func:`prompt` (one placeholder token per image, which
+    the server expands) with :data:`IMAGES` under ``model``."""
     urls = []
     for item in IMAGES:
         buffer = io.BytesIO()
         item.save(buffer, format="PNG")
         urls.append(f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}")
-    body = {
+    return {
         "model": model,
         "token_ids": processor(path).tokenizer.encode(prompt(path)),
         "content_parts": [{"type": "image_url", "url": url} for url in urls],
         "return_token_ids": True,
-        "sampling_params": {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0},
+        "sampling_params": sampling,
     }
+
+
+def served_logprobs(url: str, model: str, path: str) -> tuple[list[int], list[float]]:
+    """The :func:`prompt` as the server expands it, and the server's logprob of each of its tokens."""
+    body = image_request(model, path, {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0})
     answer = httpx.post(f"{url}{GENERATE}", json=body, timeout=120).raise_for_status().json()
     ids = answer["prompt_token_ids"]
     return ids, [0.0] + [answer["prompt_logprobs"][i][str(token)]["logprob"] for i, token in enumerate(ids) if i]
@@ -199,3 +212,42 @@ def test_a_lora_adapter_is_served_exactly(vlm_server, vlm_path, targets):
     served_ids, served = served_logprobs(url, adapter_name(step), vlm_path)
     assert served_ids == token_ids and gap(served, expected) < 1e-4
     assert gap(served, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the adapter changes them
+
+
+def test_a_generation_with_images_paused_halfway_goes_on_with_the_new_vision_weights(vlm_server, vlm_path):
+    """A swap in flight (the orchestrator's in_flight reloads) drops a generation's image features with its KV
+    cache: after it, each token is the new weights' given the new vision tower's features of the same images."""
+    url, root, _ = vlm_server
+    folder = root / "step_6"
+    old, new = vlm(vlm_path), vlm(vlm_path, seed=6)
+    save_weights(new, AutoTokenizer.from_pretrained(vlm_path), folder)
+    vision_tokens = sorted(processor(vlm_path).tokenizer.convert_tokens_to_ids(
+        ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]))  # fmt: skip
+    allowed = [token for token in range(old.config.text_config.vocab_size) if token not in vision_tokens]
+    sampling = {"max_tokens": MAX_TOKENS, "temperature": 1.0, "ignore_eos": True, "logprobs": 0,
+                "allowed_token_ids": allowed}  # fmt: skip  # a placeholder sampled would ask for an image
+
+    async def swap_halfway() -> dict:
+        client = InferenceClient(url, timeout_s=120, model=VLM, in_flight=True)
+        try:
+            await client.reset_weights()
+            generated = "vllm:generation_tokens_total"
+            half = servers.counter((await client.http.get("/metrics")).text, generated) + MAX_TOKENS / 2
+            generation = asyncio.ensure_future(client.http.post(GENERATE, json=image_request(VLM, vlm_path, sampling)))
+            while servers.counter((await client.http.get("/metrics")).text, generated) < half:
+                assert not generation.done(), "the generation ended before the swap"
+                await asyncio.sleep(0.02)
+            await client.reload_weights(folder, 6)
+            return (await generation).raise_for_status().json()
+        finally:
+            await client.close()
+
+    answer = asyncio.run(swap_halfway())
+    choice = answer["choices"][0]
+    tokens, served = choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
+    steps = token_weight_steps(choice["weight_versions"], len(tokens))
+    assert len(tokens) == MAX_TOKENS and steps == sorted(steps) and {0, 6} == set(steps)  # paused halfway
+    swap, start = steps.index(6), len(answer["prompt_token_ids"])
+    for model, span in ((old, slice(0, swap)), (new, slice(swap, None))):  # each token is its label's weights'
+        expected = transformers_logprobs(model, vlm_path, tokens, vision_tokens)[1][start:]
+        assert gap(served[span], expected[span]) < 1e-4
