@@ -124,12 +124,12 @@ def free_space(path: Path) -> str:
         return "unknown space"
 
 
-def atomic_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary sibling renamed over it: readers see the old or the new text,
-    also after a crash (the text is on the disk before the rename, the rename before this returns)."""
+def atomic_file(path: Path, text: str | bytes) -> None:
+    """Write ``text`` (or bytes) to ``path`` through a temporary sibling renamed over it: readers see the old or the
+    new content, also after a crash (it is on the disk before the rename, the rename before this returns)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
+    tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
     fsync_path(tmp)
     tmp.replace(path)
     fsync_path(path.parent)

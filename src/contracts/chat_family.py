@@ -51,6 +51,10 @@ QWEN3 = ChatFamily("qwen3", "qwen3", "hermes", ("qwen3", "qwen3_moe"), **_QWEN,
                    added_tokens=("<think>", "</think>", *_HERMES), scaffold="<think>\n\n</think>\n\n")  # fmt: skip
 # renderers has no Qwen2.5 renderer: the model's own template renders it (its tool calls are Hermes', as Qwen3's).
 QWEN2_5 = ChatFamily("qwen2.5", "default", "hermes", ("qwen2", "qwen2_moe"), **_QWEN, added_tokens=_HERMES)
+# Qwen3-VL Instruct: ChatML without thinking, images as <|vision_start|><|image_pad|>…<|vision_end|> runs.
+QWEN3_VL = ChatFamily("qwen3-vl", "qwen3-vl", "hermes", ("qwen3_vl",), **{**_QWEN, "special_tokens": (
+    *_QWEN_SPECIAL, "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")},
+    added_tokens=("<think>", "</think>", *_HERMES))  # fmt: skip
 # Llama 3.x: <|start_header_id|>ROLE<|end_header_id|>\n\n ... <|eot_id|>, tool results in an ipython turn.
 LLAMA3 = ChatFamily(
     "llama-3", "llama-3", "llama3_json", ("llama",),
@@ -60,7 +64,7 @@ LLAMA3 = ChatFamily(
                     "<|eom_id|>", "<|python_tag|>"),
     tool_roles=("ipython", "tool"),
 )  # fmt: skip
-FAMILIES = {family.name: family for family in (QWEN3, QWEN2_5, LLAMA3)}
+FAMILIES = {family.name: family for family in (QWEN3, QWEN2_5, QWEN3_VL, LLAMA3)}
 AUTO = "auto"
 
 

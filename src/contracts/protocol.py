@@ -10,10 +10,12 @@ from pathlib import Path
 
 import torch
 from pydantic import TypeAdapter, ValidationError
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
+from contracts.images import IMAGE_REF
 from contracts.metrics import read_metrics
 from contracts.run_dir import rollouts_dir, step_dirs
 from contracts.sampling import NO_TRUNCATION, Truncation
@@ -28,7 +30,8 @@ class Sample:
     model's, when the server returned them): the experts each token went to, ``[tokens, layers, top_k]`` uint8.
     ``weight_steps[i]``: the weights step that sampled token ``i`` (weights can change in flight, mid-completion);
     ``weight_step`` where it was not sampled, and everywhere when not given. ``weight_step`` is the oldest step
-    that sampled any of its tokens.
+    that sampled any of its tokens. ``images``: the refs (:mod:`contracts.images`) of the images whose placeholder
+    runs appear in ``token_ids``, in order of appearance (placeholders are prompt tokens, never in the loss).
     """
 
     token_ids: list[int]
@@ -40,6 +43,7 @@ class Sample:
     meta: dict = field(default_factory=dict)  # where it came from: env, task, rewards by function, ...
     routes: torch.Tensor | None = None
     weight_steps: list[int] | None = None  # per token; None: weight_step for every token
+    images: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.weight_steps is None:
@@ -80,7 +84,8 @@ class MicroBatch:
     All tensors have shape ``[tokens]``; ``sample_lengths`` (``[samples]``) gives the boundaries. Their dtypes:
     :data:`MICRO_BATCH_DTYPES`. ``weight_steps``: the weights step that sampled each token (:class:`Sample`).
     ``routes`` (``[tokens, layers, top_k]``, :data:`ROUTES_DTYPE`; None: absent) are the experts the server routed
-    each token to, for routing replay: present when every sample packed in has them.
+    each token to, for routing replay: present when every sample packed in has them. ``images`` (None: no sample
+    has any): each sample's image refs (:attr:`Sample.images`), in the file's metadata as JSON.
     """
 
     input_ids: torch.Tensor
@@ -91,6 +96,7 @@ class MicroBatch:
     weight_steps: torch.Tensor
     sample_lengths: torch.Tensor
     routes: torch.Tensor | None = None
+    images: list[list[str]] | None = None
 
     @classmethod
     def pack(cls, samples: list[Sample]) -> "MicroBatch":
@@ -107,6 +113,7 @@ class MicroBatch:
             weight_steps=cat("weight_steps", lambda s: s.weight_steps),
             sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),
             routes=torch.cat([s.routes.to(ROUTES_DTYPE) for s in samples]) if routed and samples else None,
+            images=[list(s.images) for s in samples] if any(s.images for s in samples) else None,
         )
 
     @classmethod
@@ -131,7 +138,7 @@ class MicroBatch:
                 raise BatchError(
                     f"{path}: {name} is {tensor.dtype} of shape {list(tensor.shape)}, expected 1-d {dtype}"
                 )
-        micro_batch = cls(**tensors)
+        micro_batch = cls(**tensors, images=_images_metadata(path))
         problem = micro_batch.problem()
         if problem:
             raise BatchError(f"{path}: {problem}")
@@ -160,6 +167,14 @@ class MicroBatch:
             return f"sample_lengths {lengths.tolist()[:8]} do not split {tokens} tokens into samples"
         if not torch.equal(self.position_ids, torch.cat([torch.arange(n) for n in lengths.tolist()])):
             return "position_ids do not count 0, 1, ... from the start of each sample"
+        if self.images is not None:
+            if len(self.images) != len(lengths):
+                return f"images lists {len(self.images)} samples' images for {len(lengths)} samples"
+            bad = [
+                ref for refs in self.images for ref in refs if not (isinstance(ref, str) and IMAGE_REF.fullmatch(ref))
+            ]
+            if bad:
+                return f"images holds {bad[0]!r}, not an image ref (64 hex digits)"
         return None
 
     def samples(self) -> list["MicroBatch"]:
@@ -168,7 +183,11 @@ class MicroBatch:
         names = [*PER_TOKEN_TENSORS, *(["routes"] if self.routes is not None else [])]
         pieces = {name: getattr(self, name).split(lengths) for name in names}
         return [
-            MicroBatch(**{name: pieces[name][i] for name in names}, sample_lengths=self.sample_lengths[i : i + 1])
+            MicroBatch(
+                **{name: pieces[name][i] for name in names},
+                sample_lengths=self.sample_lengths[i : i + 1],
+                images=[self.images[i]] if self.images and self.images[i] else None,
+            )
             for i in range(len(lengths))
         ]
 
@@ -176,13 +195,39 @@ class MicroBatch:
     def concat(cls, micro_batches: list["MicroBatch"]) -> "MicroBatch":
         """The rows of ``micro_batches`` end to end, as one row (with routes when every row has them)."""
         routes = [m.routes for m in micro_batches]
+        images = [refs for m in micro_batches for refs in (m.images or [[]] * len(m.sample_lengths))]
         return cls(
             **{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS},
             routes=torch.cat(routes) if all(r is not None for r in routes) else None,
+            images=images if any(images) else None,
         )
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.contiguous() for k, v in self.__dict__.items() if v is not None}
+        """The tensors (what the file holds besides :meth:`metadata`)."""
+        return {k: v.contiguous() for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+    def metadata(self) -> dict[str, str] | None:
+        """The file's metadata: the samples' image refs, when any sample has images."""
+        return None if self.images is None else {"images": json.dumps(self.images)}
+
+    def save(self, path: Path) -> None:
+        save_file(self.to_dict(), path, metadata=self.metadata())
+
+
+def _images_metadata(path: Path) -> list[list[str]] | None:
+    """The image refs a micro-batch file's metadata lists per sample (None: none); a :class:`BatchError` if it is not
+    a list of lists of strings."""
+    with safe_open(path, framework="pt") as f:
+        text = (f.metadata() or {}).get("images")
+    if text is None:
+        return None
+    try:
+        images = json.loads(text)
+    except json.JSONDecodeError:
+        images = None
+    if not (isinstance(images, list) and all(isinstance(refs, list) for refs in images)):
+        raise BatchError(f"{path}: its images metadata is not a list of lists of image refs")
+    return images
 
 
 def pack_lengths(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -257,7 +302,7 @@ def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatc
     final = rollouts_dir(output_dir, info.step)
     with atomic_dir(final) as tmp:
         for i, micro_batch in enumerate(micro_batches):
-            save_file(micro_batch.to_dict(), tmp / f"micro_batch_{i}.safetensors")
+            micro_batch.save(tmp / f"micro_batch_{i}.safetensors")
         (tmp / "batch.json").write_text(json.dumps(asdict(info), indent=1))
     return final
 

@@ -15,6 +15,7 @@ Under ``output_dir``::
     configs/{trainer,orchestrator,inference}.toml   the resolved configs ``rl`` started the processes with
     metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl, eval.jsonl)
     progress/{trainer,orchestrator}.json   what each process is doing now, for the console
+    images/<sha256>             each image the rollouts showed the model, once, named by its bytes' hash
 
 Steps are numbered the same way everywhere (folders, metrics, logs, console, ``--ckpt.resume-step``): step N is
 the N-th optimizer update, 1..max_steps. It trains on ``rollouts/step_N`` and its result is ``weights/step_N``
@@ -100,16 +101,23 @@ def progress_dir(output_dir: Path) -> Path:
     return Path(output_dir) / "progress"
 
 
+def images_dir(output_dir: Path) -> Path:
+    """``images/``: the run's images, stored once each by content (:mod:`contracts.images`)."""
+    return Path(output_dir) / "images"
+
+
 def clear_run_state(output_dir: Path, resume_from: int = 0) -> list[Path]:
     """Delete a previous run's rollouts, weights and metrics so a new run never reads them; returns what
     was deleted. A run resuming after ``resume_from`` steps keeps the metrics of those steps (every metrics
-    file is read and rewritten before anything is deleted). Logs are overwritten by the new run; checkpoints are
-    kept."""
+    file is read and rewritten before anything is deleted) and the images its checkpointed rollouts may name. Logs
+    are overwritten by the new run; checkpoints are kept."""
     metrics = Path(output_dir) / "metrics"
     kept = {path: kept_records(path, resume_from) for path in metrics.glob("*.jsonl")} if resume_from else {}
     for path, records in kept.items():
         write_records(path, records)
-    stale = [Path(output_dir) / name for name in ("rollouts", "weights", "progress")]
+    stale = [
+        Path(output_dir) / name for name in ("rollouts", "weights", "progress", *(() if resume_from else ("images",)))
+    ]
     stale = [path for path in stale if path.exists()]
     for path in stale:
         shutil.rmtree(path)

@@ -15,6 +15,11 @@ attention needs >= 32).
 - ``trident/tiny-qwen2.5-moe``: ``Qwen2MoeForCausalLM`` with tiny-qwen2.5's tokenizer and template: each layer's MLP
   is 4 routed experts of width 64, top-2 with the router's weights as they are, beside a shared expert of width 128
   that every token passes through, scaled by its own sigmoid gate (the layout of Qwen1.5-MoE-A2.7B).
+- ``trident/tiny-qwen3-vl``: ``Qwen3VLForConditionalGeneration``, Qwen3-VL Instruct's chat (ChatML, no thinking,
+  images as ``<|vision_start|><|image_pad|><|vision_end|>``): the language model is tiny-qwen3's shape with M-RoPE;
+  the vision tower has 2 blocks of width 32 over 16-pixel patches, merged 2×2 into one token each (a 64×64 image is
+  4 tokens), with one deepstack layer. Its processor (``Qwen3VLProcessor``: images of 32×32 to 128×128 pixels,
+  normalised to [-1, 1]) is saved with it, as a hub VLM's is.
 
 Configs name them by id; :mod:`contracts.model_path` holds the ids and where each build lives, and maps an id to
 its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.atomic_io import atomic_dir
-from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, ChatFamily
+from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, QWEN3_VL, ChatFamily
 from contracts.errors import TridentError
 from contracts.model_path import TINY_MODEL_ID, TINY_MODEL_IDS, resolve_model_path, tiny_model_path
 from tools import tiny_templates
@@ -48,6 +53,7 @@ class TinyModel:
     tie_word_embeddings: bool = True
     model_type: str | None = None  # None: the family's first
     shape: tuple[tuple[str, object], ...] = ()  # config fields past the common shape, e.g. a mixture of experts'
+    vision: bool = False  # a vision-language model: the language model in text_config, a vision tower, a processor
 
     @property
     def architecture(self) -> str:
@@ -81,7 +87,14 @@ TINY_MODELS = {  # by the ids of contracts.model_path.TINY_MODEL_IDS
             ("norm_topk_prob", False),
         ),
     ),
+    "trident/tiny-qwen3-vl": TinyModel(QWEN3_VL, tiny_templates.QWEN3_VL, model_type="qwen3_vl", vision=True),
 }
+# The tiny VLM's vision tower and its text model's M-RoPE (head_dim 32: 16 rotary frequencies split over t, h, w).
+VISION_CONFIG = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 1, "patch_size": 16,
+                 "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 64,
+                 "num_position_embeddings": 64, "deepstack_visual_indexes": [1]}  # fmt: skip
+MROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 6, 6], "mrope_interleaved": True}
+IMAGE_PIXELS = (32 * 32, 128 * 128)  # the processor resizes images to between these many pixels
 
 _WORDS = (
     "the a an of to and in is it you that he was for on are with as his they be at one have this from or "
@@ -153,12 +166,11 @@ def build_tokenizer(tiny: TinyModel):
 
 def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
     """A random model of ``tiny``'s architecture: hidden 64, 2 layers, 2 heads of 32, 1 kv head, and ``tiny``'s
-    further shape."""
+    further shape (a VLM: that language model in ``text_config``, beside :data:`VISION_CONFIG`'s tower)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    config = AutoConfig.for_model(
-        tiny.architecture,
+    shape = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -171,11 +183,46 @@ def build_model(tiny: TinyModel, tokenizer, seed: int = 0):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        torch_dtype="float32",
         **dict(tiny.shape),
     )
+    if tiny.vision:
+        ids = {name: tokenizer.convert_tokens_to_ids(f"<|{name}|>") for name in VISION_TOKENS}
+        config = AutoConfig.for_model(
+            tiny.architecture,
+            text_config={**shape, "rope_parameters": MROPE},
+            vision_config=VISION_CONFIG,
+            image_token_id=ids["image_pad"],
+            video_token_id=ids["video_pad"],
+            vision_start_token_id=ids["vision_start"],
+            vision_end_token_id=ids["vision_end"],
+            tie_word_embeddings=tiny.tie_word_embeddings,
+            torch_dtype="float32",
+        )
+        torch.manual_seed(seed)
+        return AutoModelForImageTextToText.from_config(config).to(torch.float32)
+    config = AutoConfig.for_model(tiny.architecture, torch_dtype="float32", **shape)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config).to(torch.float32)
+
+
+VISION_TOKENS = ("vision_start", "vision_end", "image_pad", "video_pad")
+
+
+def build_processor(tokenizer):
+    """The tiny VLM's processor: Qwen3-VL's, with its image processor at the tower's patch and merge sizes."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    patches = {key: VISION_CONFIG[key] for key in ("patch_size", "temporal_patch_size")}
+    patches["merge_size"] = VISION_CONFIG["spatial_merge_size"]
+    normalise = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+    size = {"shortest_edge": IMAGE_PIXELS[0], "longest_edge": IMAGE_PIXELS[1]}
+    return Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(size=size, **patches, **normalise),
+        tokenizer=tokenizer,
+        video_processor=Qwen3VLVideoProcessor(**patches, **normalise),
+        chat_template=tokenizer.chat_template,
+    )
 
 
 def build_tiny_model(model_id: str = TINY_MODEL_ID) -> Path:
@@ -194,6 +241,8 @@ def build_tiny_model(model_id: str = TINY_MODEL_ID) -> Path:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
+        if tiny.vision:
+            build_processor(tokenizer).save_pretrained(tmp)
     return path
 
 

@@ -21,6 +21,37 @@ HERMES_TOOLS = """\
     + '\\n</tool_call>' }}
 """
 
+# The rest of a ChatML assistant turn after its text (Qwen3, Qwen3-VL): each tool call as JSON in <tool_call>, then
+# <|im_end|>; tool results as <tool_response> blocks in one user turn; the end of the loop over messages.
+HERMES_CALLS_AND_RESULTS = """\
+{%- for tool_call in message.tool_calls or [] %}
+{%- set call = tool_call.function if tool_call.function else tool_call %}
+{%- if loop.first and content %}
+{{- '\\n' }}
+{%- elif not loop.first %}
+{{- '\\n' }}
+{%- endif %}
+{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
+{%- if call.arguments is string %}
+{{- call.arguments }}
+{%- else %}
+{{- call.arguments | tojson }}
+{%- endif %}
+{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+{{- '<|im_start|>user' }}
+{%- endif %}
+{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
+{{- '<|im_end|>\\n' }}
+{%- endif %}
+{%- endif %}
+{%- endfor %}
+"""
+
 # Qwen3: ChatML turns, tools declared in the system turn as JSON lines in <tools>, calls as JSON in <tool_call>,
 # results as <tool_response> in a user turn; earlier turns' <think> blocks are dropped once a user speaks again.
 QWEN3 = (
@@ -60,32 +91,9 @@ QWEN3 = (
 {%- else %}
 {{- '<|im_start|>assistant\\n' + content }}
 {%- endif %}
-{%- for tool_call in message.tool_calls or [] %}
-{%- set call = tool_call.function if tool_call.function else tool_call %}
-{%- if loop.first and content %}
-{{- '\\n' }}
-{%- elif not loop.first %}
-{{- '\\n' }}
-{%- endif %}
-{{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' }}
-{%- if call.arguments is string %}
-{{- call.arguments }}
-{%- else %}
-{{- call.arguments | tojson }}
-{%- endif %}
-{{- '}\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-{{- '<|im_start|>user' }}
-{%- endif %}
-{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-{{- '<|im_end|>\\n' }}
-{%- endif %}
-{%- endif %}
-{%- endfor %}
+"""
+    + HERMES_CALLS_AND_RESULTS
+    + """\
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\\n' }}
 {%- if enable_thinking is defined and enable_thinking is false %}
@@ -132,6 +140,51 @@ QWEN2_5 = (
 {%- endif %}
 {%- endif %}
 {%- endfor %}
+{%- if add_generation_prompt %}
+{{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+)
+
+# Qwen3-VL Instruct: ChatML like Qwen3 without thinking; a message's content may be a list of parts, each image part
+# written <|vision_start|><|image_pad|><|vision_end|> (the server expands the one <|image_pad|> to the image's tokens),
+# in tool results too; assistant history is kept as written.
+QWEN3_VL = (
+    """\
+{%- macro render_content(content) %}
+{%- if content is string %}
+{{- content }}
+{%- else %}
+{%- for part in content %}
+{%- if part.type in ('image', 'image_url') or part.image or part.image_url %}
+{{- '<|vision_start|><|image_pad|><|vision_end|>' }}
+{%- elif part.text is defined %}
+{{- part.text }}
+{%- endif %}
+{%- endfor %}
+{%- endif %}
+{%- endmacro %}
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0].role == 'system' %}
+{{- render_content(messages[0].content) + '\\n\\n' }}
+{%- endif %}
+"""
+    + HERMES_TOOLS
+    + """\
+{{- '<|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- set content = render_content(message.content) if message.content else '' %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
+{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant\\n' + content }}
+"""
+    + HERMES_CALLS_AND_RESULTS
+    + """\
 {%- if add_generation_prompt %}
 {{- '<|im_start|>assistant\\n' }}
 {%- endif %}

@@ -122,7 +122,7 @@ def test_a_process_file_contradicting_the_run_spec_is_refused_in_one_line(tmp_pa
 
 def test_an_unknown_chat_family_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError, match=r"^--model.chat-family: model.chat_family: unknown chat family 'qwen9'; "
-                                          r"choose auto, qwen3, qwen2.5, llama-3$"):  # fmt: skip
+                                          r"choose auto, qwen3, qwen2.5, qwen3-vl, llama-3$"):  # fmt: skip
         parse_config(RLConfig, ["--model.chat-family", "qwen9"])
 
 

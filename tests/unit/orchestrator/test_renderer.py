@@ -18,6 +18,7 @@ EXPECTED = {
     "trident/tiny-qwen3": ("qwen3", "qwen3", "hermes"),
     "trident/tiny-qwen2.5": ("qwen2.5", "default", "hermes"),
     "trident/tiny-llama3": ("llama-3", "llama-3", "llama3_json"),
+    "trident/tiny-qwen3-vl": ("qwen3-vl", "qwen3-vl", "hermes"),
 }
 
 
@@ -44,9 +45,11 @@ def test_a_tool_call_reply_in_the_familys_syntax_parses_and_the_next_turn_extend
     model_id, path = tiny
     tokenizer = load_tokenizer(path)
     renderer = create_renderer(tokenizer, renderer_config("auto", "auto", path, enable_thinking=False))
+    hermes = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
     reply = {
-        "qwen3": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>',
-        "qwen2.5": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>',
+        "qwen3": hermes,
+        "qwen2.5": hermes,
+        "qwen3-vl": hermes,
         "llama-3": '{"name": "calculator", "parameters": {"expression": "12 * 7"}}<|eot_id|>',
     }[EXPECTED[model_id][0]]
     parsed = renderer.parse_response(tokenizer.encode(reply, add_special_tokens=False), tools=PROBE_TOOLS)
@@ -85,3 +88,31 @@ def test_an_unknown_renderer_is_a_config_error_naming_the_key():
 def test_the_probe_covers_every_kind_of_turn():
     assert {m["role"] for m in PROBE_MESSAGES} == {"system", "user", "assistant", "tool"}
     assert any(m.get("tool_calls") for m in PROBE_MESSAGES)
+
+
+def test_the_tiny_vlms_image_runs_are_its_processors_tokens_and_its_template_writes_one_placeholder_each():
+    """The renderer expands an image to image_grid_thw.prod() / merge² <|image_pad|> tokens (what the server and the
+    trainer derive from the model folder's processor); the chat template writes one placeholder per image part."""
+    import base64
+    import io
+
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    path = built_model_path("trident/tiny-qwen3-vl")
+    tokenizer = load_tokenizer(path)
+    image = Image.new("RGB", (64, 96), "red")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What colour?"}]
+    messages = [{"role": "user", "content": content}]
+    rendered = create_renderer(tokenizer, renderer_config("auto", "auto", path, False)).render_ids(
+        messages, add_generation_prompt=True
+    )
+    grid = AutoProcessor.from_pretrained(path).image_processor(images=[image])["image_grid_thw"]
+    assert grid.tolist() == [[1, 6, 4]]  # 96 × 64 pixels in 16-pixel patches
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert rendered.count(pad) == 6 and 6 == int(grid.prod()) // 4
+    templated = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert templated.count("<|vision_start|><|image_pad|><|vision_end|>What colour?") == 1
