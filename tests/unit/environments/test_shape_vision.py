@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import verifiers.v1 as vf
 from PIL import Image
+from renderers import create_renderer
+from renderers.base import load_tokenizer
 from scored_traces import scored_trace
 from shape_vision import (
     LOOK,
@@ -28,7 +30,9 @@ from shape_vision.scenes import BACKGROUND, COLOURS
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig
 from orchestrator.verifiers_adapter.envs import load_env, load_tasks
-from orchestrator.verifiers_adapter.harness import call_tool, message_content
+from orchestrator.verifiers_adapter.harness import call_tool, message_content, tool_spec
+from orchestrator.verifiers_adapter.renderer import renderer_config
+from tools.tiny_model import built_model_path
 
 
 def tasks(**config) -> list:
@@ -181,3 +185,32 @@ def test_the_environment_loads_by_its_id_with_its_args():
 def test_an_empty_question_list_is_one_line_naming_it():
     with pytest.raises(TridentError, match=r"^environment 'shape-vision' rejects its args: questions: List should"):
         load_env(EnvConfig(id="shape-vision", args={"questions": []}))
+
+
+def test_the_tiny_vlms_renderer_shows_the_look_tools_image_and_the_picture_shown_again():
+    """The qwen3-vl renderer (what verifiers' training client renders with) expands the image of the prompt, of the
+    look tool's message and of the user's second turn into 4 placeholders each (64 × 64 pixels); the second turn's
+    picture is the prompt's own (one hash)."""
+    path = built_model_path("trident/tiny-qwen3-vl")
+    task = first_of("count", look=True)
+    messages = [m.model_dump(exclude_none=True) for m in task.data.prompt]
+    call = {"id": "c1", "type": "function", "function": {"name": "look", "arguments": '{"zoom": 2}'}}
+    messages += [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    messages += [
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "content": asyncio.run(call_tool(look, '{"zoom": 2}', {"task": task.data})),
+        }
+    ]
+    messages += [{"role": "assistant", "content": "2"}]
+    messages += [{"role": "user", "content": message_content(look_again(messages, task.data))}]
+    renderer = create_renderer(load_tokenizer(path), renderer_config("auto", "auto", path, False))
+    rendered = renderer.render(messages, tools=[tool_spec(look)], add_generation_prompt=True)
+
+    placeholders = rendered.multi_modal_data.mm_placeholders["image"]
+    assert [p.length for p in placeholders] == [4, 4, 4]
+    first, tool, again = rendered.multi_modal_data.mm_hashes["image"]
+    assert first == again != tool
+    text = load_tokenizer(path).decode(rendered.token_ids[: placeholders[1].offset])
+    assert text.endswith("<tool_response>\n<|vision_start|>")
