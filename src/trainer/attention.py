@@ -123,5 +123,9 @@ AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
 def use_packed_attention(model: PreTrainedModel) -> None:
-    """Make ``model`` attend within packed samples (:func:`packed_attention`), in place."""
-    model.set_attn_implementation(PACKED_ATTENTION)
+    """Make ``model`` attend within packed samples (:func:`packed_attention`), in place; a vision-language model's
+    vision tower keeps SDPA (it attends within each image, both ways; it is handed ``packing`` and ignores it)."""
+    if getattr(model.config, "vision_config", None) is None:
+        model.set_attn_implementation(PACKED_ATTENTION)
+    else:
+        model.set_attn_implementation({"": PACKED_ATTENTION, "text_config": PACKED_ATTENTION, "vision_config": "sdpa"})
