@@ -8,16 +8,19 @@ import pytest
 import torch
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from contracts.errors import TridentError
 from contracts.images import store_image
-from contracts.protocol import BatchError, MicroBatch, Sample
+from contracts.protocol import BatchError, BatchInfo, MicroBatch, Sample, write_batch
+from contracts.run_dir import weights_dir
 from tools.tiny_model import built_model_path
-from trainer.config import OptimConfig, TrainerModelConfig
+from trainer.config import OptimConfig, TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
 from trainer.model import load_model, packed_logprobs
 from trainer.optim import build_optimizer
+from trainer.train import train
 from trainer.vision import vision_tower_name
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -161,3 +164,27 @@ def test_exported_weights_and_adapters_carry_the_names_vllm_loads(tiny_vlm_path,
     plain = AutoModelForImageTextToText.from_pretrained(tiny_vlm_path, dtype=torch.float32)
     assert set(names) == set(plain.state_dict()) - {"lm_head.weight"}  # tied to the embeddings
     assert type(AutoProcessor.from_pretrained(folder)).__name__ == "Qwen3VLProcessor"
+
+
+def test_the_trainer_trains_on_batches_with_images_and_keeps_the_vision_tower(tiny_vlm_path, tmp_path):
+    """Two steps of the training loop (with a KL penalty: its reference scores the images too) on batch files of
+    image samples sampled on policy, the placeholders out of the loss: no mismatch at the first step, and the weights
+    change but the vision tower's."""
+    _, micro_batch = image_samples(tiny_vlm_path, tmp_path)
+    image_token = AutoTokenizer.from_pretrained(tiny_vlm_path).convert_tokens_to_ids("<|image_pad|>")
+    micro_batch.loss_mask = micro_batch.input_ids != image_token
+    micro_batch.advantages = torch.linspace(-1, 1, len(micro_batch.input_ids))
+    with torch.no_grad():  # sampled on policy
+        policy = load_model(TrainerModelConfig(name=tiny_vlm_path), torch.device("cpu"))
+        micro_batch.inference_logprobs = packed_logprobs(policy, micro_batch, 1.0, output_dir=tmp_path)
+    tokens, loss_tokens = len(micro_batch.input_ids), int(micro_batch.loss_mask.sum())
+    for step in (1, 2):
+        write_batch(tmp_path, BatchInfo(step, len(SIZES), tokens, loss_tokens, 0.0, 1.0), [micro_batch])
+    train(TrainerConfig(output_dir=tmp_path, model={"name": tiny_vlm_path}, max_steps=2, optim={"lr": 1e-2},
+                        loss={"kl_coef": 0.1}))  # fmt: skip
+    first = json.loads((tmp_path / "metrics" / "trainer.jsonl").read_text().splitlines()[0])
+    assert first["mismatch_kl"] < 1e-9  # the batch files' images give the trainer the logprobs it sampled with
+    base = load_file(f"{tiny_vlm_path}/model.safetensors")
+    trained = load_file(weights_dir(tmp_path, 2) / "model.safetensors")
+    changed = {name for name in trained if not torch.equal(trained[name], base[name])}
+    assert changed and all(name.startswith("model.language_model.") for name in changed)
