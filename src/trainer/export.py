@@ -2,7 +2,6 @@
 or merged in, with the probe that lets the server prove it loaded them."""
 
 import base64
-import functools
 import io
 import json
 import re
@@ -17,14 +16,14 @@ from peft.tuners.lora.layer import ParamWrapper
 from PIL import Image, ImageDraw
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
-from transformers import AutoProcessor, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from contracts.atomic_io import atomic_dir
 from contracts.broadcast import Sender, write_manifest
 from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
-from trainer.vision import save_processor
+from trainer.vision import is_vision_language, model_processor, save_processor, unwrapped
 
 
 def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
@@ -154,20 +153,15 @@ def probe_image() -> bytes:
     return buffer.getvalue()
 
 
-@functools.cache
-def model_processor(folder: str) -> ProcessorMixin:
-    """The processor (tokenizer and image processor) of the vision-language model in ``folder``."""
-    return AutoProcessor.from_pretrained(folder)
-
-
 def make_probe(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> Probe:
     """The probe under ``model``'s weights: its logprobs of :data:`~contracts.run_dir.PROBE_TEXT`; a
     vision-language model's (Qwen-VL layout) shown :func:`probe_image` first, through its own processor, so that
     a server still serving other vision weights fails the probe too."""
-    if getattr(model.config, "vision_config", None) is None:
+    base = unwrapped(model)
+    if not is_vision_language(base.config):
         token_ids = tokenizer.encode(PROBE_TEXT)
         return Probe(token_ids, probe_logprobs(model, token_ids), base_in_4bit=is_4bit(model))
-    processor = model_processor(model.name_or_path)
+    processor = model_processor(base.name_or_path)
     text = f"{processor.vision_start_token}{processor.image_token}{processor.vision_end_token}{PROBE_TEXT}"
     png = probe_image()
     inputs = processor(images=[Image.open(io.BytesIO(png)).convert("RGB")], text=[text], return_tensors="pt")

@@ -63,7 +63,8 @@ def image_processor(model_path: str):
 
 
 @functools.cache
-def _processor(model_path: str):
+def model_processor(model_path: str):
+    """The processor of the model folder (its image processor, tokenizer and chat template)."""
     return AutoProcessor.from_pretrained(model_path)
 
 
@@ -72,7 +73,7 @@ def save_processor(model: nn.Module, folder: Path) -> None:
     folder holds it, so that the folder loads as a model; nothing for a text model."""
     base = unwrapped(model)
     if is_vision_language(base.config):
-        _processor(base.name_or_path).save_pretrained(folder)
+        model_processor(base.name_or_path).save_pretrained(folder)
 
 
 @dataclass(frozen=True)

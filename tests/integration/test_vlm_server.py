@@ -16,17 +16,19 @@ import pytest
 import servers
 import torch
 from PIL import Image, ImageDraw
-from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
+from transformers import AutoProcessor, AutoTokenizer
 
 from contracts.broadcast import Sender
 from contracts.errors import TridentError
+from contracts.images import store_image
 from contracts.inference_api import GENERATE, adapter_name, token_weight_steps
+from contracts.protocol import MicroBatch, Sample
 from contracts.run_dir import PROBE_TEXT
 from orchestrator.client import InferenceClient
 from tools.tiny_model import built_model_path
-from trainer.config import LoraConfig
+from trainer.config import LoraConfig, TrainerModelConfig
 from trainer.export import probe_logprobs, save_weights
-from trainer.model import add_lora
+from trainer.model import add_lora, load_model, packed_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -50,10 +52,10 @@ def vlm_path() -> str:
     return built_model_path(VLM)
 
 
-def vlm(path: str, seed: int | None = None, only_vision: bool = False) -> Qwen3VLForConditionalGeneration:
-    """The tiny VLM; with a ``seed``, its vision tower moved, and unless ``only_vision`` its embeddings (tied to its
-    output layer) and last language-model layer too."""
-    model = Qwen3VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+def vlm(path: str, seed: int | None = None, only_vision: bool = False):
+    """The tiny VLM as the trainer loads it; with a ``seed``, its vision tower moved, and unless ``only_vision`` its
+    embeddings (tied to its output layer) and last language-model layer too."""
+    model = load_model(TrainerModelConfig(name=path), torch.device("cpu"))
     if seed is not None:
         torch.manual_seed(seed)
         moving = ("visual.",) if only_vision else ("visual.", "embed_tokens", "layers.1.")
@@ -99,14 +101,27 @@ def transformers_logprobs(model, path: str, completion: list[int] = (), banned: 
     return ids[0].tolist(), [0.0, *torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0].tolist()]
 
 
+def png(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def trainer_logprobs(model, token_ids: list[int], output_dir) -> list[float]:
+    """The trainer's logprobs (``packed_logprobs``, temperature 1; 0.0 at position 0) of ``token_ids`` (a prompt
+    showing :data:`IMAGES`, as the server expanded it), the images read from the run's store in ``output_dir``:
+    what it trains on, given the ids the server sampled from."""
+    refs = [store_image(output_dir, png(image)) for image in IMAGES]
+    sample = Sample(token_ids, [True] * len(token_ids), [0.0] * len(token_ids), 1.0, 0.0, 0, images=refs)
+    with torch.no_grad():
+        logprobs = packed_logprobs(model.eval(), MicroBatch.pack([sample]), 1.0, output_dir=output_dir)
+    return [0.0, *logprobs[1:].tolist()]
+
+
 def image_request(model: str, path: str, sampling: dict) -> dict:
     """The body of ``POST /inference/v1/generate`` for the :func:`prompt` (one placeholder token per image, which
     the server expands) with :data:`IMAGES` under ``model``."""
-    urls = []
-    for item in IMAGES:
-        buffer = io.BytesIO()
-        item.save(buffer, format="PNG")
-        urls.append(f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}")
+    urls = [f"data:image/png;base64,{base64.b64encode(png(image)).decode()}" for image in IMAGES]
     return {
         "model": model,
         "token_ids": processor(path).tokenizer.encode(prompt(path)),
@@ -145,10 +160,13 @@ def load_and_probe(url: str, folder, step: int, reset: bool = False) -> float:
     return asyncio.run(run())
 
 
-def with_adapter(path: str, seed: int, targets: list[str]):
-    """The tiny VLM with a LoRA adapter on ``targets`` (the trainer's add_lora), its B moved off zero."""
+def with_adapter(path: str, seed: int, vision: bool = False):
+    """The tiny VLM with a LoRA adapter (the trainer's add_lora) on every linear layer of its language model, and
+    with ``vision`` of its vision tower and mergers too (as for ``model.vision_tower = 'trained'``), its B moved
+    off zero."""
     torch.manual_seed(seed)
-    model = add_lora(vlm(path), LoraConfig(rank=4, alpha=8, target_modules=targets))
+    targets = LANGUAGE_MODEL_TARGETS + (VISION_TARGETS if vision else [])
+    model = add_lora(vlm(path), LoraConfig(rank=4, alpha=8, target_modules=targets), train_vision=vision)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "lora_B" in name:
@@ -163,7 +181,7 @@ def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(vlm_server, vlm
     folder = root / f"step_{step}"
     tokenizer = AutoTokenizer.from_pretrained(vlm_path)
     if path == "lora-merged":  # an adapter on the language model and the vision tower, exported merged
-        model = with_adapter(vlm_path, step, LANGUAGE_MODEL_TARGETS + VISION_TARGETS)
+        model = with_adapter(vlm_path, step, vision=True)
     else:
         model = vlm(vlm_path, seed=step)
     token_ids, expected = transformers_logprobs(model, vlm_path)
@@ -180,6 +198,7 @@ def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(vlm_server, vlm
     served_ids, served = served_logprobs(url, VLM, vlm_path)
     assert served_ids == token_ids and token_ids.count(processor(vlm_path).image_token_id) == 12  # 6 per image
     assert gap(served, expected) < 1e-4
+    assert gap(served, trainer_logprobs(model, served_ids, root)) < 1e-4  # what the trainer scores them at
 
 
 def test_the_probe_fails_a_server_serving_other_vision_weights_which_a_text_probe_would_pass(vlm_server, vlm_path):
@@ -211,8 +230,8 @@ def test_a_lora_adapter_is_served_exactly(vlm_server, vlm_path, targets):
     url, root, _ = vlm_server
     step = 4 if targets == "language model" else 5
     folder = root / f"step_{step}"
-    vision = VISION_TARGETS if targets == "and vision tower" else []
-    model = with_adapter(vlm_path, step, LANGUAGE_MODEL_TARGETS + vision)
+    vision = targets == "and vision tower"
+    model = with_adapter(vlm_path, step, vision)
     adapted_tower = [name for name, _ in model.named_parameters() if "lora_" in name and ".visual." in name]
     assert bool(adapted_tower) == bool(vision)
     save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder, export="adapter")
@@ -220,6 +239,7 @@ def test_a_lora_adapter_is_served_exactly(vlm_server, vlm_path, targets):
     assert load_and_probe(url, folder, step, reset=True) < 1e-4
     served_ids, served = served_logprobs(url, adapter_name(step), vlm_path)
     assert served_ids == token_ids and gap(served, expected) < 1e-4
+    assert gap(served, trainer_logprobs(model, served_ids, root)) < 1e-4
     assert gap(served, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the adapter changes them
 
 
