@@ -1,6 +1,7 @@
 """The images of a rollout, out of verifiers' message graph into the run's image store: one ref per placeholder run,
 in order, each distinct image decoded and written once however many turns or branches show it."""
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -11,11 +12,13 @@ from PIL import Image
 from rollouts import build_samples, rollout
 from verifiers.v1.graph import MessageNode
 
+import orchestrator.groups as groups_module
 import orchestrator.images as images_module
 from contracts.errors import TridentError
 from contracts.images import placeholder_runs
-from contracts.protocol import MicroBatch
-from contracts.run_dir import images_dir
+from contracts.protocol import MicroBatch, read_batch
+from contracts.run_dir import checkpoint_dir, clear_run_state, images_dir, mark_stable, weights_dir
+from orchestrator.config import OrchestratorConfig
 from orchestrator.images import EpisodeImages
 from orchestrator.verifiers_adapter.envs import trace_branches, trace_images
 
@@ -23,7 +26,7 @@ VS, VE, PAD, VIDEO_PAD = 2038, 2039, 2040, 2041  # <|vision_start|> <|vision_end
 MM_MAP = {PAD: 1, VIDEO_PAD: 2}  # renderers' mm_token_type_id_map of Qwen3-VL
 
 
-def png(colour: str, size: int) -> bytes:
+def png(colour: str | tuple, size: int) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (size, size), colour).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -64,6 +67,11 @@ def two_turns_reusing_an_image() -> vf.Trace:
         user(1, "Thanks.", tokens=[5, 12, 7]),  # 4: the fork
         reply(4, "ok", [13]),  # 5
     ]
+    return vf.Trace.model_construct(nodes=nodes, calls=[], mm_token_type_id_map=MM_MAP)
+
+
+def one_turn_showing(picture: bytes) -> vf.Trace:
+    nodes = [user(None, "Colour?", picture, tokens=[5, *image(4), 7]), reply(0, "red", [8])]
     return vf.Trace.model_construct(nodes=nodes, calls=[], mm_token_type_id_map=MM_MAP)
 
 
@@ -122,7 +130,55 @@ def test_images_and_placeholder_runs_that_differ_in_number_are_refused(tmp_path,
 
 
 def test_an_image_with_nowhere_to_be_stored_is_an_error():
-    trace = vf.Trace.model_construct(nodes=[user(None, RED, tokens=image(4)), reply(0, "x", [8])], calls=[],
-                                     mm_token_type_id_map=MM_MAP)  # fmt: skip
     with pytest.raises(TridentError, match="no run folder was given to store it"):
-        trace_images(trace, EpisodeImages(None))
+        trace_images(one_turn_showing(RED), EpisodeImages(None))
+
+
+def test_a_resumed_run_names_the_same_images_and_finds_them_in_the_run_folder(tmp_path, monkeypatch,
+                                                                              on_weights_server):  # fmt: skip
+    """The orchestrator hands its run folder to the rollouts, which store each task's image there; a run stopped
+    after the checkpoint of step 2 (its rollouts then cleared as ``rl`` does on resume, its images kept) resumes
+    with batches naming exactly the images of an uninterrupted run, each found in its folder."""
+    steps = 4
+
+    async def run_group(env, task, n, ctx, limits, output_dir):  # as the adapter makes them, one image per task
+        index = int(task.data.id.split("-")[-1])
+        picture = png((index * 37 % 256, 0, 0), 64)
+        trace = one_turn_showing(picture)
+        return [rollout(float(k), *trace_branches(trace), images=trace_images(trace, EpisodeImages(output_dir)))
+                for k in range(n)]  # fmt: skip
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+
+    def build(output_dir, resume_step=None):
+        config = OrchestratorConfig(
+            output_dir=output_dir, env=[{"id": "char-target", "args": {"num_examples": 30}}], batch_size=2,
+            rollouts_per_example=2, max_steps=steps, async_level=1, sample_rollouts_every=0,
+            ckpt={"interval": 1, "keep": None, "resume_step": resume_step},
+        )  # fmt: skip
+        return on_weights_server(config)[0]
+
+    async def run(orchestrator, stop_at=steps):
+        for step in range(orchestrator.start_step() + 1, stop_at + 1):
+            await orchestrator.step(step)
+            orchestrator.save_checkpoint(step)
+            for folder in (checkpoint_dir(orchestrator.output_dir, step) / "trainer",
+                           weights_dir(orchestrator.output_dir, step)):  # fmt: skip
+                folder.mkdir(parents=True, exist_ok=True)
+                mark_stable(folder)
+
+    def named(output_dir, step) -> list[list[str]]:
+        return [refs for m in read_batch(output_dir, step)[1] for refs in m.images]
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    asyncio.run(run(build(whole)))
+    asyncio.run(run(build(stopped), stop_at=2))
+    clear_run_state(stopped, resume_from=2)
+    weights_dir(stopped, 2).mkdir(parents=True)  # as the resumed trainer writes its checkpoint's weights again
+    mark_stable(weights_dir(stopped, 2))
+    asyncio.run(run(build(stopped, resume_step=-1)))
+    for step in (3, 4):
+        assert named(stopped, step) == named(whole, step) and all(named(stopped, step))
+        for ref in {ref for refs in named(stopped, step) for ref in refs}:
+            assert hashlib.sha256((images_dir(stopped) / ref).read_bytes()).hexdigest() == ref
+    assert len(list(images_dir(stopped).iterdir())) == len(list(images_dir(whole).iterdir())) == steps * 2
