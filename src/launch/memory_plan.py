@@ -7,7 +7,9 @@ two moments of what trains (each split over the FSDP ranks; a mixture of experts
 parallelism over the ``ep`` ranks that hold them), the working copies FSDP gathers (the model's root and
 two decoder layers at a time, or every layer where layers are not resharded after forward), the activations kept for
 the backward pass of one packed micro-batch (``micro_batch_tokens``, else ``seq_len`` tokens) under the configured
-activation checkpointing, the backward pass's working memory at its peak (one chunk of logits, or one recomputed
+activation checkpointing (a vision-language model's also its vision tower's, for image tokens filling the
+micro-batch: kept through the backward pass where the tower trains, one block's at a time where it is frozen), the
+backward pass's working memory at its peak (one chunk of logits, or one recomputed
 layer or part with its gradients), under LoRA on routed experts the copies of their weights with the adapter folded
 in, under expert parallelism the token dispatch's buffers, under QLoRA one linear layer dequantized, the weight
 broadcast's send buffer, and on a GPU what the caching allocator reserves beyond that and the CUDA context. The
@@ -19,7 +21,7 @@ to the device memory a trainer held on an H200 (``benchmarks/gpu_check.py``).
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from contracts.errors import TridentError
@@ -61,9 +63,15 @@ class ModelShape:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     sparse_layers: int = 0
+    vision: "VisionShape | None" = None  # a vision-language model's vision tower
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelShape":
+        """The shape of a ``config.json``; a vision-language model's (Qwen3-VL's) language model from its
+        ``text_config``, with its vision tower from its ``vision_config``."""
+        if "vision_config" in config:
+            text = {"tie_word_embeddings": config.get("tie_word_embeddings", False), **config["text_config"]}
+            return replace(cls.from_config(text), vision=VisionShape.from_config(config["vision_config"]))
         heads = config["num_attention_heads"]
         return cls(
             vocab_size=config["vocab_size"],
@@ -125,8 +133,15 @@ class ModelShape:
 
     @property
     def root_parameters(self) -> int:
-        """Embeddings, the output layer unless tied, and the final norm."""
-        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+        """Embeddings, the output layer unless tied, the final norm, and a vision tower (what FSDP holds in the
+        model's root, outside the decoder layers)."""
+        vision = self.vision.parameters if self.vision else 0
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2) + self.hidden_size + vision
+
+    @property
+    def vision_parameters(self) -> int:
+        """The vision tower's parameters (0: a text model)."""
+        return self.vision.parameters if self.vision else 0
 
     @property
     def parameters(self) -> int:
@@ -143,6 +158,74 @@ class ModelShape:
         h = self.hidden_size
         return max(self.vocab_size * h, h * self.intermediate_size if self.sparse_layers < self.num_hidden_layers
                    else 0, self.num_experts * 2 * self.moe_intermediate_size * h)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """A Qwen3-VL vision tower (transformers' ``Qwen3VLVisionModel``, from a ``vision_config``): a patch embedding
+    of ``in_channels × temporal_patch_size × patch_size²`` features, learned position embeddings, ``depth`` blocks
+    (layer norms, attention on a fused qkv, an MLP of ``intermediate_size``), and a patch merger plus one DeepStack
+    merger per ``deepstack_visual_indexes`` entry, each taking ``spatial_merge_size²`` patches to one image token of
+    ``out_hidden_size``."""
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    patch_features: int
+    num_position_embeddings: int
+    spatial_merge_size: int
+    out_hidden_size: int
+    deepstack_mergers: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> "VisionShape":
+        return cls(
+            depth=config["depth"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_heads=config["num_heads"],
+            patch_features=config.get("in_channels", 3) * config["temporal_patch_size"] * config["patch_size"] ** 2,
+            num_position_embeddings=config["num_position_embeddings"],
+            spatial_merge_size=config["spatial_merge_size"],
+            out_hidden_size=config["out_hidden_size"],
+            deepstack_mergers=len(config.get("deepstack_visual_indexes") or []),
+        )
+
+    @property
+    def merged_features(self) -> int:
+        """Features of the ``spatial_merge_size²`` patches a merger takes as one image token."""
+        return self.hidden_size * self.spatial_merge_size**2
+
+    @property
+    def parameters(self) -> int:
+        h, i, merged = self.hidden_size, self.intermediate_size, self.merged_features
+        embedding = (self.patch_features + 1) * h + self.num_position_embeddings * h
+        block = 4 * h + (h + 1) * 3 * h + (h + 1) * h + (h + 1) * i + (i + 1) * h  # 2 norms, qkv, proj, MLP
+        merger = (merged + 1) * merged + (merged + 1) * self.out_hidden_size  # two linears, and a norm:
+        norms = 2 * h + self.deepstack_mergers * 2 * merged  # before the merge, or (DeepStack) after it
+        return embedding + self.depth * block + (1 + self.deepstack_mergers) * merger + norms
+
+    def block_activation_bytes(self, compute: int) -> int:
+        """Bytes one patch keeps for the backward pass of one vision block (read with ``saved_tensors_hooks`` in
+        bf16): the inputs of its norms and linear layers, q, k and v (and q and k in float32 for the rotary
+        embedding), the attention's output, the MLP's activation input, the norms' statistics and the
+        attention's log-sum-exp."""
+        h, i = self.hidden_size, self.intermediate_size
+        return compute * (8 * h + 2 * i) + 4 * 2 * h + 16 + 4 * self.num_heads
+
+    def activation_bytes(self, tokens: int, compute: int, trained: bool) -> int:
+        """Bytes of the tower's activations for ``tokens`` image tokens (``spatial_merge_size²`` patches each): kept
+        through the backward pass where it trains (every block's, the mergers' inputs and the patches), else one
+        block's at a time in its forward pass; and the image tokens' embeddings (the merger's and the DeepStack
+        mergers'), which the language model's forward pass reads."""
+        patches = tokens * self.spatial_merge_size**2
+        embeddings = tokens * (1 + self.deepstack_mergers) * self.out_hidden_size * compute
+        if not trained:
+            return patches * self.block_activation_bytes(compute) + embeddings
+        mergers = (1 + self.deepstack_mergers) * 4 * self.hidden_size * compute
+        kept = self.depth * self.block_activation_bytes(compute) + mergers + self.patch_features * compute
+        return patches * kept + embeddings
 
 
 def experts_of(config: dict) -> dict[str, int]:
@@ -433,12 +516,17 @@ def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int)
 
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
     """GiB per trainer rank, by what holds them: what trains and the frozen base split over the ranks (under expert
-    parallelism too: a rank's ``num_experts / ep`` experts are split further over the ``ranks / ep`` replicas)."""
+    parallelism too: a rank's ``num_experts / ep`` experts are split further over the ``ranks / ep`` replicas).
+    A vision-language model's vision tower counts among what trains only where ``model.vision_tower`` trains it
+    (frozen in full training, it keeps its float32 weights but no gradients or optimizer state; the adapters LoRA
+    puts on it are left out, as small), and its activations are the ``vision`` part."""
     compute = dtype_bytes(trainer.model.dtype, gpu)
     lora, in_4bit = trainer.model.experimental.lora, trainer.model.experimental.load_in_4bit
+    vision_trained = trainer.model.vision_tower == "trained"
     layer_bytes = shape.gathered_layer_parameters(trainer.model.parallel.ep) * compute
     if lora is None:
-        trainable, frozen_bytes = shape.parameters, 0
+        frozen = 0 if vision_trained else shape.vision_parameters
+        trainable, frozen_bytes = shape.parameters - frozen, frozen * 4
     else:
         trainable, frozen_bytes = lora_parameters(shape, lora.target_modules, lora.rank), shape.parameters * compute
     if in_4bit:
@@ -455,6 +543,8 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         "backward": backward,
         **routed_expert_bytes(shape, trainer, compute),
     }
+    if shape.vision:
+        plan["vision"] = shape.vision.activation_bytes(trainer.micro_batch_budget, compute, vision_trained)
     if in_4bit:  # each 4-bit linear is dequantized to the compute dtype to multiply, one at a time
         plan["dequantized"] = max(max(quantized_linears(shape, sparse)) for sparse in layer_kinds(shape)) * compute
     backend = broadcast_backend(trainer, gpu)

@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from trainer.vision import is_vision_language
+
 try:
     from torch.nn.attention.varlen import varlen_attn
 except ImportError:  # torch < 2.10: per-sample SDPA everywhere
@@ -123,5 +125,9 @@ AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
 
 def use_packed_attention(model: PreTrainedModel) -> None:
-    """Make ``model`` attend within packed samples (:func:`packed_attention`), in place."""
-    model.set_attn_implementation(PACKED_ATTENTION)
+    """Make ``model`` attend within packed samples (:func:`packed_attention`), in place; a vision-language model's
+    vision tower keeps SDPA (it attends within each image, both ways; it is handed ``packing`` and ignores it)."""
+    if not is_vision_language(model.config):
+        model.set_attn_implementation(PACKED_ATTENTION)
+    else:
+        model.set_attn_implementation({"": PACKED_ATTENTION, "text_config": PACKED_ATTENTION, "vision_config": "sdpa"})

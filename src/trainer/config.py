@@ -37,6 +37,7 @@ class ActivationCheckpointConfig(StrictModel):
 
 
 LoraExport = Literal["merged", "adapter"]
+VisionTower = Literal["frozen", "trained"]
 
 
 class LoraConfig(StrictModel):
@@ -180,6 +181,17 @@ class TrainerModelConfig(ModelConfig):
             "made twice."
         ),
     ] = "auto"
+    vision_tower: Annotated[
+        VisionTower,
+        Field(
+            description="Whether a vision-language model's vision tower trains: the encoder transformers builds from "
+            "config.json's vision_config (Qwen3-VL's model.visual: patch embedding, vision blocks, patch mergers). "
+            "'frozen' (the default): no gradient, no optimizer state, and under LoRA no adapter there (the targets "
+            "adapt the language model only); 'trained': its weights train in full, or under LoRA the targets also "
+            "adapt its linear layers (Qwen3-VL's: 'qkv', 'proj', 'linear_fc1', 'linear_fc2'). 'trained' on a text "
+            "model is refused."
+        ),
+    ] = "frozen"
     parallel: ParallelConfig = ParallelConfig()
     moe: MoeConfig = MoeConfig()
     experimental: ExperimentalConfig = ExperimentalConfig()

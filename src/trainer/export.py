@@ -20,6 +20,7 @@ from contracts.broadcast import Sender, write_manifest
 from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
+from trainer.vision import save_processor
 
 
 def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
@@ -174,6 +175,7 @@ def save_weights(
             if not adapter:
                 set_config_dtype(tmp, dtype)
         tokenizer.save_pretrained(tmp)
+        save_processor(model, tmp)
         write_probe(tmp, probe)
         mark_stable(tmp)
 

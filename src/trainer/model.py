@@ -1,6 +1,8 @@
 """Loading the policy and its forward pass over packed micro-batches (writing weights: ``trainer.export``)."""
 
 import functools
+import re
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -10,7 +12,13 @@ from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, BitsAndBytesConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    BitsAndBytesConfig,
+    PreTrainedModel,
+)
 
 from contracts.errors import TridentError, first_line
 from contracts.model_path import resolve_model_path
@@ -20,6 +28,7 @@ from trainer.attention import packing, use_packed_attention
 from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
+from trainer.vision import configure_vision_tower, image_inputs, is_vision_language, unwrapped, vision_tower_name
 
 
 def load_model(
@@ -33,7 +42,7 @@ def load_model(
     """
     lora, in_4bit = config.experimental.lora, config.experimental.load_in_4bit
     dtype = compute_dtype if lora is not None else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(
+    model = pretrained(
         resolve_model_path(config.name),
         dtype=dtype,
         quantization_config=nf4_config(compute_dtype) if in_4bit else None,
@@ -43,11 +52,19 @@ def load_model(
         keep_training_layout(model)
     use_packed_forward(model)
     configure_routers(decoder_layers(model), config.moe, config.name)
+    configure_vision_tower(model, config.vision_tower, config.name)
     if config.ac is not None:
         checkpoint_every(model, config.ac.freq, config.ac.part)
     if lora is not None:
-        model = add_lora(model, lora)
+        model = add_lora(model, lora, train_vision=config.vision_tower == "trained")
     return model.to(device).train()
+
+
+def pretrained(path: str, **kwargs) -> PreTrainedModel:
+    """The model in folder (or hub id) ``path``, loaded with ``kwargs``: a causal LM, or a vision-language model
+    (Qwen3-VL) as transformers' image-text-to-text class, whose language model is a causal LM."""
+    vision = is_vision_language(AutoConfig.from_pretrained(path))
+    return (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, **kwargs)
 
 
 def nf4_config(compute_dtype: torch.dtype) -> BitsAndBytesConfig:
@@ -85,9 +102,9 @@ def compute_device(model: nn.Module) -> torch.device:
 
 
 def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
-    """The transformer blocks of a decoder-only model (with or without a peft wrapper)."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    return base.model.layers
+    """The transformer blocks of a decoder-only model, or of a vision-language model's language model (with or
+    without a peft wrapper)."""
+    return unwrapped(model).get_decoder().layers
 
 
 def checkpoint_every(model: PreTrainedModel, freq: int, part: CheckpointedPart = "layer") -> None:
@@ -109,15 +126,18 @@ def recompute_in_backward(module: nn.Module) -> None:
     module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
-def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
+def add_lora(model: PreTrainedModel, lora: LoraConfig, train_vision: bool = False) -> PeftModel:
     """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names nothing peft can adapt
     (a linear layer, or a fused expert weight, by its name or a dotted suffix of it) is a TridentError naming the
     model's linear layers.
 
     A target that names a fused expert weight itself (``experts.gate_up_proj``) and no linear layer adapts that
     weight (peft's ``target_parameters``); peft also converts ``gate_proj``, ``up_proj`` and ``down_proj`` to the
-    experts' fused weights on a Qwen3-MoE, whose MLP has no such linear layers."""
-    names = lora_target_names(model)
+    experts' fused weights on a Qwen3-MoE, whose MLP has no such linear layers. A vision-language model's vision
+    tower (:func:`~trainer.vision.vision_tower_name`) gets no adapter (peft's ``exclude_modules``) unless it trains
+    (``train_vision``, ``model.vision_tower = 'trained'``): the targets name the language model's layers."""
+    tower = None if train_vision else vision_tower_name(model)
+    names = {name for name in lora_target_names(model) if tower is None or not name.startswith(f"{tower}.")}
     if missing := [t for t in lora.target_modules if not any(_names(n, t) for n in names)]:
         linears = ", ".join(sorted({name.split(".")[-1] for name in names}))
         raise TridentError(
@@ -136,6 +156,7 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig) -> PeftModel:
         target_modules=[t for t in lora.target_modules if t not in weights] or None,
         target_parameters=weights or None,
         modules_to_save=lora.modules_to_save or None,
+        exclude_modules=rf"{re.escape(tower)}\..*" if tower else None,
     )
     try:
         return get_peft_model(model, config)
@@ -188,6 +209,7 @@ def packed_scores(
     positions: Bool[Tensor, " seq"] | None = None,
     entropy: Entropy = "off",
     truncation: Truncation = NO_TRUNCATION,
+    output_dir: Path | None = None,
 ) -> Scores:
     """Logprob of each token given the ones before it in its sample, after temperature and the server's
     ``truncation`` (:mod:`trainer.truncation`), and the entropy of the distribution it was drawn from, at
@@ -198,8 +220,12 @@ def packed_scores(
     layer, in chunks: no ``[tokens × vocab]`` tensor is made. Naive equivalent: ``log_softmax(logits[i - 1] /
     T)[input_ids[i]]`` with ``logits`` from a forward of the sample alone.
 
+    A micro-batch with images (a vision-language model's) also goes in with its images' pixel values and its
+    M-RoPE positions (:func:`~trainer.vision.image_inputs`), the images read from the run in ``output_dir``.
+
     Everything decided from the micro-batch (which positions, the attention mask) is computed on the host from
-    its CPU tensors and copied without waiting: nothing here waits for the device.
+    its CPU tensors and copied without waiting: nothing here waits for the device (but a vision tower, on the
+    image grids).
     """
     if not any(isinstance(module, ScoringHead) for module in model.modules()):
         raise TypeError("packed_scores needs a model prepared by use_packed_forward (load_model does it)")
@@ -213,12 +239,19 @@ def packed_scores(
     entropy_index = index if entropy == "trained" else index[logged_entropy_rows(len(index))]
     entropy_mask = torch.zeros_like(keep).index_fill(0, entropy_index, entropy != "off") & keep
     input_ids, index = micro_batch.input_ids.to(device, non_blocking=True), index.to(device, non_blocking=True)
+    images, position_ids = image_inputs(model, micro_batch, output_dir), micro_batch.position_ids[None]
+    pixels = {}
+    if images is not None:
+        position_ids = images.position_ids
+        pixels = {"pixel_values": images.pixel_values.to(device, non_blocking=True),
+                  "image_grid_thw": images.image_grid_thw.to(device, non_blocking=True)}  # fmt: skip
     with scoring(input_ids[index], temperature, entropy, truncation):
         scores = model(
             input_ids=input_ids[None],
-            position_ids=micro_batch.position_ids[None].to(device, non_blocking=True),
+            position_ids=position_ids.to(device, non_blocking=True),
             packing=packing(lengths, device),
             logits_to_keep=index - 1,
+            **pixels,
         ).logits[0]
     scores = scores * weight
     zeros = scores.new_zeros(len(input_ids))
@@ -236,6 +269,8 @@ def packed_logprobs(
     temperature: float,
     positions: Bool[Tensor, " seq"] | None = None,
     truncation: Truncation = NO_TRUNCATION,
+    output_dir: Path | None = None,
 ) -> Float[Tensor, " seq"]:
     """Per-token logprobs (after temperature and truncation) of a packed micro-batch, as in :func:`packed_scores`."""
-    return packed_scores(model, micro_batch, temperature, positions, truncation=truncation).logprobs
+    scores = packed_scores(model, micro_batch, temperature, positions, truncation=truncation, output_dir=output_dir)
+    return scores.logprobs

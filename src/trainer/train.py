@@ -6,6 +6,7 @@ import resource
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from peft import PeftModel
@@ -82,16 +83,17 @@ def warn_on_compile_setting(model_config: TrainerModelConfig, device: torch.devi
 @dataclass(frozen=True)
 class FrozenReference:
     """The model the KL penalty pulls towards: the policy with its adapter switched off under LoRA (``model`` is the
-    policy), else a frozen copy of the initial model."""
+    policy), else a frozen copy of the initial model; images are read from the run in ``output_dir``."""
 
     model: nn.Module
+    output_dir: Path
 
     def logprobs(self, micro_batch: MicroBatch, info: BatchInfo) -> Tensor:
         """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation)."""
         with torch.no_grad():
             with self.model.disable_adapter() if isinstance(self.model, PeftModel) else nullcontext():
                 return packed_logprobs(
-                    self.model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation
+                    self.model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation, self.output_dir
                 )
 
 
@@ -100,8 +102,9 @@ def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> F
     if config.loss.kl_coef == 0:
         return None
     if isinstance(model, PeftModel):
-        return FrozenReference(model)
-    return FrozenReference(build_model(config.model, world, config.optim.offload).requires_grad_(False).eval())
+        return FrozenReference(model, config.output_dir)
+    reference = build_model(config.model, world, config.optim.offload).requires_grad_(False).eval()
+    return FrozenReference(reference, config.output_dir)
 
 
 def train_step(
@@ -187,7 +190,13 @@ def forward_backward(
         inference_logprobs = micro_batch.inference_logprobs.to(world.device, non_blocking=True)
         with routers.micro_batch(routes, measure=weight > 0) if routers else nullcontext():
             scores = packed_scores(
-                model, micro_batch, info.temperature, micro_batch.loss_mask, entropy_mode, info.truncation
+                model,
+                micro_batch,
+                info.temperature,
+                micro_batch.loss_mask,
+                entropy_mode,
+                info.truncation,
+                config.output_dir,
             )
             loss, stats = policy_loss(
                 scores.logprobs,
@@ -217,7 +226,9 @@ def forward_backward(
             # micro-batch alike, routes or not: FSDP pairs each rank's passes with the others')
             stats["replayed_tokens"] = torch.tensor(0 if routes is None else len(routes), device=world.device)
             with routers.micro_batch(None, measure=False), torch.no_grad():
-                own = packed_logprobs(model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation)
+                own = packed_logprobs(
+                    model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation, config.output_dir
+                )
             stats["mismatch_kl_no_replay"] = mismatch_kl(own, inference_logprobs, loss_mask)
         for name, value in {"loss": loss.detach(), **stats}.items():
             sums[name] = sums.get(name, 0) + weight * value.double()
@@ -296,7 +307,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
         with progress.doing(f"waiting for the batch of step {step}"):
             wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
-        info, micro_batches = read_batch(config.output_dir, step, model.config.vocab_size)
+        info, micro_batches = read_batch(config.output_dir, step, model.config.get_text_config().vocab_size)
         micro_batches = micro_batches_to_train(micro_batches, config, step)
         if routers is not None and config.model.moe.replay:
             for micro_batch in micro_batches:

@@ -1,4 +1,4 @@
-"""The server's sampling truncation (top_p, top_k, min_p), replayed on the trainer's logits.
+"""The server's sampling truncation (banned tokens, top_p, top_k, min_p), replayed on the trainer's logits.
 
 vLLM 0.32 samples each token from the softmax of the kept tokens only, and returns its logprob under that
 renormalised distribution (``processed_logprobs``). The trainer scores the token the same way: it finds the kept
@@ -18,15 +18,19 @@ from contracts.sampling import Truncation
 def kept_tokens(logits: Float[Tensor, "... vocab"], truncation: Truncation) -> Bool[Tensor, "... vocab"]:
     """Which tokens vLLM keeps, from logits already divided by the temperature.
 
-    Naive equivalent, per position (``p = softmax(logits)``): drop ``p < min_p * max(p)``; of the rest, drop
-    those below the ``top_k``-th largest logit; of the rest, sorted by logit ascending and renormalised, drop
-    those whose running sum is at most ``1 - top_p`` (the likeliest always stays). As vLLM's
+    Naive equivalent, per position: drop the banned tokens; then (``p = softmax`` of the rest) drop
+    ``p < min_p * max(p)``; of the rest, drop those below the ``top_k``-th largest logit; of the rest, sorted by
+    logit ascending and renormalised, drop those whose running sum is at most ``1 - top_p`` (the likeliest always
+    stays). As vLLM's
     ``MinPLogitsProcessor`` and ``apply_top_k_top_p_pytorch`` compute them, so that boundaries agree to rounding.
     """
     keep = torch.ones_like(logits, dtype=torch.bool)
+    if truncation.banned:
+        keep[..., list(truncation.banned)] = False
+        logits = logits.masked_fill(~keep, -torch.inf)
     if truncation.min_p > 0:
         probs = logits.softmax(-1)
-        keep = probs >= probs.amax(-1, keepdim=True) * truncation.min_p
+        keep &= probs >= probs.amax(-1, keepdim=True) * truncation.min_p
     if 0 < truncation.top_k < logits.shape[-1]:
         kth = logits.masked_fill(~keep, -torch.inf).topk(truncation.top_k, -1).values[..., -1:]
         keep &= logits >= kth

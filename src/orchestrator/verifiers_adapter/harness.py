@@ -17,13 +17,16 @@ An environment may describe its agent loop on each task's ``TaskData`` with thes
 - ``tools: list[str]``: tools as ``module:function`` import paths. A tool's name, description and JSON
   parameters come from the function's name, docstring and type hints. Parameters named ``runtime`` (the
   rollout's verifiers runtime; ``runtime.workdir`` is a fresh directory per rollout) and ``task`` (the
-  TaskData) are filled in by the harness and hidden from the model. A plain (not ``async``) function runs in a
+  TaskData) are filled in by the harness and hidden from the model. A tool returns text, or a list of verifiers'
+  content parts (``vf.TextContentPart``, ``vf.ImageUrlContentPart``: e.g. an image) that its tool message carries
+  as they are. A plain (not ``async``) function runs in a
   worker thread of the event loop's default executor, so it may block; several may run at once.
 - ``final_tools: list[str]``: names of tools whose call ends the rollout.
 - ``max_turns: int``: model turns per rollout (default: no limit but the agent's ``max_turns`` in verifiers;
   a reply without a tool call ends the rollout).
 - ``user: str``: a simulated user as a ``module:function`` path, called as ``fn(messages, task)`` whenever the
-  model answers without a tool call; the string it returns is the next user message, ``None`` ends the rollout.
+  model answers without a tool call; what it returns (text, or content parts as from a tool) is the next user
+  message, ``None`` ends the rollout.
 """
 
 import asyncio
@@ -107,7 +110,20 @@ def tool_spec(fn: typing.Callable) -> dict:
     }
 
 
-async def _answer(arguments: str, run: typing.Callable[[dict], typing.Awaitable[str]]) -> str:
+Content = str | list[dict]
+"""A message's content: text, or OpenAI content parts (``{"type": "image_url", ...}``)."""
+CONTENT_PARTS = (vf.TextContentPart, vf.ImageUrlContentPart)
+
+
+def message_content(value) -> Content:
+    """What a tool or the simulated user returned, as a message's content: a list of verifiers' content parts as
+    OpenAI content-part dicts, anything else as its text."""
+    if isinstance(value, list) and value and all(isinstance(part, CONTENT_PARTS) for part in value):
+        return [part.model_dump() for part in value]
+    return str(value)
+
+
+async def _answer(arguments: str, run: typing.Callable[[dict], typing.Awaitable[Content]]) -> Content:
     """``run`` on a tool call's JSON arguments; errors, bad arguments included, go back to the model as the tool's
     answer."""
     try:
@@ -119,27 +135,27 @@ async def _answer(arguments: str, run: typing.Callable[[dict], typing.Awaitable[
         return f"error: {type(e).__name__}: {e}"
 
 
-async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> str:
+async def call_tool(fn: typing.Callable, arguments: str, injected: dict[str, typing.Any]) -> Content:
     """Run one call of a Python tool, the harness's parameters (:data:`INJECTED`) filled in. A plain function runs
     in a worker thread, so a tool that blocks (files, subprocesses, a slow computation) holds up no other rollout."""
 
-    async def run(kwargs: dict) -> str:
+    async def run(kwargs: dict) -> Content:
         wanted = inspect.signature(fn).parameters
         kwargs = {k: v for k, v in kwargs.items() if k not in INJECTED}
         kwargs.update({k: v for k, v in injected.items() if k in wanted})
         if inspect.iscoroutinefunction(fn):
-            return str(await fn(**kwargs))
-        return str(await _maybe_await(await asyncio.to_thread(fn, **kwargs)))
+            return message_content(await fn(**kwargs))
+        return message_content(await _maybe_await(await asyncio.to_thread(fn, **kwargs)))
 
     return await _answer(arguments, run)
 
 
-async def call_mcp_tool(servers, dispatch, name: str, arguments: str) -> str:
-    """Run one call of an MCP tool through verifiers' client (which reconnects and retries)."""
+async def call_mcp_tool(servers, dispatch, name: str, arguments: str) -> Content:
+    """Run one call of an MCP tool through verifiers' client (which reconnects and retries): text, or content parts
+    where the tool's result holds an image."""
 
-    async def run(kwargs: dict) -> str:
-        content = await call_mcp(servers, dispatch, name, kwargs)
-        return content if isinstance(content, str) else json.dumps(content)
+    async def run(kwargs: dict) -> Content:
+        return await call_mcp(servers, dispatch, name, kwargs)
 
     return await _answer(arguments, run)
 
@@ -220,7 +236,7 @@ class InProcessHarness(vf.Harness[InProcessHarnessConfig]):
                     reply = await _maybe_await(user(messages, data)) if user else None
                     if reply is None:
                         break
-                    messages.append({"role": "user", "content": reply})
+                    messages.append({"role": "user", "content": message_content(reply)})
             except ModelCallError as e:  # e.g. the context is full: verifiers records the stop condition
                 return vf.ProgramResult(exit_code=1, stdout="", stderr=str(e))
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")

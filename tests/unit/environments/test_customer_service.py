@@ -13,8 +13,7 @@ from aiohttp.test_utils import TestServer
 from customer_service import customer, model_customer, rewards, scenarios, tools
 from customer_service.store import TOOL_NAMES, Store, StoreError, normalize_address, replay
 from customer_service.transcript import agent_replies, tool_calls
-from verifiers.v1.graph import MessageNode
-from verifiers.v1.trace import AgentInfo, TraceTask
+from scored_traces import scored_trace
 
 from contracts.config import parse_config
 from launch.rl_config import RLConfig, resolve_shared
@@ -213,14 +212,7 @@ def say(content: str | None) -> vf.AssistantMessage:
 
 
 def score(task, assistant_messages: list[vf.AssistantMessage]) -> dict[str, tuple[float, float]]:
-    nodes = [MessageNode(message=vf.UserMessage(content=task.data.prompt))]
-    nodes += [MessageNode(parent=i, sampled=True, message=m) for i, m in enumerate(assistant_messages)]
-    trace = vf.Trace(
-        task=TraceTask(type=type(task).__name__, data=task.data),
-        agent=AgentInfo(config=vf.AgentConfig(runtime=vf.SubprocessConfig())),
-        nodes=nodes,
-    )
-    asyncio.run(task.score(trace))
+    trace = scored_trace(task, assistant_messages)
     return {name: (reward.score, reward.weight) for name, reward in trace.rewards.items()}
 
 

@@ -1,5 +1,4 @@
 import ast
-import asyncio
 import re
 from decimal import Decimal
 
@@ -13,8 +12,7 @@ from gsm8k_calc.answers import canonical_number, is_correct, parse_final_answer
 from gsm8k_calc.problems import TEMPLATES, generate_problems, load_gsm8k
 from gsm8k_calc.tools import MAX_EXPRESSION_CHARS, CalculatorError, calculator
 from jsonl_files import write_jsonl
-from verifiers.v1.graph import MessageNode
-from verifiers.v1.trace import AgentInfo, TraceTask
+from scored_traces import scored_trace
 
 # --- calculator
 
@@ -306,23 +304,11 @@ def test_calculator_expressions_and_tool_use_score():
     assert tool_use_score([]) == 0.0
 
 
-def score(task, assistant_messages: list[vf.AssistantMessage]) -> vf.Trace:
-    nodes = [MessageNode(message=vf.UserMessage(content=task.data.prompt))]
-    nodes += [MessageNode(parent=i, sampled=True, message=m) for i, m in enumerate(assistant_messages)]
-    trace = vf.Trace(
-        task=TraceTask(type=type(task).__name__, data=task.data),
-        agent=AgentInfo(config=vf.AgentConfig(runtime=vf.SubprocessConfig())),
-        nodes=nodes,
-    )
-    asyncio.run(task.score(trace))
-    return trace
-
-
 def test_rewards_and_metric_through_verifiers_scoring():
     task = next(iter(Gsm8kCalcTaskset(Gsm8kCalcConfig(num_examples=1))))
     answer = task.data.answer
 
-    trace = score(task, [calc_call('{"expression": "1 + 1"}'), vf.AssistantMessage(content=f"#### {answer}")])
+    trace = scored_trace(task, [calc_call('{"expression": "1 + 1"}'), vf.AssistantMessage(content=f"#### {answer}")])
     assert {k: (r.score, r.weight) for k, r in trace.rewards.items()} == {
         "correct_answer": (1.0, 1.0),
         "tool_use": (1.0, 0.1),
@@ -330,13 +316,14 @@ def test_rewards_and_metric_through_verifiers_scoring():
     assert trace.metrics == {"calculator_calls": 1.0}
     assert trace.reward == pytest.approx(1.1)
 
-    trace = score(task, [calc_call('{"expression": "import os"}'), vf.AssistantMessage(content="#### 0.5")])
+    trace = scored_trace(task, [calc_call('{"expression": "import os"}'), vf.AssistantMessage(content="#### 0.5")])
     assert (trace.rewards["correct_answer"].score, trace.rewards["tool_use"].score) == (0.0, 0.0)
 
 
 def test_reward_weights_come_from_the_config():
     config = Gsm8kCalcConfig(num_examples=1, correct_answer_weight=2.0, tool_use_weight=0.0)
     task = next(iter(Gsm8kCalcTaskset(config)))
-    trace = score(task, [calc_call('{"expression": "3 * 3"}'), vf.AssistantMessage(content=f"#### {task.data.answer}")])
+    answer = vf.AssistantMessage(content=f"#### {task.data.answer}")
+    trace = scored_trace(task, [calc_call('{"expression": "3 * 3"}'), answer])
     assert (trace.rewards["correct_answer"].weight, trace.rewards["tool_use"].weight) == (2.0, 0.0)
     assert trace.reward == pytest.approx(2.0)

@@ -1,13 +1,22 @@
 import asyncio
 import json
 import threading
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
+import verifiers.v1 as vf
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from orchestrator.verifiers_adapter.harness import ModelCallError, call_tool, chat_completion, tool_spec
+from orchestrator.verifiers_adapter.harness import (
+    ModelCallError,
+    call_mcp_tool,
+    call_tool,
+    chat_completion,
+    message_content,
+    tool_spec,
+)
 
 
 def calculator(expression: str, precision: int = 2) -> str:
@@ -105,3 +114,29 @@ def test_an_async_tool_is_awaited_on_the_loop():
         return f"{task}:{asyncio.get_running_loop() is not None}"
 
     assert asyncio.run(call_tool(loop_name, "{}", {"task": "T"})) == "T:True"
+
+
+def test_a_tools_content_parts_become_its_messages_content_and_anything_else_its_text():
+    def picture() -> list:
+        """A picture and its caption."""
+        url = vf.ImageUrlSource(url="data:image/png;base64,AAAA")
+        return [vf.ImageUrlContentPart(image_url=url), vf.TextContentPart(text="a square")]
+
+    assert asyncio.run(call_tool(picture, "{}", {})) == [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "text", "text": "a square"},
+    ]
+    assert message_content(["a", "b"]) == "['a', 'b']" and message_content([]) == "[]" and message_content(7) == "7"
+
+
+def test_an_mcp_tools_image_reaches_the_tool_message_as_an_image_part():
+    class Connection:  # verifiers' MCP connection, its client answering with an image block
+        async def run(self, operation):
+            image = SimpleNamespace(type="image", mime_type="image/png", data="AAAA")
+            client = SimpleNamespace(
+                call_tool=lambda name, arguments: asyncio.sleep(0, SimpleNamespace(content=[image]))
+            )
+            return await operation(client)
+
+    content = asyncio.run(call_mcp_tool({"s": Connection()}, {"s_look": ("s", "look")}, "s_look", "{}"))
+    assert content == [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]

@@ -1,5 +1,5 @@
-"""The trainer's replay of the server's top_p / top_k / min_p: vLLM's kept sets, in vLLM's order, and scores under
-the truncated, renormalised distribution (the sampled token always kept, nothing ever -inf or NaN)."""
+"""The trainer's replay of the server's banned tokens and top_p / top_k / min_p: vLLM's kept sets, in vLLM's order,
+and scores under the truncated, renormalised distribution (the sampled token always kept, nothing ever -inf or NaN)."""
 
 import math
 
@@ -27,6 +27,10 @@ LOGITS = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
         # top_p counts the mass of what min_p and top_k kept: of 0.5 and 0.3 renormalised (0.625, 0.375)
         (Truncation(top_p=0.6, top_k=2), [1, 0, 0, 0]),
         (Truncation(top_p=0.7, min_p=0.2), [1, 1, 0, 0]),  # of 0.5, 0.3, 0.15 renormalised: 0.53 + 0.32 > 0.7
+        (Truncation(banned=(1, 3)), [1, 0, 1, 0]),
+        # banned first: min_p measures against the likeliest token left (0.3 when 0.5 is banned), top_k counts the rest
+        (Truncation(banned=(0,), min_p=0.4), [0, 1, 1, 0]),  # 0.05 < 0.4 * 0.3 <= 0.15
+        (Truncation(banned=(0,), top_k=1), [0, 1, 0, 0]),
     ],
 )
 def test_kept_tokens_hand_computed(truncation, kept):
@@ -73,3 +77,9 @@ def test_chunked_scores_with_truncation_equal_the_naive_ones():
     assert torch.allclose(scores[:, 0], logp[torch.arange(6), targets], atol=1e-6)
     entropy = -(logp.exp() * logp.masked_fill(~keep, 0)).sum(-1)
     assert torch.allclose(scores[:, 1], entropy, atol=1e-6)
+
+
+def test_banned_tokens_score_as_the_servers_bad_words_renormalise():
+    hidden = LOGITS[None]
+    scores = chunk_scores(hidden, torch.eye(4), None, torch.tensor([0]), 1.0, "off", Truncation(banned=(2, 3)))
+    assert math.isclose(scores[0, 0].item(), math.log(0.5 / 0.8), rel_tol=1e-6)  # 0.15 + 0.05 of the mass banned
