@@ -189,7 +189,7 @@ def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
     return StepRollouts(folder, step, info, samples)
 
 
-def _images_of(path) -> list[list[str]] | None:
+def _images_of(path: Path) -> list[list[str]] | None:
     """The image refs a micro-batch file names per sample; None when it names none, or names them so that the
     trainer's reader refuses it (``trainer_rejects`` says why)."""
     try:

@@ -20,7 +20,8 @@ import servers
 import verifiers.v1 as vf
 from PIL import Image
 from rollouts import build_samples
-from transformers import AutoProcessor
+from test_multiturn import forced
+from transformers import AutoProcessor, AutoTokenizer
 
 from contracts.images import placeholder_runs
 from contracts.run_dir import images_dir
@@ -50,20 +51,32 @@ def image_part(data: bytes) -> vf.ImageUrlContentPart:
     return vf.ImageUrlContentPart(image_url={"url": "data:image/png;base64," + base64.b64encode(data).decode()})
 
 
-def follow_up(messages: list[dict], task) -> list[dict] | None:
+def follow_up(messages: list[dict], task) -> list[vf.ContentPart] | None:
     """A user who, after the first answer, shows the first image again beside a second one, then leaves."""
     if sum(m["role"] == "user" for m in messages) > 1:
         return None
-    return [{"type": "text", "text": "And now?"}, image_part(SQUARE).model_dump(), image_part(WIDE).model_dump()]
+    return [vf.TextContentPart(text="And now?"), image_part(SQUARE), image_part(WIDE)]
+
+
+def look() -> list[vf.ContentPart]:
+    """Look at the picture again."""
+    return [image_part(SQUARE)]
+
+
+MODULE = ENV_ID.replace("-", "_")
+# the agent loop of each mode: one turn; a second after the user shows images; a second after a tool shows one
+MODES = {"single": {}, "user": {"user": f"{MODULE}:follow_up", "max_turns": 2},
+         "tool": {"tools": [f"{MODULE}:look"], "max_turns": 2}}  # fmt: skip
 
 
 class ImageData(vf.TaskData):
     max_turns: int = 1
     user: str | None = None
+    tools: list[str] = []
 
 
 class ImageTaskConfig(vf.TasksetConfig):
-    follow_up: bool = False
+    mode: str = "single"
 
 
 class ImageTask(vf.Task[ImageData, vf.State, vf.TaskConfig]):
@@ -75,8 +88,7 @@ class ImageTask(vf.Task[ImageData, vf.State, vf.TaskConfig]):
 class ImageTaskset(vf.Taskset[ImageTask, ImageTaskConfig]):
     def load(self):
         prompt = [vf.UserMessage(content=[vf.TextContentPart(text="Which colour?"), image_part(SQUARE)])]
-        user, turns = (f"{ENV_ID.replace('-', '_')}:follow_up", 2) if self.config.follow_up else (None, 1)
-        yield ImageTask(ImageData(id="colour", prompt=prompt, max_turns=turns, user=user))
+        yield ImageTask(ImageData(id="colour", prompt=prompt, **MODES[self.config.mode]))
 
 
 __all__ = ["ImageTaskset"]
@@ -105,13 +117,18 @@ def server_replies(monkeypatch):
     return replies
 
 
-def rollout(base_url: str, output_dir, follow_up: bool):
-    """One rollout of the image task, its images stored under ``output_dir``; short lowercase replies."""
+def rollout(base_url: str, output_dir, mode: str):
+    """One rollout of the image task in ``mode``, its images stored under ``output_dir``: short lowercase replies,
+    or in mode "tool" a call of the look tool at each turn."""
     model_path = built_model_path(VLM)
     ctx = model_context(OrchestratorConfig(model={"name": VLM}, client={"base_url": base_url}), model_path)
-    sampling = vf.SamplingConfig(temperature=1.0, max_tokens=8, structured_outputs={"regex": "[a-z]{1,6}"})
-    ctx = dataclasses.replace(ctx, sampling=sampling)
-    env = load_env(EnvConfig(id=ENV_ID, args={"follow_up": follow_up}))
+    if mode == "tool":
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        sampling = forced(tokenizer, '<tool_call>\n\\{"name": "look", "arguments": \\{\\}\\}\n</tool_call>', 32)
+    else:
+        sampling = {"max_tokens": 8, "structured_outputs": {"regex": "[a-z]{1,6}"}}
+    ctx = dataclasses.replace(ctx, sampling=vf.SamplingConfig(temperature=1.0, **sampling))
+    env = load_env(EnvConfig(id=ENV_ID, args={"mode": mode}))
 
     async def run():
         async with env.serving():
@@ -129,11 +146,12 @@ def image_tokens(data: bytes) -> int:
     return int(grid.prod()) // processor.image_processor.merge_size**2
 
 
-@pytest.mark.parametrize(("follow_up", "shown"), [(False, [SQUARE]), (True, [SQUARE, SQUARE, WIDE])])
-def test_samples_are_the_servers_tokens_with_each_image_stored_once(vlm_server, server_replies, tmp_path, follow_up,
-                                                                    shown):  # fmt: skip
-    result = rollout(vlm_server, tmp_path, follow_up)
-    assert len(server_replies) == result.turns == (2 if follow_up else 1)
+@pytest.mark.parametrize(
+    ("mode", "shown"), [("single", [SQUARE]), ("user", [SQUARE, SQUARE, WIDE]), ("tool", [SQUARE, SQUARE])]
+)
+def test_samples_are_the_servers_tokens_with_each_image_stored_once(vlm_server, server_replies, tmp_path, mode, shown):
+    result = rollout(vlm_server, tmp_path, mode)
+    assert len(server_replies) == result.turns == (1 if mode == "single" else 2)
     (sample,), *_ = build_samples([[result]], weight_step=0)
 
     # one sample: each turn's prompt, as the server expanded it, extends the previous prompt and what was sampled
