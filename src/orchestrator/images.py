@@ -5,6 +5,7 @@ The verifiers adapter reads each sample's token ids and the images of the messag
 (:func:`~orchestrator.verifiers_adapter.envs.trace_images`); the rest is here, with no verifiers.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 from contracts.errors import TridentError
@@ -31,11 +32,20 @@ class EpisodeImages:
         return ref
 
 
-def sample_images(token_ids: list[int], sources: list[str], image_pad: int | None, images: EpisodeImages) -> list[str]:
+def sample_images(
+    token_ids: list[int], sampled: list[bool], sources: list[str], image_pad: int | None, images: EpisodeImages
+) -> list[str]:
     """The refs of a sample's images, one per placeholder run of ``image_pad`` in ``token_ids``, in order:
     ``sources`` are the images of the messages the sample covers, in order (the n-th run is the n-th image). A
-    :class:`TridentError` when the runs and the images differ in number (the renderer and the server disagree)."""
+    :class:`TridentError` when the model sampled a placeholder (``sampled``: which tokens it sampled), or when the
+    runs and the images differ in number (the renderer and the server disagree)."""
     runs = placeholder_runs(token_ids, image_pad) if image_pad is not None else []
+    in_reply = [start + i for start, length in runs for i in range(length) if sampled[start + i]]
+    if in_reply:
+        raise TridentError(
+            f"the model sampled the image placeholder (token {image_pad}) at {len(in_reply)} positions of its reply, "
+            "which the trainer would read as an image: its image tokens must be banned from sampling"
+        )
     if len(runs) != len(sources):
         lengths = ", ".join(str(length) for _, length in runs) or "none"
         raise TridentError(
@@ -43,3 +53,15 @@ def sample_images(token_ids: list[int], sources: list[str], image_pad: int | Non
             f"runs (of {lengths} tokens): the renderer and the server disagree on the image tokens"
         )
     return [images.ref(source) for source in sources]
+
+
+def decoded_with_images(token_ids: list[int], decode: Callable[[list[int]], str], image_pad: int | None) -> str:
+    """``decode(token_ids)`` with each image's run of placeholders written once, as ``<|image_pad|>×N``: a prompt's
+    text for people (the sample rollouts), not thousands of placeholders."""
+    if image_pad is None:
+        return decode(token_ids)
+    pieces, start = [], 0
+    for run_start, length in placeholder_runs(token_ids, image_pad):
+        pieces += [decode(token_ids[start:run_start]), f"{decode([image_pad])}×{length}"]
+        start = run_start + length
+    return "".join(pieces) + decode(token_ids[start:])

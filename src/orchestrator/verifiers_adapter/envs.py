@@ -248,7 +248,8 @@ def trace_images(trace: vf.Trace, images: EpisodeImages) -> list[list[str]]:
                 if part.type == "image_url"
             ]
             pad = pads[0] if pads else None
-            out.append(sample_images(branch.token_ids, sources, pad, images) if pads or sources else [])
+            sampled = branch.sampled_mask
+            out.append(sample_images(branch.token_ids, sampled, sources, pad, images) if pads or sources else [])
     return out if any(out) else []
 
 

@@ -19,7 +19,7 @@ from contracts.images import placeholder_runs
 from contracts.protocol import MicroBatch, read_batch
 from contracts.run_dir import checkpoint_dir, clear_run_state, images_dir, mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.images import EpisodeImages
+from orchestrator.images import EpisodeImages, decoded_with_images
 from orchestrator.verifiers_adapter.envs import trace_branches, trace_images
 
 VS, VE, PAD, VIDEO_PAD = 2038, 2039, 2040, 2041  # <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>
@@ -127,6 +127,24 @@ def test_images_and_placeholder_runs_that_differ_in_number_are_refused(tmp_path,
     with pytest.raises(TridentError, match=f"show {shown} images but its token ids hold {runs} image placeholder"):
         trace_images(trace, EpisodeImages(tmp_path))
     assert not images_dir(tmp_path).exists()  # nothing stored for a sample that is refused
+
+
+def test_a_reply_that_sampled_an_image_placeholder_is_refused(tmp_path):
+    trace = one_turn_showing(RED)
+    trace.nodes[1] = reply(0, "x", [8, PAD, 9])  # a random model may sample any token
+    with pytest.raises(TridentError, match=f"sampled the image placeholder \\(token {PAD}\\) at 1 positions"):
+        trace_images(trace, EpisodeImages(tmp_path))
+
+
+def test_sample_rollouts_show_each_image_as_one_placeholder_and_its_count():
+    names = {VS: "<v>", VE: "</v>", PAD: "<pad>"}
+
+    def decode(ids):
+        return "".join(names.get(token, str(token)) for token in ids)
+
+    ids = [5, *image(4), 7, *image(9)]
+    assert decoded_with_images(ids, decode, PAD) == "5<v><pad>×4</v>7<v><pad>×9</v>"
+    assert decoded_with_images(ids, decode, None) == decode(ids)
 
 
 def test_an_image_with_nowhere_to_be_stored_is_an_error():
