@@ -13,6 +13,8 @@ import asyncio
 import json
 import logging
 import sys
+import tempfile
+from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -56,6 +58,7 @@ async def run_rollouts(args: argparse.Namespace, env_arguments: dict) -> list:
     from orchestrator.client import InferenceClient
     from orchestrator.config import EnvConfig, OrchestratorConfig
     from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+    from orchestrator.verifiers_adapter.limits import RolloutLimits
     from orchestrator.verifiers_adapter.patches import install_patches
 
     install_patches()
@@ -82,7 +85,8 @@ async def run_rollouts(args: argparse.Namespace, env_arguments: dict) -> list:
         await client.close()
     ctx = model_context(config, built_model_path(args.model))
     async with env.serving():
-        return await run_group(env, task, args.n, ctx, asyncio.Semaphore(args.n))
+        with tempfile.TemporaryDirectory() as images:  # the images the rollouts show: only their refs are shown
+            return await run_group(env, task, args.n, ctx, RolloutLimits.of(args.n), Path(images))
 
 
 def report(rollouts: list, chat: ChatFormat, show: bool) -> bool:
@@ -95,7 +99,9 @@ def report(rollouts: list, chat: ChatFormat, show: bool) -> bool:
     all_fine = True
     for i, rollout in enumerate(rollouts):
         summary = {"reward": rollout.reward, "rewards": getattr(rollout, "rewards", {}), "truncated": rollout.truncated}
-        records = [SampleRecord.from_tokens(j, *branch, summary) for j, branch in enumerate(rollout.branches)]
+        images = rollout.images or [[]] * len(rollout.branches)
+        records = [SampleRecord.from_tokens(j, *branch, summary, refs)
+                   for j, (branch, refs) in enumerate(zip(rollout.branches, images, strict=True))]  # fmt: skip
         reports = [check_sample(record, chat) for record in records]
         errors = [f"{p.check}" for r in reports for p in r.errors]
         all_fine &= rollout.ok and not errors

@@ -33,6 +33,7 @@ class ChatFamily:
     tool_response: str | None = None  # a user turn opening with this holds tool results (Hermes)
     scaffold: str = ""  # text a reply's turn may open with that the model did not sample (an empty think block)
     renderer_tool_parser: str | None = None  # renderers' parser of its tool calls, for renderer "default"
+    image_pad: str | None = None  # a vision-language family's image placeholder: N per image (contracts.images)
 
 
 _QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -54,7 +55,7 @@ QWEN2_5 = ChatFamily("qwen2.5", "default", "hermes", ("qwen2", "qwen2_moe"), **_
 # Qwen3-VL Instruct: ChatML without thinking, images as <|vision_start|><|image_pad|>…<|vision_end|> runs.
 QWEN3_VL = ChatFamily("qwen3-vl", "qwen3-vl", "hermes", ("qwen3_vl",), **{**_QWEN, "special_tokens": (
     *_QWEN_SPECIAL, "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")},
-    added_tokens=("<think>", "</think>", *_HERMES))  # fmt: skip
+    added_tokens=("<think>", "</think>", *_HERMES), image_pad="<|image_pad|>")  # fmt: skip
 # Llama 3.x: <|start_header_id|>ROLE<|end_header_id|>\n\n ... <|eot_id|>, tool results in an ipython turn.
 LLAMA3 = ChatFamily(
     "llama-3", "llama-3", "llama3_json", ("llama",),

@@ -66,3 +66,19 @@ def load_image(output_dir: Path, ref: str):
             return image.convert("RGB")
     except OSError as e:
         raise TridentError(f"{path}: the image a batch names cannot be read ({type(e).__name__}: {e})") from None
+
+
+def placeholder_runs(token_ids: list[int], image_pad: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of each image's placeholder run in ``token_ids``, in order: the maximal runs of
+    ``image_pad`` (``<|image_pad|>``, which the server expands each image to, N per image between
+    ``<|vision_start|>`` and ``<|vision_end|>``)."""
+    runs, i = [], 0
+    while True:
+        try:
+            start = token_ids.index(image_pad, i)
+        except ValueError:
+            return runs
+        i = start + 1
+        while i < len(token_ids) and token_ids[i] == image_pad:
+            i += 1
+        runs.append((start, i - start))

@@ -138,7 +138,7 @@ class MicroBatch:
                 raise BatchError(
                     f"{path}: {name} is {tensor.dtype} of shape {list(tensor.shape)}, expected 1-d {dtype}"
                 )
-        micro_batch = cls(**tensors, images=_images_metadata(path))
+        micro_batch = cls(**tensors, images=images_metadata(path))
         problem = micro_batch.problem()
         if problem:
             raise BatchError(f"{path}: {problem}")
@@ -214,7 +214,7 @@ class MicroBatch:
         save_file(self.to_dict(), path, metadata=self.metadata())
 
 
-def _images_metadata(path: Path) -> list[list[str]] | None:
+def images_metadata(path: Path) -> list[list[str]] | None:
     """The image refs a micro-batch file's metadata lists per sample (None: none); a :class:`BatchError` if it is not
     a list of lists of strings."""
     with safe_open(path, framework="pt") as f:

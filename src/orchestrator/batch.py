@@ -66,13 +66,14 @@ def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: 
     branches = rollout.branches if rollout.ok else []
     routes = (rollout.routes or [None] * len(branches)) if rollout.ok else []
     labels = (rollout.weight_steps or [[None] * len(ids) for ids, _, _ in branches]) if rollout.ok else []
+    images = (rollout.images or [[]] * len(branches)) if rollout.ok else []
     samples = []
-    for (ids, mask, logprobs), route, labelled in zip(branches, routes, labels, strict=True):
+    for (ids, mask, logprobs), route, labelled, refs in zip(branches, routes, labels, images, strict=True):
         known = [step if step is not None else weight_step for step in labelled]
         oldest = min((step for step, m in zip(known, mask, strict=True) if m), default=weight_step)
         steps = [step if m else oldest for step, m in zip(known, mask, strict=True)]
         samples.append(Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, oldest, meta,
-                              route, steps))  # fmt: skip
+                              route, steps, refs))  # fmt: skip
     return samples
 
 

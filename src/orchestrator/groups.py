@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable
+from pathlib import Path
 
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress
@@ -34,15 +35,17 @@ logger = logging.getLogger("orchestrator")
 
 class GroupRunner:
     """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, sampling as ``ctx`` says, within
-    ``limits``: in this process, or on rollout ``workers`` (each within its share of the limits)."""
+    ``limits``: in this process, or on rollout ``workers`` (each within its share of the limits). The images the
+    rollouts show are stored in the run at ``output_dir``."""
 
     def __init__(self, servers: Servers, ctx: ModelContext, limits: RolloutLimits, group_size: int,
-                 workers: RolloutWorkers | None = None):  # fmt: skip
+                 workers: RolloutWorkers | None = None, output_dir: Path | None = None):  # fmt: skip
         self.servers = servers
         self.ctx = ctx
         self.limits = limits
         self.group_size = group_size
         self.workers = workers
+        self.output_dir = output_dir
 
     async def run(self, env, task, n: int | None = None, per_server: list[int] | None = None) -> list[Rollout]:
         """One group of ``n`` rollouts of ``task`` (default ``group_size``), on the least loaded server; run again
@@ -85,7 +88,7 @@ class GroupRunner:
         """The rollouts of one group on ``server``, run here or by a worker."""
         ctx = self.context(server)
         if self.workers is None:
-            return run_group(env, task, n, ctx, self.limits)
+            return run_group(env, task, n, ctx, self.limits, self.output_dir)
         return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
 
     def context(self, server: Server) -> ModelContext:
@@ -116,7 +119,7 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     workers = RolloutWorkers(count, config, infra, model_path) if count > 1 else None
     if workers:
         logger.info(f"rollouts run in {count} worker processes")
-    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers)
+    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers, config.output_dir)
 
 
 def busiest_share(before: dict[int, float], after: dict[int, float], seconds: float) -> float:

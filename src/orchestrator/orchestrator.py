@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 
 from transformers import AutoTokenizer
 
+from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
 from contracts.model_path import resolve_model_path
@@ -25,6 +26,7 @@ from orchestrator.config import OrchestratorConfig
 from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.evaluation import Evaluation
 from orchestrator.groups import busiest_share, connect
+from orchestrator.images import decoded_with_images
 from orchestrator.infra import check_lost, infra_metrics, is_lost
 from orchestrator.memory import StepMemory
 from orchestrator.no_sample import no_sample_metrics, untrained_summary
@@ -67,6 +69,9 @@ class Orchestrator:
         # only to show sample rollouts as text: training never detokenizes
         model_path = resolve_model_path(config.model.name)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
+        family = resolve_family(config.model.chat_family, model_path)
+        image_pad = family.image_pad if self.tokenizer and family else None
+        self.image_pad = self.tokenizer.convert_tokens_to_ids(image_pad) if image_pad else None
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.progress = Progress(self.output_dir, "orchestrator")
         self.evaluation = Evaluation(config.eval, self.groups, self.metrics, self.progress)
@@ -266,7 +271,8 @@ class Orchestrator:
             save_state(self.output_dir, state)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        return decoded_with_images(token_ids, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
+                                   self.image_pad)  # fmt: skip
 
     async def show_alive(self) -> None:
         """Rewrite the progress file every :data:`~contracts.progress.HEARTBEAT_S`: the trainer waits for a batch as

@@ -32,3 +32,6 @@ class Rollout:
     # per branch, per token: the weights step that sampled it as the server labelled it, None where it is not sampled
     # or the server labelled none (then it is the step served when its group started); empty: none at all
     weight_steps: list = field(default_factory=list)
+    # per branch, the refs (contracts.images) of the images whose placeholder runs its token ids hold, in order; the
+    # images are in the run's image store; empty: none at all
+    images: list = field(default_factory=list)

@@ -205,6 +205,7 @@ class WorkerGroups:
         self.stack = stack
         self.ctx = model_context(config, model_path)
         self.limits = run_limits(config, infra, workers)
+        self.output_dir = config.output_dir  # where the rollouts' images are stored
         self.envs: dict[str, asyncio.Task] = {}
 
     async def env(self, env_config: EnvConfig):
@@ -221,7 +222,7 @@ class WorkerGroups:
 
     async def run(self, env_config: EnvConfig, task, n: int, base_url: str, model: str) -> list[Rollout]:
         ctx = at_server(self.ctx, base_url, model)
-        return await run_group(await self.env(env_config), task, n, ctx, self.limits)
+        return await run_group(await self.env(env_config), task, n, ctx, self.limits, self.output_dir)
 
 
 async def serve(sock: socket.socket) -> None:

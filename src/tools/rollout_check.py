@@ -7,6 +7,8 @@ tokens are cut into chat turns at its chat family's markers (:class:`ChatFormat`
 :class:`contracts.chat_family.ChatFamily`: ChatML's ``<|im_start|>ROLE\\n ... <|im_end|>``, Llama 3's header turns,
 or any family's entry), and the loss mask must cover sampled tokens only: assistant content after the header and
 the generation-prompt scaffold, up to and including the turn end (``<|im_end|>``, ``<|eot_id|>``) the model sampled.
+A vision-language family's image placeholders (``<|image_pad|>``, N per image) are prompt tokens: each run of them
+is one image, which the micro-batch names by ref (:attr:`contracts.protocol.Sample.images`).
 
 Checks (``Problem.check``), errors unless marked:
 
@@ -25,6 +27,10 @@ Checks (``Problem.check``), errors unless marked:
 - ``mask_on_template``: trainable template tokens of an assistant turn: its header, the generation-prompt
   scaffold (Qwen3's empty ``<think>\\n\\n</think>\\n\\n``), the whitespace after the turn end, a turn end the
   server added after a sampled end-of-text token.
+- ``mask_on_image``: trainable image placeholder tokens (reported as such, not by the turn they sit in).
+- ``image_count_mismatch``: a sample's placeholder runs and the images its micro-batch names differ in number: the
+  trainer would put images at the wrong tokens.
+- ``image_missing``: an image the batch names is not in the run's image store (``images/<ref>``).
 - warnings: ``zero_logprob`` (above), ``mask_gap`` (untrained tokens before or inside a trained assistant reply),
   ``stop_token_in_reply`` (a stop token such as ``<|endoftext|>`` the model sampled and then sampled more after, in
   a reply that goes on to its turn end: a server whose generation config stops only at the turn end),
@@ -43,7 +49,15 @@ from safetensors.torch import load_file
 
 from contracts.chat_family import FAMILIES, ChatFamily, detect_family, family_by_markers, local_model_type
 from contracts.errors import TridentError
-from contracts.protocol import MICRO_BATCH_DTYPES, BatchError, MicroBatch, micro_batch_paths, read_batch
+from contracts.images import image_path, placeholder_runs
+from contracts.protocol import (
+    MICRO_BATCH_DTYPES,
+    BatchError,
+    MicroBatch,
+    images_metadata,
+    micro_batch_paths,
+    read_batch,
+)
 from contracts.run_dir import configs_dir, rollouts_dir, step_dirs
 from contracts.sampling import NO_TRUNCATION
 
@@ -93,6 +107,7 @@ class SampleRecord:
     advantages: list[float]
     position_ids: list[int]
     summary: dict = field(default_factory=dict)  # reward, advantage, weight_step, env, task, rewards, ...
+    images: list[str] = field(default_factory=list)  # refs of its images, one per placeholder run, in order
 
     @property
     def num_trainable(self) -> int:
@@ -100,12 +115,18 @@ class SampleRecord:
 
     @classmethod
     def from_tokens(
-        cls, index: int, token_ids: list[int], loss_mask: list[bool], logprobs: list[float], summary: dict | None = None
+        cls,
+        index: int,
+        token_ids: list[int],
+        loss_mask: list[bool],
+        logprobs: list[float],
+        summary: dict | None = None,
+        images: list[str] | None = None,
     ) -> "SampleRecord":
         """A record of a sample that was never packed (e.g. a rollout's branch, straight from the environment)."""
         n = len(token_ids)
         return cls(index, -1, list(token_ids), list(loss_mask), list(logprobs), [0.0] * n, list(range(n)),
-                   summary or {})  # fmt: skip
+                   summary or {}, list(images or []))  # fmt: skip
 
 
 @dataclass
@@ -163,14 +184,26 @@ def read_step(output_dir: Path, step: int | None = None) -> StepRollouts:
             tensors = load_file(path)
         except Exception as e:  # safetensors raises several types for a damaged file
             raise RolloutReadError(f"cannot read {path}: {e}") from None
-        samples += _split_micro_batch(k, tensors, index, summaries)
+        samples += _split_micro_batch(k, tensors, index, summaries, _images_of(path))
         index += len(tensors["sample_lengths"]) if "sample_lengths" in tensors else 0
     return StepRollouts(folder, step, info, samples)
 
 
-def _split_micro_batch(k: int, tensors: dict, first_index: int, summaries: list) -> list[SampleRecord]:
-    """The samples of a micro-batch, read as the protocol's dtypes (so that float or NaN ids still split); none when
-    a tensor is missing or the layout does not split (the trainer's reader names the fault: ``trainer_rejects``)."""
+def _images_of(path: Path) -> list[list[str]] | None:
+    """The image refs a micro-batch file names per sample; None when it names none, or names them so that the
+    trainer's reader refuses it (``trainer_rejects`` says why)."""
+    try:
+        return images_metadata(path)
+    except BatchError:
+        return None
+
+
+def _split_micro_batch(
+    k: int, tensors: dict, first_index: int, summaries: list, images: list[list[str]] | None
+) -> list[SampleRecord]:
+    """The samples of a micro-batch, read as the protocol's dtypes (so that float or NaN ids still split), with the
+    image refs of each (``images``); none when a tensor is missing or the layout does not split (the trainer's
+    reader names the fault: ``trainer_rejects``)."""
     if set(MICRO_BATCH_DTYPES) - set(tensors):
         return []
     micro_batch = MicroBatch(**{key: tensors[key].to(dtype).flatten() for key, dtype in MICRO_BATCH_DTYPES.items()})
@@ -190,6 +223,7 @@ def _split_micro_batch(k: int, tensors: dict, first_index: int, summaries: list)
                 advantages=sample.advantages.tolist(),
                 position_ids=sample.position_ids.tolist(),
                 summary=summary,
+                images=list(images[j]) if images and j < len(images) else [],
             )
         )
     return records
@@ -237,6 +271,7 @@ class ChatFormat:
     tool_response: int | None  # the family's tool-response token, when it is a single id of this tokenizer
     stop_ids: frozenset[int]  # tokens that end a reply besides turn_end (the server may add turn_end itself)
     vocab_size: int
+    image_pad: int | None = None  # the family's image placeholder, when it has one and the tokenizer too
     _pieces: dict[int, str] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -263,7 +298,12 @@ class ChatFormat:
                 f"{family.turn_start} and {family.turn_end} as single tokens"
             )
         stops = frozenset({token_id(t) for t in (family.end_of_text, *family.other_stops)} - {None})
-        return cls(tokenizer, family, turn_start, turn_end, token_id(family.tool_response), stops, len(tokenizer))
+        return cls(tokenizer, family, turn_start, turn_end, token_id(family.tool_response), stops, len(tokenizer),
+                   token_id(family.image_pad))  # fmt: skip
+
+    def image_runs(self, token_ids: list[int]) -> list[tuple[int, int]]:
+        """``(start, length)`` of each image's placeholder run (:func:`contracts.images.placeholder_runs`)."""
+        return placeholder_runs(token_ids, self.image_pad) if self.image_pad is not None else []
 
     def text(self, token_ids: list[int]) -> str:
         """The text of consecutive tokens, decoded together (characters split over tokens come out whole)."""
@@ -408,6 +448,11 @@ class SampleReport:
     record: SampleRecord
     segmentation: Segmentation
     problems: list[Problem]
+    image_runs: list[tuple[int, int]] = field(default_factory=list)  # (start, length) of each image's placeholders
+
+    @property
+    def image_tokens(self) -> int:
+        return sum(length for _, length in self.image_runs)
 
     def role_counts(self) -> dict[str, dict[str, int]]:
         """Per role: tokens and trainable tokens (roles in the order they first appear)."""
@@ -481,6 +526,8 @@ class StepReport:
             "seats": self.seat_counts(),
             "tokens": sum(len(s.record.token_ids) for s in self.samples),
             "trainable": sum(s.record.num_trainable for s in self.samples),
+            "images": sum(len(s.image_runs) for s in self.samples),
+            "image_tokens": sum(s.image_tokens for s in self.samples),
             "errors": self.num_errors,
             "warnings": self.num_warnings,
             "by_check": dict(Counter(p.check for p in self.all_problems())),
@@ -492,7 +539,19 @@ def check_step(rollouts: StepRollouts, chat: ChatFormat) -> StepReport:
     reports = [check_sample(record, chat) for record in rollouts.samples]
     model = str(getattr(chat.tokenizer, "name_or_path", ""))
     problems = _check_as_the_trainer(rollouts) or _check_sample_records(rollouts)  # records of a sound batch
-    return StepReport(rollouts, reports, problems, model)
+    return StepReport(rollouts, reports, problems + _check_images_stored(rollouts), model)
+
+
+def _check_images_stored(rollouts: StepRollouts) -> list[Problem]:
+    """The images the batch names that are not in the run's image store, as one problem."""
+    output_dir = rollouts.path.parents[1]
+    refs = dict.fromkeys(ref for s in rollouts.samples for ref in s.images)
+    missing = [ref for ref in refs if not image_path(output_dir, ref).is_file()]
+    if not missing:
+        return []
+    shown = ", ".join(ref[:12] for ref in missing[:MAX_POSITIONS])
+    message = f"{len(missing)} of the {len(refs)} images the batch names are not in {output_dir / 'images'}: {shown}"
+    return [Problem("image_missing", message)]
 
 
 def _check_as_the_trainer(rollouts: StepRollouts) -> list[Problem]:
@@ -537,11 +596,22 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
     seg = segment(ids, chat, record.loss_mask)
     if not seg.turns:
         add("no_chat_format", "no turn-start token: roles cannot be checked (wrong --model?)", severity=WARNING)
+    runs = chat.image_runs(ids)
+    if len(runs) != len(record.images):
+        add(
+            "image_count_mismatch",
+            f"{len(runs)} image placeholder runs but {len(record.images)} images named for the sample: the trainer "
+            "would put images at the wrong tokens",
+            [start for start, _ in runs],
+        )
+    image_tokens = {i for start, length in runs for i in range(start, start + length)}
     trainable = [i for i in range(min(len(ids), len(mask))) if mask[i]]
     by_check: dict[str, list[int]] = {}
     for i in trainable:
         role, part = seg.roles[i], seg.parts[i]
-        if part == OUTSIDE:
+        if i in image_tokens:
+            by_check.setdefault("mask_on_image", []).append(i)
+        elif part == OUTSIDE:
             by_check.setdefault("mask_outside_turn", []).append(i)
         elif role != "assistant":
             by_check.setdefault(f"mask_in_{role}_turn", []).append(i)
@@ -558,12 +628,13 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
     for check, positions in by_check.items():
         where = {
             "mask_outside_turn": "outside any chat turn",
+            "mask_on_image": "on image placeholders (prompt tokens)",
             "mask_on_template": "on template tokens (turn header, generation-prompt scaffold, whitespace after "
             f"{chat.family.turn_end})",
         }.get(check, f"in {check.removeprefix('mask_in_').removesuffix('_turn')} turns")
         add(check, f"trainable tokens {where}: {_span(positions)}", positions)
     _check_assistant_turns(seg, mask, chat, add)
-    return SampleReport(record, seg, problems)
+    return SampleReport(record, seg, problems, runs)
 
 
 def _check_logprobs(mask: list[bool], logprobs: list[float], add) -> None:

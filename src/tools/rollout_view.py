@@ -23,6 +23,7 @@ from tools.rollout_check import (
 
 ROLE_COLORS = {"system": "magenta", "user": "blue", "tool": "yellow", "assistant": "green"}
 OTHER_COLOR = "red"  # tokens outside turns and unknown roles
+IMAGE_COLOR = "cyan"  # an image's placeholders
 
 
 def role_color(role: str) -> str:
@@ -54,24 +55,38 @@ def masked_tokens(report: SampleReport, chat: ChatFormat, brackets: bool = False
     """
     record, seg = report.record, report.segmentation
     flagged = {i for p in report.problems if p.severity == ERROR for i in p.positions}
+    images = image_labels(record, report.image_runs)
     text = Text()
     previous = False
-    for i, token_id in enumerate(record.token_ids):
-        trained = i < len(record.loss_mask) and record.loss_mask[i]
+    i = 0
+    while i < len(record.token_ids):
+        end, piece = images.get(i, (i + 1, None))  # an image's placeholders show as one label
+        trained = any(record.loss_mask[i:end])
         if brackets and trained != previous:
             text.append("⟦" if trained else "⟧", style="bold")
         previous = trained
-        color = role_color(seg.roles[i])
-        if i in flagged:
+        color = IMAGE_COLOR if piece is not None else role_color(seg.roles[i])
+        if flagged.intersection(range(i, end)):
             style = "bold white on red"
         elif trained:
             style = f"black on {color}"
         else:
             style = f"dim {color}"
-        text.append(_visible(chat.piece(token_id)), style=style)
+        text.append(piece or _visible(chat.piece(record.token_ids[i])), style=style)
+        i = end
     if brackets and previous:
         text.append("⟧", style="bold")
     return text
+
+
+def image_labels(record: SampleRecord, runs: list[tuple[int, int]]) -> dict[int, tuple[int, str]]:
+    """Each image's placeholder run (``runs``), by its start: where it ends and its label, ``[image 3f2a9c01… 4
+    tokens]`` (its ref, ``?`` when the sample names fewer images than it has runs)."""
+    labels = {}
+    for k, (start, length) in enumerate(runs):
+        ref = f"{record.images[k][:8]}…" if k < len(record.images) else "?"
+        labels[start] = (start + length, f"[image {ref} {length} tokens]")
+    return labels
 
 
 def turn_table(report: SampleReport) -> Table:
@@ -135,9 +150,10 @@ def summary_line(report: StepReport) -> str:
     """One line for the operator: what was checked and what was found."""
     t = report.totals()
     share = t["trainable"] / t["tokens"] if t["tokens"] else 0.0
+    images = f", {t['image_tokens']} image tokens in {t['images']} images" if t["images"] else ""
     head = (
         f"step {report.rollouts.step}: {t['samples']} samples, {t['tokens']} tokens, "
-        f"{t['trainable']} trainable ({share:.1%}), sampled at {sampling_text(report.rollouts.sampling)}"
+        f"{t['trainable']} trainable ({share:.1%}){images}, sampled at {sampling_text(report.rollouts.sampling)}"
     )
     if len(t["seats"]) > 1:  # several agents per rollout: each seat's share
         head += " (" + ", ".join(f"{seat}: {n['samples']} samples, {n['trainable']} trainable"
@@ -178,6 +194,8 @@ def report_json(report: StepReport, samples: list[int] | None = None) -> dict:
                 "micro_batch": s.record.micro_batch,
                 "tokens": len(s.record.token_ids),
                 "trainable": s.record.num_trainable,
+                "images": s.record.images,
+                "image_tokens": s.image_tokens,
                 "summary": s.record.summary,
                 "by_role": s.role_counts(),
                 "turns": s.turn_counts(),
@@ -248,7 +266,9 @@ def _format(value) -> str:
 
 
 def conversation(record: SampleRecord, seg: Segmentation, chat: ChatFormat, brackets: bool = False) -> list[Panel]:
-    """One panel per chat turn: its role, its decoded content, the trained part highlighted (or ``⟦...⟧``)."""
+    """One panel per chat turn: its role, its decoded content (each image as one label), the trained part
+    highlighted (or ``⟦...⟧``)."""
+    images = image_labels(record, chat.image_runs(record.token_ids))
     panels = []
     spans = [(t.role, t.index, t.start, t.end, t.content_start) for t in seg.turns]
     if not spans:  # not chat-formatted: show the whole sample as one block
@@ -258,12 +278,21 @@ def conversation(record: SampleRecord, seg: Segmentation, chat: ChatFormat, brac
         text = Text()
         for trained, run in groupby(shown, key=lambda i: i < len(record.loss_mask) and record.loss_mask[i]):
             style = f"bold {role_color(role)}" if trained else ""
-            words = chat.text([record.token_ids[i] for i in run])
-            text.append(f"⟦{words}⟧" if trained and brackets else words, style=style)
+            for image, pieces in groupby(run, key=lambda i: _image_at(images, i)):
+                if image is not None:
+                    text.append(images[image][1], style=IMAGE_COLOR)
+                    continue
+                words = chat.text([record.token_ids[i] for i in pieces])
+                text.append(f"⟦{words}⟧" if trained and brackets else words, style=style)
         trained = sum(record.loss_mask[start:end])
         title = f"{role} (turn {index}, tokens {start}..{end - 1}, {trained} trained)"
         panels.append(Panel(text, title=title, title_align="left", border_style=role_color(role)))
     return panels
+
+
+def _image_at(images: dict[int, tuple[int, str]], i: int) -> int | None:
+    """The start of the image run (of :func:`image_labels`) that position ``i`` is in, or None."""
+    return next((start for start, (end, _) in images.items() if start <= i < end), None)
 
 
 def conversation_view(record: SampleRecord, seg: Segmentation, chat: ChatFormat, brackets: bool = False) -> Panel:

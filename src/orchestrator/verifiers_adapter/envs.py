@@ -10,6 +10,7 @@ import os
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
+from orchestrator.images import EpisodeImages, sample_images
 from orchestrator.rollout import Rollout
 from orchestrator.task_stream import TaskStream, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
@@ -36,6 +38,7 @@ logger = logging.getLogger("orchestrator")
 # what the rest of the orchestrator holds of verifiers, by these names: a loaded environment, and how rollouts sample
 Env = vf.Env
 ModelContext = vf.ModelContext
+IMAGE_PLACEHOLDER = 1  # the marker of an image placeholder token in renderers' mm_token_type_id_map
 VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness
 _configs: weakref.WeakKeyDictionary[vf.Env, EnvConfig] = weakref.WeakKeyDictionary()  # what load_env loaded
 
@@ -229,6 +232,27 @@ def trace_weight_steps(trace: vf.Trace) -> list[list[int | None]]:
     return out
 
 
+def trace_images(trace: vf.Trace, images: EpisodeImages) -> list[list[str]]:
+    """Each trainable branch's image refs (as :func:`trace_branches` lists the branches), stored in ``images``: the
+    images of its messages in order, one per placeholder run in its token ids (the server expanded each image to
+    its placeholder tokens: :func:`~orchestrator.images.sample_images`); empty when it shows none at all."""
+    pads = [token for token, kind in trace.mm_token_type_id_map.items() if kind == IMAGE_PLACEHOLDER]
+    out = []
+    for branch in trace.branches:
+        if branch.trainable:
+            sources = [
+                part.image_url.url
+                for node in branch.nodes
+                if isinstance(node.message.content, list)
+                for part in node.message.content
+                if part.type == "image_url"
+            ]
+            pad = pads[0] if pads else None
+            sampled = branch.sampled_mask
+            out.append(sample_images(branch.token_ids, sampled, sources, pad, images) if pads or sources else [])
+    return out if any(out) else []
+
+
 def _setup_seconds(trace: vf.Trace) -> float | None:
     timing = trace.timing
     return timing.setup.end - timing.boot.start if timing.setup.end and timing.boot.start else None
@@ -267,13 +291,17 @@ def seats(env: vf.Env) -> list[str]:
     return list(agent_config_fields(env.config))
 
 
-def to_rollouts(episode: vf.Episode, env_id: str, seat_names: list[str], model: str) -> list[Rollout]:
+def to_rollouts(
+    episode: vf.Episode, env_id: str, seat_names: list[str], model: str, output_dir: Path | None = None
+) -> list[Rollout]:
     """The rollouts of an episode: one per trace, tagged with the seat that played it, in ``seat_names``' order (a
     seat that played several times gives several), and a failed rollout carrying the episode's error for each seat
     that left no trace. A trace the environment does not train (``trace.agent.trainable``: e.g. a simulated user) or
     sampled from another model than ``model`` (the run's, as the server serves it) is an untrained rollout: no
-    branches, so no sample."""
+    branches, so no sample. The images its trained rollouts showed are stored in the run at ``output_dir``, each
+    once (:class:`~orchestrator.images.EpisodeImages`)."""
     task = task_id(episode.task.data)
+    images = EpisodeImages(output_dir)
     by_seat = {name: [t for t in episode.traces if t.agent.name == name] for name in seat_names}
     rollouts = []
     for name, traces in by_seat.items():
@@ -281,12 +309,14 @@ def to_rollouts(episode: vf.Episode, env_id: str, seat_names: list[str], model: 
             error = _error_text(episode.last_error) or f"the environment returned no trace of seat {name!r}"
             rollouts.append(Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task, seat=name,
                                     lost=is_infra(episode.last_error)))  # fmt: skip
-        rollouts += [_trace_rollout(trace, episode, env_id, task, model) for trace in traces]
+        rollouts += [_trace_rollout(trace, episode, env_id, task, model, images) for trace in traces]
     return rollouts
 
 
-def _trace_rollout(trace: vf.Trace, episode: vf.Episode, env_id: str, task: str, model: str) -> Rollout:
-    """The rollout of one seat's trace of ``episode``."""
+def _trace_rollout(
+    trace: vf.Trace, episode: vf.Episode, env_id: str, task: str, model: str, images: EpisodeImages
+) -> Rollout:
+    """The rollout of one seat's trace of ``episode``, the images of a trained one's branches stored in ``images``."""
     trained = trace.agent.trainable and trace.agent.config.model == model
     ok = bool(episode.ok) and not trace.is_timeout  # a timed-out rollout was cut short: not trained on
     return Rollout(
@@ -294,6 +324,7 @@ def _trace_rollout(trace: vf.Trace, episode: vf.Episode, env_id: str, task: str,
         branches=trace_branches(trace) if trained else [],
         routes=trace_routes(trace) if trained else [],
         weight_steps=trace_weight_steps(trace) if trained else [],
+        images=trace_images(trace, images) if trained and ok else [],
         ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)
@@ -314,11 +345,13 @@ def _first_lost(rollouts: list[Rollout]) -> Rollout | None:
     return next((r for r in rollouts if r.lost), None)
 
 
-async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits) -> list[Rollout]:
+async def run_group(
+    env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: RolloutLimits, output_dir: Path | None = None
+) -> list[Rollout]:
     """The rollouts of ``n`` episodes of one task (one advantage group; each episode gives one rollout per seat,
-    :func:`to_rollouts`), each episode run again with backoff, up to ``limits.max_retries`` times, while one of its
-    rollouts fails with an infrastructure error (:func:`is_infra`). A judge of theirs defaults to ``ctx``'s server
-    and model."""
+    :func:`to_rollouts`, its images stored in the run at ``output_dir``), each episode run again with backoff, up to
+    ``limits.max_retries`` times, while one of its rollouts fails with an infrastructure error (:func:`is_infra`). A
+    judge of theirs defaults to ``ctx``'s server and model."""
 
     env_id, seat_names = env.config.taskset.id, seats(env)
 
@@ -326,7 +359,7 @@ async def run_group(env: vf.Env, task, n: int, ctx: vf.ModelContext, limits: Rol
         async with limits.rollouts:
             try:
                 with limits.setting_up():
-                    return to_rollouts(await env.run_slot(slot, ctx), env_id, seat_names, ctx.model)
+                    return to_rollouts(await env.run_slot(slot, ctx), env_id, seat_names, ctx.model, output_dir)
             except Exception as e:  # verifiers records the environment's own faults; anything else lands here
                 logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
                 error = f"{type(e).__name__}: {e}"

@@ -37,7 +37,7 @@ def test_a_run_numbers_its_steps_1_to_max_steps_everywhere(tmp_path, monkeypatch
     prompt = orchestrator.tokenizer.encode("<|im_start|>user\nReverse: abc<|im_end|>\n<|im_start|>assistant\n")
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         branch = sampled(prompt + reply, len(prompt), [-7.6] * len(reply))  # the server's logprobs of the sampled
         return group(range(n), branch, env="reverse-text")
 

@@ -93,7 +93,7 @@ def test_eval_runs_the_evaluation_part_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(httpx, "AsyncClient", ToServer)
     groups = []
 
-    async def run_group(env, task, n, ctx, limits):
+    async def run_group(env, task, n, ctx, limits, output_dir):
         groups.append((task.data.id, n))
         return group([1.0] + [0.0] * (n - 1))
 

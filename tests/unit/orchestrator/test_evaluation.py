@@ -66,7 +66,7 @@ def test_evaluations_run_at_step_0_every_interval_and_on_the_final_weights_each_
     orchestrator, server = on_weights_server(config)
     assert len(orchestrator.evaluation.sets[0].tasks) == 3
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         # each rollout scores the weights step it sampled from, at its start and at its end: an evaluation that a
         # reload overtook would log rewards of two steps
         first = server.step

@@ -176,7 +176,7 @@ def test_model_calls_refused_as_unauthorized_are_failed_rollouts_named_in_the_st
 def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_error(tmp_path, caplog, monkeypatch):
     orch = orchestrator(tmp_path, broken_tasks=["t1"], batch_size=2)  # both tasks: t0 works, t1 fails in setup
 
-    async def sample_without_server(env, task, n, ctx, limit):  # t0's rollouts, as if the model answered
+    async def sample_without_server(env, task, n, ctx, limit, output_dir):  # t0's rollouts, as if the model answered
         if task.data.broken:
             return await run_group(env, task, n, ctx, limit)
         return group(range(n), sampled([1, 2, 3], 1, [-0.5, -0.5]), env=ENV_ID, task="t0")
@@ -192,7 +192,7 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
 def test_a_step_that_trains_logs_and_counts_the_rollouts_that_trained_nothing(tmp_path, caplog, monkeypatch):
     orch = orchestrator(tmp_path, broken_tasks=[], batch_size=2)
 
-    async def one_task_samples_nothing(env, task, n, ctx, limit):  # t1's rollouts finish without a model call
+    async def one_task_samples_nothing(env, task, n, ctx, limit, output_dir):  # t1's rollouts finish without a model call
         if task.data.id == "t1":
             return group([0.0] * n, env=ENV_ID, task="t1")
         return group(range(n), sampled([1, 2, 3], 1, [-0.5, -0.5]), env=ENV_ID, task="t0")

@@ -67,7 +67,7 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
     uninterrupted run from there on. (A real SIGKILL of a full run: tests/integration/test_rl.py.)"""
     steps = 6
 
-    async def run_group(env, task, n, ctx, limits):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
+    async def run_group(env, task, n, ctx, limits, output_dir):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
         rewards = [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]][int(task.data.id.split("-")[-1]) % 3]
         return group(rewards, ONE_SAMPLED, task=task.data.id)
 

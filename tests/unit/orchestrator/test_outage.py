@@ -57,7 +57,7 @@ def test_a_restarted_server_gets_the_runs_weights_back_and_the_step_is_redone(tm
     monkeypatch.setattr(client_module.asyncio, "sleep", sleep)
     attempts = []
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         attempts.append(ctx.model)
         if len(attempts) == 1:  # the server dies while the step's rollouts run
             server.up = False
@@ -87,7 +87,7 @@ def test_a_failure_with_the_server_up_is_not_retried(tmp_path, monkeypatch):
         base_url="http://server", transport=httpx.MockTransport(server.handle)
     )
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         # the environment fails, the server is fine
         return group(range(n), TWO_SAMPLED, ok=False, error="APIConnectionError")
 

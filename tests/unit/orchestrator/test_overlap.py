@@ -33,7 +33,7 @@ def test_the_next_steps_groups_start_during_the_slowest_group_once_its_weights_a
 
     slowest = asyncio.Event()
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         started.append(server.step)
         if len(started) == 1:
             await slowest.wait()  # step 2's first group is its slowest
@@ -75,7 +75,7 @@ def test_the_next_steps_groups_wait_for_this_steps_tail(tmp_path, monkeypatch, o
     started, returned = [], []
     running_when_next_started = []  # step 1's groups still running as step 2's first group started
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         started.append(len(started))
         if len(started) <= 4:
             await finish[len(started) - 1].wait()

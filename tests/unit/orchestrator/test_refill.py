@@ -22,7 +22,7 @@ def fake_groups(monkeypatch, rewards_of) -> list[int]:
     """Every group's rollouts score ``rewards_of(task index)``; returns the task of each group run, in order."""
     sampled = []
 
-    async def run_group(env, task, n, ctx, limits):
+    async def run_group(env, task, n, ctx, limits, output_dir):
         sampled.append(index(task))
         return group(rewards_of(index(task)), TWO_SAMPLED, env="char-target", task=task.data.id)
 
@@ -113,7 +113,7 @@ def test_a_group_whose_every_seat_tied_is_replaced_unless_the_task_is_one_baseli
     # a two-seat game: in tasks divisible by 5 the players trade wins; in the others player a always wins
     sampled = []
 
-    async def run_group(env, task, n, ctx, limits):
+    async def run_group(env, task, n, ctx, limits, output_dir):
         sampled.append(index(task))
         wins = [1.0, 0.0] if index(task) % 5 == 0 else [1.0, 1.0]
         return [rollout for win in wins for rollout in (

@@ -90,7 +90,7 @@ def test_a_group_whose_server_dies_runs_again_on_the_other(tmp_path, monkeypatch
     orchestrator, (a, b) = two_server_orchestrator(tmp_path, monkeypatch)
     ran_on = []
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         ran_on.append(ctx.client.base_url)
         if ctx.client.base_url == "http://a:1/v1":
             a.state = "refusing"  # it dies while the group runs: verifiers' calls fail
@@ -119,7 +119,7 @@ def test_a_stalled_server_is_set_aside_mid_group_and_brought_to_the_runs_weights
     orchestrator.weights.served_step = a.step = b.step = 2
     cancelled = []
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         if ctx.client.base_url == "http://a:1/v1" and not cancelled:
             a.state = "stalled"  # it hangs: only the watch notices
             try:
@@ -162,7 +162,7 @@ def test_a_server_back_after_the_broadcast_moved_on_stays_aside_until_the_next_r
     a.broadcast_holds = 3  # a restarted on its base model (step 0); the trainer holds step 3 only
     ran_on = []
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         ran_on.append(ctx.client.base_url)
         return group(range(n), TWO_SAMPLED)
 

@@ -40,7 +40,7 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
     prompt = orchestrator.tokenizer.encode("<|im_start|>user\nReverse: abc<|im_end|>\n<|im_start|>assistant\n")
     reply = orchestrator.tokenizer.encode("cba<|im_end|>")
 
-    async def run_group(env, task, n, ctx, limit):
+    async def run_group(env, task, n, ctx, limit, output_dir):
         branch = sampled(prompt + reply, len(prompt), [0.0] * len(reply))
         return [rollout(float(i), branch, rewards={"similarity": float(i)}, metrics={"edits": 2.0 * i}, turns=1,
                         env="reverse-text", setup_s=0.25) for i in range(n)]  # fmt: skip

@@ -207,7 +207,7 @@ def test_a_resumed_stream_run_draws_the_same_tasks_as_an_uninterrupted_one(tmp_p
     reads the stream again from its start to step 4's window and draws what the uninterrupted run drew."""
     steps = 6
 
-    async def run_group(env, task, n, ctx, limits):  # puzzles 0, 3, ... split their group; the others tie
+    async def run_group(env, task, n, ctx, limits, output_dir):  # puzzles 0, 3, ... split their group; the others tie
         index = int(task.data.id.removeprefix("puzzle-"))
         return group([0.0, 1.0] if index % 3 == 0 else [1.0, 1.0], ONE_SAMPLED, task=task.data.id)
 

@@ -597,3 +597,80 @@ def test_llama3_turns_are_read_and_checked(tmp_path):
     assert set(checks_found(tmp_path, chat)) >= {"mask_in_tool_turn"}
     write_step(tmp_path, [sample, replace(sample)], path, mutate=plant(assistant_header))
     assert "mask_on_template" in checks_found(tmp_path, chat)
+
+
+# ── image placeholders (vision-language models) ─────────────────────────────────────────────────────────
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    """The tiny Qwen3-VL's folder, its tokenizer and chat format."""
+    from tools.tiny_model import built_model_path
+
+    path = built_model_path("trident/tiny-qwen3-vl")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return path, tokenizer, ChatFormat.from_tokenizer(tokenizer)
+
+
+def image_sample(tokenizer, output_dir: Path, colours: list[str]) -> Sample:
+    """A user turn showing an image of each colour (4 placeholders each, as the server expands a 64×64 image), the
+    reply sampled after it; the images stored in the run at ``output_dir``."""
+    import io
+
+    from PIL import Image
+
+    from contracts.images import store_image
+
+    def png(colour: str) -> bytes:
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, 64), colour).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    b = Builder(tokenizer)
+    images = "".join("<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>" for _ in colours)
+    b.add("prompt", f"<|im_start|>user\nWhat colours?{images}<|im_end|>\n<|im_start|>assistant\n", sampled=False)
+    b.add("answer", " and ".join(colours) + "<|im_end|>", sampled=True)
+    sample = b.sample(reward=1.0, env="shapes", task=1, rewards={}, truncated=False, turns=1)
+    return replace(sample, images=[store_image(output_dir, png(colour)) for colour in colours])
+
+
+def test_image_placeholders_are_counted_and_shown_as_one_label(tmp_path, vlm, check_loss_mask, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no label wrapped over two lines
+    path, tokenizer, chat = vlm
+    shown = image_sample(tokenizer, tmp_path, ["red", "red", "blue"])  # one image shown twice
+    write_step(tmp_path, [shown, chat_sample(tokenizer)[0]], path)
+    report = check_step(read_step(tmp_path), chat)
+    assert report.ok, report.all_problems()
+    vision_start = tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    starts = [i + 1 for i, token in enumerate(shown.token_ids) if token == vision_start]
+    assert report.samples[0].image_runs == [(start, 4) for start in starts] and report.samples[1].image_runs == []
+    assert (report.totals()["images"], report.totals()["image_tokens"]) == (3, 12)
+
+    assert check_loss_mask.main(["--output-dir", str(tmp_path), "--all"]) == 0
+    out = capsys.readouterr().out
+    red, blue = shown.images[0][:8], shown.images[2][:8]
+    assert out.count(f"[image {red}… 4 tokens]") == 2 and out.count(f"[image {blue}… 4 tokens]") == 1
+    assert "<|image_pad|>" not in out and "12 image tokens in 3 images" in out.splitlines()[-1]
+    assert load_script("inspect_rollouts").main(["--output-dir", str(tmp_path), "--sample", "0"]) == 0
+    out = capsys.readouterr().out
+    assert f"What colours?<|vision_start|>[image {red}… 4 tokens]<|vision_end|>" in out and "<|image_pad|>" not in out
+
+
+def test_a_trained_image_token_a_wrong_image_count_and_a_missing_image_are_refused(tmp_path, vlm, check_loss_mask,
+                                                                                  capsys):  # fmt: skip
+    path, tokenizer, chat = vlm
+    sample = image_sample(tokenizer, tmp_path, ["red", "blue"])
+    pad = sample.token_ids.index(chat.image_pad)
+    write_step(tmp_path, [with_mask(sample, [pad, pad + 1])], path)
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"mask_on_image"} and found["mask_on_image"][0].positions == [pad, pad + 1]
+
+    write_step(tmp_path, [replace(sample, images=sample.images[:1])], path)
+    assert set(checks_found(tmp_path, chat)) == {"image_count_mismatch"}
+
+    write_step(tmp_path, [sample], path)
+    (tmp_path / "images" / sample.images[1]).unlink()
+    found = checks_found(tmp_path, chat)
+    assert set(found) == {"image_missing"} and sample.images[1][:12] in found["image_missing"][0].message
+    assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
+    assert "image_missing" in capsys.readouterr().out
