@@ -87,3 +87,19 @@ def is_vision_language(folder: str | None) -> bool:
     """Whether the model in ``folder`` takes images (its config.json has a ``vision_config``: Qwen2-VL, Qwen2.5-VL,
     Qwen3-VL and most others); False where there is no config.json to read."""
     return "vision_config" in folder_config(folder)
+
+
+# A vision-language model's marker tokens, by their config.json keys (the Qwen-VL families'): placeholders and fences.
+VISION_MARKER_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def vision_markers(folder: str | None) -> dict[int, str]:
+    """The image and video marker tokens of the vision-language model in ``folder`` (id: text), which only a prompt
+    may hold: the orchestrator bans them from sampling (a sampled placeholder would read as an image). Empty for a
+    text model; the texts come from its tokenizer.json."""
+    config = folder_config(folder)
+    ids = {config[key] for key in VISION_MARKER_KEYS if isinstance(config.get(key), int)}
+    if "vision_config" not in config or not ids:
+        return {}
+    added = json.loads((Path(folder).expanduser() / "tokenizer.json").read_text()).get("added_tokens", [])
+    return {token["id"]: token["content"] for token in added if token["id"] in ids}

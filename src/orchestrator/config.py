@@ -106,10 +106,13 @@ class SamplingConfig(StrictModel):
         """What the server drops after temperature (top_p, top_k, min_p), as the batch files carry it."""
         return Truncation(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
-    def request_params(self) -> dict[str, float | int]:
-        """The sampling parameters of each request to the server: temperature and max_tokens, and each truncation
-        that is on (a request without them samples as before they existed)."""
-        params: dict[str, float | int] = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+    def request_params(self, banned: tuple[str, ...] = ()) -> dict[str, float | int | list[str]]:
+        """The sampling parameters of each request to the server: temperature and max_tokens, each truncation that
+        is on (a request without them samples as before they existed), and the ``banned`` tokens (by their text) as
+        vLLM's ``bad_words``."""
+        params: dict = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        if banned:
+            params["bad_words"] = list(banned)
         defaults = NO_TRUNCATION
         for key in ("top_p", "top_k", "min_p"):
             if getattr(self, key) != getattr(defaults, key):

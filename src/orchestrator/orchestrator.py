@@ -10,13 +10,14 @@ import logging
 import time
 from collections import Counter
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 from transformers import AutoTokenizer
 
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
-from contracts.model_path import resolve_model_path
+from contracts.model_path import resolve_model_path, vision_markers
 from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
@@ -68,6 +69,8 @@ class Orchestrator:
         self.servers = self.groups.servers
         # only to show sample rollouts as text: training never detokenizes
         model_path = resolve_model_path(config.model.name)
+        # what the server samples from: the batch files carry it for the trainer to replay (vision markers banned)
+        self.truncation = replace(config.sampling.truncation, banned=tuple(sorted(vision_markers(model_path))))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
         family = resolve_family(config.model.chat_family, model_path)
         image_pad = family.image_pad if self.tokenizer and family else None
@@ -156,8 +159,8 @@ class Orchestrator:
             "started_early_s": started_early_s,
             "rollout_cpu_share": self.rollout_cpu_share(step),
         }
-        sampling = self.config.sampling
-        info = batch.info(step, sampling.temperature, metrics.pop("reward_mean"), metrics, sampling.truncation)
+        temperature = self.config.sampling.temperature
+        info = batch.info(step, temperature, metrics.pop("reward_mean"), metrics, self.truncation)
         write_batch(self.output_dir, info, batch.micro_batches)
         self.release_tasks(step)
         self.written_at = time.perf_counter()

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoProcessor, PretrainedConfig, PreTrainedModel
 
 from contracts.errors import TridentError
-from contracts.images import load_image
+from contracts.images import load_image, placeholder_runs
 from contracts.protocol import BatchError, MicroBatch
 from trainer.config import VisionTower
 
@@ -86,13 +86,6 @@ class ImageInputs:
     position_ids: Int[Tensor, "4 1 seq"]
 
 
-def placeholder_runs(input_ids: Int[Tensor, " seq"], token_id: int) -> list[int]:
-    """The lengths of the runs of ``token_id`` in ``input_ids``, in order."""
-    is_token = torch.cat([torch.tensor([False]), input_ids == token_id, torch.tensor([False])])
-    edges = (is_token[1:].int() - is_token[:-1].int()).nonzero()[:, 0]
-    return (edges[1::2] - edges[::2]).tolist()
-
-
 def image_inputs(model: nn.Module, micro_batch: MicroBatch, output_dir: Path | None) -> ImageInputs | None:
     """The image inputs of ``micro_batch`` for ``model`` (None: it has no images), its images read from the image
     store of the run in ``output_dir``.
@@ -120,7 +113,8 @@ def image_inputs(model: nn.Module, micro_batch: MicroBatch, output_dir: Path | N
     )
     positions = []
     for index, (input_ids, sample_grids, refs) in enumerate(samples):
-        runs, tokens = placeholder_runs(input_ids, config.image_token_id), (sample_grids.prod(-1) // merge**2).tolist()
+        runs = [length for _, length in placeholder_runs(input_ids.tolist(), config.image_token_id)]
+        tokens = (sample_grids.prod(-1) // merge**2).tolist()
         if runs != tokens:
             raise BatchError(
                 f"micro-batch sample {index}: its image placeholder runs are {runs} tokens long, its {len(refs)} "

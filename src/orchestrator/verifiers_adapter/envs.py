@@ -23,6 +23,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
+from contracts.model_path import vision_markers
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.images import EpisodeImages, sample_images
 from orchestrator.rollout import Rollout
@@ -172,7 +173,7 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
             ),
             renderer_model_name=tokenizer_path,
         ),
-        sampling=vf.SamplingConfig(**config.sampling.request_params()),
+        sampling=vf.SamplingConfig(**config.sampling.request_params(tuple(vision_markers(tokenizer_path).values()))),
     )
 
 

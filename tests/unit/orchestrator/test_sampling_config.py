@@ -45,3 +45,17 @@ def test_a_trained_seat_with_its_own_sampling_is_refused_in_one_line(tmp_path):
 def test_a_seat_may_cap_its_tokens_or_sample_as_it_likes_on_another_model(tmp_path, seat):
     config = parse_config(OrchestratorConfig, ["@", write(tmp_path, seat)])
     assert config.env[0].env_args["player1"]["sampling"]
+
+
+def test_a_vision_language_models_markers_are_banned_from_its_replies_and_the_batch_says_so():
+    """The tiny VLM's four vision markers (from its config.json and tokenizer.json) go to the server as bad_words;
+    a text model bans nothing."""
+    from contracts.model_path import vision_markers
+    from tools.tiny_model import built_model_path
+
+    markers = vision_markers(built_model_path("trident/tiny-qwen3-vl"))
+    assert sorted(markers.values()) == ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>", "<|vision_start|>"]
+    assert vision_markers(built_model_path("trident/tiny-qwen3")) == {}
+    params = SamplingConfig().request_params(tuple(markers.values()))
+    assert params["bad_words"] == list(markers.values())
+    assert "bad_words" not in SamplingConfig().request_params()
