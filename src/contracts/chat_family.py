@@ -53,7 +53,7 @@ QWEN3 = ChatFamily("qwen3", "qwen3", "hermes", ("qwen3", "qwen3_moe"), **_QWEN,
 # renderers has no Qwen2.5 renderer: the model's own template renders it (its tool calls are Hermes', as Qwen3's).
 QWEN2_5 = ChatFamily("qwen2.5", "default", "hermes", ("qwen2", "qwen2_moe"), **_QWEN, added_tokens=_HERMES)
 # Qwen3-VL Instruct: ChatML without thinking, images as <|vision_start|><|image_pad|>…<|vision_end|> runs.
-QWEN3_VL = ChatFamily("qwen3-vl", "qwen3-vl", "hermes", ("qwen3_vl",), **{**_QWEN, "special_tokens": (
+QWEN3_VL = ChatFamily("qwen3-vl", "qwen3-vl", "hermes", ("qwen3_vl", "qwen3_vl_moe"), **{**_QWEN, "special_tokens": (
     *_QWEN_SPECIAL, "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")},
     added_tokens=("<think>", "</think>", *_HERMES), image_pad="<|image_pad|>")  # fmt: skip
 # Llama 3.x: <|start_header_id|>ROLE<|end_header_id|>\n\n ... <|eot_id|>, tool results in an ipython turn.
