@@ -19,6 +19,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_swe_grep_run.py",
     "tests/e2e/test_chat_families.py",
     "tests/integration/test_stream_run.py",
+    "tests/integration/test_vlm.py",  # about 4 minutes: a server of its own and an rl run, killed and resumed
     "tests/integration/test_moe.py",  # about 3 minutes: a server of its own and an rl run
 )
 

@@ -1,5 +1,6 @@
 """Full ``rl`` runs of the CPU debug configs, for the tests that prove the process boundary."""
 
+import re
 import subprocess
 import sys
 import time
@@ -23,3 +24,10 @@ def wait_for(condition, timeout_s: float, rl: subprocess.Popen, what: str) -> No
     while not condition():
         assert time.monotonic() < deadline and rl.poll() is None, f"rl: {what} did not happen"
         time.sleep(0.2)
+
+
+def started_pids(output_dir: Path) -> dict[str, int]:
+    """The pid of each process the run in ``output_dir`` started, by name, from its ``rl.log``."""
+    path = output_dir / "logs" / "rl.log"
+    log = path.read_text() if path.exists() else ""
+    return {name: int(pid) for name, pid in re.findall(r"started (\w+) \(pid (\d+)\)", log)}

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
-from rl_runs import DEBUG, ROOT, rl_argv, wait_for
+from rl_runs import DEBUG, ROOT, rl_argv, started_pids, wait_for
 
 from contracts.metrics import eval_line, read_metrics
 from contracts.progress import read_progress
@@ -33,12 +33,6 @@ def run_rl(
 ) -> subprocess.CompletedProcess:
     argv = rl_argv(output_dir, *flags, inference=inference, plots=plots)
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-
-
-def started_pids(output_dir: Path) -> dict[str, int]:
-    path = output_dir / "logs" / "rl.log"
-    log = path.read_text() if path.exists() else ""
-    return {name: int(pid) for name, pid in re.findall(r"started (\w+) \(pid (\d+)\)", log)}
 
 
 def assert_process_groups_gone(pids: dict[str, int], timeout_s: float = 30) -> None:
