@@ -139,12 +139,12 @@ class StepRollouts:
     @property
     def sampling(self) -> dict:
         """How the server sampled the batch's tokens, which the trainer replays: ``temperature`` and the
-        truncation's ``top_p``, ``top_k``, ``min_p`` (a batch from before they existed: none)."""
+        truncation's ``top_p``, ``top_k``, ``min_p``, ``banned`` (a batch from before they existed: none)."""
         truncation = self.info.get("truncation")
         recorded = truncation if isinstance(truncation, dict) else {}
         return {"temperature": self.info.get("temperature")} | {
             key: recorded.get(key, getattr(NO_TRUNCATION, key)) for key in ("top_p", "top_k", "min_p")
-        }
+        } | {"banned": list(recorded.get("banned", ()))}
 
 
 def rollout_steps(output_dir: Path) -> list[int]:

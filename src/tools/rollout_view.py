@@ -170,9 +170,9 @@ def sampling_text(sampling: dict) -> str:
     """``StepRollouts.sampling`` in words: the temperature and each truncation that is on, which the trainer
     replays (docs/sampling.md)."""
     on = [
-        f"{key} {value}"
+        f"{key} {value}" if key != "banned" else f"{len(value)} tokens banned"
         for key, value in sampling.items()
-        if key != "temperature" and value != getattr(NO_TRUNCATION, key)
+        if key != "temperature" and value not in (getattr(NO_TRUNCATION, key), [])
     ]
     return f"temperature {sampling['temperature']}" + (f", {', '.join(on)} (replayed)" if on else ", no truncation")
 

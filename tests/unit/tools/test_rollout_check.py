@@ -486,16 +486,16 @@ def test_both_tools_show_the_sampling_truncation_the_trainer_replays(
     assert "sampled at temperature 1.0, no truncation" in capsys.readouterr().out
 
     def truncated(info, micro_batches):
-        info.truncation = Truncation(top_p=0.9, top_k=20)
+        info.truncation = Truncation(top_p=0.9, top_k=20, banned=(7, 9))
 
     write_step(tmp_path, baseline(samples), tiny_model_path, step=2, mutate=truncated)
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 0
-    assert "sampled at temperature 1.0, top_p 0.9, top_k 20 (replayed)" in capsys.readouterr().out
+    assert "sampled at temperature 1.0, top_p 0.9, top_k 20, 2 tokens banned (replayed)" in capsys.readouterr().out
     assert check_loss_mask.main(["--output-dir", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 20,
-                                                               "min_p": 0.0}  # fmt: skip
+                                                               "min_p": 0.0, "banned": [7, 9]}  # fmt: skip
     assert load_script("inspect_rollouts").main(["--output-dir", str(tmp_path), "--sample", "0"]) == 0
-    assert "top_p 0.9, top_k 20 (replayed)" in capsys.readouterr().out
+    assert "top_p 0.9, top_k 20, 2 tokens banned (replayed)" in capsys.readouterr().out
 
 
 def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch):
