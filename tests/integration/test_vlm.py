@@ -188,20 +188,6 @@ def gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def load_and_probe(url: str, folder, step: int) -> float:
-    """Serve the weights in ``folder`` as the orchestrator does and check the probe; its gap."""
-
-    async def run():
-        client = InferenceClient(url, timeout_s=120, model=VLM)
-        try:
-            await client.reload_weights(folder, step)
-            return await client.check_probe(folder, step, tolerance=1e-3)
-        finally:
-            await client.close()
-
-    return asyncio.run(run())
-
-
 def with_adapter(path: str, seed: int, vision: bool = False):
     """The tiny VLM with a LoRA adapter (the trainer's add_lora) on every linear layer of its language model, and
     with ``vision`` of its vision tower and mergers too (as for ``model.vision_tower = 'trained'``), its B moved
@@ -231,7 +217,7 @@ def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(server, vlm_pat
     sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu")) if path == "shared" else None
     try:
         save_weights(model, tokenizer, folder, sender=sender)  # shared: sent in the background, a manifest here
-        assert load_and_probe(url, folder, step) < 1e-4
+        assert servers.reload_and_probe(url, VLM, folder, step) < 1e-4
         if sender is not None:
             sender.wait()
     finally:
@@ -261,7 +247,7 @@ def test_the_probe_fails_a_server_serving_other_vision_weights_which_a_text_prob
             await client.close()
 
     assert asyncio.run(probe_the_base_model()) < 1e-4  # text alone cannot tell the vision towers apart
-    assert load_and_probe(url, folder, 3) < 1e-4
+    assert servers.reload_and_probe(url, VLM, folder, 3) < 1e-4
 
 
 @pytest.mark.parametrize("targets", ["language model", "and vision tower"])
@@ -277,7 +263,7 @@ def test_a_lora_adapter_is_served_exactly(server, vlm_path, targets):
     assert bool(adapted_tower) == bool(vision)
     save_weights(model, AutoTokenizer.from_pretrained(vlm_path), folder, export="adapter")
     token_ids, expected = transformers_logprobs(model, vlm_path)
-    assert load_and_probe(url, folder, step) < 1e-4
+    assert servers.reload_and_probe(url, VLM, folder, step) < 1e-4
     served_ids, served = served_logprobs(url, adapter_name(step), vlm_path)
     assert served_ids == token_ids and gap(served, expected) < 1e-4
     assert gap(served, trainer_logprobs(model, served_ids, root)) < 1e-4
