@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
+from contracts.shared_config import RunId
+
 HEALTH = "/health"
 METRICS = "/metrics"
 MODELS = "/v1/models"
@@ -19,8 +21,10 @@ COMPLETIONS = "/v1/completions"
 GENERATE = "/inference/v1/generate"  # token in, token out: what verifiers' training client calls
 RELOAD_WEIGHTS = "/reload_weights"  # POST WeightsRequest -> WeightsChange: full weights
 LOAD_ADAPTER = "/load_adapter"  # POST WeightsRequest -> WeightsChange: a LoRA adapter, served as adapter_name(step)
-RESET_WEIGHTS = "/reset_weights"  # POST -> WeightsChange: the model the server started with, as step 0
-WEIGHTS = "/weights"  # GET -> Served
+RESET_WEIGHTS = "/reset_weights"  # POST [RunRequest] -> WeightsChange: the model the server started with, as step 0
+WEIGHTS = "/weights"  # GET [?run=ID] -> Served
+RUNS = "/runs"  # GET -> {run id: RunShare}: the named runs sharing the server
+RELEASE_RUN = "/release_run"  # POST RunRequest -> 200: the run has ended; its adapters are removed
 
 OPEN_ROUTES = frozenset({HEALTH, METRICS})  # answered without the API key
 GENERATION_ROUTES = frozenset({GENERATE, COMPLETIONS, CHAT_COMPLETIONS})
@@ -31,6 +35,8 @@ NO_CPU_ROUTES = (
     "needs Triton, a GPU compiler)"
 )
 
+RUN_HEADER = "X-Trident-Run"  # the run id a named run's generation requests carry (its share is counted by it)
+
 API_KEY_ENV = "TRIDENT_API_KEY"  # the server's key; clients send it as 'Authorization: Bearer <key>'
 
 
@@ -40,19 +46,26 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def adapter_name(step: int) -> str:
-    """The model name the inference server serves the adapter of weights ``step_N`` under.
+def adapter_name(step: int, run: str | None = None) -> str:
+    """The model name the inference server serves the adapter of weights ``step_N`` under: ``lora-step-N``, or for
+    a named run (several runs sharing a server, ``orchestrator.run_id``) ``<run>/lora-step-N``.
 
     A new name per step: vLLM keys loaded adapters and cached KV by name, so a reused name could serve a stale
     adapter. Requests send it as ``model``.
     """
-    return f"lora-step-{step}"
+    return f"lora-step-{step}" if run is None else f"{run}/lora-step-{step}"
 
 
 def adapter_step(name: str | None) -> int | None:
     """The weights step of an adapter served under :func:`adapter_name` (None: not such a name)."""
-    number = (name or "").removeprefix("lora-step-")
-    return int(number) if number != name and number.isdigit() else None
+    number = (name or "").rpartition("/")[2].removeprefix("lora-step-")
+    return int(number) if number.isdigit() and (name or "").endswith(f"lora-step-{number}") else None
+
+
+def adapter_run(name: str | None) -> str | None:
+    """The run id in an adapter name of a named run (None: the server's unnamed run, or not an adapter name)."""
+    run, slash, _ = (name or "").rpartition("/")
+    return run if slash and adapter_step(name) is not None else None
 
 
 def token_weight_steps(spans: list[dict] | None, count: int) -> list[int] | None:
@@ -76,6 +89,13 @@ class WeightsRequest(BaseModel):
     path: str
     step: Annotated[int, Field(ge=0)]
     in_flight: bool = False  # pause keeping requests in flight: they go on from where they were, on the new weights
+    run: RunId | None = None  # a named run sharing the server: only its own adapters change (full weights refused)
+
+
+class RunRequest(BaseModel):
+    """The body of ``POST /reset_weights`` (optional: the unnamed run) and ``POST /release_run``."""
+
+    run: RunId | None = None
 
 
 class Served(BaseModel):
@@ -93,6 +113,18 @@ class WeightsChange(Served):
 
     seconds: float
     paused_s: float = 0.0
+
+
+class RunShare(Served):
+    """One named run's state on a shared server (``GET /runs``): what it is served, its requests in flight, the
+    most it may have in flight now (its fair share), those waiting for a slot, and the seconds its requests have
+    waited in all, since the run first reached the server."""
+
+    in_flight: int
+    limit: int
+    waiting: int
+    waited_s: float
+    requests: int
 
 
 def probe_request(model: str, token_ids: list[int], image: str | None = None) -> dict:

@@ -57,6 +57,14 @@ AsyncLevel = Annotated[
     ),
 ]
 Seed = Annotated[int, Field(description="Random seed.")]
+RunId = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,63}$",
+        description="The run's name on an inference server that several runs share (its adapters are served as "
+        "<run_id>/lora-step-N); letters, digits and _ . = + -, at most 64.",
+    ),
+]
 
 
 class LogConfig(StrictModel):

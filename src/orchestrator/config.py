@@ -19,6 +19,7 @@ from contracts.shared_config import (
     MaxSteps,
     ModelConfig,
     OutputDir,
+    RunId,
     Seed,
     SeqLen,
     StrictModel,
@@ -551,6 +552,12 @@ class OrchestratorConfig(BaseConfig):
     log: LogConfig = LogConfig()
     wandb: WandbSection = None
     ckpt: CkptSection = None
+    run_id: Annotated[
+        RunId | None,
+        Field(description="Name this run on inference servers that other runs share: its adapters are served as "
+                          "<run_id>/lora-step-N, it changes and probes only its own, and it gets its fair share of "
+                          "each server (docs/sharing.md). LoRA runs only. Absent: the run has its servers to itself."),
+    ] = None  # fmt: skip
     reset: Annotated[
         bool,
         Field(description="Have a server that serves other weights (another run's, or a model's loaded by eval) "
