@@ -80,6 +80,7 @@ def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tin
 
 def test_vllm_keeps_every_adapter_of_the_runs_max_loras_allows_resident(tiny_model_path):
     """max_loras - 1 named runs and the unnamed run, each two named adapters and one retired: vLLM's default
-    (max_loras) would evict the least recently used and load it again from its folder in everyone's batch."""
+    (max_loras) would evict the least recently used and load it again from its folder in everyone's batch, and
+    kill the engine if the folder is gone (measured: docs/protocol.md, runs sharing a server)."""
     argv = vllm_argv(InferenceConfig(model={"name": tiny_model_path}, lora={"max_loras": 4}))
     assert argv[argv.index("--max-loras") + 1] == "4" and argv[argv.index("--max-cpu-loras") + 1] == "12"
