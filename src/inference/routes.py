@@ -112,8 +112,9 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
             target = state.trident_runs.get(run)
             if target.served == api.Served(step=0, path=base_path, adapter=None):  # as a fresh server
                 return JSONResponse(api.WeightsChange(**target.served.model_dump(), seconds=0.0).model_dump())
-            if target.adapters is not None:
-                await target.adapters.retire_all()
+            if (adapters := target.adapters) is not None:
+                # a named run's (re)start: nothing of it is in flight, and its room is free for another run at once
+                await (adapters.retire_all() if run is None else adapters.remove_all())
             if run is None:  # the engine's label for tokens of the base model (named runs' tokens are relabelled)
                 await state.engine_client.update_weight_version("0")
             return serving(target, run, 0, base_path, None, time.perf_counter())

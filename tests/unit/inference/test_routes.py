@@ -398,13 +398,16 @@ def test_full_weights_cannot_share_a_server(runs_root):
     assert response.status_code == 409 and "not its base model" in response.text
 
 
-def test_a_named_runs_reset_retires_its_own_adapters_only(runs_root):
-    client, _, adapters = weights_app(runs_root)
+def test_a_named_runs_reset_removes_its_own_adapters_only(runs_root):
+    client, engine, adapters = weights_app(runs_root)
     for step, run in [(1, None), (1, "a"), (2, "a"), (1, "b")]:
         load(client, runs_root, step, run)
+    engine.calls.clear()
     response = client.post("/reset_weights", json={"run": "a"})
     assert response.status_code == 200 and response.json()["adapter"] is None
     assert set(adapters.lora_requests) == {adapter_name(1), adapter_name(1, "b")}
+    assert sorted(c[1] for c in engine.calls if c[0] == "remove_lora") == [2, 3]  # a's, freed at once
+    assert "update_weight_version" not in [c[0] for c in engine.calls]
     assert client.get("/weights", params={"run": "a"}).json() == {"step": 0, "path": BASE, "adapter": None}
     assert client.get("/weights").json()["adapter"] == adapter_name(1)
     assert load(client, runs_root, 1, "a").status_code == 200  # its first name again, as a fresh server
