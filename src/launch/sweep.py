@@ -320,7 +320,7 @@ def sweep_memory(config: RLConfig, server: InferenceConfig, runs: list[RLConfig]
 
 def plan_lines(plan: SweepPlan, server_argv: list[str]) -> list[str]:
     """The sweep for a person: each run's id, overrides and folder, the server, the commands, the memory plan."""
-    lines = [f"sweep of {len(plan.runs)} runs in {plan.output_dir}:"]
+    lines = [f"sweep of {count_runs(len(plan.runs))} in {plan.output_dir}:"]
     for run in plan.runs:
         overrides = " ".join(f"{key}={flag_value(value)}" for key, value in run.overrides.items())
         lines.append(f"  {run.run_id}: {overrides} -> {run.output_dir}")
@@ -336,6 +336,10 @@ def plan_lines(plan: SweepPlan, server_argv: list[str]) -> list[str]:
     return lines + plan.memory.lines()
 
 
+def count_runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
+
+
 def write_server_config(plan: SweepPlan) -> Path:
     path = configs_dir(plan.output_dir) / "inference.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -344,9 +348,15 @@ def write_server_config(plan: SweepPlan) -> Path:
 
 
 def write_sweep_file(plan: SweepPlan, outcomes: dict[str, "RunOutcome"]) -> Path:
-    """``output_dir/sweep.json``: each run's overrides, folder and (once it ended) status, steps and last reward."""
+    """``output_dir/sweep.json``: each run's overrides, folder, command line and (once it ended) status, steps and
+    last reward."""
     runs = {
-        run.run_id: {"overrides": run.overrides, "output_dir": str(run.output_dir)} | vars(outcomes[run.run_id])
+        run.run_id: {
+            "overrides": run.overrides,
+            "output_dir": str(run.output_dir),
+            "command": shell_line(run.command, {}),
+        }
+        | vars(outcomes[run.run_id])
         for run in plan.runs
     }
     path = plan.output_dir / SWEEP_FILE
@@ -474,7 +484,8 @@ def watch_runs(
             if notice.due(time.perf_counter() - last):
                 running = [run_id for run_id, outcome in outcomes.items() if outcome.status == "running"]
                 states = ", ".join(f"{run_id} step {outcomes[run_id].steps}/{max_steps[run_id]}" for run_id in running)
-                notice.show(f"{len(running)} runs running ({time.perf_counter() - last:.0f}s since a step): {states}")
+                since = f"{time.perf_counter() - last:.0f}s since a step"
+                notice.show(f"{count_runs(len(running))} running ({since}): {states}")
             time.sleep(0.2)
     return 0 if all(outcome.status == "finished" for outcome in outcomes.values()) else 1
 
