@@ -221,7 +221,7 @@ def plan_sweep(argv: list[str]) -> tuple[SweepPlan, RLConfig]:
     """The sweep ``argv`` asks for, each run's config resolved (a mistake in any is a ConfigError before anything
     starts); also the sweep's own config (its server's)."""
     base_argv, specs = split_sweep(argv)
-    axes = sweep_axes(specs)
+    combinations = variants(sweep_axes(specs))
     config = parse_config(RLConfig, base_argv)
     if config.inference is None:
         raise ConfigError(
@@ -246,7 +246,7 @@ def plan_sweep(argv: list[str]) -> tuple[SweepPlan, RLConfig]:
     output_dir, url = Path(config.trainer.output_dir), started_urls(config)[0]
     parsed = ParsedArgs(base_argv)
     runs, configs = [], []
-    for run_id, overrides in zip(run_ids(variants(axes)), variants(axes), strict=True):
+    for run_id, overrides in zip(run_ids(combinations), combinations, strict=True):
         run_dir = output_dir / run_id
         named = {"run_id": run_id, "output_dir": str(run_dir), "orchestrator.client.base_url": url, "plots": False}
         args = run_argv(parsed, overrides | named)
@@ -314,7 +314,7 @@ def sweep_memory(config: RLConfig, server: InferenceConfig, runs: list[RLConfig]
     plans = [plan_memory(run.trainer, server, *gpus, gpu_gib) for run in runs]
     plan = replace(max(plans, key=lambda plan: plan.trainer["total"]), runs=len(runs))
     if problems := plan.problems():
-        raise TridentError(f"the sweep does not fit in memory: {'; '.join(problems)} (--dry-run prints the plan)")
+        raise TridentError(f"the sweep does not fit in memory: {'; '.join(problems)}")
     return plan
 
 

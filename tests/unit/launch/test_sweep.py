@@ -4,6 +4,7 @@ run's ``rl`` command line, the server the runs share, what a sweep refuses, its 
 tests/integration/test_sweep_supervision.py."""
 
 import re
+import signal
 
 import pytest
 from debug_configs import FILES
@@ -11,7 +12,7 @@ from debug_configs import FILES
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.metrics import eval_line
-from launch.launcher import main, server_lines, step_line
+from launch.launcher import STOP_SIGNALS, main, server_lines, step_line
 from launch.memory_plan import GIB, LINEARS, lora_parameters, model_shape, plan_memory
 from launch.rl_config import RLConfig, resolve_shared
 from launch.sweep import (
@@ -26,6 +27,15 @@ from launch.sweep import (
 
 LORA = ["--trainer.model.experimental.lora.rank", "8"]
 LRS = ["--sweep", "trainer.optim.lr=[1e-5,3e-5,1e-4]"]
+
+
+@pytest.fixture
+def saved_handlers():
+    """rl's main ignores stop signals once it is done: give this process its handlers back."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def sweep_of(tmp_path, *extra: str):
@@ -192,7 +202,7 @@ def test_what_a_sweep_refuses_is_one_line_before_anything_starts(argv, error, tm
     assert not (tmp_path / "configs").exists()
 
 
-def test_the_dry_run_shows_runs_server_commands_and_memory_and_starts_nothing(tmp_path, capsys):
+def test_the_dry_run_shows_runs_server_commands_and_memory_and_starts_nothing(tmp_path, capsys, saved_handlers):
     with pytest.raises(SystemExit) as exit:
         main([*FILES, *LORA, *LRS, "--output-dir", str(tmp_path), "--dry-run"])
     assert exit.value.code == 0
@@ -257,3 +267,14 @@ def test_the_sweep_shows_each_runs_step_and_eval_lines_and_its_last_reward():
     outcome.seen(line)
     assert (outcome.steps, outcome.last_reward) == (2, 0.25)
     assert outcome.describe() == "finished, 2 steps, last reward 0.2500"
+
+
+def test_rl_refuses_a_full_weight_sweep_in_one_line_and_exit_code_2(tmp_path, capsys, saved_handlers):
+    with pytest.raises(SystemExit) as exit:
+        main([*FILES, *LRS, "--output-dir", str(tmp_path)])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --sweep: the runs of a sweep share one server, so each trains a LoRA adapter "
+        "(trainer.model.experimental.lora with export = 'adapter'); full weights cannot share a server\n"
+    )
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
