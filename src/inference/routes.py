@@ -43,8 +43,8 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         state: State, path: str, step: int, manifest: dict | None = None, in_flight: bool = False
     ) -> JSONResponse:
         """Serve the full weights in ``path`` (files, or sent over the broadcast that ``manifest`` describes) as
-        ``step`` to the unnamed run, no adapter; call holding ``lock``. A 409 while named runs hold adapters: they
-        were trained on the base the server started with.
+        ``step`` to the unnamed run, no adapter; call holding ``lock``. A 409 while named runs share the server: they
+        sample the base it started with, or adapters trained on it.
 
         Requests in flight finish on the old weights before the swap, or with ``in_flight`` are paused where they
         are and go on with the new weights: their KV cache is dropped (they are preempted) and computed again
@@ -52,7 +52,7 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         each request's tokens with the step that sampled them (``weight_versions``).
         """
         runs: Runs = state.trident_runs
-        if sharing := sorted(run for run, named in runs.named().items() if named.holds_adapters):
+        if sharing := sorted(runs.named()):
             raise HTTPException(409, f"runs {', '.join(sharing)} share this server on its base model: full weights "
                                      "cannot replace it under them")  # fmt: skip
         engine = state.engine_client

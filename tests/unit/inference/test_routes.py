@@ -393,6 +393,9 @@ def test_full_weights_cannot_share_a_server(runs_root):
 
     client.post("/release_run", json={"run": "a"})
     client.post("/release_run", json={"run": "b"})
+    client.post("/reset_weights", json={"run": "c"})  # a run at step 0, sampling the base model
+    assert client.post("/reload_weights", json=full).status_code == 409
+    client.post("/release_run", json={"run": "c"})
     assert client.post("/reload_weights", json=full).status_code == 200  # no run shares it any more
     response = load(client, runs_root, 2, "a")  # an adapter on the unnamed run's full weights
     assert response.status_code == 409 and "not its base model" in response.text
