@@ -33,13 +33,16 @@ def launch(
 ) -> Server:
     """Start an ``inference`` process serving ``model`` on ``port`` (config and log in ``folder``), loading weights
     from under ``weights_root`` and broadcast weights through a trainer's store on ``broadcast_port``, and LoRA
-    adapters unless ``lora`` is False; it is not ready yet (:func:`wait_healthy`). A tiny model is built first."""
+    adapters unless ``lora`` is False (``max_loras`` 3: two named runs may share it); it is not ready yet
+    (:func:`wait_healthy`). A tiny model is built first."""
     built_model_path(model)
     config = folder / "infer.toml"
     config.write_text(
         f"port = {port}\n{f'weights_root = {str(weights_root)!r}' if weights_root else ''}\n"
         f'[model]\nname = "{model}"\nenforce_eager = true\nmax_model_len = 4096\n'
-        + (f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\n" if lora else "")  # the default rank's
+        + (
+            f"[lora]\nmax_rank = {served_lora_rank(LoraConfig().rank)}\nmax_loras = 3\n" if lora else ""
+        )  # the default rank's
         + (f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else "")
     )
     log_path = folder / "inference.log"

@@ -1,4 +1,4 @@
-"""LoRA adapters loaded into the running engine, each under its step's name
+"""One run's LoRA adapters loaded into the running engine, each under its step's name
 (``contracts.inference_api.adapter_name``)."""
 
 from typing import Any
@@ -6,6 +6,7 @@ from typing import Any
 from fastapi import HTTPException
 
 NAMED = 2  # adapters served under their names: the newest, and the one before for rollouts started on it
+RESIDENT_PER_RUN = NAMED + 1  # the most one run keeps in the engine: its named ones and one retired
 
 
 class Adapters:
@@ -36,6 +37,11 @@ class Adapters:
         """Stop serving every adapter (the base weights change, or a new run starts)."""
         while self.named:
             await self.retire(self.named.pop(0))
+
+    async def remove_all(self) -> None:
+        """Stop serving every adapter and free them all (the run has ended)."""
+        await self.retire_all()
+        await self.remove_retired()
 
     async def load(self, name: str, path: str) -> None:
         """Load the peft adapter in ``path`` into the engine and serve it as ``name``."""

@@ -56,8 +56,23 @@ class InferenceLoraConfig(StrictModel):
     max_loras: Annotated[
         int,
         Field(ge=2, description="Adapters one batch may mix. 2 lets the previous step's adapter, still served "
-                                "under its name, finish the rollouts started on it beside the new one."),
+                                "under its name, finish the rollouts started on it beside the new one. Runs sharing "
+                                "the server (named runs, orchestrator.run_id): at most max_loras - 1 hold adapters at "
+                                "once; vLLM keeps 3 x max_loras adapters resident (--max-cpu-loras), each run's "
+                                "two named and one retired."),
     ] = 2  # fmt: skip
+    max_in_flight: Annotated[
+        int | None,
+        Field(ge=1, description="Request slots the named runs share: each may have max(1, max_in_flight // active "
+                                "named runs) generation requests in flight, the rest wait at the server in order. "
+                                "Absent: vLLM's max_num_seqs. Unnamed requests are not limited."),
+    ] = None  # fmt: skip
+    run_idle_timeout_s: Annotated[
+        float,
+        Field(gt=0, description="A named run that has sent nothing (no generation request, no weights call) for "
+                                "this long, and has nothing in flight, is evicted: its adapters are removed (an "
+                                "orchestrator that was killed never releases its run)."),
+    ] = 1800.0  # fmt: skip
 
 
 class InferenceBroadcastConfig(StrictModel):

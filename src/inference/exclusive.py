@@ -72,6 +72,20 @@ def asks_prompt_logprobs(body: bytes) -> bool:
     return data.get("prompt_logprobs") is not None or nested is not None or echoed
 
 
+async def read_body(receive: Receive) -> tuple[bytes, Receive]:
+    """A request's whole body, and a ``receive`` for the app behind that gives the body read, then whatever comes
+    next (a disconnect)."""
+    messages = [await receive()]
+    while messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False):
+        messages.append(await receive())
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    return body, replay
+
+
 class PromptLogprobsAlone:
     """ASGI middleware: generation requests pass an :class:`ExclusiveGate`, exclusively when they ask for prompt
     logprobs; each holds it until its whole reply (a stream's last chunk too) is sent."""
@@ -84,14 +98,7 @@ class PromptLogprobsAlone:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_ROUTES:
             await self.app(scope, receive, send)
             return
-        messages = [await receive()]
-        while messages[-1]["type"] == "http.request" and messages[-1].get("more_body", False):
-            messages.append(await receive())
-        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-
-        async def replay() -> Message:  # the body read above, then whatever comes next (a disconnect)
-            return messages.pop(0) if messages else await receive()
-
+        body, replay = await read_body(receive)
         hold = self.gate.exclusive() if asks_prompt_logprobs(body) else self.gate.shared()
         async with hold:
             await self.app(scope, replay, send)

@@ -19,6 +19,8 @@ from starlette.datastructures import State
 from contracts import inference_api as api
 from contracts.broadcast import read_manifest
 from contracts.run_dir import ADAPTER_CONFIG, is_adapter
+from contracts.shared_config import RunId
+from inference.runs import Run, Runs
 from inference.security import check_full_weights, check_manifest, checked_weights_path
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
@@ -28,11 +30,10 @@ logger = logging.getLogger("vllm.trident")
 def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, int] | None = None) -> APIRouter:
     """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~contracts.inference_api.WeightsRequest`, for
     ``step_N`` folders under ``weights_root`` only; broadcast weights through ``store`` only), ``POST
-    /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``.
+    /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``, ``GET
+    /runs`` and ``POST /release_run``: each for one run (``run``; absent: the unnamed run).
 
-    Reads ``app.state``: ``engine_client``, ``trident_weights`` (what is served, a
-    :class:`~contracts.inference_api.Served` as a dict) and ``trident_adapters``
-    (an :class:`~inference.adapters.Adapters`, None when the server runs without LoRA).
+    Reads ``app.state``: ``engine_client`` and ``trident_runs`` (the runs served, :class:`~inference.runs.Runs`).
     """
     router = APIRouter()
     lock = asyncio.Lock()  # one change of weights at a time
@@ -42,13 +43,18 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         state: State, path: str, step: int, manifest: dict | None = None, in_flight: bool = False
     ) -> JSONResponse:
         """Serve the full weights in ``path`` (files, or sent over the broadcast that ``manifest`` describes) as
-        ``step``, no adapter; call holding ``lock``.
+        ``step`` to the unnamed run, no adapter; call holding ``lock``. A 409 while named runs hold adapters: they
+        were trained on the base the server started with.
 
         Requests in flight finish on the old weights before the swap, or with ``in_flight`` are paused where they
         are and go on with the new weights: their KV cache is dropped (they are preempted) and computed again
         under the new weights on resuming, so every token after the swap is the new policy's, and vLLM labels
         each request's tokens with the step that sampled them (``weight_versions``).
         """
+        runs: Runs = state.trident_runs
+        if sharing := sorted(run for run, named in runs.named().items() if named.holds_adapters):
+            raise HTTPException(409, f"runs {', '.join(sharing)} share this server on its base model: full weights "
+                                     "cannot replace it under them")  # fmt: skip
         engine = state.engine_client
         start = time.perf_counter()
         # Drop KV computed with the old weights; pause where the requests are, or once they have finished.
@@ -69,12 +75,16 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
             await engine.resume_generation()
         paused_s = time.perf_counter() - start  # no request started (nor, in flight, went on) meanwhile
         full_weights["path"] = path
-        if state.trident_adapters is not None:  # adapters were trained on the old base weights
-            await state.trident_adapters.retire_all()
-        return serving(state, step, path, None, start, paused_s)
+        unnamed = runs.get(None)
+        if unnamed.adapters is not None:  # adapters were trained on the old base weights
+            await unnamed.adapters.retire_all()
+        return serving(unnamed, None, step, path, None, start, paused_s)
 
     @router.post(api.RELOAD_WEIGHTS)
     async def reload_weights(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
+        if request.run is not None:
+            raise HTTPException(400, f"run {request.run!r}: full weights cannot share a server; a named run loads "
+                                     f"LoRA adapters ({api.LOAD_ADAPTER})")  # fmt: skip
         path = str(checked_weights_path(request.path, weights_root, request.step))
         if is_adapter(path):
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with {api.LOAD_ADAPTER}")
@@ -90,57 +100,86 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
             return await load_full_weights(raw_request.app.state, path, request.step, manifest, request.in_flight)
 
     @router.post(api.RESET_WEIGHTS)
-    async def reset_weights(raw_request: Request) -> JSONResponse:
-        """Serve the model the server started with, as step 0 and no adapter: a new run on a server that an
-        earlier run used starts where a fresh server would."""
+    async def reset_weights(raw_request: Request, request: api.RunRequest | None = None) -> JSONResponse:
+        """Serve the run the model the server started with, as step 0 and no adapter: a new run on a server that an
+        earlier run used starts where a fresh server would. A named run's reset touches its own adapters only."""
         state = raw_request.app.state
+        run = request.run if request is not None else None
         async with lock:
-            served = state.trident_weights
-            if full_weights["path"] != base_path:  # full weights of a run: read the base model's own again
+            await state.trident_runs.evict_idle()
+            if run is None and full_weights["path"] != base_path:  # full weights of a run: read the base model again
                 return await load_full_weights(state, base_path, 0)
-            if served == api.Served(step=0, path=base_path, adapter=None).model_dump():
-                return JSONResponse(api.WeightsChange(**served, seconds=0.0).model_dump())  # as a fresh server
-            if state.trident_adapters is not None:
-                await state.trident_adapters.retire_all()
-            await state.engine_client.update_weight_version("0")
-            return serving(state, 0, base_path, None, time.perf_counter())
+            target = state.trident_runs.get(run)
+            if target.served == api.Served(step=0, path=base_path, adapter=None):  # as a fresh server
+                return JSONResponse(api.WeightsChange(**target.served.model_dump(), seconds=0.0).model_dump())
+            if (adapters := target.adapters) is not None:
+                # a named run's (re)start: nothing of it is in flight, and its room is free for another run at once
+                await (adapters.retire_all() if run is None else adapters.remove_all())
+            if run is None:  # the engine's label for tokens of the base model (named runs' tokens are relabelled)
+                await state.engine_client.update_weight_version("0")
+            return serving(target, run, 0, base_path, None, time.perf_counter())
 
     @router.post(api.LOAD_ADAPTER)
     async def load_adapter(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         state = raw_request.app.state
-        adapters = state.trident_adapters
-        if adapters is None:
+        runs: Runs = state.trident_runs
+        if runs.new_adapters is None:
             raise HTTPException(400, "this server was started without [lora]: it cannot load adapters")
         path = str(checked_weights_path(request.path, weights_root, request.step))
         if not is_adapter(path):
             raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with {api.RELOAD_WEIGHTS}")
-        name = api.adapter_name(request.step)
+        name = api.adapter_name(request.step, request.run)
         async with lock:
-            previous = state.trident_weights["adapter"]
-            if name == previous:
+            await runs.evict_idle()
+            if request.run is not None and full_weights["path"] != base_path:
+                raise HTTPException(409, f"run {request.run!r}: this server serves full weights from "
+                                         f"{full_weights['path']}, not its base model; reset it first")  # fmt: skip
+            run = runs.for_adapter(request.run)
+            if name == run.served.adapter:
                 raise HTTPException(409, f"adapter {name} is already served")
             start = time.perf_counter()
-            await adapters.swap_in(name, path)  # the previous adapter keeps serving what started on it
-            await state.engine_client.update_weight_version(str(request.step))
-            return serving(state, request.step, path, name, start)
+            await run.adapters.swap_in(name, path)  # the previous adapter keeps serving what started on it
+            # vLLM labels every token with the engine's one version; a request naming an adapter is relabelled with
+            # its step (adapter_weight_versions), so a named run's load leaves the unnamed run's label alone
+            if request.run is None:
+                await state.engine_client.update_weight_version(str(request.step))
+            return serving(run, request.run, request.step, path, name, start)
 
     @router.get(api.WEIGHTS)
-    async def weights(raw_request: Request) -> JSONResponse:
-        return JSONResponse(raw_request.app.state.trident_weights)
+    async def weights(raw_request: Request, run: RunId | None = None) -> JSONResponse:
+        return JSONResponse(raw_request.app.state.trident_runs.served(run).model_dump())
+
+    @router.get(api.RUNS)
+    async def run_shares(raw_request: Request) -> JSONResponse:
+        runs: Runs = raw_request.app.state.trident_runs
+        async with lock:
+            await runs.evict_idle()
+        return JSONResponse({run: share.model_dump() for run, share in runs.shares().items()})
+
+    @router.post(api.RELEASE_RUN)
+    async def release_run(request: api.RunRequest, raw_request: Request) -> JSONResponse:
+        if request.run is None:
+            raise HTTPException(400, f"{api.RELEASE_RUN} names the run that has ended ('run')")
+        async with lock:
+            released = await raw_request.app.state.trident_runs.release(request.run)
+        if released:
+            logger.info(f"run {request.run} released: its adapters are removed")
+        return JSONResponse({"run": request.run, "released": released})
 
     return router
 
 
 def serving(
-    state: State, step: int, path: str, adapter: str | None, start: float, paused_s: float = 0.0
+    state: Run, run: str | None, step: int, path: str, adapter: str | None, start: float, paused_s: float = 0.0
 ) -> JSONResponse:
-    """Record what the server now serves; the answer to a weights change (``paused_s``: seconds generation was
-    paused for it)."""
-    state.trident_weights = api.Served(step=step, path=path, adapter=adapter).model_dump()
+    """Record what ``run`` (``state``) is now served; the answer to a weights change (``paused_s``: seconds
+    generation was paused for it)."""
+    state.served = api.Served(step=step, path=path, adapter=adapter)
     seconds = time.perf_counter() - start
     what = f"adapter {adapter}" if adapter else "weights"
-    logger.info(f"serving {what} of step {step} from {path} (loaded in {seconds:.3f}s, paused {paused_s:.3f}s)")
-    change = api.WeightsChange(**state.trident_weights, seconds=round(seconds, 4), paused_s=round(paused_s, 4))
+    logger.info(f"serving {what} of step {step} from {path}{f' to run {run}' if run else ''} "
+                f"(loaded in {seconds:.3f}s, paused {paused_s:.3f}s)")  # fmt: skip
+    change = api.WeightsChange(**state.served.model_dump(), seconds=round(seconds, 4), paused_s=round(paused_s, 4))
     return JSONResponse(change.model_dump())
 
 
@@ -189,9 +228,10 @@ def adapter_weight_versions(data: Any, step: int | None) -> Any:
     """Label every token of each choice with ``step``, the step of the adapter the request named (None: it named
     none, and the engine's labels stand).
 
-    vLLM labels tokens with the engine's one weight version, which :func:`weights_router` sets to each newly loaded
-    adapter's step; but a request keeps the adapter it named to its end (adapters are swapped without a pause), so
-    its tokens are that adapter's step.
+    vLLM labels tokens with the engine's one weight version, which :func:`weights_router` sets to each adapter the
+    unnamed run loads (a named run's loads leave it alone: runs sharing the server are at other steps); but a
+    request keeps the adapter it named to its end (adapters are swapped without a pause), so its tokens are that
+    adapter's step.
     """
     if step is None or not isinstance(data, dict):
         return data

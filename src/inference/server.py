@@ -8,14 +8,16 @@ import torch
 
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
-from contracts.inference_api import NO_CPU_ROUTES, Served
+from contracts.inference_api import NO_CPU_ROUTES
 from contracts.model_path import is_mixture_of_experts, is_vision_language, resolve_model_path
-from inference.adapters import Adapters
+from inference.adapters import RESIDENT_PER_RUN, Adapters
 from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV
 from inference.routes import patch_generate_route, weights_router
+from inference.runs import Runs
 from inference.security import ApiKeyMiddleware
+from inference.share import FairShare
 from inference.worker import WORKER_EXTENSION
 
 KEEP_ALIVE_S = 600
@@ -98,8 +100,20 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
             raise TridentError(f"[lora] on {config.model.name!r}: {CPU_MOE_LORA}; serve merged weights instead "
                                "(the trainer's lora.export = 'merged', no [lora])")  # fmt: skip
         lora = config.lora
-        argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras)]
+        argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras),
+                 "--max-cpu-loras", str(RESIDENT_PER_RUN * lora.max_loras)]  # fmt: skip
     return argv
+
+
+def served_runs(config: InferenceConfig, base_path: str, models, engine_client) -> Runs:
+    """The runs the server serves (:class:`~inference.runs.Runs`): with ``[lora]``, each with its own
+    :class:`~inference.adapters.Adapters` on vLLM's registry of names ``models``, ``max_loras - 1`` named runs
+    holding adapters at once, sharing ``[lora] max_in_flight`` request slots (absent: vLLM's max_num_seqs)."""
+    lora = config.lora
+    if lora is None:
+        return Runs(base_path, None, slots=1, max_named=0, idle_timeout_s=float("inf"))
+    slots = lora.max_in_flight or engine_client.vllm_config.scheduler_config.max_num_seqs
+    return Runs(base_path, lambda: Adapters(models, engine_client), slots, lora.max_loras - 1, lora.run_idle_timeout_s)
 
 
 async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, api_key: str | None):
@@ -118,17 +132,15 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     app.include_router(weights_router(config.weights_root, base_path, store))
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
+    await init_app_state(engine_client, app.state, args, supported_tasks)
+    await engine_client.update_weight_version("0")  # vLLM labels each sampled token with it: the base model is step 0
+    app.state.trident_runs = served_runs(config, base_path, app.state.openai_serving_models, engine_client)
     app.middleware_stack = None  # built by vLLM's SageMaker bootstrap; built again on the first request
     if config.lora is not None:
         app.add_middleware(PromptLogprobsAlone)
+        app.add_middleware(FairShare, runs=app.state.trident_runs)  # a run's requests wait outside the probe's gate
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, key=api_key)  # outermost: before any of vLLM's
-    await init_app_state(engine_client, app.state, args, supported_tasks)
-    app.state.trident_weights = Served(step=0, path=base_path, adapter=None).model_dump()
-    await engine_client.update_weight_version("0")  # vLLM labels each sampled token with it: the base model is step 0
-    app.state.trident_adapters = (
-        Adapters(app.state.openai_serving_models, engine_client) if config.lora is not None else None
-    )
     log_config = get_uvicorn_log_config(args)
     return await serve_http(
         app,

@@ -3,6 +3,7 @@
 import json
 import re
 import sys
+import types
 import typing
 
 from pydantic import BaseModel
@@ -23,8 +24,16 @@ in [operations.md](operations.md#configs).
 
 
 def _type_name(annotation) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and any(map(_is_annotated, args)):
+        annotation = typing.Union[tuple(typing.get_args(a)[0] if _is_annotated(a) else a for a in args)]  # noqa: UP007
     name = getattr(annotation, "__name__", None) if typing.get_origin(annotation) is None else None
     return name or re.sub(r"\b[\w]+\.", "", str(annotation))  # drop module prefixes
+
+
+def _is_annotated(annotation) -> bool:
+    """An ``Annotated[X, Field(...)]`` type (``RunId``): its docs name X, its description is the field's."""
+    return typing.get_origin(annotation) is typing.Annotated
 
 
 def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -17,10 +17,10 @@ import httpx
 import tomli_w
 from rich.console import Console
 
-from contracts.config import ConfigError, exit_config_error, run_cli, to_toml_dict
+from contracts.config import HELP_FLAGS, ConfigError, exit_config_error, run_cli, to_toml_dict
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import HEALTH
-from contracts.lifeline import launcher_env
+from contracts.lifeline import launcher_env, watch_launcher
 from contracts.metrics import eval_line, read_metrics, setup_logging, write_summary
 from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
@@ -56,7 +56,12 @@ from tools.tiny_model import built_model_path
 
 logger = logging.getLogger("rl")
 
+SWEEP_FLAG = "--sweep"  # rl ... --sweep KEY=[...]: several runs sharing one server (launch.sweep)
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
+
+
+def is_sweep(argv: list[str]) -> bool:
+    return any(arg == SWEEP_FLAG or arg.startswith(f"{SWEEP_FLAG}=") for arg in argv)
 
 
 def module_of(name: str, config: RLConfig) -> str:
@@ -162,12 +167,15 @@ def step_line(record: dict, orchestrator: dict | None, max_steps: int) -> str:
 
 def server_lines(config: RLConfig) -> list[str]:
     """Which inference servers the run uses: each one rl starts, or an external one, which the run resets to its
-    model only with ``orchestrator.reset`` (the orchestrator refuses one that serves other weights without it)."""
-    started = started_urls(config)
+    model only with ``orchestrator.reset`` (the orchestrator refuses one that serves other weights without it). A
+    named run (``run_id``) shares each of them: it serves, probes and resets only its own adapters there."""
+    started, run_id = started_urls(config), config.orchestrator.run_id
     lines = ["inference servers the run uses:"]
     for url in config.orchestrator.client.base_urls:
         if url in started:
             lines.append(f"  {url}: started by rl")
+        elif run_id is not None:
+            lines.append(f"  {url}: external (rl does not start it), shared with other runs")
         elif config.orchestrator.reset:
             lines.append(f"  {url}: external (rl does not start it); --orchestrator.reset: the run resets its weights")
         else:
@@ -175,6 +183,11 @@ def server_lines(config: RLConfig) -> list[str]:
                 f"  {url}: external (rl does not start it); the run refuses it if it serves weights other than its "
                 "model or this run's (--orchestrator.reset resets them)"
             )
+    if run_id is not None:
+        lines.append(
+            f"  the run is named {run_id!r}: its adapters are served as {run_id}/lora-step-N beside other runs', "
+            "each run with its fair share of the server (docs/sharing.md)"
+        )
     return lines
 
 
@@ -313,10 +326,7 @@ def run(config: RLConfig) -> int:
     for server in servers(config).values():
         check_port_free(server.host, server.port)
     log_dir = logs_dir(output_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    logging.getLogger().addHandler(logging.FileHandler(log_dir / "rl.log", mode="w"))
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+    log_to_file(log_dir / "rl.log")
     for line in plan.lines():
         logger.info(line)
     note_enforce_eager(config, on_gpu)
@@ -350,6 +360,14 @@ def run(config: RLConfig) -> int:
     return code
 
 
+def log_to_file(path: Path) -> None:
+    """Send rl's log lines to ``path`` too (written anew), each with its time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logging.getLogger().addHandler(logging.FileHandler(path, mode="w"))
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
+
+
 def write_plots_or_warn(output_dir: Path) -> None:
     """The finished run's plots and ``report.html`` (``trident-plot``); failing to draw them never fails the run."""
     try:
@@ -361,6 +379,12 @@ def write_plots_or_warn(output_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    watch_launcher()  # a run of a sweep stops when the sweep is gone
+    if is_sweep(argv) and not any(arg in HELP_FLAGS for arg in argv):
+        from launch.sweep import main as sweep_main  # launch.sweep builds on this module
+
+        return sweep_main(argv)  # exits
     config = run_cli(RLConfig, "rl", argv)
     setup_logging("rl")  # resolve_shared may warn
     try:

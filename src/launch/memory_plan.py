@@ -563,24 +563,30 @@ def inference_plan(
     shape: ModelShape, inference: InferenceConfig, gpu_gib: float | None, broadcast: str | None = None
 ) -> dict[str, float]:
     """GiB of an inference server: on each of its GPUs what vLLM claims up front (``gpu_memory_utilization`` of
-    it), with what its share of the weights and of one full context's KV cache take of that (tensor parallelism
-    splits both); on the CPU its weights and KV cache space. Over the weight ``broadcast`` (its backend) by NCCL or
-    gloo the server receives every tensor before it loads them: a full copy in the trainer's dtype (bf16 on GPU),
-    beside vLLM's share on its GPU over NCCL, in host memory over gloo. From a ``shared`` buffer (the trainer's) it
-    copies straight into its parameters."""
+    it), with what its share of the weights, of one full context's KV cache and of its LoRA slots take of that
+    (tensor parallelism splits them); on the CPU its weights, KV cache space and LoRA slots. Serving adapters
+    (``[lora]``), vLLM allocates ``max_loras`` slots of rank ``max_rank`` on every linear layer at start, whatever
+    the adapters target. Over the weight ``broadcast`` (its backend) by NCCL or gloo the server receives every
+    tensor before it loads them: a full copy in the trainer's dtype (bf16 on GPU), beside vLLM's share on its GPU
+    over NCCL, in host memory over gloo. From a ``shared`` buffer (the trainer's) it copies straight into its
+    parameters."""
     weight_bytes = 4 if inference.model.dtype == "float32" or gpu_gib is None else 2
     shards = inference.tensor_parallel_size if gpu_gib is not None else 1
     weights = shape.parameters * weight_bytes / GIB / shards
     held_here = broadcast == "nccl" if gpu_gib is not None else broadcast in ("nccl", "gloo")
     received = {"broadcast": shape.parameters * weight_bytes / GIB} if held_here else {}
+    lora = inference.lora
+    slots = lora.max_loras * lora_parameters(shape, list(LINEARS), lora.max_rank) if lora is not None else 0
+    adapters = {"adapters": slots * weight_bytes / GIB / shards} if slots else {}
     if gpu_gib is None:
-        plan = {"weights": weights, "kv_cache": inference.kv_cache_space_gib, **received}
+        plan = {"weights": weights, "kv_cache": inference.kv_cache_space_gib, **adapters, **received}
         return plan | {"total": sum(plan.values())}
     kv_per_token = 2 * shape.num_hidden_layers * shape.num_key_value_heads * shape.head_dim * weight_bytes
     claimed = inference.gpu_memory_utilization * gpu_gib
     return {
         "weights": weights,
         "kv_one_context": inference.model.max_model_len * kv_per_token / GIB / shards,
+        **adapters,
         "claimed": claimed,
         **received,
         "total": claimed + sum(received.values()),
@@ -602,27 +608,41 @@ class MemoryPlan:
     gpus: dict[int, list[str]]  # GPU id -> the processes placed on it
     experts: int = 0  # routed experts of each sparse layer; 0: a dense model
     ep: int = 1  # expert parallelism: ranks each sparse layer's experts are split over
+    runs: int = 1  # trainers on the trainer GPUs (a sweep's runs), each as ``trainer`` plans
+
+    def total(self, process: str) -> float:
+        """GiB of ``process`` on each of its GPUs: the trainer's counted once per run."""
+        return getattr(self, process)["total"] * (self.runs if process == "trainer" else 1)
 
     def problems(self) -> list[str]:
         """Each way the plan does not fit, as a line naming the number at fault."""
         if self.gpu_gib is None:
             return []
         found = []
-        if self.inference and self.inference["weights"] + self.inference["kv_one_context"] > self.inference["claimed"]:
+        inference = self.inference
+        if (
+            inference
+            and inference["weights"] + inference["kv_one_context"] + inference.get("adapters", 0)
+            > (inference["claimed"])
+        ):
+            slots = f", its LoRA slots ({size(inference['adapters'])})" if "adapters" in inference else ""
             found.append(
-                f"inference: vLLM's share ({size(self.inference['claimed'])}, inference.gpu_memory_utilization of "
-                f"{size(self.gpu_gib)}) cannot hold its weights ({size(self.inference['weights'])}) and one "
-                f"max_model_len context of KV cache ({size(self.inference['kv_one_context'])})"
+                f"inference: vLLM's share ({size(inference['claimed'])}, inference.gpu_memory_utilization of "
+                f"{size(self.gpu_gib)}) cannot hold its weights ({size(inference['weights'])}){slots} and one "
+                f"max_model_len context of KV cache ({size(inference['kv_one_context'])})"
             )
         for gpu, processes in self.gpus.items():
-            need = sum(getattr(self, process)["total"] for process in processes)
+            need = sum(self.total(process) for process in processes)
             if need > self.gpu_gib:
-                parts = " + ".join(f"{process} {size(getattr(self, process)['total'])}" for process in processes)
+                parts = " + ".join(f"{self.process_label(p)} {size(self.total(p))}" for p in processes)
                 found.append(
                     f"GPU {gpu}: {parts} = {size(need)} does not fit in its {size(self.gpu_gib)} "
                     f"(trainer: {self.describe('trainer')})"
                 )
         return found
+
+    def process_label(self, process: str) -> str:
+        return f"{self.runs} trainers" if process == "trainer" and self.runs > 1 else process
 
     def describe(self, process: str) -> str:
         parts = getattr(self, process)
@@ -633,6 +653,11 @@ class MemoryPlan:
         lines = [f"memory plan ({'CPU' if self.gpu_gib is None else f'GPUs of {size(self.gpu_gib)}'}):"]
         experts = f" (ep {self.ep}: {self.experts // self.ep} of {self.experts} experts a rank)" if self.experts else ""
         lines.append(f"  trainer, per rank{experts}: {size(self.trainer['total'])} ({self.describe('trainer')})")
+        if self.runs > 1:
+            lines.append(
+                f"  {self.runs} trainers (one per run, each its own base, adapter and optimizer state): "
+                f"{size(self.total('trainer'))} per rank"
+            )
         if self.inference:
             parts, total = self.describe("inference"), size(self.inference["total"])
             if self.gpu_gib is None:
@@ -641,8 +666,9 @@ class MemoryPlan:
                 in_all = f", {total} in all" if "broadcast" in self.inference else ""
                 lines.append(f"  inference: {size(self.inference['claimed'])} claimed by vLLM ({parts}){in_all}")
         for gpu, processes in self.gpus.items():
-            used = sum(getattr(self, process)["total"] for process in processes)
-            lines.append(f"  GPU {gpu}: {' + '.join(processes)} = {size(used)}, free {size(self.gpu_gib - used)}")
+            used = sum(self.total(process) for process in processes)
+            names = " + ".join(map(self.process_label, processes))
+            lines.append(f"  GPU {gpu}: {names} = {size(used)}, free {size(self.gpu_gib - used)}")
         return lines
 
 

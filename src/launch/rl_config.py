@@ -20,6 +20,7 @@ from contracts.shared_config import (
     MaxSteps,
     ModelName,
     OutputDir,
+    RunId,
     SeqLen,
     StrictModel,
     WandbSection,
@@ -53,6 +54,7 @@ SHARED_FIELDS = {
     "wandb": ("trainer.wandb", "orchestrator.wandb"),
     "ckpt": ("trainer.ckpt", "orchestrator.ckpt"),
     "log": ("trainer.log", "orchestrator.log", "inference.log"),
+    "run_id": ("orchestrator.run_id",),
 }
 
 
@@ -85,6 +87,14 @@ class RLConfig(BaseConfig):
     wandb: WandbSection = None
     ckpt: CkptSection = None
     log: Annotated[LogConfig | None, Field(description="Log level of all processes (`--log.level debug`).")] = None
+    run_id: Annotated[
+        RunId | None,
+        Field(
+            description="Name the run on an inference server other runs share (orchestrator.run_id; LoRA adapter "
+            "runs only): `--run-id ID --orchestrator.client.base-url URL` attaches it to a running server "
+            "(docs/sharing.md). Absent: the run has its servers to itself."
+        ),
+    ] = None
     trainer_gpu_ids: Annotated[
         list[int], Field(description="GPUs of the trainer (CUDA_VISIBLE_DEVICES); may overlap the inference GPUs.")
     ] = [0]
@@ -218,6 +228,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
             set_key(config, target, value)
         except ValidationError as e:  # a check across keys, e.g. seq_len against max_tokens
             raise ConfigError(format_errors(e, {})) from None
+    named_run(config)
     serve_adapters(config)
     serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
@@ -327,6 +338,19 @@ def servers(config: RLConfig) -> dict[str, InferenceConfig]:
         return {"inference": config.inference}
     port = config.inference.port
     return {f"inference-{i}": config.inference.model_copy(update={"port": port + i}) for i in range(count)}
+
+
+def named_run(config: RLConfig) -> None:
+    """A named run (``orchestrator.run_id``) shares its server with other runs, so it trains a LoRA adapter the
+    server swaps in: a ConfigError for a full-weight or merged-LoRA trainer, whose weights would replace the base
+    the other runs sample from."""
+    run_id, lora = config.orchestrator.run_id, config.trainer.model.experimental.lora
+    if run_id is not None and (lora is None or lora.export != "adapter"):
+        trains = "full weights" if lora is None else "a LoRA merged into full weights (lora.export = 'merged')"
+        raise ConfigError(
+            f"--run-id {run_id}: a named run shares its inference server, so it must train a LoRA adapter "
+            f"(trainer.model.experimental.lora with export = 'adapter'); this trainer exports {trains}"
+        )
 
 
 def serve_adapters(config: RLConfig) -> None:

@@ -1,4 +1,8 @@
-"""The orchestrator's calls to the inference server's admin routes: readiness, weight reloads and their check."""
+"""The orchestrator's calls to the inference server's admin routes: readiness, weight reloads and their check.
+
+A named run (``orchestrator.run_id``, on a server other runs share) reads, changes, probes and releases only its own
+state there: its adapters are ``<run>/lora-step-N``, and every request carries its id (:data:`RUN_HEADER`).
+"""
 
 import asyncio
 import logging
@@ -12,9 +16,14 @@ from contracts.inference_api import (
     GENERATE,
     HEALTH,
     LOAD_ADAPTER,
+    RELEASE_RUN,
     RELOAD_WEIGHTS,
     RESET_WEIGHTS,
+    RUN_HEADER,
+    RUNS,
     WEIGHTS,
+    RunRequest,
+    RunShare,
     Served,
     WeightsChange,
     WeightsRequest,
@@ -28,20 +37,29 @@ from contracts.run_dir import is_adapter, read_probe
 logger = logging.getLogger("orchestrator")
 
 NOTICE_S = 30.0  # how often to say that the server is still not up
+RELEASE_TIMEOUT_S = 5.0  # for telling a shared server that the run has ended: the server evicts it later anyway
 
 
 class Superseded(TridentError):
     """The server could not get the broadcast weights it was asked to load: the trainer has sent newer ones since."""
 
 
+def run_headers(run: str | None) -> dict[str, str]:
+    """The header a named run's requests carry (none for an unnamed run)."""
+    return {RUN_HEADER: run} if run else {}
+
+
 class InferenceClient:
-    def __init__(self, base_url: str, timeout_s: float, model: str = "", in_flight: bool = False):
+    def __init__(self, base_url: str, timeout_s: float, model: str = "", in_flight: bool = False,
+                 run: str | None = None):  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self.base_model = model
         self.model = model  # the name the policy is served under: the base model's, or the current adapter's
         self.in_flight = in_flight  # full-weight reloads keep requests in flight (WeightsRequest.in_flight)
+        self.run = run  # orchestrator.run_id: the run shares the server with others (None: it has it to itself)
         self.paused_s = 0.0  # seconds the server paused generation for the last reload
-        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=auth_headers())
+        headers = auth_headers() | run_headers(run)
+        self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:
         """Poll ``/health`` until the server answers 200, backing off from 1 s to 10 s between tries and logging
@@ -66,15 +84,19 @@ class InferenceClient:
             delay = min(delay * 2, 10.0)
 
     async def served(self, timeout_s: float | None = None) -> Served:
-        """What the server says it serves (``GET /weights``); an ``httpx.HTTPError`` when it cannot be reached or
-        stays silent for ``timeout_s`` (the client's timeout by default)."""
+        """What the server says it serves this run (``GET /weights``); an ``httpx.HTTPError`` when it cannot be
+        reached or stays silent for ``timeout_s`` (the client's timeout by default)."""
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
-        return Served.model_validate((await self.http.get(WEIGHTS, timeout=timeout)).raise_for_status().json())
+        params = {"run": self.run} if self.run else None
+        response = await self.http.get(WEIGHTS, params=params, timeout=timeout)
+        return Served.model_validate(response.raise_for_status().json())
 
     async def reset_weights(self) -> None:
         """Make the server serve the model it started with, no adapter, as step 0: a server that an earlier run
-        left on its own weights or adapter serves what a fresh one would."""
-        response = await self.http.post(RESET_WEIGHTS)
+        left on its own weights or adapter serves what a fresh one would. A named run resets only its own
+        adapters."""
+        body = RunRequest(run=self.run).model_dump() if self.run else None
+        response = await self.http.post(RESET_WEIGHTS, json=body)
         if response.status_code != 200:
             raise TridentError(f"inference server failed to serve its base model again: {response.text}")
         self.use(WeightsChange.model_validate(response.json()))
@@ -86,12 +108,18 @@ class InferenceClient:
     async def reload_weights(self, path: Path, step: int) -> float:
         """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
         swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken; the seconds
-        generation was paused for it become :attr:`paused_s`."""
-        adapter = adapter_name(step) if is_adapter(path) else None
+        generation was paused for it become :attr:`paused_s`. A named run loads adapters only."""
+        adapter = adapter_name(step, self.run) if is_adapter(path) else None
+        if self.run and not adapter:
+            raise TridentError(
+                f"orchestrator.run_id = {self.run!r}: {path} holds full weights, which cannot share an inference "
+                f"server: a run with a run id is LoRA only (the trainer's [model.experimental.lora], export = "
+                f"'adapter')"
+            )
         route = LOAD_ADAPTER if adapter else RELOAD_WEIGHTS
-        body = WeightsRequest(path=str(path.resolve()), step=step, in_flight=self.in_flight)
+        body = WeightsRequest(path=str(path.resolve()), step=step, in_flight=self.in_flight, run=self.run)
         response = await self.http.post(route, json=body.model_dump())
-        if response.status_code == 409:
+        if response.status_code == 409 and route == RELOAD_WEIGHTS:  # an adapter's 409 is a refusal (a full server)
             raise Superseded(response.json()["error"])
         if response.status_code != 200:
             raise TridentError(f"inference server failed to load {path} ({route}): {response.text}")
@@ -150,6 +178,31 @@ class InferenceClient:
                 f"serve the weights in {path}{quantized}"
             )
         return gap
+
+    async def run_share(self, timeout_s: float) -> RunShare | None:
+        """This named run's entry in the server's ``GET /runs`` (an ``httpx.HTTPError`` without an answer in
+        ``timeout_s``): None for an unnamed run, a run the server does not list, or a server without the route (an
+        older one)."""
+        if not self.run:
+            return None
+        response = await self.http.get(RUNS, timeout=timeout_s)
+        if response.status_code == 404:
+            return None
+        entry = response.raise_for_status().json().get(self.run)
+        return None if entry is None else RunShare.model_validate(entry)
+
+    async def release_run(self) -> None:
+        """Tell the server that this named run has ended (``POST /release_run``), so that it removes the run's
+        adapters now; best effort: a server that does not answer in :data:`RELEASE_TIMEOUT_S` evicts the run once it
+        has been idle long enough."""
+        if not self.run:
+            return
+        try:
+            response = await self.http.post(RELEASE_RUN, json=RunRequest(run=self.run).model_dump(),
+                                            timeout=RELEASE_TIMEOUT_S)  # fmt: skip
+            response.raise_for_status()
+        except httpx.HTTPError as e:
+            logger.warning(f"could not release run {self.run!r} on the inference server at {self.base_url}: {e!r}")
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -653,3 +653,8 @@ class EvalRunConfig(BaseConfig):
     max_concurrent: MaxConcurrent = None
     rollout_workers: RolloutWorkers = 1
     log: LogConfig = LogConfig()
+
+    @property
+    def run_id(self) -> None:
+        """An evaluation is the server's unnamed run (``OrchestratorConfig.run_id``)."""
+        return None

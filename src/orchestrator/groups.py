@@ -114,7 +114,7 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     check_renderer(ctx.client.renderer, model_path)
     logger.info(f"rendering chats with renderer {ctx.client.renderer.name!r}, checked against the template")
     client = config.client
-    servers = Servers(client.base_urls, client.timeout_s, config.model.name, client.stall_timeout_s)
+    servers = Servers(client.base_urls, client.timeout_s, config.model.name, client.stall_timeout_s, config.run_id)
     count = config.rollout_workers
     workers = RolloutWorkers(count, config, infra, model_path) if count > 1 else None
     if workers:

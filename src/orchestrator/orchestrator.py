@@ -33,6 +33,7 @@ from orchestrator.memory import StepMemory
 from orchestrator.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.refill import pool_results, refill_metrics
 from orchestrator.rollout import Rollout
+from orchestrator.run_share import ShareMeter
 from orchestrator.sample_rollouts import sample_rows
 from orchestrator.schedule import StepSchedule
 from orchestrator.servers import NoServer
@@ -67,6 +68,7 @@ class Orchestrator:
         self.tasks = TaskSampler(sizes, counts, config.seed, self.pool, attempts, pool.stream_window if pool else 0)
         self.groups = connect(config, config.infra, config.rollouts_per_example)
         self.servers = self.groups.servers
+        self.share = ShareMeter(self.servers)
         # only to show sample rollouts as text: training never detokenizes
         model_path = resolve_model_path(config.model.name)
         # what the server samples from: the batch files carry it for the trainer to replay (vision markers banned)
@@ -168,7 +170,8 @@ class Orchestrator:
                    "generate_s": generate_s, "write_s": self.written_at - generated}  # fmt: skip
         self.metrics.write(
             {"step": step, "reward_mean": info.reward_mean, **info.metrics, "samples": info.num_samples,
-             "tokens": info.num_tokens, "weight_step": weight_step, **timings, **self.memory_metrics(step)}
+             "tokens": info.num_tokens, "weight_step": weight_step, **timings, **self.memory_metrics(step),
+             **await self.share.step_metrics()}
         )  # fmt: skip
         every = self.config.sample_rollouts_every
         if every and (step - 1) % every == 0:
@@ -286,11 +289,13 @@ class Orchestrator:
 
     async def run(self) -> None:
         async with AsyncExitStack() as stack:
+            stack.push_async_callback(self.servers.release_run)  # last, however the run ends: a named run has ended
             heartbeat = asyncio.create_task(self.show_alive())
             stack.callback(heartbeat.cancel)
             logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
             await self.servers.wait_ready(self.config.client.server_timeout_s)
             await self.servers.serve_base_model(weights_dir(self.output_dir, 0).parent, self.config.reset)
+            await self.share.start()
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)
             stack.push_async_callback(self.groups.close)

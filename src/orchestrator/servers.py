@@ -10,6 +10,9 @@ server that answers again is brought to the run's current weights before it gets
 one that can no longer get them (the trainer has sent newer ones) stays aside and gets the newer ones at the next
 reload. When none answers, :class:`NoServer` is raised and the orchestrator waits for one
 (``client.server_timeout_s``).
+
+A named run (``orchestrator.run_id``) shares its servers with other runs: it sees, changes and releases only its own
+state on each (:class:`~orchestrator.client.InferenceClient`).
 """
 
 import asyncio
@@ -54,9 +57,10 @@ class Server:
 
 
 class Servers:
-    def __init__(self, urls: list[str], timeout_s: float, model: str, stall_timeout_s: float):
-        self.servers = [Server(InferenceClient(url, timeout_s, model)) for url in urls]
+    def __init__(self, urls: list[str], timeout_s: float, model: str, stall_timeout_s: float, run: str | None = None):
+        self.servers = [Server(InferenceClient(url, timeout_s, model, run=run)) for url in urls]
         self.stall_timeout_s = stall_timeout_s
+        self.run = run
 
     @property
     def up(self) -> list[Server]:
@@ -160,7 +164,8 @@ class Servers:
     async def serve_base_model(self, run_weights: Path, reset: bool) -> None:
         """Before a run's first step, have every server serve the model it started with (step 0): one serving this
         run's weights (``run_weights``, a resumed run's) is reset, one serving any other weights only with ``reset``
-        (else a :class:`TridentError` naming it and what it serves: another run may be using it)."""
+        (else a :class:`TridentError` naming it and what it serves: another run may be using it). A named run looks
+        at, and resets, only what the server serves under its run id."""
         for server in self.servers:
             try:
                 served = await server.client.served()
@@ -174,9 +179,10 @@ class Servers:
             elif reset or Path(served.path).is_relative_to(run_weights.resolve()):
                 await server.client.reset_weights()
             else:
+                other = f"another run with orchestrator.run_id = {self.run!r}" if self.run else "another run"
                 raise TridentError(
                     f"the inference server at {server.url} serves weights step {served.step} from {served.path}, not "
-                    f"this run's: another run may be using it; pass --orchestrator.reset (reset = true in the "
+                    f"this run's: {other} may be using it; pass --orchestrator.reset (reset = true in the "
                     f"orchestrator's file) to have this run serve its own model there again"
                 )
 
@@ -266,6 +272,10 @@ class Servers:
             raise self.none_left()
         gaps = [gap for _, gap in results if gap is not None]
         return max(seconds for seconds, _ in results), max(gaps) if gaps else None
+
+    async def release_run(self) -> None:
+        """A named run has ended: tell every server (best effort, :meth:`InferenceClient.release_run`)."""
+        await asyncio.gather(*(server.client.release_run() for server in self.servers))
 
     async def close(self) -> None:
         await asyncio.gather(*(server.client.close() for server in self.servers))

@@ -3,8 +3,9 @@
 Reads each run's ``metrics/{trainer,orchestrator,eval}.jsonl`` and draws one PNG per quantity (reward, its reward
 functions' scores, each seat's reward, eval scores, loss, entropy, mismatch, lengths, truncation, throughput) against
 the training step, every run on the same axes, labelled by its folder name; then writes ``report.html`` beside them
-(:mod:`tools.report`). Without ``--out`` both go to ``<first OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of
-every finished run.
+(:mod:`tools.report`), which compares several runs in a table. A folder that holds no run but runs in its subfolders
+(a sweep's output_dir, each run in ``<run id>/``) stands for those runs. Without ``--out`` both go to ``<first
+OUTPUT_DIR>/plots/``. ``rl`` writes them at the end of every finished run, and of every sweep.
 """
 
 import argparse
@@ -86,12 +87,24 @@ def load_run(output_dir: Path, name: str | None = None) -> RunMetrics:
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise TridentError(f"{output_dir}: no such folder (expected a run's output_dir)")
-    if not any(metrics_path(output_dir, process).is_file() for process in PROCESSES):
+    if not has_metrics(output_dir):
         raise TridentError(
             f"{output_dir} is not a run's output_dir: it has no metrics/trainer.jsonl or metrics/orchestrator.jsonl"
         )
     records = {process: read_metrics(output_dir, process) for process in PROCESSES}
     return RunMetrics(name or output_dir.resolve().name, output_dir, records)
+
+
+def has_metrics(folder: Path) -> bool:
+    return any(metrics_path(folder, process).is_file() for process in PROCESSES)
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """``folder`` when it holds a run (or nothing at all: :func:`load_run` says so); where it holds no run but its
+    subfolders do (a sweep's output_dir), those, by name."""
+    folder = Path(folder)
+    inner = sorted(sub for sub in folder.iterdir() if sub.is_dir() and has_metrics(sub)) if folder.is_dir() else []
+    return [folder] if has_metrics(folder) or not inner else inner
 
 
 def run_labels(output_dirs: Sequence[Path]) -> list[str]:
@@ -192,11 +205,11 @@ def write_plots(runs: list[RunMetrics], out_dir: Path) -> list[Plot]:
 
 
 def plot_runs(output_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
-    """Plots of the runs in ``output_dirs`` and their ``report.html`` in ``out_dir`` (default: the first run's
-    ``plots/``); returns the report's path."""
+    """Plots of the runs in ``output_dirs`` (a sweep's folder: its runs, :func:`runs_in`) and their ``report.html``
+    in ``out_dir`` (default: the first folder's ``plots/``); returns the report's path."""
     if not output_dirs:
         raise TridentError("no output_dir given: name at least one run's output_dir")
-    runs = load_runs(output_dirs)
+    runs = load_runs([run for folder in output_dirs for run in runs_in(folder)])
     out_dir = Path(out_dir) if out_dir is not None else Path(output_dirs[0]) / "plots"
     plots = write_plots(runs, out_dir)
     return write_report(out_dir, [(run.name, run.output_dir) for run in runs], [p.path for p in plots])
@@ -204,7 +217,8 @@ def plot_runs(output_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="trident-plot", description=__doc__.splitlines()[0].split(": ", 1)[1])
-    parser.add_argument("output_dirs", type=Path, nargs="+", metavar="OUTPUT_DIR", help="a run's output_dir")
+    folder = "a run's (or a sweep's) output_dir"
+    parser.add_argument("output_dirs", type=Path, nargs="+", metavar="OUTPUT_DIR", help=folder)
     parser.add_argument("--out", type=Path, help="where to write (default: <first OUTPUT_DIR>/plots)")
     return parser.parse_args(argv)
 

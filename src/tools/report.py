@@ -1,4 +1,5 @@
-"""``report.html``: one page with a run's plots, its resolved configs and its last sample rollouts.
+"""``report.html``: one page with a run's plots, its resolved configs and its last sample rollouts; for several runs
+(a sweep's) a table comparing them first.
 
 A sample rollout's completion shows the tokens the trainer trained on (loss mask True) highlighted when the step's
 batch (``rollouts/step_N/``) is still on disk (the trainer keeps the batches of the steps shown): the row is
@@ -8,6 +9,7 @@ Every piece of text is HTML-escaped.
 """
 
 import html
+import json
 import logging
 import math
 from itertools import groupby
@@ -30,6 +32,7 @@ img { max-width: 100%; border: 1px solid #ddd; margin: 0.5em 0; }
 pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; word-break: break-word; }
 mark.trained { background: #b8f0b8; }
 .meta { color: #555; }
+td, th { padding: 0.2em 0.8em; text-align: left; }
 """
 
 
@@ -45,6 +48,8 @@ def write_report(out_dir: Path, runs: list[tuple[str, Path]], images: list[Path]
     ]
     if not images:
         parts.append("<p>No metrics to plot yet.</p>")
+    if len(runs) > 1:
+        parts += comparison_table(runs)
     for name, output_dir in runs:
         parts += [f"<h2>Run {html.escape(name)}</h2>", f"<p class='meta'>{html.escape(str(output_dir))}</p>"]
         parts += config_sections(output_dir) + rollout_sections(output_dir)
@@ -52,6 +57,28 @@ def write_report(out_dir: Path, runs: list[tuple[str, Path]], images: list[Path]
     path = out_dir / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
+
+
+def comparison_table(runs: list[tuple[str, Path]]) -> list[str]:
+    """A row per run: how it ended (its ``summary.json``), its trainer steps, the last and best mean reward of its
+    rollouts (the reward plot's)."""
+    rows = ["<h2>Runs</h2>", "<table><tr><th>run</th><th>status</th><th>steps</th><th>last reward</th>"
+            "<th>best reward</th></tr>"]  # fmt: skip
+    for name, output_dir in runs:
+        rewards = [r["reward_mean"] for r in read_metrics(output_dir, "orchestrator") if "reward_mean" in r]
+        status, steps = read_summary(output_dir).get("status", "-"), len(read_metrics(output_dir, "trainer"))
+        last, best = (format_value(rewards[-1]), format_value(max(rewards))) if rewards else ("-", "-")
+        cells = [name, status, str(steps), last, best]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
+    return rows + ["</table>"]
+
+
+def read_summary(output_dir: Path) -> dict:
+    """The run's ``summary.json`` (``rl`` writes it as the run ends); empty where there is none."""
+    try:
+        return json.loads((Path(output_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def image_tag(image: Path, out_dir: Path) -> str:

@@ -223,6 +223,50 @@ def test_lora_adapters_swap_under_versioned_names(inference_server, tiny_model_p
     assert gap(asyncio.run(served_logprobs("trident/tiny-qwen3")), base) < 1e-4  # the base model is untouched
 
 
+def test_two_named_runs_share_the_server_each_served_exactly_its_own_adapters(
+    inference_server, tiny_model_path, tmp_path
+):
+    """Runs a and b load adapters under their own names at once; each is served exactly (vLLM keeps every one
+    resident); releasing a removes its adapters and leaves b's served."""
+    token_ids = AutoTokenizer.from_pretrained(tiny_model_path).encode(PROBE_TEXT)
+    loads = [("a", 1), ("b", 1), ("a", 2)]
+    expected = {}
+    for seed, (run, step) in enumerate(loads, start=11):
+        folder = (tmp_path / run / f"step_{step}").resolve()
+        expected[adapter_name(step, run)] = probe_logprobs(write_adapter(tiny_model_path, folder, seed), token_ids)
+        body = {"path": str(folder), "step": step, "run": run}
+        response = httpx.post(f"{inference_server}/load_adapter", json=body, timeout=60)
+        assert response.status_code == 200 and response.json()["adapter"] == adapter_name(step, run), response.text
+
+    async def served_gaps() -> dict[str, float]:
+        gaps = {}
+        for name, logprobs in expected.items():
+            client = InferenceClient(inference_server, timeout_s=60, model=name)
+            try:
+                served = await client.prompt_logprobs(token_ids)
+            finally:
+                await client.close()
+            gaps[name] = max(abs(x - y) for x, y in zip(served, logprobs, strict=True))
+        return gaps
+
+    try:
+        assert max(asyncio.run(served_gaps()).values()) < 1e-4
+        shares = httpx.get(f"{inference_server}/runs").json()
+        assert shares["a"]["adapter"] == adapter_name(2, "a") and shares["a"]["requests"] == 2  # a's two probes
+        assert httpx.get(f"{inference_server}/weights").json()["adapter"] is None  # the unnamed run: untouched
+        assert httpx.post(f"{inference_server}/release_run", json={"run": "a"}).json()["released"] is True
+        assert set(httpx.get(f"{inference_server}/runs").json()) == {"b"}
+        names = {m["id"] for m in httpx.get(f"{inference_server}/v1/models").json()["data"]}
+        assert adapter_name(1, "b") in names and not {adapter_name(1, "a"), adapter_name(2, "a")} & names
+        body = {"model": adapter_name(2, "a"), "token_ids": token_ids, "sampling_params": {"max_tokens": 1}}
+        assert httpx.post(f"{inference_server}/inference/v1/generate", json=body, timeout=60).status_code == 404
+        del expected[adapter_name(1, "a")], expected[adapter_name(2, "a")]
+        assert asyncio.run(served_gaps())[adapter_name(1, "b")] < 1e-4
+    finally:
+        for run in ("a", "b"):
+            httpx.post(f"{inference_server}/release_run", json={"run": run}, timeout=60)
+
+
 def test_a_probe_sent_among_generating_requests_gets_exact_logprobs_and_the_server_survives(
     inference_server, tiny_model_path
 ):

@@ -24,6 +24,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from contracts.model_path import vision_markers
+from orchestrator.client import run_headers
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.images import EpisodeImages, sample_images
 from orchestrator.rollout import Rollout
@@ -155,7 +156,8 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
     (:func:`~orchestrator.verifiers_adapter.renderer.renderer_config`), with our sampling.
 
     Requests name the base model at the first server: :func:`at_server` samples from another, or from a served
-    adapter.
+    adapter. A named run's requests carry its id (:func:`~orchestrator.client.run_headers`), by which the server
+    counts its fair share.
     """
     key_var = API_KEY_ENV
     if not os.environ.get(API_KEY_ENV):
@@ -172,6 +174,7 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
                 config.model.renderer, config.model.chat_family, tokenizer_path, config.sampling.enable_thinking
             ),
             renderer_model_name=tokenizer_path,
+            headers=run_headers(config.run_id),
         ),
         sampling=vf.SamplingConfig(**config.sampling.request_params(tuple(vision_markers(tokenizer_path).values()))),
     )

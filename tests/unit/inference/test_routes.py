@@ -15,6 +15,7 @@ from contracts.inference_api import adapter_name
 from contracts.run_dir import ADAPTER_CONFIG, mark_stable
 from inference.adapters import Adapters
 from inference.routes import token_id_logprobs, training_client_answer, weights_router
+from inference.runs import Runs
 
 
 def test_token_id_logprobs_adds_token_field_everywhere():
@@ -81,17 +82,18 @@ BASE = "/models/base"  # the model the fake server started with
 
 
 def weights_app(
-    root, lora: bool = True, base: str = BASE, store: tuple[str, int] | None = None
+    root, lora: bool = True, base: str = BASE, store: tuple[str, int] | None = None, **runs
 ) -> tuple[TestClient, FakeEngine, FakeModels | None]:
     """The weight routes on a fake engine serving ``base``; with ``lora``, real :class:`Adapters` on a fake registry
-    of names (returned, its ``calls`` recording each adapter loaded and retired)."""
+    of names (returned, its ``calls`` recording each adapter loaded and retired); ``runs``: :class:`Runs`'
+    arguments (by default 3 named runs at once, 8 slots, 60 s to idle)."""
     app = FastAPI()
     app.include_router(weights_router(root, base, store))
-    app.state.engine_client = FakeEngine()
+    app.state.engine_client = engine = FakeEngine()
     models = FakeModels() if lora else None
-    app.state.trident_adapters = Adapters(models, app.state.engine_client) if lora else None
-    app.state.trident_weights = {"step": 0, "path": BASE, "adapter": None}
-    return TestClient(app), app.state.engine_client, models
+    new_adapters = (lambda: Adapters(models, engine)) if lora else None
+    app.state.trident_runs = Runs(base, new_adapters, **{"slots": 8, "max_named": 3, "idle_timeout_s": 60} | runs)
+    return TestClient(app), engine, models
 
 
 @pytest.fixture
@@ -334,3 +336,120 @@ def test_vllms_routes_reach_the_training_client_in_the_form_it_reads():
     )
     assert np.array_equal(decoded, routes)
     assert training_client_answer({"choices": [{"routed_experts": None}]}, 0)["choices"][0]["routed_experts"] is None
+
+
+@pytest.fixture
+def runs_root(root):
+    """:func:`root`, and adapter folders a/step_1..3 and b/step_1..2 of the named runs a and b."""
+    for name in ["a/step_1", "a/step_2", "a/step_3", "b/step_1", "b/step_2", "c/step_1", "d/step_1"]:
+        (root / name).mkdir(parents=True)
+        (root / name / ADAPTER_CONFIG).write_text("{}")
+        mark_stable(root / name)
+    return root
+
+
+def load(client: TestClient, root, step: int, run: str | None = None):
+    folder = root / run / f"step_{step}" if run else root / f"step_{step}"
+    return client.post("/load_adapter", json={"path": str(folder), "step": step, "run": run})
+
+
+def test_named_runs_load_and_retire_only_their_own_adapters_and_leave_the_engines_label_alone(runs_root):
+    client, engine, adapters = weights_app(runs_root)
+    assert load(client, runs_root, 1).status_code == 200  # the unnamed run, as ever
+    engine.calls.clear()
+    for step in (1, 2, 3):
+        response = load(client, runs_root, step, "a")
+        assert response.status_code == 200 and response.json()["adapter"] == adapter_name(step, "a")
+    assert load(client, runs_root, 1, "b").status_code == 200
+    # a's third adapter retired a's first only; b's and the unnamed run's stay served
+    assert set(adapters.lora_requests) == {adapter_name(1), adapter_name(2, "a"), adapter_name(3, "a"),
+                                           adapter_name(1, "b")}  # fmt: skip
+    assert "update_weight_version" not in [c[0] for c in engine.calls]  # runs sharing the server are at other steps
+    assert client.get("/weights", params={"run": "a"}).json() == {
+        "step": 3, "path": str(runs_root / "a" / "step_3"), "adapter": adapter_name(3, "a")
+    }  # fmt: skip
+    assert client.get("/weights").json()["adapter"] == adapter_name(1)
+    assert client.get("/weights", params={"run": "new"}).json() == {"step": 0, "path": BASE, "adapter": None}
+    assert load(client, runs_root, 3, "a").status_code == 409  # its served name again
+    shares = client.get("/runs").json()
+    assert set(shares) == {"a", "b"} and shares["a"]["step"] == 3 and shares["b"]["adapter"] == adapter_name(1, "b")
+    assert shares["a"] | {"waited_s": 0} == {"step": 3, "path": str(runs_root / "a" / "step_3"),
+                                             "adapter": adapter_name(3, "a"), "in_flight": 0, "limit": 8,
+                                             "waiting": 0, "waited_s": 0, "requests": 0}  # fmt: skip
+
+
+def test_full_weights_cannot_share_a_server(runs_root):
+    client, engine, _ = weights_app(runs_root)
+    full = {"path": str(runs_root / "full" / "step_2"), "step": 2}
+    response = client.post("/reload_weights", json=full | {"run": "a"})
+    assert response.status_code == 400 and "full weights cannot share a server" in response.text
+    load(client, runs_root, 1, "a")
+    load(client, runs_root, 1, "b")
+    response = client.post("/reload_weights", json=full)  # the unnamed run's: it would change the base under a, b
+    assert response.status_code == 409 and "runs a, b share this server" in response.text
+    assert "pause_generation" not in [c[0] for c in engine.calls]
+    assert client.post("/reset_weights").status_code == 200  # the unnamed run's reset keeps the base: allowed
+    assert client.get("/weights", params={"run": "a"}).json()["adapter"] == adapter_name(1, "a")
+
+    client.post("/release_run", json={"run": "a"})
+    client.post("/release_run", json={"run": "b"})
+    assert client.post("/reload_weights", json=full).status_code == 200  # no run shares it any more
+    response = load(client, runs_root, 2, "a")  # an adapter on the unnamed run's full weights
+    assert response.status_code == 409 and "not its base model" in response.text
+
+
+def test_a_named_runs_reset_removes_its_own_adapters_only(runs_root):
+    client, engine, adapters = weights_app(runs_root)
+    for step, run in [(1, None), (1, "a"), (2, "a"), (1, "b")]:
+        load(client, runs_root, step, run)
+    engine.calls.clear()
+    response = client.post("/reset_weights", json={"run": "a"})
+    assert response.status_code == 200 and response.json()["adapter"] is None
+    assert set(adapters.lora_requests) == {adapter_name(1), adapter_name(1, "b")}
+    assert sorted(c[1] for c in engine.calls if c[0] == "remove_lora") == [2, 3]  # a's, freed at once
+    assert "update_weight_version" not in [c[0] for c in engine.calls]
+    assert client.get("/weights", params={"run": "a"}).json() == {"step": 0, "path": BASE, "adapter": None}
+    assert client.get("/weights").json()["adapter"] == adapter_name(1)
+    assert load(client, runs_root, 1, "a").status_code == 200  # its first name again, as a fresh server
+
+
+def test_releasing_a_run_removes_its_adapters_and_keeps_the_others(runs_root):
+    client, engine, adapters = weights_app(runs_root)
+    for step, run in [(1, "a"), (2, "a"), (3, "a"), (1, "b")]:
+        load(client, runs_root, step, run)
+    response = client.post("/release_run", json={"run": "a"})
+    assert response.status_code == 200 and response.json() == {"run": "a", "released": True}
+    assert set(adapters.lora_requests) == {adapter_name(1, "b")}
+    # all three of a's adapters are freed now: its two named and the one it retired
+    assert sorted(c[1] for c in engine.calls if c[0] == "remove_lora") == [1, 2, 3]
+    assert set(client.get("/runs").json()) == {"b"}
+    assert client.post("/release_run", json={"run": "a"}).json()["released"] is False
+    assert client.post("/release_run", json={}).status_code == 400  # the unnamed run never ends on the server
+
+
+def test_a_run_beyond_what_max_loras_holds_is_refused_until_one_is_released(runs_root):
+    client, _, _ = weights_app(runs_root, max_named=2)
+    assert load(client, runs_root, 1, "a").status_code == 200
+    assert load(client, runs_root, 1, "b").status_code == 200
+    response = load(client, runs_root, 1, "c")
+    assert response.status_code == 409 and "max_loras" in response.text and "'c'" in response.text
+    assert load(client, runs_root, 2, "a").status_code == 200  # the runs already there go on
+    assert load(client, runs_root, 1).status_code == 200  # and so does the unnamed run
+    client.post("/release_run", json={"run": "b"})
+    assert load(client, runs_root, 1, "c").status_code == 200
+
+
+def test_a_run_that_sent_nothing_for_the_idle_timeout_is_evicted(runs_root):
+    now = [0.0]
+    client, _, adapters = weights_app(runs_root, idle_timeout_s=60, clock=lambda: now[0])
+    load(client, runs_root, 1, "a")
+    now[0] = 40.0
+    load(client, runs_root, 1, "b")
+    now[0] = 61.0  # a: 61 s since its last call; b: 21 s
+    assert set(client.get("/runs").json()) == {"b"}
+    assert set(adapters.lora_requests) == {adapter_name(1, "b")}
+    now[0] = 90.0
+    client.get("/weights", params={"run": "b"})  # a weights call keeps it
+    now[0] = 149.0
+    load(client, runs_root, 1, "c")
+    assert set(client.get("/runs").json()) == {"b", "c"}

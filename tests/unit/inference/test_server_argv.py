@@ -60,6 +60,7 @@ def test_the_cpu_worker_forks_where_it_gets_one_core_either_way_or_as_set(start,
 
 def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tiny_model_path):
     vision_language_path = built_model_path("trident/tiny-qwen3-vl")
+
     def option(argv: list[str], flag: str) -> str:
         return argv[argv.index(flag) + 1]
 
@@ -75,3 +76,11 @@ def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tin
     text = vllm_argv(InferenceConfig(model={"name": tiny_model_path, "max_images_per_prompt": 1}, lora={}))
     assert not [flag for flag in text if flag.startswith("--mm-") or flag in ("--limit-mm-per-prompt",
                 "--skip-mm-profiling", "--enable-tower-connector-lora")]  # fmt: skip
+
+
+def test_vllm_keeps_every_adapter_of_the_runs_max_loras_allows_resident(tiny_model_path):
+    """max_loras - 1 named runs and the unnamed run, each two named adapters and one retired: vLLM's default
+    (max_loras) would evict the least recently used and load it again from its folder in everyone's batch, and
+    kill the engine if the folder is gone (measured: docs/protocol.md, runs sharing a server)."""
+    argv = vllm_argv(InferenceConfig(model={"name": tiny_model_path}, lora={"max_loras": 4}))
+    assert argv[argv.index("--max-loras") + 1] == "4" and argv[argv.index("--max-cpu-loras") + 1] == "12"

@@ -152,3 +152,21 @@ def test_rl_writes_the_report_and_only_warns_when_it_cannot(runs, tmp_path, capl
     assert (runs[0] / "plots" / "report.html").is_file()
     write_plots_or_warn(tmp_path / "not_a_run")  # does not raise: the run has succeeded
     assert "could not write the run's plots and report" in caplog.text
+
+
+def test_a_sweeps_folder_compares_its_runs_in_one_report(tmp_path):
+    sweep = tmp_path / "sweep"
+    fake_run(sweep / "lr=1e-05", 0.1)
+    fake_run(sweep / "lr=0.0001", 0.3)
+    (sweep / "lr=0.0001" / "summary.json").write_text('{"status": "failed"}')
+    (sweep / "logs").mkdir()  # the sweep's own folders hold no run
+    report = plot_runs([sweep])
+    assert report == sweep / "plots" / "report.html"
+    page = report.read_text()
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td>(\d+)</td><td>(.*?)</td><td>(.*?)</td></tr>", page)
+    assert [(run, status, steps) for run, status, steps, _, _ in rows] == [
+        ("lr=0.0001", "failed", "6"),  # by name
+        ("lr=1e-05", "-", "6"),  # no summary.json
+    ]
+    assert [float(last) for *_, last, _ in rows] == pytest.approx([0.3 + 0.5, 0.1 + 0.5])
+    assert "<h2>Run lr=1e-05</h2>" in page and "<h2>Run lr=0.0001</h2>" in page
