@@ -217,15 +217,16 @@ def inference_process(
     max_model_len: int = 1024,
     env: dict[str, str] | None = None,
     broadcast_port: int | None = None,
+    max_loras: int = 2,
 ) -> Iterator[tuple[str, Child]]:
     """Start ``inference`` serving ``model`` (a name or a folder) with LoRA adapters up to ``lora_rank`` (None: no
-    adapters; ``env``: more environment variables), loading weights from the step folders under ``weights_root``
-    (and in-memory weights through a trainer's store on ``broadcast_port``); yield its base URL and process once
-    healthy, and stop it (its whole process group) on exit."""
+    adapters), ``max_loras`` of them in one batch (``env``: more environment variables), loading weights from the
+    step folders under ``weights_root`` (and in-memory weights through a trainer's store on ``broadcast_port``);
+    yield its base URL and process once healthy, and stop it (its whole process group) on exit."""
     built_model_path(model)  # a tiny model is built first
     port = free_port()
     config = log_dir / "infer.toml"
-    lora = f"[lora]\nmax_rank = {lora_rank}\n" if lora_rank is not None else ""
+    lora = f"[lora]\nmax_rank = {lora_rank}\nmax_loras = {max_loras}\n" if lora_rank is not None else ""
     broadcast = f"[weight_broadcast]\nport = {broadcast_port}\n" if broadcast_port else ""
     config.write_text(
         f'port = {port}\nweights_root = {str(weights_root)!r}\n[model]\nname = "{model}"\nenforce_eager = true\n'
