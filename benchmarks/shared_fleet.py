@@ -24,10 +24,11 @@ import common
 from contracts.metrics import read_metrics
 from launch.launcher import child_env
 from launch.process import Child
+from tools.tiny_model import built_model_path
 
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "configs" / "debug"
-WIDE = {"initializer_range": 0.2}  # the tiny model's config otherwise, as benchmarks/qlora.py's
+MODEL = "trident/tiny-qwen3-wide"  # configs/debug/sweep's: an adapter can steer it
 LEARNING_RATES = ("4e-2", "5e-2", "6e-2")  # configs/debug/sweep/README.md's sweep
 LORA_RANK, MAX_LORAS = 8, 4  # configs/debug/sweep's adapters; a slot for each run and one spare
 SMOKE_STEPS = 2
@@ -96,14 +97,14 @@ def run(smoke: bool) -> dict:
     max_steps = SMOKE_STEPS if smoke else None
     with tempfile.TemporaryDirectory(prefix="trident-bench-") as tmp:
         root = Path(tmp)
-        model = common.build_random_model(root / "wide", WIDE)
+        model = Path(built_model_path(MODEL))
         with common.inference_process(str(model), LORA_RANK, root, root, max_loras=MAX_LORAS) as (url, _):
             sides = {name: side(model, url, root / name, name == "shared", max_steps)
                      for name in ("sequential", "shared")}  # fmt: skip
     return common.benchmark_result(
         "shared_fleet",
         learning_rates=LEARNING_RATES,
-        wide_model=WIDE,
+        model=MODEL,
         max_loras=MAX_LORAS,
         max_steps=max_steps,
         **sides,

@@ -17,7 +17,7 @@ from contracts.errors import TridentError
 TINY_NAMESPACE = "trident/"
 TINY_MODEL_ID = "trident/tiny-qwen3"  # the default model: the debug configs and the tests run it on CPU
 TINY_MODEL_IDS = (TINY_MODEL_ID, "trident/tiny-qwen2.5", "trident/tiny-llama3", "trident/tiny-qwen3-moe",
-                  "trident/tiny-qwen2.5-moe", "trident/tiny-qwen3-vl")  # fmt: skip
+                  "trident/tiny-qwen2.5-moe", "trident/tiny-qwen3-vl", "trident/tiny-qwen3-wide")  # fmt: skip
 # The builds' version, part of their folder's name: bumped whenever tools.tiny_model or tools.tiny_templates changes
 # what they build, so a stale cached build is never reused.
 TINY_MODEL_VERSION = 4

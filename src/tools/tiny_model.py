@@ -20,6 +20,8 @@ attention needs >= 32).
   the vision tower has 2 blocks of width 32 over 16-pixel patches, merged 2×2 into one token each (a 64×64 image is
   4 tokens), with one deepstack layer. Its processor (``Qwen3VLProcessor``: images of 32×32 to 128×128 pixels,
   normalised to [-1, 1]) is saved with it, as a hub VLM's is.
+- ``trident/tiny-qwen3-wide``: tiny-qwen3 with its weights drawn at std 0.2 instead of 0.02, so that a LoRA adapter
+  can steer it (configs/debug/sweep).
 
 Configs name them by id; :mod:`contracts.model_path` holds the ids and where each build lives, and maps an id to
 its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
@@ -88,6 +90,9 @@ TINY_MODELS = {  # by the ids of contracts.model_path.TINY_MODEL_IDS
         ),
     ),
     "trident/tiny-qwen3-vl": TinyModel(QWEN3_VL, tiny_templates.QWEN3_VL, model_type="qwen3_vl", vision=True),
+    # tiny-qwen3 with weights drawn at std 0.2: at the usual 0.02 its tied output layer lets no LoRA adapter move a
+    # logit far, at 0.2 an adapter can steer it (benchmarks/qlora.py); configs/debug/sweep runs on it
+    "trident/tiny-qwen3-wide": TinyModel(QWEN3, tiny_templates.QWEN3, shape=(("initializer_range", 0.2),)),
 }
 # The tiny VLM's vision tower and its text model's M-RoPE (head_dim 32: 16 rotary frequencies split over t, h, w).
 VISION_CONFIG = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 1, "patch_size": 16,

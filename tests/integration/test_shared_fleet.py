@@ -19,6 +19,7 @@ import pytest
 
 from contracts.inference_api import RUNS, auth_headers
 from contracts.metrics import read_metrics
+from tools.tiny_model import built_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ def fleet(tmp_path_factory):
         patch.syspath_prepend(str(ROOT / "benchmarks"))
         import shared_fleet
     root = tmp_path_factory.mktemp("fleet")
-    model = shared_fleet.common.build_random_model(root / "wide", shared_fleet.WIDE)
+    model = Path(built_model_path(shared_fleet.MODEL))
     served = shared_fleet.common.inference_process(
         str(model), shared_fleet.LORA_RANK, root, root, max_loras=shared_fleet.MAX_LORAS
     )

@@ -26,7 +26,7 @@ from trainer.config import TrainerConfig
 
 UNKNOWN = (
     r"'trident/tiny-qwen4' is no model Trident builds; the tiny models are trident/tiny-qwen3, trident/tiny-qwen2.5, "
-    r"trident/tiny-llama3, trident/tiny-qwen3-moe, trident/tiny-qwen2.5-moe, trident/tiny-qwen3-vl$"
+    r"trident/tiny-llama3, trident/tiny-qwen3-moe, trident/tiny-qwen2.5-moe, trident/tiny-qwen3-vl, trident/tiny-qwen3-wide$"
 )
 
 
