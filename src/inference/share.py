@@ -13,21 +13,33 @@ from inference.runs import Runs
 RUN_ID = TypeAdapter(RunId)
 
 
-def request_run(headers: list[tuple[bytes, bytes]], body: bytes) -> str | None:
-    """The named run a generation request comes from: its ``X-Trident-Run`` header, else the run in the adapter
-    name it asks for (``model``); None for the unnamed run (or a header that is no run id)."""
+def header_run(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The run a request's ``X-Trident-Run`` header names (None: no header, or no run id)."""
     header = RUN_HEADER.lower().encode()
-    run = next((value.decode("latin-1") for key, value in headers if key.lower() == header), None)
-    if run is None:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
-        run = adapter_run(data.get("model")) if isinstance(data, dict) and isinstance(data.get("model"), str) else None
+    return valid_run(next((value.decode("latin-1") for key, value in headers if key.lower() == header), None))
+
+
+def model_run(body: bytes) -> str | None:
+    """The run in the adapter name a request's body asks for (``model``; None: no named run's adapter)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return valid_run(adapter_run(model) if isinstance(model, str) else None)
+
+
+def valid_run(run: str | None) -> str | None:
     try:
         return RUN_ID.validate_python(run) if run is not None else None
     except ValidationError:
         return None
+
+
+def request_run(headers: list[tuple[bytes, bytes]], body: bytes) -> str | None:
+    """The named run a generation request comes from: its ``X-Trident-Run`` header, else the run in the adapter
+    name it asks for (``model``); None for the unnamed run (or a header that is no run id)."""
+    return header_run(headers) or model_run(body)
 
 
 class FairShare:
@@ -42,8 +54,10 @@ class FairShare:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in GENERATION_ROUTES:
             await self.app(scope, receive, send)
             return
-        body, receive = await read_body(receive)
-        run = request_run(scope["headers"], body)
+        run = header_run(scope["headers"])
+        if run is None and self.runs.named():  # no header: the request may name a run's adapter (read its body)
+            body, receive = await read_body(receive)
+            run = model_run(body)
         if run is None:
             await self.app(scope, receive, send)
             return
