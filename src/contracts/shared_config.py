@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from contracts.chat_family import FAMILIES, known_family
 from contracts.model_path import TINY_MODEL_ID, known_model
@@ -65,6 +65,15 @@ RunId = Annotated[
         "<run_id>/lora-step-N); letters, digits and _ . = + -, at most 64.",
     ),
 ]
+
+
+def is_run_id(text: str | None) -> bool:
+    """Whether ``text`` is a :data:`RunId`."""
+    try:
+        TypeAdapter(RunId).validate_python(text)
+    except ValidationError:
+        return False
+    return True
 
 
 class LogConfig(StrictModel):

@@ -110,7 +110,7 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
             if run is None and full_weights["path"] != base_path:  # full weights of a run: read the base model again
                 return await load_full_weights(state, base_path, 0)
             target = state.trident_runs.get(run)
-            if target.served == api.Served(step=0, path=base_path, adapter=None):  # as a fresh server
+            if target.served == state.trident_runs.base():  # as a fresh server
                 return JSONResponse(api.WeightsChange(**target.served.model_dump(), seconds=0.0).model_dump())
             if (adapters := target.adapters) is not None:
                 # a named run's (re)start: nothing of it is in flight, and its room is free for another run at once

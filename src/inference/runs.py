@@ -63,10 +63,14 @@ class Runs:
         self.clock = clock
         self.runs: dict[str | None, Run] = {None: self.fresh()}
 
+    def base(self) -> api.Served:
+        """What a fresh server serves a run: the base model as step 0, no adapter."""
+        return api.Served(step=0, path=self.base_path, adapter=None)
+
     def fresh(self) -> Run:
-        """A run as a fresh server serves it: the base model as step 0, no adapter."""
+        """A run as a fresh server serves it (:meth:`base`)."""
         adapters = self.new_adapters() if self.new_adapters is not None else None
-        return Run(api.Served(step=0, path=self.base_path, adapter=None), adapters, self.clock())
+        return Run(self.base(), adapters, self.clock())
 
     def named(self) -> dict[str, Run]:
         return {run: state for run, state in self.runs.items() if run is not None}
@@ -93,7 +97,7 @@ class Runs:
 
     def served(self, run: str | None) -> api.Served:
         """What ``run`` is served (a run the server has not seen: the base model as step 0)."""
-        return self.get(run).served if run in self.runs else self.fresh().served
+        return self.get(run).served if run in self.runs else self.base()
 
     async def release(self, run: str) -> bool:
         """Forget ``run`` and remove its adapters; its waiting requests go on (to find their adapter gone).

@@ -2,15 +2,12 @@
 
 import json
 
-from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.inference_api import GENERATION_ROUTES, RUN_HEADER, adapter_run
-from contracts.shared_config import RunId
+from contracts.shared_config import is_run_id
 from inference.exclusive import read_body
 from inference.runs import Runs
-
-RUN_ID = TypeAdapter(RunId)
 
 
 def header_run(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -30,10 +27,7 @@ def model_run(body: bytes) -> str | None:
 
 
 def valid_run(run: str | None) -> str | None:
-    try:
-        return RUN_ID.validate_python(run) if run is not None else None
-    except ValidationError:
-        return None
+    return run if run is not None and is_run_id(run) else None
 
 
 def request_run(headers: list[tuple[bytes, bytes]], body: bytes) -> str | None:

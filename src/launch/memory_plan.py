@@ -620,11 +620,8 @@ class MemoryPlan:
             return []
         found = []
         inference = self.inference
-        if (
-            inference
-            and inference["weights"] + inference["kv_one_context"] + inference.get("adapters", 0)
-            > (inference["claimed"])
-        ):
+        held = ("weights", "kv_one_context", "adapters")
+        if inference and sum(inference.get(part, 0) for part in held) > inference["claimed"]:
             slots = f", its LoRA slots ({size(inference['adapters'])})" if "adapters" in inference else ""
             found.append(
                 f"inference: vLLM's share ({size(inference['claimed'])}, inference.gpu_memory_utilization of "

@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 import tomli_w
-from pydantic import TypeAdapter, ValidationError
 
 from contracts.config import ConfigError, ParsedArgs, exit_config_error, parse_config, read_toml, to_toml_dict
 from contracts.errors import TridentError, exit_on_user_error
@@ -33,7 +32,7 @@ from contracts.lifeline import GRACE_S
 from contracts.metrics import setup_logging
 from contracts.run_dir import configs_dir, logs_dir
 from contracts.run_spec import served_lora_rank
-from contracts.shared_config import RunId
+from contracts.shared_config import is_run_id
 from inference.config import InferenceConfig
 from launch.launcher import (
     MODULES,
@@ -174,7 +173,7 @@ def run_ids(runs: list[dict[str, Any]]) -> list[str]:
     leaves = [key.rsplit(".", 1)[-1] for key in keys]
     labels = [leaf if leaves.count(leaf) == 1 else key for key, leaf in zip(keys, leaves, strict=True)]
     ids = ["_".join(f"{label}={id_text(run[key])}" for key, label in zip(keys, labels, strict=True)) for run in runs]
-    if len(set(ids)) == len(ids) and all(valid_run_id(run_id) for run_id in ids):
+    if len(set(ids)) == len(ids) and all(map(is_run_id, ids)):
         return ids
     return [f"run-{i}" for i in range(1, len(runs) + 1)]
 
@@ -184,14 +183,6 @@ def id_text(value: Any) -> str:
     become ``-``."""
     text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
     return re.sub(r"[^A-Za-z0-9_.=+-]", "-", text)
-
-
-def valid_run_id(run_id: str) -> bool:
-    try:
-        TypeAdapter(RunId).validate_python(run_id)
-    except ValidationError:
-        return False
-    return True
 
 
 def flag_value(value: Any) -> str:
