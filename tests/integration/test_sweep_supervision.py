@@ -113,7 +113,8 @@ def test_sigterm_to_the_sweep_stops_every_run_and_the_server_and_leaves_no_proce
     finally:
         sweep.kill()
     assert sweep.returncode == 130, err
-    outcomes = json.loads(out.splitlines()[-1])
+    last = out.splitlines()[-1]  # the harness's JSON; a progress notice may precede it on the line (no newline)
+    outcomes = json.loads(last[last.index("{") :])
     assert {run: outcome["status"] for run, outcome in outcomes.items()} == {"a": "stopped", "b": "stopped"}
     assert "interrupted: stopping every run and the inference server" in err
     wait_gone(lambda: [pid for pid in running if alive(pid)], timeout_s=5)
