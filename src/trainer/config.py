@@ -34,6 +34,22 @@ class ActivationCheckpointConfig(StrictModel):
             "only its input), or only its 'mlp' or its 'attention' (less memory saved, less computed twice)."
         ),
     ] = "layer"
+    offload: Annotated[
+        bool,
+        Field(
+            description="Keep each checkpointed layer's input in host memory (pinned, on a GPU) from its forward "
+            "pass to its backward pass instead of on the device: for the longest samples, whose layer inputs are "
+            "most of what the backward pass keeps; each costs a copy to the host and one back. part = 'layer' only."
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _offload_whole_layers(self):
+        if self.offload and self.part != "layer":
+            raise ValueError(
+                f"offload keeps whole layers' inputs in host memory: set part = 'layer' (not {self.part!r})"
+            )
+        return self
 
 
 LoraExport = Literal["merged", "adapter"]
@@ -106,6 +122,25 @@ class ParallelConfig(StrictModel):
             "trainer ranks (1: every rank holds all experts).",
         ),
     ] = 1
+    cp: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Context parallelism: each packed micro-batch's tokens are split over this many trainer "
+            "ranks (consecutive ranks, within a node first), each running the model on its share, with an "
+            "all-to-all over attention heads around attention (Ulysses), so a sample longer than one rank's "
+            "memory holds trains whole. It must divide the trainer's ranks and the model's attention heads; "
+            "the micro-batches go round the ranks / cp groups. 1: each rank holds its micro-batches whole.",
+        ),
+    ] = 1
+
+    @model_validator(mode="after")
+    def _one_kind_of_split(self):
+        if self.cp > 1 and self.ep > 1:
+            raise ValueError(
+                f"cp = {self.cp} and ep = {self.ep}: context and expert parallelism do not combine yet; set one to 1"
+            )
+        return self
 
 
 class MoeConfig(StrictModel):
