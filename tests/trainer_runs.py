@@ -1,8 +1,14 @@
 """Short runs of the trainer on the tiny model for the checkpoint tests: 4 steps, a checkpoint every 2, and the loss
-each step logged."""
+each step logged; and the check that a resumed run equals an uninterrupted one."""
 
 import json
+from pathlib import Path
 
+import pytest
+from safetensors.torch import load_file
+
+from contracts.metrics import read_metrics
+from contracts.run_dir import weights_dir
 from trainer.config import TrainerConfig
 
 SETTINGS = {"max_steps": 4, "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_steps": 1}, "batch_timeout_s": 1}
@@ -16,3 +22,18 @@ def config(output_dir, model_path, model=None, **ckpt) -> TrainerConfig:
 def losses(output_dir) -> dict[int, float]:
     lines = (output_dir / "metrics" / "trainer.jsonl").read_text().splitlines()
     return {record["step"]: record["loss"] for record in map(json.loads, lines)}
+
+
+def assert_resumed_equals_whole(whole_dir: Path, resumed_dir: Path, steps: int) -> dict:
+    """The run in ``resumed_dir`` (stopped and resumed) logged every step of ``steps`` with the loss and gradient
+    norm of the uninterrupted run in ``whole_dir``, and its last weights equal that run's; returns those weights."""
+    whole, resumed = read_metrics(whole_dir, "trainer"), read_metrics(resumed_dir, "trainer")
+    assert [record["step"] for record in resumed] == list(range(1, steps + 1))
+    for one, two in zip(whole, resumed, strict=True):
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-6)
+    expected, got = (load_file(weights_dir(run, steps) / "model.safetensors") for run in (whole_dir, resumed_dir))
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert (expected[name] - got[name]).abs().max() < 1e-6, name
+    return expected

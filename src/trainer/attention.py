@@ -15,15 +15,19 @@ keyword is a :class:`Packing`, built once per micro-batch by :func:`packing` and
 Without ``packing`` (a plain, unpacked forward) it is causal SDPA over the whole row.
 """
 
+import functools
 import inspect
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor, nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from trainer.context_parallel import attend_across_shards
 from trainer.vision import is_vision_language
 
 try:
@@ -40,21 +44,26 @@ VARLEN_PARAMETERS = inspect.signature(varlen_attn).parameters if varlen_attn is 
 class Packing:
     """Where the samples of a packed row are: their start offsets and the row's length (``0, len_0, len_0 + len_1,
     ..., tokens``) on the host, and for varlen attention the same as int32 on the device (None: SDPA per sample)
-    with the longest sample's length."""
+    with the longest sample's length. Under context parallelism, ``group`` is the ranks the row's tokens are split
+    over (each holds a contiguous shard; the bounds are the whole row's)."""
 
     sample_bounds: tuple[int, ...]
     cumulative: Int[Tensor, " samples_plus_one"] | None = None
     longest: int = 0
+    group: dist.ProcessGroup | None = None
 
 
-def packing(sample_lengths: Int[Tensor, " samples"], device: torch.device) -> Packing:
+def packing(
+    sample_lengths: Int[Tensor, " samples"], device: torch.device, group: dist.ProcessGroup | None = None
+) -> Packing:
     """The :class:`Packing` of a row of samples of ``sample_lengths`` (a CPU tensor) for attention on ``device``,
-    built once per micro-batch; the device copy is made without waiting."""
+    its tokens split over ``group`` (None: all on this rank), built once per micro-batch; the device copy is made
+    without waiting."""
     bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
     if device.type != "cuda" or varlen_attn is None:
-        return Packing(bounds)
+        return Packing(bounds, group=group)
     cumulative = torch.tensor(bounds, dtype=torch.int32).to(device, non_blocking=True)
-    return Packing(bounds, cumulative, int(sample_lengths.max()))
+    return Packing(bounds, cumulative, int(sample_lengths.max()), group)
 
 
 def uses_varlen(device: torch.device, dtype: torch.dtype) -> bool:
@@ -85,18 +94,36 @@ def varlen_causal(query: Tensor, key: Tensor, value: Tensor, packing: Packing, s
     return varlen_attn(query, key, value, *lengths, **options)
 
 
-def per_sample_causal(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, packing: Packing, **kwargs):
-    """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``."""
-    bounds = packing.sample_bounds
+def per_sample_causal(
+    query: Tensor, key: Tensor, value: Tensor, packing: Packing, scaling: float | None = None, dropout: float = 0.0
+) -> Tensor:
+    """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``. Keys and values
+    may have fewer heads than the query (any number dividing them: grouped-query attention)."""
+    bounds, gqa = packing.sample_bounds, key.shape[1] != query.shape[1]
     return torch.cat(
         [
-            sdpa_attention_forward(
-                module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, is_causal=True, **kwargs
-            )[0]
+            F.scaled_dot_product_attention(
+                query[:, :, a:b],
+                key[:, :, a:b],
+                value[:, :, a:b],
+                dropout_p=dropout,
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=gqa,
+            )
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         ],
-        dim=1,
-    )
+        dim=2,
+    ).transpose(1, 2)
+
+
+def attend_packed(query: Tensor, key: Tensor, value: Tensor, packing: Packing, **kwargs) -> Tensor:
+    """Causal attention within each sample of the row on this rank, ``[1, heads, tokens, head_dim]`` in,
+    ``[1, tokens, heads, head_dim]`` out: one varlen call, or SDPA per sample (see the module's docstring)."""
+    if packing.cumulative is None or query.dtype not in VARLEN_DTYPES:
+        return per_sample_causal(query, key, value, packing, kwargs.get("scaling"), kwargs.get("dropout", 0.0))
+    rows = [tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value)]  # [tokens, heads, head_dim]
+    return varlen_causal(*rows, packing, kwargs.get("scaling"))[None]
 
 
 def packed_attention(
@@ -110,15 +137,17 @@ def packed_attention(
 ) -> tuple[Tensor, None]:
     """Attention within each sample of a packed row: ``query`` is ``[1, heads, tokens, head_dim]`` (keys and
     values may have fewer heads), the result ``[1, tokens, heads, head_dim]`` as transformers expects. Naive
-    equivalent: causal SDPA on each sample alone, concatenated."""
+    equivalent: causal SDPA on each sample alone, concatenated. Under context parallelism (``packing.group``) the
+    tokens are this rank's shard of the row, and the heads are traded for the whole row around it
+    (:func:`~trainer.context_parallel.attend_across_shards`)."""
     if attention_mask is not None:
         raise ValueError(f"{PACKED_ATTENTION} attends within packed samples and takes no attention mask")
     if packing is None:
         return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
-    if packing.cumulative is None or query.dtype not in VARLEN_DTYPES:
-        return per_sample_causal(module, query, key, value, packing, **kwargs), None
-    rows = [tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value)]  # [tokens, heads, head_dim]
-    return varlen_causal(*rows, packing, kwargs.get("scaling"))[None], None
+    attend = functools.partial(attend_packed, packing=packing, **kwargs)
+    if packing.group is None:
+        return attend(query, key, value), None
+    return attend_across_shards(attend, query, key, value, packing.group), None
 
 
 AttentionInterface.register(PACKED_ATTENTION, packed_attention)

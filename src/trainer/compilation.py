@@ -24,13 +24,16 @@ logger = logging.getLogger("trainer")
 Result = TypeVar("Result")
 
 
-def compiles(setting: bool | Literal["auto"], device: torch.device, dtype: torch.dtype, ep: int = 1) -> bool:
+def compiles(
+    setting: bool | Literal["auto"], device: torch.device, dtype: torch.dtype, ep: int = 1, cp: int = 1
+) -> bool:
     """Whether the decoder layers are compiled (``model.compile``): ``auto`` where the packed attention is one
     varlen call per layer (a GPU in bf16 or fp16), whose compiled graph serves every packing of samples, and the
-    experts are not split over ranks (``ep`` > 1: the all-to-all's sizes are read on the host, a graph break)."""
+    experts are not split over ranks (``ep`` > 1: the all-to-all's sizes are read on the host, a graph break), nor
+    the tokens (``cp`` > 1: not compiled yet)."""
     if setting != "auto":
         return setting
-    return uses_varlen(device, dtype) and ep == 1
+    return uses_varlen(device, dtype) and ep == 1 and cp == 1
 
 
 def per_packing_warning(setting: bool | Literal["auto"], device: torch.device, dtype: torch.dtype) -> str | None:

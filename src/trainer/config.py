@@ -202,8 +202,9 @@ class TrainerModelConfig(ModelConfig):
         Field(
             description="Compile each decoder layer on its own with torch.compile (regional compilation; the first "
             "steps take longer). 'auto': on a GPU computing in bfloat16 (varlen attention) without expert "
-            "parallelism (parallel.ep > 1 breaks the graph), off elsewhere: on the CPU "
-            "and with per-sample attention each new packing of samples is compiled anew (true there warns). A compile "
+            "parallelism (parallel.ep > 1 breaks the graph) or context parallelism (parallel.cp > 1), off "
+            "elsewhere: on the CPU and with per-sample attention each new packing of samples is compiled anew (true "
+            "there warns). A compile "
             "error or graph break falls back to eager layers with one warning, redoing the step."
         ),
     ] = "auto"
@@ -457,6 +458,15 @@ class SFTConfig(BaseConfig):
         if self.data.streaming and self.max_steps is None:
             raise ValueError(
                 "data.streaming = true needs max_steps: a streamed set's length is unknown before reading it"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _whole_micro_batches(self):
+        if self.model.parallel.cp > 1:
+            raise ValueError(
+                f"model.parallel.cp = {self.model.parallel.cp}: context parallelism is the RL trainer's; sft holds "
+                "each micro-batch on one rank (set cp = 1)"
             )
         return self
 

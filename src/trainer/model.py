@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
@@ -26,6 +28,7 @@ from contracts.protocol import MicroBatch
 from contracts.sampling import NO_TRUNCATION, Truncation
 from trainer.attention import packing, use_packed_attention
 from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
+from trainer.context_parallel import Shard, scores_of_the_row, shard_of
 from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
 from trainer.vision import configure_vision_tower, image_inputs, is_vision_language, unwrapped, vision_tower_name
@@ -210,6 +213,7 @@ def packed_scores(
     entropy: Entropy = "off",
     truncation: Truncation = NO_TRUNCATION,
     output_dir: Path | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> Scores:
     """Logprob of each token given the ones before it in its sample, after temperature and the server's
     ``truncation`` (:mod:`trainer.truncation`), and the entropy of the distribution it was drawn from, at
@@ -219,6 +223,11 @@ def packed_scores(
     A sample's first token has no context and always gets 0. Only the kept positions go through the output
     layer, in chunks: no ``[tokens × vocab]`` tensor is made. Naive equivalent: ``log_softmax(logits[i - 1] /
     T)[input_ids[i]]`` with ``logits`` from a forward of the sample alone.
+
+    With a context-parallel ``group``, every rank of it is given the same micro-batch: each runs the model on its
+    :class:`~trainer.context_parallel.Shard` of the row (padded to a multiple of the group's size by a sample of
+    padding) and scores the positions whose context ends in it; every rank returns the whole row's scores
+    (:func:`~trainer.context_parallel.scores_of_the_row`), the same as without the group.
 
     A micro-batch with images (a vision-language model's) also goes in with its images' pixel values and its
     M-RoPE positions (:func:`~trainer.vision.image_inputs`), the images read from the run in ``output_dir``.
@@ -230,37 +239,43 @@ def packed_scores(
     if not any(isinstance(module, ScoringHead) for module in model.modules()):
         raise TypeError("packed_scores needs a model prepared by use_packed_forward (load_model does it)")
     device = compute_device(model)
-    lengths = micro_batch.sample_lengths
+    lengths, tokens = micro_batch.sample_lengths, len(micro_batch.input_ids)
     keep = torch.ones_like(micro_batch.loss_mask) if positions is None else positions.cpu().clone()
     keep[torch.cumsum(lengths, 0) - lengths] = False  # sample starts
-    index, weight = keep.nonzero()[:, 0], 1.0
-    if len(index) == 0:  # score one token with weight 0: backward (and FSDP's collectives in it) still runs
-        index, weight = torch.tensor([len(keep) - 1]), 0.0
+    index = keep.nonzero()[:, 0]
     entropy_index = index if entropy == "trained" else index[logged_entropy_rows(len(index))]
     entropy_mask = torch.zeros_like(keep).index_fill(0, entropy_index, entropy != "off") & keep
-    input_ids, index = micro_batch.input_ids.to(device, non_blocking=True), index.to(device, non_blocking=True)
+    shard = shard_of(tokens, dist.get_rank(group), dist.get_world_size(group)) if group else Shard(0, tokens, tokens)
+    padding = shard.padded - tokens
+    mine = index[(index > shard.start) & (index <= shard.stop)]  # scored from this shard's hidden states
+    logged_rows = logged_entropy_rows(len(index), int((index <= shard.start).sum()))
+    weight = 1.0
+    if len(mine) == 0:  # score one token with weight 0: backward (and its collectives) still runs on this rank
+        mine, weight = torch.tensor([shard.start + 1]), 0.0
+    input_ids = F.pad(micro_batch.input_ids, (0, padding)).to(device, non_blocking=True)
+    mine = mine.to(device, non_blocking=True)
     images, position_ids = image_inputs(model, micro_batch, output_dir), micro_batch.position_ids[None]
     pixels = {}
     if images is not None:
         position_ids = images.position_ids
         pixels = {"pixel_values": images.pixel_values.to(device, non_blocking=True),
                   "image_grid_thw": images.image_grid_thw.to(device, non_blocking=True)}  # fmt: skip
-    with scoring(input_ids[index], temperature, entropy, truncation):
+    if padding:
+        lengths = torch.cat([lengths, torch.tensor([padding])])
+        position_ids = torch.cat([position_ids, torch.arange(padding)[None]], -1)
+    targets = input_ids[mine.clamp(max=shard.padded - 1)]
+    with scoring(targets, temperature, entropy, truncation, logged_rows):
         scores = model(
-            input_ids=input_ids[None],
-            position_ids=position_ids.to(device, non_blocking=True),
-            packing=packing(lengths, device),
-            logits_to_keep=index - 1,
+            input_ids=input_ids[None, shard.start : shard.stop],
+            position_ids=position_ids[..., shard.start : shard.stop].to(device, non_blocking=True),
+            packing=packing(lengths, device, group),
+            logits_to_keep=mine - 1 - shard.start,
             **pixels,
         ).logits[0]
-    scores = scores * weight
-    zeros = scores.new_zeros(len(input_ids))
-    return Scores(
-        zeros.index_put((index,), scores[:, 0]),
-        zeros.index_put((index,), scores[:, 1]),
-        entropy_mask.to(device, non_blocking=True),
-        zeros.index_put((index,), scores[:, 2].detach()),
-    )
+    row = scores.new_zeros(shard.padded + 1, 3).index_put((mine,), scores * weight)[:tokens]
+    if group is not None:
+        row = scores_of_the_row(row, group)
+    return Scores(row[:, 0], row[:, 1], entropy_mask.to(device, non_blocking=True), row[:, 2].detach())
 
 
 def packed_logprobs(
@@ -270,7 +285,10 @@ def packed_logprobs(
     positions: Bool[Tensor, " seq"] | None = None,
     truncation: Truncation = NO_TRUNCATION,
     output_dir: Path | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> Float[Tensor, " seq"]:
     """Per-token logprobs (after temperature and truncation) of a packed micro-batch, as in :func:`packed_scores`."""
-    scores = packed_scores(model, micro_batch, temperature, positions, truncation=truncation, output_dir=output_dir)
+    scores = packed_scores(
+        model, micro_batch, temperature, positions, truncation=truncation, output_dir=output_dir, group=group
+    )
     return scores.logprobs

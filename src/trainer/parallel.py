@@ -15,22 +15,43 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 
 from contracts.metrics import setup_logging
 from contracts.protocol import MicroBatch
+from trainer.context_parallel import context_group
 from trainer.moe.expert_parallel import expert_mesh, split_experts
 
 
 @dataclass(frozen=True)
 class World:
+    """The trainer's ranks: ``size`` in all, as ``size / cp`` data-parallel groups of ``cp`` consecutive ranks that
+    split each micro-batch's tokens between them (context parallelism, ``cp_group``; None when ``cp`` is 1)."""
+
     rank: int
     size: int
     device: torch.device
+    cp: int = 1
+    cp_group: dist.ProcessGroup | None = None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def dp_rank(self) -> int:
+        """Which data-parallel group this rank is in: the group takes every ``dp_size``-th micro-batch."""
+        return self.rank // self.cp
 
-def init_world() -> World:
-    """Join torchrun's process group, or create a one-rank group when the trainer runs alone."""
+    @property
+    def dp_size(self) -> int:
+        return self.size // self.cp
+
+    @property
+    def cp_rank(self) -> int:
+        """This rank's place in its context-parallel group: the ``cp_rank``-th shard of each micro-batch's tokens."""
+        return self.rank % self.cp
+
+
+def init_world(cp: int = 1) -> World:
+    """Join torchrun's process group, or create a one-rank group when the trainer runs alone; with ``cp`` > 1, this
+    rank's group of ``cp`` consecutive ranks (context parallelism) too."""
     cuda = torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     if "WORLD_SIZE" in os.environ:  # set by torchrun
@@ -40,7 +61,8 @@ def init_world() -> World:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    return World(dist.get_rank(), dist.get_world_size(), device)
+    group = context_group(cp, device.type) if cp > 1 else None
+    return World(dist.get_rank(), dist.get_world_size(), device, cp, group)
 
 
 def setup_rank_logging(process: str, level: str) -> None:
@@ -89,13 +111,14 @@ def shard_model(
 
 
 def rank_share(micro_batches: list[MicroBatch], world: World) -> list[tuple[MicroBatch, float]]:
-    """This rank's micro-batches (round-robin), each with the weight of its loss.
+    """This rank's micro-batches (round-robin over the data-parallel groups: every rank of a context-parallel group
+    gets its group's), each with the weight of its loss.
 
     Every rank must run as many forward/backward passes as the others (FSDP's collectives pair them up), so a
     rank with fewer micro-batches repeats one with weight 0: it takes part in the collectives but adds nothing.
     """
-    count = -(-len(micro_batches) // world.size)
-    mine = micro_batches[world.rank :: world.size]
+    count = -(-len(micro_batches) // world.dp_size)
+    mine = micro_batches[world.dp_rank :: world.dp_size]
     return [(micro_batch, 1.0) for micro_batch in mine] + [(micro_batches[0], 0.0)] * (count - len(mine))
 
 

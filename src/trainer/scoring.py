@@ -45,6 +45,7 @@ class ScoreRequest:
     temperature: float
     entropy: Entropy
     truncation: Truncation = NO_TRUNCATION
+    logged_rows: slice | None = None  # where ``logged`` computes it (None: :func:`logged_entropy_rows` of all)
 
 
 _request: ContextVar[ScoreRequest | None] = ContextVar("trident_score_request", default=None)
@@ -56,10 +57,12 @@ def scoring(
     temperature: float,
     entropy: Entropy = "off",
     truncation: Truncation = NO_TRUNCATION,
+    logged_rows: slice | None = None,
 ) -> Iterator[None]:
     """Within this block a model's :class:`ScoringHead` returns scores ``[..., positions, 3]`` (logprob of each
-    target, entropy or 0, 1 where the target lay outside the truncation's kept set) instead of logits."""
-    token = _request.set(ScoreRequest(targets, temperature, entropy, truncation))
+    target, entropy or 0, 1 where the target lay outside the truncation's kept set) instead of logits; in ``logged``
+    mode the entropy at ``logged_rows`` of the positions (None: :func:`logged_entropy_rows` of them all)."""
+    token = _request.set(ScoreRequest(targets, temperature, entropy, truncation, logged_rows))
     try:
         yield
     finally:
@@ -96,10 +99,12 @@ def chunk_scores(
     return torch.stack([logprobs, entropies, outside], -1)
 
 
-def logged_entropy_rows(positions: int) -> slice:
+def logged_entropy_rows(positions: int, first: int = 0) -> slice:
     """The positions (of ``positions`` scored ones) whose entropy ``logged`` mode computes: every ``stride``-th
-    from the first, at most :data:`LOGGED_ENTROPY_POSITIONS` of them, spread over the whole row."""
-    return slice(0, None, max(1, -(-positions // LOGGED_ENTROPY_POSITIONS)))
+    from the first, at most :data:`LOGGED_ENTROPY_POSITIONS` of them, spread over the whole row. As a slice of the
+    scored positions from the ``first``-th on (a context-parallel shard's share)."""
+    stride = max(1, -(-positions // LOGGED_ENTROPY_POSITIONS))
+    return slice(-first % stride, None, stride)
 
 
 def chunked_scores(
@@ -116,7 +121,7 @@ def chunked_scores(
     if request.entropy != "logged":
         return _chunked(hidden, weight, bias, targets, request.temperature, request.entropy, request.truncation)
     scores = _chunked(hidden, weight, bias, targets, request.temperature, "off", request.truncation)
-    rows = logged_entropy_rows(hidden.shape[-2])
+    rows = logged_entropy_rows(hidden.shape[-2]) if request.logged_rows is None else request.logged_rows
     with torch.no_grad():
         logged = _chunked(
             hidden[..., rows, :], weight, bias, targets[..., rows], request.temperature, "logged", request.truncation

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoTokenizer
@@ -23,10 +24,11 @@ from contracts.run_dir import resume_step, rollouts_dir, wait_for, weights_dir
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward
+from trainer.context_parallel import check_heads
 from trainer.export import save_weights
 from trainer.loss import mismatch_kl, policy_loss
 from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
-from trainer.moe.routing import Routers, check_routes
+from trainer.moe.routing import Routers, check_routes, moe_routers
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import (
     World,
@@ -36,6 +38,7 @@ from trainer.parallel import (
     shard_model,
     sum_over_ranks,
 )
+from trainer.vision import is_vision_language
 
 logger = logging.getLogger("trainer")
 
@@ -65,12 +68,26 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
             f"model.experimental.load_in_4bit trains on one rank; this trainer has {world.size} (give it one GPU)"
         )
     model = load_model(model_config, world.device if in_4bit else torch.device("cpu"), dtype)
+    if world.cp > 1:
+        check_context_parallel(model, world.cp)
     offload = offload and world.device.type == "cuda"
     reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
     shard_model(model, decoder_layers(model), dtype, offload, reshard, model_config.parallel.ep)
-    if compiles(model_config.compile, world.device, dtype, model_config.parallel.ep):
+    if compiles(model_config.compile, world.device, dtype, model_config.parallel.ep, world.cp):
         compile_layers(model)
     return model
+
+
+def check_context_parallel(model: nn.Module, cp: int) -> None:
+    """Refuse a model context parallelism cannot split over ``cp`` ranks: its attention heads must divide by ``cp``,
+    and a mixture of experts (its routing statistics and replayed routes are per micro-batch) or a vision-language
+    model (its image features are placed by token) is not split yet."""
+    config, key = model.config.get_text_config(), f"model.parallel.cp = {cp}"
+    if is_vision_language(model.config):
+        raise TridentError(f"{key}: a vision-language model ({model.config.model_type}) is not split yet; set cp = 1")
+    if moe_routers(decoder_layers(model)):
+        raise TridentError(f"{key}: a mixture of experts ({config.model_type}) is not split yet; set cp = 1")
+    check_heads(cp, config.num_attention_heads, config.model_type)
 
 
 def warn_on_compile_setting(model_config: TrainerModelConfig, device: torch.device) -> None:
@@ -87,13 +104,20 @@ class FrozenReference:
 
     model: nn.Module
     output_dir: Path
+    group: dist.ProcessGroup | None = None  # the context-parallel group, as the policy's
 
     def logprobs(self, micro_batch: MicroBatch, info: BatchInfo) -> Tensor:
         """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation)."""
         with torch.no_grad():
             with self.model.disable_adapter() if isinstance(self.model, PeftModel) else nullcontext():
                 return packed_logprobs(
-                    self.model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation, self.output_dir
+                    self.model,
+                    micro_batch,
+                    info.temperature,
+                    micro_batch.loss_mask,
+                    info.truncation,
+                    self.output_dir,
+                    self.group,
                 )
 
 
@@ -102,9 +126,9 @@ def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> F
     if config.loss.kl_coef == 0:
         return None
     if isinstance(model, PeftModel):
-        return FrozenReference(model, config.output_dir)
+        return FrozenReference(model, config.output_dir, world.cp_group)
     reference = build_model(config.model, world, config.optim.offload).requires_grad_(False).eval()
-    return FrozenReference(reference, config.output_dir)
+    return FrozenReference(reference, config.output_dir, world.cp_group)
 
 
 def train_step(
@@ -172,7 +196,8 @@ def forward_backward(
     routers: Routers | None = None,
 ) -> dict[str, Tensor]:
     """The forward and backward passes of a step's micro-batches, gradients added up in the model; returns the
-    sums of the loss and its statistics, weighted, on the device.
+    sums of the loss and its statistics, weighted, on the device (on the first rank of each context-parallel group;
+    0 on the others, whose loss is the same).
 
     A mixture-of-experts model's ``routers`` record each micro-batch's routing (not a filler's of weight 0) and,
     under ``model.moe.replay``, force the micro-batch's routes. Its load-balancing loss (``model.moe.aux_loss_coef``)
@@ -197,6 +222,7 @@ def forward_backward(
                 entropy_mode,
                 info.truncation,
                 config.output_dir,
+                world.cp_group,
             )
             loss, stats = policy_loss(
                 scores.logprobs,
@@ -227,11 +253,18 @@ def forward_backward(
             stats["replayed_tokens"] = torch.tensor(0 if routes is None else len(routes), device=world.device)
             with routers.micro_batch(None, measure=False), torch.no_grad():
                 own = packed_logprobs(
-                    model, micro_batch, info.temperature, micro_batch.loss_mask, info.truncation, config.output_dir
+                    model,
+                    micro_batch,
+                    info.temperature,
+                    micro_batch.loss_mask,
+                    info.truncation,
+                    config.output_dir,
+                    world.cp_group,
                 )
             stats["mismatch_kl_no_replay"] = mismatch_kl(own, inference_logprobs, loss_mask)
+        counted = weight if world.cp_rank == 0 else 0.0  # a context-parallel group's ranks hold the same sums
         for name, value in {"loss": loss.detach(), **stats}.items():
-            sums[name] = sums.get(name, 0) + weight * value.double()
+            sums[name] = sums.get(name, 0) + counted * value.double()
     return sums
 
 
@@ -244,7 +277,7 @@ def peak_memory_gib(device: torch.device) -> float:
 
 def train(config: TrainerConfig) -> None:
     """Train for ``config.max_steps`` steps, on every rank of the process group (or alone)."""
-    world = init_world()
+    world = init_world(config.model.parallel.cp)
     try:
         run_training(config, world)
     finally:

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 from batches import write_random_batches
-from safetensors.torch import load_file
+from trainer_runs import assert_resumed_equals_whole
 
-from contracts.metrics import read_metrics
-from contracts.run_dir import weights_dir
 from tools.tiny_model import built_model_path
 
 RANKS = Path(__file__).parents[1] / "expert_parallel_ranks.py"
@@ -53,14 +51,6 @@ def test_split_experts_give_the_loss_and_gradients_of_whole_ones(runs, training)
 
 @pytest.mark.slow
 def test_a_resumed_expert_parallel_run_equals_an_uninterrupted_one(runs):
-    whole, resumed = (read_metrics(runs / run, "trainer") for run in ("whole", "resumed"))
-    assert [record["step"] for record in resumed] == [1, 2, 3]
-    for one, two in zip(whole, resumed, strict=True):
-        assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
-        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-6)
-    expected, got = (load_file(weights_dir(runs / run, 3) / "model.safetensors") for run in ("whole", "resumed"))
-    assert expected.keys() == got.keys()
+    expected = assert_resumed_equals_whole(runs / "whole", runs / "resumed", steps=3)
     experts = {name.split(".")[5] for name in expected if ".mlp.experts." in name}  # saved one tensor per expert
     assert experts == {"0", "1", "2", "3"}  # experts 0-1 held by rank 0, 2-3 by rank 1, gathered
-    for name in expected:
-        assert (expected[name] - got[name]).abs().max() < 1e-6, name

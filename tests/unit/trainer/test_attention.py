@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from varlen_stand_in import documented_varlen, varlen_packing
 
 from contracts.protocol import MicroBatch, Sample
 from trainer import attention
@@ -40,25 +41,6 @@ def set_attention(model, name: str) -> None:
     base.set_attn_implementation(name)
 
 
-def documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
-                      enable_gqa=False, is_causal=False):  # fmt: skip
-    """What varlen_attn computes, as torch documents it ([tokens, heads, head_dim] in and out), with plain SDPA."""
-    assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k
-    assert max_q == int((cu_seq_q[1:] - cu_seq_q[:-1]).max())
-    causal = is_causal or tuple(window_size) == (-1, 0)
-    if key.shape[1] != query.shape[1]:
-        assert enable_gqa, "fewer key/value heads need enable_gqa"
-    bounds = cu_seq_q.tolist()
-    outputs = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[a:b].transpose(0, 1), key[a:b].transpose(0, 1), value[a:b].transpose(0, 1), is_causal=causal,
-            scale=scale, enable_gqa=key.shape[1] != query.shape[1],
-        ).transpose(0, 1)
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-    ]  # fmt: skip
-    return torch.cat(outputs)
-
-
 SIGNATURES = {  # the keywords of varlen_attn's signature in each torch release, and a stand-in taking only those
     "2.12+": ("scale", "window_size", "enable_gqa"),
     "2.11": ("scale", "window_size"),
@@ -77,12 +59,6 @@ def varlen_of(release: str):
         return documented_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs)
 
     return varlen
-
-
-def varlen_packing(sample_lengths: torch.Tensor, device: torch.device) -> Packing:
-    """The Packing ``packing`` makes for a CUDA device, made on the CPU."""
-    bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
-    return Packing(bounds, torch.tensor(bounds, dtype=torch.int32), int(sample_lengths.max()))
 
 
 @pytest.fixture

@@ -1,0 +1,85 @@
+"""Context parallelism's pieces on one process: how a row is split, which logged entropies each shard computes, how
+the heads are split (with key and value heads repeated where the group's size does not divide them), and what is
+refused. The all-to-alls and the whole step on two ranks: tests/integration/test_context_parallel_two_ranks.py."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
+
+from contracts.errors import TridentError
+from tools.tiny_model import built_model_path
+from trainer.compilation import compiles
+from trainer.config import ParallelConfig, SFTConfig, TrainerModelConfig
+from trainer.context_parallel import divisible_kv, shard_of
+from trainer.model import load_model
+from trainer.scoring import logged_entropy_rows
+from trainer.train import check_context_parallel
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_shards_cover_the_row_in_order_each_of_the_same_length(size):
+    for tokens in range(1, 20):
+        shards = [shard_of(tokens, rank, size) for rank in range(size)]
+        assert shards[0].start == 0 and shards[-1].stop == shards[0].padded >= tokens
+        assert shards[0].padded % size == 0 and shards[0].padded - tokens < size
+        assert all(a.stop == b.start for a, b in zip(shards, shards[1:], strict=False))
+        assert len({shard.stop - shard.start for shard in shards}) == 1
+
+
+@pytest.mark.parametrize("positions", [5, 128, 129, 300, 1000])
+def test_each_shards_logged_entropies_are_the_whole_rows_share(positions):
+    whole = list(range(positions))[logged_entropy_rows(positions)]
+    for cuts in ([0, positions], [0, 3, positions], [0, positions // 3, positions // 2 + 1, positions]):
+        split = []
+        for first, stop in zip(cuts, cuts[1:], strict=False):  # a shard scores positions first..stop - 1 of the row's
+            split += [first + row for row in range(stop - first)[logged_entropy_rows(positions, first)]]
+        assert split == whole
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "cp"), [(2, 1, 2), (4, 2, 2), (8, 2, 4), (6, 2, 2), (12, 4, 6), (8, 8, 4)]
+)
+def test_split_heads_each_meet_their_own_key_and_value_heads(heads, kv_heads, cp):
+    """Attention of each rank's share of the heads (query heads split in cp groups, key and value heads repeated by
+    ``divisible_kv`` then split the same way) equals the whole attention's heads."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, heads, 9, 8, generator=generator)
+    key, value = (torch.randn(1, kv_heads, 9, 8, generator=generator) for _ in range(2))
+    whole = F.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+    key, value = divisible_kv(key, cp), divisible_kv(value, cp)
+    assert key.shape[1] % cp == 0
+    parts = [
+        F.scaled_dot_product_attention(*(x.chunk(cp, dim=1)[rank] for x in (query, key, value)), is_causal=True,
+                                       enable_gqa=True)
+        for rank in range(cp)
+    ]  # fmt: skip
+    assert torch.allclose(torch.cat(parts, dim=1), whole, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("model", "cp", "message"),
+    [
+        ("trident/tiny-qwen3", 4, "must divide the qwen3 model's 2 attention heads"),
+        ("trident/tiny-qwen3-moe", 2, "a mixture of experts (qwen3_moe) is not split yet"),
+        ("trident/tiny-qwen3-vl", 2, "a vision-language model (qwen3_vl) is not split yet"),
+    ],
+)
+def test_what_context_parallelism_cannot_split_is_refused_in_one_line(model, cp, message):
+    loaded = load_model(TrainerModelConfig(name=built_model_path(model)), torch.device("cpu"))
+    with pytest.raises(TridentError, match=rf"^model\.parallel\.cp = {cp}:? .*{re.escape(message)}"):
+        check_context_parallel(loaded, cp)
+
+
+def test_the_tiny_model_splits_over_two_ranks():
+    check_context_parallel(load_model(TrainerModelConfig(name=built_model_path("trident/tiny-qwen3")), "cpu"), 2)
+
+
+def test_configs_refuse_context_parallelism_where_it_does_not_apply():
+    with pytest.raises(ValidationError, match="context and expert parallelism do not combine yet"):
+        ParallelConfig(cp=2, ep=2)
+    with pytest.raises(ValidationError, match="context parallelism is the RL trainer's"):
+        SFTConfig(model={"parallel": {"cp": 2}}, data={"path": "x.jsonl"})
+    assert not compiles("auto", torch.device("cuda"), torch.bfloat16, cp=2)  # not compiled yet under cp
