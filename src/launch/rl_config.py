@@ -402,8 +402,10 @@ def trainer_gpus(config: RLConfig, on_gpu: bool) -> None:
 
 def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
     """How many trainer processes ``rl`` starts: one per trainer GPU (torchrun, FSDP2); on the CPU one, or
-    ``model.parallel.ep`` (gloo) to split a mixture of experts' experts."""
-    return len(config.trainer_gpu_ids) if on_gpu else config.trainer.model.parallel.ep
+    ``model.parallel.ep`` (gloo) to split a mixture of experts' experts, or ``model.parallel.cp`` to split each
+    micro-batch's tokens (the two are never both above 1)."""
+    parallel = config.trainer.model.parallel
+    return len(config.trainer_gpu_ids) if on_gpu else parallel.ep * parallel.cp
 
 
 def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
