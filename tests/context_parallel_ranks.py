@@ -1,8 +1,10 @@
 """What tests/integration/test_context_parallel_two_ranks.py runs on two gloo ranks (``torchrun ...
 context_parallel_ranks.py FOLDER``), in one launch: a step of tiny-qwen3 with each micro-batch's tokens split over both
 ranks (cp = 2) beside the same step with each rank holding whole micro-batches (cp = 1), in full training, under
-LoRA (with the sequence-level ratio, normalisation and correction, the entropy bonus, the KL penalty and a top-p
-truncation), and in full training with the GPU's varlen attention (its kernel's documented stand-in); then a cp = 2 run of 3 steps, and the same run stopped after its checkpoint of step 2 and resumed.
+LoRA with activation checkpointing (and the sequence-level ratio, normalisation and correction, the entropy bonus,
+the KL penalty and a top-p truncation), and in full training with the GPU's varlen attention (its kernel's
+documented stand-in); then a cp = 2 run of 3 steps, and the same run stopped after its checkpoint of step 2 and
+resumed.
 
 The batch (:func:`write_long_batches`): 4 micro-batches of up to 256 tokens, packed from samples of 20-60 tokens and
 three long ones (200 tokens of which 150 prompt, 170 and 130 tokens): samples longer than a 128-token shard, others
@@ -129,7 +131,7 @@ def main(folder: Path) -> None:
             "full": compare_steps(TrainerConfig(model=model, output_dir=folder / "full", **base), worlds),
             "lora": compare_steps(
                 TrainerConfig(
-                    model={**model, "experimental": {"lora": LORA}},
+                    model={**model, "experimental": {"lora": LORA}, "ac": {}},  # every layer recomputed
                     loss=LORA_LOSS,
                     output_dir=folder / "lora",
                     **base,

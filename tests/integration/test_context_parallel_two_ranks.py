@@ -1,8 +1,9 @@
 """Context parallelism on two gloo ranks (one torchrun launch of tests/context_parallel_ranks.py): each micro-batch's
 tokens split over both ranks (cp = 2) give the loss, statistics, gradients and updated weights of each rank holding
-whole micro-batches (cp = 1), in full training and under LoRA, on packed rows with samples longer and shorter than a
-shard; with per-sample SDPA (the CPU's attention) and with one varlen call per layer (a GPU's, its kernel replaced by
-the documented stand-in); and a resumed cp = 2 run equals an uninterrupted one."""
+whole micro-batches (cp = 1), in full training and under LoRA with activation checkpointing, on packed rows with
+samples longer and shorter than a shard; with per-sample SDPA (the CPU's attention) and with one varlen call per
+layer (a GPU's, its kernel replaced by the documented stand-in); and a resumed cp = 2 run equals an uninterrupted
+one."""
 
 import json
 import os
