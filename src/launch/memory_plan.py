@@ -27,7 +27,7 @@ from pathlib import Path
 from contracts.errors import TridentError
 from contracts.model_path import resolve_model_path, routed_experts
 from inference.config import InferenceConfig
-from trainer.config import TrainerConfig, chunk_rows, reshards_after_forward
+from trainer.config import ParallelConfig, TrainerConfig, chunk_rows, reshards_after_forward
 
 GIB = 2**30
 # Fitted to a Qwen3-0.6B full fine-tune on an H200 (torch 2.11, 2026-11-26, benchmarks/results/gpu_check_history.json;
@@ -429,27 +429,46 @@ def layer_kinds(shape: ModelShape) -> dict[bool, int]:
     return {sparse: count for sparse, count in kinds.items() if count}
 
 
+def rank_tokens(trainer: TrainerConfig) -> int:
+    """Tokens of a micro-batch each trainer rank runs: all of ``micro_batch_tokens`` (else ``seq_len``), or under
+    context parallelism its ``1 / cp`` shard."""
+    return -(-trainer.micro_batch_budget // trainer.model.parallel.cp)
+
+
+def offloaded_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> int:
+    """Bytes of the checkpointed layers' inputs a rank keeps in host memory under ``model.ac.offload`` (0 without):
+    each checkpointed layer's input, for the rank's tokens."""
+    ac = trainer.model.ac
+    if ac is None or not ac.offload:
+        return 0
+    return math.ceil(shape.num_hidden_layers / ac.freq) * shape.hidden_size * compute * rank_tokens(trainer)
+
+
 def activation_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> tuple[float, float]:
-    """Bytes of one micro-batch's activations (``micro_batch_tokens``, else ``seq_len`` tokens): those kept through
-    the backward pass (a checkpointed layer keeps what :func:`checkpointed_layer_bytes` says, any other layer all
-    it saves), and the working memory at the backward pass's peak, the larger of one chunk of logits and one
-    layer's recomputed activations (checkpointing) with its gradients."""
-    full, tokens, layers = trainer.model.experimental.lora is None, trainer.micro_batch_budget, shape.num_hidden_layers
+    """Bytes of the activations of the micro-batch tokens a rank runs (:func:`rank_tokens`): those kept through the
+    backward pass (a checkpointed layer keeps what :func:`checkpointed_layer_bytes` says, nothing under
+    ``model.ac.offload``, any other layer all it saves), and the working memory at the backward pass's peak, the
+    larger of one chunk of logits and one layer's recomputed activations (checkpointing; offloaded, with its input
+    brought back) with its gradients."""
+    full, tokens, layers = trainer.model.experimental.lora is None, rank_tokens(trainer), shape.num_hidden_layers
     ac, kinds = trainer.model.ac, layer_kinds(shape)
     part = ac.part if ac is not None else "layer"
     checkpointed = 0 if ac is None else math.ceil(layers / ac.freq)
+    offload = ac is not None and ac.offload
     saved = sum(count * layer_activation_bytes(shape, compute, full, sparse) for sparse, count in kinds.items())
-    saved_checkpointed = sum(
+    saved_checkpointed = 0 if offload else sum(
         count * checkpointed_layer_bytes(shape, compute, full, sparse, part) for sparse, count in kinds.items()
-    )
+    )  # fmt: skip
     kept = (checkpointed * saved_checkpointed + (layers - checkpointed) * saved) / layers
 
     def recomputed_bytes(sparse: bool) -> int:
         parts = layer_activation_parts(shape, compute, full, sparse)
         return sum(parts.values()) if part == "layer" else parts[part]
 
+    brought_back = shape.hidden_size * compute if offload else 0  # the recomputed layer's input, from the host
     recomputed = max(
-        (recomputed_bytes(sparse) if checkpointed else 0) + layer_gradient_bytes(shape, compute, full, sparse)
+        (recomputed_bytes(sparse) + brought_back if checkpointed else 0)
+        + layer_gradient_bytes(shape, compute, full, sparse)
         for sparse in kinds
     )
     logits = LOGIT_BYTES * min(tokens, chunk_rows(shape.vocab_size)) * shape.vocab_size
@@ -514,6 +533,18 @@ def routed_expert_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int)
     return parts
 
 
+def context_parallel_bytes(shape: ModelShape, trainer: TrainerConfig, compute: int) -> dict[str, float]:
+    """Under context parallelism, ``all_to_all``: the buffers around one layer's attention, where a rank's tokens
+    are traded for the whole row's: its q, k and v (key and value heads repeated up to ``lcm(kv_heads, cp)``) and
+    the attention's output, each sent and received, in the compute dtype (none without)."""
+    cp = trainer.model.parallel.cp
+    if cp == 1:
+        return {}
+    kv_heads = math.lcm(shape.num_key_value_heads, cp)
+    per_token = 2 * (shape.num_attention_heads + kv_heads) * shape.head_dim * compute
+    return {"all_to_all": 2 * per_token * rank_tokens(trainer)}
+
+
 def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: bool) -> dict[str, float]:
     """GiB per trainer rank, by what holds them: what trains and the frozen base split over the ranks (under expert
     parallelism too: a rank's ``num_experts / ep`` experts are split further over the ``ranks / ep`` replicas).
@@ -542,6 +573,7 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         "activations": activations,
         "backward": backward,
         **routed_expert_bytes(shape, trainer, compute),
+        **context_parallel_bytes(shape, trainer, compute),
     }
     if shape.vision:
         plan["vision"] = shape.vision.activation_bytes(trainer.micro_batch_budget, compute, vision_trained)
@@ -556,6 +588,8 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
         plan["allocator"] = ALLOCATOR_SLACK * plan["activations"]
         plan["cuda"] = CUDA_CONTEXT_GIB
     plan["total"] = sum(plan.values())
+    if host := offloaded_bytes(shape, trainer, compute):  # in host memory, not the GPU's
+        plan["host"] = host / GIB
     return plan
 
 
@@ -609,6 +643,9 @@ class MemoryPlan:
     experts: int = 0  # routed experts of each sparse layer; 0: a dense model
     ep: int = 1  # expert parallelism: ranks each sparse layer's experts are split over
     runs: int = 1  # trainers on the trainer GPUs (a sweep's runs), each as ``trainer`` plans
+    cp: int = 1  # context parallelism: ranks each micro-batch's tokens are split over
+    tokens: int = 0  # of a micro-batch (micro_batch_tokens, else seq_len)
+    cp_advice: str = ""  # where the trainer does not fit: the context parallelism that would make it fit
 
     def total(self, process: str) -> float:
         """GiB of ``process`` on each of its GPUs: the trainer's counted once per run."""
@@ -636,6 +673,8 @@ class MemoryPlan:
                     f"GPU {gpu}: {parts} = {size(need)} does not fit in its {size(self.gpu_gib)} "
                     f"(trainer: {self.describe('trainer')})"
                 )
+        if found and self.cp_advice:
+            found.append(self.cp_advice)
         return found
 
     def process_label(self, process: str) -> str:
@@ -643,13 +682,18 @@ class MemoryPlan:
 
     def describe(self, process: str) -> str:
         parts = getattr(self, process)
-        return ", ".join(f"{name} {size(value)}" for name, value in parts.items() if name not in ("total", "claimed"))
+        skipped = ("total", "claimed", "host")
+        return ", ".join(f"{name} {size(value)}" for name, value in parts.items() if name not in skipped)
 
     def lines(self) -> list[str]:
         """The plan for a person to read."""
         lines = [f"memory plan ({'CPU' if self.gpu_gib is None else f'GPUs of {size(self.gpu_gib)}'}):"]
-        experts = f" (ep {self.ep}: {self.experts // self.ep} of {self.experts} experts a rank)" if self.experts else ""
-        lines.append(f"  trainer, per rank{experts}: {size(self.trainer['total'])} ({self.describe('trainer')})")
+        split = f" (ep {self.ep}: {self.experts // self.ep} of {self.experts} experts a rank)" if self.experts else ""
+        if self.cp > 1:
+            split = f" (cp {self.cp}: {-(-self.tokens // self.cp):,} of {self.tokens:,} tokens a rank)"
+        lines.append(f"  trainer, per rank{split}: {size(self.trainer['total'])} ({self.describe('trainer')})")
+        if "host" in self.trainer:
+            lines.append(f"  trainer, per rank in host memory (model.ac.offload): {size(self.trainer['host'])}")
         if self.runs > 1:
             lines.append(
                 f"  {self.runs} trainers (one per run, each its own base, adapter and optimizer state): "
@@ -690,4 +734,25 @@ def plan_memory(
             gpus.setdefault(gpu_id, []).append("trainer")
         for gpu_id in inference_gpus if inference_part else []:
             gpus.setdefault(gpu_id, []).append("inference")
-    return MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep)
+    plan = MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep,
+                      cp=trainer.model.parallel.cp, tokens=trainer.micro_batch_budget)  # fmt: skip
+    if gpu and any(sum(map(plan.total, on)) > gpu_gib for on in plan.gpus.values() if "trainer" in on):
+        plan = replace(plan, cp_advice=context_parallel_advice(shape, trainer, plan, ranks))
+    return plan
+
+
+def context_parallel_advice(shape: ModelShape, trainer: TrainerConfig, plan: MemoryPlan, ranks: int) -> str:
+    """For a plan whose trainer does not fit: the smallest context parallelism above ``model.parallel.cp`` that
+    would make it fit (a degree dividing the trainer's ``ranks`` and the model's attention heads); nothing where
+    none does, or where the model cannot be split so (a mixture of experts, a vision-language model, QLoRA)."""
+    model = trainer.model
+    if shape.num_experts or shape.vision or model.experimental.load_in_4bit or model.parallel.ep > 1:
+        return ""
+    for cp in range(model.parallel.cp + 1, ranks + 1):
+        if ranks % cp or shape.num_attention_heads % cp:
+            continue
+        split = trainer.model_copy(update={"model": model.model_copy(update={"parallel": ParallelConfig(cp=cp)})})
+        part = trainer_plan(shape, split, ranks, gpu=True)
+        if not replace(plan, trainer=part, cp_advice="").problems():
+            return f"trainer.model.parallel.cp = {cp} fits ({size(part['total'])} per rank)"
+    return ""

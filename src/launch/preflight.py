@@ -170,8 +170,9 @@ def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
             server = started[name]
             lines.append(f"  {name}: {where}, port {server.port}, tensor_parallel_size {server.tensor_parallel_size}")
         elif name == "trainer":
-            ranks, ep = trainer_ranks(config, on_gpu), config.trainer.model.parallel.ep
-            sharding = "FSDP2" + (f", experts split over {ep} ranks" if ep > 1 else "")
+            ranks, parallel = trainer_ranks(config, on_gpu), config.trainer.model.parallel
+            sharding = "FSDP2" + (f", experts split over {parallel.ep} ranks" if parallel.ep > 1 else "")
+            sharding += f", each micro-batch's tokens split over {parallel.cp} ranks" if parallel.cp > 1 else ""
             lines.append(f"  trainer: {where}" + (f", torchrun with {ranks} ranks ({sharding})" if ranks > 1 else ""))
         else:
             lines.append(f"  {name}: {where}")

@@ -26,7 +26,7 @@ from contracts.shared_config import (
     WandbSection,
 )
 from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
-from launch.memory_plan import KNOWN_SHAPES
+from launch.memory_plan import KNOWN_SHAPES, ModelShape
 from orchestrator.config import OrchestratorConfig
 from trainer.config import TrainerConfig
 
@@ -233,6 +233,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
     expert_parallel(config, on_gpu)
+    context_parallel(config, on_gpu)
     one_receiver_per_server(config)
     if config.inference is None:
         if config.inference_servers is not None:
@@ -425,6 +426,45 @@ def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
         raise ConfigError(f"{key}: model {name!r} is dense (no experts to split); set ep = 1")
     if experts is not None and experts % ep:
         raise ConfigError(f"{key} must divide the {experts} experts of model {name!r}")
+
+
+def context_parallel(config: RLConfig, on_gpu: bool) -> None:
+    """Refuse a context parallelism the trainer cannot run, before anything starts: ``cp`` must divide the trainer's
+    ranks and the model's attention heads (where rl can read them without the network; else the trainer checks at
+    start), on a dense text model with a full-precision base."""
+    cp, name = config.trainer.model.parallel.cp, config.trainer.model.name
+    key = f"trainer.model.parallel.cp = {cp}"
+    if cp == 1:
+        return
+    if config.trainer.model.experimental.load_in_4bit:
+        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set cp = 1")
+    if trainer_ranks(config, on_gpu) % cp:
+        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+    shape = known_shape(name)
+    if shape is None:
+        return
+    if shape.num_experts:
+        raise ConfigError(
+            f"{key}: model {name!r} is a mixture of experts, not split over ranks by tokens yet; set cp = 1"
+        )
+    if shape.vision:
+        raise ConfigError(
+            f"{key}: model {name!r} is a vision-language model, not split over ranks by tokens yet; set cp = 1"
+        )
+    if shape.num_attention_heads % cp:
+        raise ConfigError(f"{key} must divide the {shape.num_attention_heads} attention heads of model {name!r}")
+
+
+def known_shape(name: str) -> ModelShape | None:
+    """The shape of model ``name`` from its config.json on this machine or a known model's; None where rl cannot
+    read it without the network."""
+    try:
+        folder = local_model_folder(name)
+    except TridentError:  # a tiny model not built yet
+        folder = None
+    if folder is not None:
+        return ModelShape.from_config(json.loads((Path(folder) / "config.json").read_text()))
+    return KNOWN_SHAPES.get(name.split("/")[-1])
 
 
 def model_experts(name: str) -> int | None:
