@@ -57,7 +57,7 @@ def load_model(
     configure_routers(decoder_layers(model), config.moe, config.name)
     configure_vision_tower(model, config.vision_tower, config.name)
     if config.ac is not None:
-        checkpoint_every(model, config.ac.freq, config.ac.part)
+        checkpoint_every(model, config.ac.freq, config.ac.part, config.ac.offload)
     if lora is not None:
         model = add_lora(model, lora, train_vision=config.vision_tower == "trained")
     return model.to(device).train()
@@ -110,17 +110,35 @@ def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
     return unwrapped(model).get_decoder().layers
 
 
-def checkpoint_every(model: PreTrainedModel, freq: int, part: CheckpointedPart = "layer") -> None:
+def checkpoint_every(
+    model: PreTrainedModel, freq: int, part: CheckpointedPart = "layer", offload: bool = False
+) -> None:
     """Recompute the activations of decoder layers 0, freq, 2·freq, ... in the backward pass: the whole layer, or
-    only its ``mlp`` or ``attention`` (``self_attn``)."""
+    only its ``mlp`` or ``attention`` (``self_attn``); with ``offload`` (whole layers only) each such layer's input
+    waits for the backward pass in host memory (:func:`checkpoint_from_host`)."""
     layers = decoder_layers(model)
     if part == "layer":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for i, layer in enumerate(layers):
             layer.gradient_checkpointing = i % freq == 0
+            if offload:
+                layer._gradient_checkpointing_func = checkpoint_from_host
         return
     for layer in list(layers)[::freq]:
         recompute_in_backward(layer.mlp if part == "mlp" else layer.self_attn)
+
+
+def checkpoint_from_host(function, hidden: Tensor, *args) -> Tensor:
+    """``function(hidden, *args)`` (a decoder layer's forward, as transformers' checkpointed layers call it) under
+    activation checkpointing, its input kept in host memory until the backward pass: what torch's checkpoint holds
+    for the recomputation is a host copy of ``hidden`` (pinned, copied without waiting, on a GPU), moved back to the
+    device inside the checkpointed function; the gradient flows back through both copies. Naive equivalent:
+    ``checkpoint(function, hidden, *args, use_reentrant=False)``."""
+    device = hidden.device
+    held = hidden.to("cpu", non_blocking=device.type == "cuda")
+    return checkpoint(
+        lambda host, *rest: function(host.to(device, non_blocking=True), *rest), held, *args, use_reentrant=False
+    )
 
 
 def recompute_in_backward(module: nn.Module) -> None:
