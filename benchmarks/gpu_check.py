@@ -11,7 +11,9 @@ it, ``train_step``) on each of its batch sizes, small first: two warm-up steps (
 timed steps. Each result says which speed settings applied (compiled layers, micro-batch tokens, FSDP resharding, the
 checkpointed part, a mixture of experts' implementation): ``qwen3-0.6b-full`` against ``qwen3-0.6b-eager`` measures
 the compiled layers, ``qwen3-0.6b-short-samples`` against a baseline the token budget, ``qwen3-8b-lora-ac-mlp``
-against ``qwen3-8b-lora`` checkpointing the MLP only.
+against ``qwen3-8b-lora`` checkpointing the MLP only. The long-sample cases train one 65,536-token sample of 8B
+under LoRA: ``...-64k-offload`` against ``qwen3-8b-lora-64k`` measures activation offload (memory saved, time
+spent), ``...-64k-cp2`` context parallelism over two GPUs (under torchrun; skipped on one GPU).
 The mixture-of-experts cases run four layers of Qwen3-30B-A3B's shape (128 experts, 8 a token), full and under LoRA
 on attention and experts, with transformers' grouped-GEMM experts (``grouped_mm``, one kernel for all experts)
 against its eager loop over experts (``...-eager``).
@@ -66,13 +68,17 @@ class Case:
     seq_len: int | None = None
     micro_batch_tokens: int | None = None
     compile: bool | None = None  # None: the trainer's default (on a GPU in bf16: compiled layers)
+    ac_offload: bool = False  # checkpointed layers' inputs in host memory (model.ac.offload)
+    cp: int = 1  # context parallelism: ranks (GPUs, torchrun) each micro-batch's tokens are split over
 
     @property
     def model_key(self) -> str:
         """The random model this case trains: its shape, cut to its layers."""
         return self.shape + (f"-{self.layers}-layers" if self.layers else "")
 
-    def model_config(self, model_dir: str, known: set[str] = frozenset({"ac.part", "compile"})) -> dict:
+    def model_config(
+        self, model_dir: str, known: set[str] = frozenset({"ac.part", "ac.offload", "compile", "parallel.cp"})
+    ) -> dict:
         """The trainer's ``model`` section, with the settings in ``known`` (what the trainer has) only."""
         config = {"name": model_dir}
         if self.lora_rank is not None:
@@ -80,8 +86,12 @@ class Case:
         if self.ac_freq is not None:
             config["ac"] = {"freq": self.ac_freq} | ({"part": self.ac_part} if self.ac_part and "ac.part" in known
                                                       else {})  # fmt: skip
+            if self.ac_offload and "ac.offload" in known:
+                config["ac"]["offload"] = True
         if self.compile is not None and "compile" in known:
             config["compile"] = self.compile
+        if self.cp > 1 and "parallel.cp" in known:
+            config["parallel"] = {"cp": self.cp}
         return config
 
 
@@ -101,6 +111,11 @@ CASES = {
     "qwen3-30b-a3b-4l-lora-eager": Case(
         "Qwen3-30B-A3B", [(4, 2048), (8, 2048)], layers=4, experts="eager", lora_rank=4, ac_freq=1
     ),
+    # one 65,536-token sample (a long agent trace), 8B LoRA, every layer checkpointed: the layers' inputs kept on the
+    # GPU, offloaded to host memory, and (on two GPUs; skipped on one) the sample's tokens split over both
+    "qwen3-8b-lora-64k": Case("Qwen3-8B", [(1, 65_536)], lora_rank=4, ac_freq=1),
+    "qwen3-8b-lora-64k-offload": Case("Qwen3-8B", [(1, 65_536)], lora_rank=4, ac_freq=1, ac_offload=True),
+    "qwen3-8b-lora-64k-cp2": Case("Qwen3-8B", [(1, 65_536)], lora_rank=4, ac_freq=1, cp=2),
 }
 TINY, TINY_MOE = "trident/tiny-qwen3", "trident/tiny-qwen3-moe"
 SMOKE_CASES = {
@@ -109,6 +124,7 @@ SMOKE_CASES = {
     "tiny-short-samples": Case(TINY, [(16, 16)], ac_freq=1, ac_part="mlp", seq_len=64, micro_batch_tokens=256),
     # the MoE path at its smallest: the tiny MoE, LoRA on attention and experts, grouped GEMM, one small batch
     "tiny-moe-lora": Case(TINY_MOE, [(4, 16)], experts="grouped_mm", lora_rank=4),
+    "tiny-lora-long-offload": Case(TINY, [(1, 512)], lora_rank=4, ac_freq=1, ac_offload=True),
 }
 HANDOVER_SHAPES = {"full": ["Qwen3-0.6B", "Qwen3-8B"], "smoke": [TINY]}
 
@@ -237,10 +253,11 @@ def run_case(case: Case, model_dir: str) -> dict:
     from trainer.parallel import close_world, init_world, rank_share
     from trainer.train import build_model, compute_dtype, train_step
 
-    world = init_world()
+    world = init_world(case.cp) if case.cp > 1 else init_world()
     try:
         known = {"compile"} & set(TrainerModelConfig.model_fields)
-        known |= {"ac.part"} & {f"ac.{name}" for name in ActivationCheckpointConfig.model_fields}
+        known |= {"ac.part", "ac.offload"} & {f"ac.{name}" for name in ActivationCheckpointConfig.model_fields}
+        known |= {"parallel.cp"} if case.cp > 1 else set()
         budget = case.micro_batch_tokens if "micro_batch_tokens" in TrainerConfig.model_fields else None
         seq_len = case.seq_len or max(n * length for n, length in case.batches)
         config = TrainerConfig(model=case.model_config(model_dir, known), seq_len=seq_len,
@@ -318,6 +335,8 @@ def applied(model, config, world) -> dict:
         "micro_batch_tokens": getattr(config, "micro_batch_tokens", None),
         "reshard_after_forward": reshard,
         "ac_part": getattr(model_config.ac, "part", "layer") if model_config.ac else None,
+        "ac_offload": getattr(model_config.ac, "offload", False) if model_config.ac else False,
+        "cp": getattr(world, "cp", 1),
         "experts": model.config._experts_implementation if model.config.model_type.endswith("moe") else None,
     }
 
@@ -392,16 +411,19 @@ def case_main(argv: list[str]) -> None:
         result = run_handover(payload["shape"])
     else:
         result = run_case(Case(**payload["case"]), payload["model_dir"])
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun (a context-parallel case), rank 0's
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 # --- the parent ----------------------------------------------------------------------------------------------------
 
 
-def child(action: str, payload: dict, src: Path, timeout_s: float) -> dict:
-    """Run one action of this script in a fresh process with ``src`` first on its path; its result line."""
+def child(action: str, payload: dict, src: Path, timeout_s: float, ranks: int = 1) -> dict:
+    """Run one action of this script in a fresh process (``ranks`` > 1: that many, under torchrun) with ``src`` first
+    on its path; its result line."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    argv = [sys.executable, __file__, action, json.dumps(payload)]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    argv = [sys.executable, *torchrun, __file__, action, json.dumps(payload)]
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
@@ -426,6 +448,12 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def device_name() -> str:
     import torch
 
@@ -440,11 +468,11 @@ def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -
 
     model = case.model_config(model_dir) | {"reshard_after_forward": applied["reshard_after_forward"]}
     if model.get("ac"):
-        model["ac"] = model["ac"] | {"part": applied["ac_part"]}
+        model["ac"] = model["ac"] | {"part": applied["ac_part"], "offload": applied.get("ac_offload", False)}
     config = TrainerConfig(
         model=model, seq_len=case.seq_len or tokens, micro_batch_tokens=applied["micro_batch_tokens"]
     )
-    return trainer_plan(model_shape(model_dir), config, ranks=1, gpu=gpu)
+    return trainer_plan(model_shape(model_dir), config, ranks=case.cp, gpu=gpu)
 
 
 def summarise(case: Case, result: dict, parameters: int, matmul: float | None, model_dir: str, gpu: bool) -> None:
@@ -508,10 +536,10 @@ def main(argv: list[str] | None = None) -> dict:
                "handover": []}  # fmt: skip
     errors = []
 
-    def attempt(action: str, payload: dict, src: Path) -> dict | None:
+    def attempt(action: str, payload: dict, src: Path, ranks: int = 1) -> dict | None:
         """A child's result, or None with its failure kept (the check goes on with the other parts)."""
         try:
-            return child(action, payload, src, args.timeout_s)
+            return child(action, payload, src, args.timeout_s, ranks)
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             errors.append(f"{action}: {e}")
             print(f"FAILED {errors[-1]}", flush=True)
@@ -540,10 +568,13 @@ def main(argv: list[str] | None = None) -> dict:
             model = models[key]
             if "parameters" not in model:
                 continue
+            if case.cp > 1 and gpus() < case.cp:
+                print(f"{name}: skipped (cp {case.cp} needs {case.cp} GPUs, this machine has {gpus()})", flush=True)
+                continue
             order = list(sides) if i % 2 == 0 else list(reversed(sides))  # alternate which side goes first
             results["cases"][name] = {}
             for side in order:
-                result = attempt("case", {"case": asdict(case), "model_dir": model["folder"]}, sides[side])
+                result = attempt("case", {"case": asdict(case), "model_dir": model["folder"]}, sides[side], case.cp)
                 if result is None:
                     continue
                 summarise(case, result, model["parameters"], model["matmul_tflops"], model["folder"], gpu)

@@ -1,6 +1,7 @@
-"""The GPU check at its smoke size on CPU: every case trains, exports and is planned, a tiny mixture of experts among
-them; the weight handover runs between two processes through the trainer's shared buffer (no timing asserted). The
-mixture-of-experts cases for a GPU are checked for their shape and their eager twins without running them."""
+"""The GPU check at its smoke size on CPU: every case trains, exports and is planned, a tiny mixture of experts and a
+long sample with activation offload among them; the weight handover runs between two processes through the trainer's
+shared buffer (no timing asserted). The mixture-of-experts cases for a GPU are checked for their shape and their eager
+twins without running them; the long-sample cases for theirs."""
 
 import json
 import math
@@ -18,7 +19,8 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(output.read_text())
     assert result["smoke"] and result["device"] == "cpu" and result["date"]
-    assert set(result["cases"]) == {"tiny-full", "tiny-lora", "tiny-short-samples", "tiny-moe-lora"}
+    assert set(result["cases"]) == {"tiny-full", "tiny-lora", "tiny-short-samples", "tiny-moe-lora",
+                                    "tiny-lora-long-offload"}  # fmt: skip
     for name, sides in result["cases"].items():
         assert list(sides) == ["new"]  # no --baseline-src
         run = sides["new"]
@@ -40,6 +42,9 @@ def test_smoke_run_trains_exports_plans_and_hands_weights_over(tmp_path):
     moe = result["cases"]["tiny-moe-lora"]["new"]
     assert moe["applied"]["experts"] == "grouped_mm" and full["applied"]["experts"] is None
     assert moe["trainable_parameters"] > 0 and moe["batches"][0]["tokens"] == 64
+    # the long-sample path: one 512-token sample, every layer's input offloaded (a copy in place on the CPU)
+    long = result["cases"]["tiny-lora-long-offload"]["new"]
+    assert long["applied"]["ac_offload"] and not lora["applied"]["ac_offload"] and long["applied"]["cp"] == 1
     (handover,) = result["handover"]
     assert handover["transport"] == "shm" and handover["tensors"] > 0  # a /dev/shm buffer on the CPU
     assert len(handover["write_s"]) == len(handover["take_s"]) == 4
@@ -70,3 +75,14 @@ def test_the_moe_cases_run_four_layers_of_qwen3_30b_a3b_grouped_and_eager():
         "qwen3_moe", 4, 128, 8)  # fmt: skip
     norms = sum(p.numel() for n, p in model.named_parameters() if n.endswith(("q_norm.weight", "k_norm.weight")))
     assert sum(p.numel() for p in model.parameters()) - norms == shape.parameters  # 3.1B, planned as it is built
+
+
+def test_the_long_sample_cases_train_one_65536_token_sample_of_8b_kept_offloaded_and_split():
+    import runpy
+
+    cases = runpy.run_path(str(ROOT / "benchmarks" / "gpu_check.py"))["CASES"]
+    kept, offloaded, split = (cases[f"qwen3-8b-lora-64k{suffix}"] for suffix in ("", "-offload", "-cp2"))
+    assert kept.shape == "Qwen3-8B" and kept.batches == [(1, 65_536)] and kept.ac_freq == 1 and kept.lora_rank
+    assert vars(offloaded) == vars(kept) | {"ac_offload": True}  # the same run otherwise
+    assert vars(split) == vars(kept) | {"cp": 2}
+    assert split.model_config("m")["parallel"] == {"cp": 2} and offloaded.model_config("m")["ac"]["offload"]
