@@ -3,7 +3,7 @@ on long packed samples with cp = 1 (each rank its own micro-batch) beside cp = 2
 and with ``[model.ac] offload`` at cp = 1: step time and peak resident memory per rank.
 
 ``uv run --no-sync python benchmarks/context_parallel.py`` (``--smoke``: 1,024-token samples, one timed step). It runs
-itself under ``torchrun --nproc-per-node 2`` (gloo); rank 0 writes the result.
+itself under ``torchrun --nproc-per-node 2`` (gloo), once per setting (each its own processes' peak memory).
 
 The batch: two micro-batches, each one sample of ``TOKENS`` tokens (the last half sampled). At cp = 1 each rank runs
 one whole micro-batch; at cp = 2 each rank runs both, half of each one's tokens (Ulysses: attention over the whole
@@ -60,7 +60,7 @@ def time_setting(model_dir: Path, output_dir: Path, tokens: int, steps: int, wor
     micro_batches = [MicroBatch.pack([sample]) for sample in samples]
     num_loss = sum(sum(s.loss_mask) for s in samples)
     dist.barrier()
-    common.reset_peak_rss()
+    start_rss = common.rss_mib("VmRSS")
     model = build_model(config.model, world, offload=False)
     optimizer, _ = build_optimizer(model, config.optim, config.max_steps)
     reference = frozen_reference(model, config, world)
@@ -75,56 +75,64 @@ def time_setting(model_dir: Path, output_dir: Path, tokens: int, steps: int, wor
         optimizer.zero_grad()
         dist.barrier()
         seconds.append(time.perf_counter() - start)
-    peak = common.rss_mib("VmHWM")
-    del model, optimizer
-    return {"step_s": statistics.median(seconds[1:]), "peak_rss_mib": peak}
+    return {"step_s": statistics.median(seconds[1:]), "peak_rss_mib": common.rss_mib("VmHWM"),
+            "rss_at_start_mib": start_rss}  # fmt: skip
 
 
-def ranks(folder: Path, smoke: bool) -> None:
-    """What each of the two ranks runs: every setting in turn; rank 0 writes ``folder/ranks.json``."""
+def ranks(folder: Path, setting: str, smoke: bool) -> None:
+    """What each of the two ranks runs: one setting; rank 0 writes ``folder/<setting>.json``."""
     tokens, steps = (SMOKE_TOKENS, 1) if smoke else (TOKENS, STEPS)
-    world = init_world(2)
-    worlds = {1: World(world.rank, world.size, world.device), 2: world}
+    cp, offload = SETTINGS[setting]
+    world = init_world(cp)
+    if cp == 1:
+        world = World(world.rank, world.size, world.device)
     try:
-        model_dir = folder / "model"
+        mine = time_setting(folder / "model", folder / setting.replace(" ", "_"), tokens, steps, world, offload)
+        every = [None] * world.size
+        dist.all_gather_object(every, mine)
         if world.is_main:
-            common.build_random_model(model_dir, {"max_position_embeddings": 2 * tokens})
-        dist.barrier()
-        results = {}
-        for name, (cp, offload) in SETTINGS.items():
-            mine = time_setting(model_dir, folder / name.replace(" ", "_"), tokens, steps, worlds[cp], offload)
-            every = [None] * world.size
-            dist.all_gather_object(every, mine)
-            results[name] = {"cp": cp, "offload": offload, "step_s": max(r["step_s"] for r in every),
-                             "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in every]}  # fmt: skip
-        if world.is_main:
-            (folder / "ranks.json").write_text(json.dumps({"tokens_per_sample": tokens, "settings": results}))
+            result = {"cp": cp, "offload": offload, "step_s": max(r["step_s"] for r in every),
+                      "peak_rss_mib_per_rank": [r["peak_rss_mib"] for r in every],
+                      "rss_at_start_mib_per_rank": [r["rss_at_start_mib"] for r in every]}  # fmt: skip
+            (folder / f"{setting}.json").write_text(json.dumps(result))
     finally:
         close_world()
 
 
 def run(smoke: bool) -> dict:
+    """Each setting in its own torchrun launch (a fresh process's peak memory), in turn."""
+    tokens = SMOKE_TOKENS if smoke else TOKENS
     with tempfile.TemporaryDirectory(prefix="trident-bench-") as tmp:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__, "--ranks", tmp]
-        subprocess.run([*command, *(["--smoke"] if smoke else [])], check=True)
-        result = json.loads((Path(tmp) / "ranks.json").read_text())
-    return common.benchmark_result("context_parallel", lora=LORA, steps=1 if smoke else STEPS, **result)
+        common.build_random_model(Path(tmp) / "model", {"max_position_embeddings": 2 * tokens})
+        settings = {}
+        for setting in SETTINGS:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__]
+            subprocess.run([*command, "--ranks", tmp, "--setting", setting, *(["--smoke"] if smoke else [])],
+                           check=True)  # fmt: skip
+            settings[setting] = json.loads((Path(tmp) / f"{setting}.json").read_text())
+    cp_1, cp_2 = settings["cp 1"], settings["cp 2"]
+    ratios = {"cp_2_over_cp_1_step_s": cp_2["step_s"] / cp_1["step_s"],
+              "offload_over_cp_1_step_s": settings["cp 1 + offload"]["step_s"] / cp_1["step_s"]}  # fmt: skip
+    return common.benchmark_result("context_parallel", lora=LORA, steps=1 if smoke else STEPS,
+                                   tokens_per_sample=tokens, settings=settings, ratios=ratios)  # fmt: skip
 
 
 def table(result: dict) -> str:
-    rows = [f"{'setting':<16} {'step s':>8} {'peak RSS MiB per rank':>24}"]
+    rows = [f"{'setting':<16} {'step s':>8} {'peak RSS MiB per rank (at start)':>34}"]
     for name, setting in result["settings"].items():
-        rss = ", ".join(f"{mib:.0f}" for mib in setting["peak_rss_mib_per_rank"])
-        rows.append(f"{name:<16} {setting['step_s']:>8.2f} {rss:>24}")
+        pairs = zip(setting["peak_rss_mib_per_rank"], setting["rss_at_start_mib_per_rank"], strict=True)
+        rss = ", ".join(f"{peak:.0f} ({start:.0f})" for peak, start in pairs)
+        rows.append(f"{name:<16} {setting['step_s']:>8.2f} {rss:>34}")
     return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--ranks", type=Path)
+    parser.add_argument("--setting", choices=SETTINGS)
     known, rest = parser.parse_known_args(argv)
     if known.ranks is not None:  # one of torchrun's two ranks
-        return ranks(known.ranks, "--smoke" in rest)
+        return ranks(known.ranks, known.setting, "--smoke" in rest)
     return common.run_and_report(rest, __doc__, "context_parallel", "1,024-token samples, one timed step", run, table)
 
 
