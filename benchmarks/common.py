@@ -2,6 +2,7 @@
 server to run against, training runs alternating between two settings, and writing their results."""
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -20,9 +21,7 @@ from pathlib import Path
 
 import httpx
 import torch
-import transformers
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from contracts.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
 from contracts.metrics import read_metrics
@@ -58,7 +57,7 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "transformers": importlib.metadata.version("transformers"),
     }
 
 
@@ -121,6 +120,9 @@ def run_and_report(
 def build_random_model(folder: Path, shape: dict[str, int], seed: int = 0, tiny_model: str = TINY_MODEL_ID) -> Path:
     """Save a random model with a tiny model's config and tokenizer (the tiny Qwen3 unless ``tiny_model`` names
     another), reshaped by ``shape``: a model the inference server can serve and the trainer can train."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # here: a benchmark's child processes
+    # import this module, and most never build a model (transformers takes seconds to import)
+
     tiny = built_model_path(tiny_model)
     config = AutoConfig.from_pretrained(tiny)
     for name, value in shape.items():
@@ -143,6 +145,8 @@ def benchmark_model(shape: dict[str, int], folder: Path) -> str:
 
 def model_summary(model_folder: Path) -> dict:
     """A model's shape, parameter count and the size of its weight files."""
+    from transformers import AutoConfig  # here: see build_random_model
+
     config = AutoConfig.from_pretrained(model_folder)
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_dim")  # fmt: skip

@@ -8,19 +8,30 @@ server boots while the unit tests run."""
 
 import pytest
 
-# The longest modules in CI, longest first (a hint for the order only: a module missing here runs later, no test
-# depends on it). After them: the other integration and e2e modules, then the unit tests.
+# The longest modules in CI, longest first by their tests' seconds in a CI run (a hint for the order only: a module
+# missing here runs later, no test depends on it). The scheduler hands each worker the next module when it is free,
+# so the long ones go first and the short ones even the two workers out at the end. After them: the other
+# integration and e2e modules, then the unit tests.
 LONGEST_FIRST = (
-    "tests/integration/test_rl.py",
-    "tests/e2e/test_two_servers.py",
-    "tests/e2e/test_recursive_reasoner_run.py",
+    "tests/integration/test_rl.py",  # about 7 minutes: a killed-and-resumed run, the debug run, eval
+    "tests/e2e/test_benchmarks.py",  # about 4.5 minutes: seven smoke runs
+    "tests/integration/test_shared_fleet.py",  # about 4.5 minutes: three runs on one server, a sweep
     "tests/e2e/test_third_party_envs.py",
-    "tests/e2e/test_benchmarks.py",
-    "tests/e2e/test_swe_grep_run.py",
-    "tests/e2e/test_chat_families.py",
-    "tests/integration/test_stream_run.py",
     "tests/integration/test_vlm.py",  # about 4 minutes: a server of its own and an rl run, killed and resumed
-    "tests/integration/test_moe.py",  # about 3 minutes: a server of its own and an rl run
+    "tests/integration/test_moe.py",  # about 3.5 minutes: a server of its own and two rl runs
+    "tests/e2e/test_two_servers.py",
+    "tests/e2e/test_chat_families.py",
+    "tests/e2e/test_gpu_check.py",
+    "tests/integration/test_weight_broadcast.py",
+    "tests/e2e/test_recursive_reasoner_run.py",
+    "tests/integration/test_context_parallel_rl.py",
+    "tests/e2e/test_swe_grep_run.py",
+    "tests/integration/test_stream_run.py",
+    "tests/integration/test_tool_server_limits.py",
+    "tests/integration/test_rollout_workers.py",
+    "tests/integration/test_async.py",
+    "tests/e2e/test_multi_agent_run.py",
+    "tests/integration/test_context_parallel_two_ranks.py",
 )
 
 
