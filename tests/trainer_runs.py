@@ -2,6 +2,9 @@
 each step logged; and the check that a resumed run equals an uninterrupted one."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,3 +40,10 @@ def assert_resumed_equals_whole(whole_dir: Path, resumed_dir: Path, steps: int) 
     for name in expected:
         assert (expected[name] - got[name]).abs().max() < 1e-6, name
     return expected
+
+
+def run_on_two_ranks(script: Path, folder: Path) -> None:
+    """``torchrun --standalone --nproc-per-node 2 script folder`` on two gloo ranks (one thread each); raises if it
+    fails."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), folder]
+    subprocess.run(argv, check=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=600)

@@ -736,7 +736,7 @@ def plan_memory(
             gpus.setdefault(gpu_id, []).append("inference")
     plan = MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep,
                       cp=trainer.model.parallel.cp, tokens=trainer.micro_batch_budget)  # fmt: skip
-    if gpu and any(sum(map(plan.total, on)) > gpu_gib for on in plan.gpus.values() if "trainer" in on):
+    if plan.problems():
         plan = replace(plan, cp_advice=context_parallel_advice(shape, trainer, plan, ranks))
     return plan
 

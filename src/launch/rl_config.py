@@ -409,6 +409,17 @@ def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
     return len(config.trainer_gpu_ids) if on_gpu else parallel.ep * parallel.cp
 
 
+def split_over_ranks(config: RLConfig, on_gpu: bool, kind: str) -> None:
+    """Refuse a ``model.parallel`` degree (``kind``: ``ep`` or ``cp``) above 1 that does not divide the trainer's
+    ranks, or on a 4-bit base (which trains on one rank)."""
+    degree = getattr(config.trainer.model.parallel, kind)
+    key = f"trainer.model.parallel.{kind} = {degree}"
+    if config.trainer.model.experimental.load_in_4bit:
+        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set {kind} = 1")
+    if trainer_ranks(config, on_gpu) % degree:
+        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+
+
 def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
     """Refuse an expert parallelism the trainer cannot run, before anything starts: ``ep`` must divide the trainer's
     ranks and the model's experts (where rl can count them without the network), and needs a mixture of experts
@@ -417,10 +428,7 @@ def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
     key = f"trainer.model.parallel.ep = {ep}"
     if ep == 1:
         return
-    if config.trainer.model.experimental.load_in_4bit:
-        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set ep = 1")
-    if trainer_ranks(config, on_gpu) % ep:
-        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+    split_over_ranks(config, on_gpu, "ep")
     experts = model_experts(name)
     if experts == 0:
         raise ConfigError(f"{key}: model {name!r} is dense (no experts to split); set ep = 1")
@@ -436,10 +444,7 @@ def context_parallel(config: RLConfig, on_gpu: bool) -> None:
     key = f"trainer.model.parallel.cp = {cp}"
     if cp == 1:
         return
-    if config.trainer.model.experimental.load_in_4bit:
-        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set cp = 1")
-    if trainer_ranks(config, on_gpu) % cp:
-        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+    split_over_ranks(config, on_gpu, "cp")
     shape = known_shape(name)
     if shape is None:
         return
@@ -455,27 +460,28 @@ def context_parallel(config: RLConfig, on_gpu: bool) -> None:
         raise ConfigError(f"{key} must divide the {shape.num_attention_heads} attention heads of model {name!r}")
 
 
-def known_shape(name: str) -> ModelShape | None:
-    """The shape of model ``name`` from its config.json on this machine or a known model's; None where rl cannot
-    read it without the network."""
+def local_config(name: str) -> dict | None:
+    """The config.json of model ``name`` on this machine (a folder, or a tiny model built here); None elsewhere."""
     try:
         folder = local_model_folder(name)
     except TridentError:  # a tiny model not built yet
-        folder = None
-    if folder is not None:
-        return ModelShape.from_config(json.loads((Path(folder) / "config.json").read_text()))
-    return KNOWN_SHAPES.get(name.split("/")[-1])
+        return None
+    return json.loads((Path(folder) / "config.json").read_text()) if folder is not None else None
+
+
+def known_shape(name: str) -> ModelShape | None:
+    """The shape of model ``name`` from its :func:`local_config` or a known model's; None where rl cannot read it
+    without the network."""
+    config = local_config(name)
+    return ModelShape.from_config(config) if config is not None else KNOWN_SHAPES.get(name.split("/")[-1])
 
 
 def model_experts(name: str) -> int | None:
-    """The routed experts of model ``name`` (0: dense), from its config.json on this machine or a known model's
-    shape; None where rl cannot tell without the network (the trainer checks at start)."""
-    try:
-        folder = local_model_folder(name)
-    except TridentError:  # a tiny model not built yet
-        folder = None
-    if folder is not None:
-        return routed_experts(json.loads((Path(folder) / "config.json").read_text()))
+    """The routed experts of model ``name`` (0: dense), from its :func:`local_config` or a known model's shape; None
+    where rl cannot tell without the network (the trainer checks at start)."""
+    config = local_config(name)
+    if config is not None:
+        return routed_experts(config)
     known = KNOWN_SHAPES.get(name.split("/")[-1])
     return known.num_experts if known is not None else None
 

@@ -6,14 +6,11 @@ layer (a GPU's, its kernel replaced by the documented stand-in); and a resumed c
 one."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from context_parallel_ranks import write_long_batches
-from trainer_runs import assert_resumed_equals_whole
+from trainer_runs import assert_resumed_equals_whole, run_on_two_ranks
 
 from contracts.sampling import Truncation
 from tools.tiny_model import built_model_path
@@ -29,12 +26,7 @@ def runs(tmp_path_factory) -> Path:
     write_long_batches(folder / "lora", steps=1, truncation=Truncation(top_p=0.95))
     for run in ("whole", "resumed"):
         write_long_batches(folder / run, steps=3)
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(RANKS), folder],
-        check=True,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
+    run_on_two_ranks(RANKS, folder)
     return folder
 
 

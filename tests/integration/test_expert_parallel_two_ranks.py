@@ -3,14 +3,11 @@ split over both ranks give the loss, gradients and exported weights of every ran
 expert-parallel run equals an uninterrupted one."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from batches import write_random_batches
-from trainer_runs import assert_resumed_equals_whole
+from trainer_runs import assert_resumed_equals_whole, run_on_two_ranks
 
 from tools.tiny_model import built_model_path
 
@@ -24,12 +21,7 @@ def runs(tmp_path_factory) -> Path:
     built_model_path("trident/tiny-qwen3-moe")
     for run in ("whole", "resumed"):  # three micro-batches: one rank also runs a zero-weight pass
         assert write_random_batches(folder / run, steps=3, num_samples=9) == 3
-    subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(RANKS), folder],
-        check=True,
-        env=os.environ | {"OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
+    run_on_two_ranks(RANKS, folder)
     return folder
 
 
