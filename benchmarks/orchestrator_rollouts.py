@@ -41,14 +41,14 @@ from transformers import AutoTokenizer
 
 from contracts.inference_api import GENERATE
 from contracts.model_path import TINY_MODEL_ID
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.gc_tuning import tune_gc
-from orchestrator.rollout import Rollout
+from orchestrator.loop.gc_tuning import tune_gc
+from orchestrator.loop.workers import RolloutWorkers
+from orchestrator.loop.workers import cpu_seconds as process_cpu_seconds
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from orchestrator.verifiers_adapter.patches import install_patches
-from orchestrator.workers import RolloutWorkers
-from orchestrator.workers import cpu_seconds as process_cpu_seconds
 from tools.tiny_model import built_model_path
 
 SERVER = Path(__file__).parent / "scripted_server.py"

@@ -36,7 +36,7 @@ from common import (
 from contracts.config import parse_config
 from contracts.model_path import TINY_MODEL_ID
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.patches import install_patches
 
 ORCH_TOML = Path(__file__).parents[1] / "configs" / "debug" / "rl" / "orch.toml"

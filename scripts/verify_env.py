@@ -55,8 +55,8 @@ def env_args(raw: str) -> dict:
 
 async def run_rollouts(args: argparse.Namespace, env_arguments: dict) -> list:
     # Imported here: verifiers is slow to import, and argument errors should not wait for it.
-    from orchestrator.client import InferenceClient
     from orchestrator.config import EnvConfig, OrchestratorConfig
+    from orchestrator.serving.client import InferenceClient
     from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
     from orchestrator.verifiers_adapter.limits import RolloutLimits
     from orchestrator.verifiers_adapter.patches import install_patches

@@ -25,7 +25,7 @@ from varlen_stand_in import documented_varlen, varlen_packing
 
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, read_batch, write_batch
 from contracts.sampling import NO_TRUNCATION, Truncation
-from orchestrator.ckpt import data_state, save_state
+from orchestrator.loop.ckpt import data_state, save_state
 from tools.tiny_model import built_model_path
 from trainer import attention
 from trainer import model as trainer_model

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from contracts.protocol import read_batch
-from orchestrator.ckpt import data_state, save_state
+from orchestrator.loop.ckpt import data_state, save_state
 from tools.tiny_model import built_model_path
 from trainer.config import TrainerConfig
 from trainer.export import full_weights

@@ -2,8 +2,8 @@
 
 from collections.abc import Iterable
 
-from orchestrator.batch import flat, rollout_samples
-from orchestrator.rollout import Rollout
+from orchestrator.batching.batch import flat, rollout_samples
+from orchestrator.batching.rollout import Rollout
 
 Branch = tuple[list[int], list[bool], list[float]]  # token ids, loss mask, logprobs
 
@@ -34,6 +34,6 @@ def group(rewards: Iterable[float], *branches: Branch, **fields) -> list[Rollout
 
 def build_samples(groups: list[list[Rollout]], weight_step: int, **options):
     """The samples of ``groups`` in one list, and the rewards and advantages they were built from
-    (:func:`orchestrator.batch.rollout_samples`, flattened)."""
+    (:func:`orchestrator.batching.batch.rollout_samples`, flattened)."""
     per_rollout, rewards, advantages = rollout_samples(groups, weight_step, **options)
     return flat(per_rollout), rewards, advantages

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from contracts.run_spec import served_lora_rank
-from orchestrator.client import InferenceClient
+from orchestrator.serving.client import InferenceClient
 from tools.tiny_model import built_model_path
 from trainer.config import LoraConfig
 

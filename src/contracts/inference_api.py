@@ -1,8 +1,8 @@
 """The inference server's HTTP API, defined once: its routes, the bodies and answers of Trident's own routes, the
 key clients send, the names adapters are served under, and the probe request that checks what is served.
 
-The server (``inference.routes``, ``inference.security``), its client (``orchestrator.client``) and the benchmarks
-use these names; ``docs/protocol.md`` describes each route.
+The server (``inference.routes``, ``inference.security``), its client (``orchestrator.serving.client``) and the
+benchmarks use these names; ``docs/protocol.md`` describes each route.
 """
 
 import ipaddress

@@ -25,7 +25,7 @@ from contracts.shared_config import (
     StrictModel,
     WandbSection,
 )
-from orchestrator.tasks import prompts_per_env
+from orchestrator.tasks.sampler import prompts_per_env
 
 MaxConcurrent = Annotated[
     int | None,

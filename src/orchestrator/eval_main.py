@@ -23,10 +23,10 @@ from contracts.metrics import MetricsWriter, setup_logging
 from contracts.progress import Progress
 from contracts.run_dir import is_stable, step_of
 from orchestrator.config import EvalRunConfig, InfraConfig
-from orchestrator.evaluation import Evaluation
-from orchestrator.gc_tuning import tune_gc
-from orchestrator.groups import connect
-from orchestrator.servers import Servers
+from orchestrator.loop.evaluation import Evaluation
+from orchestrator.loop.gc_tuning import tune_gc
+from orchestrator.loop.groups import connect
+from orchestrator.serving.servers import Servers
 from orchestrator.verifiers_adapter.patches import install_patches
 
 logger = logging.getLogger("orchestrator")

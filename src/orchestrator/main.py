@@ -7,8 +7,8 @@ from contracts.lifeline import stop_descendants_on_exit, watch_launcher
 from contracts.metrics import setup_logging
 from contracts.run_spec import load_config
 from orchestrator.config import OrchestratorConfig
-from orchestrator.gc_tuning import tune_gc
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.gc_tuning import tune_gc
+from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.patches import install_patches
 
 

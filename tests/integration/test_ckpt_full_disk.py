@@ -19,7 +19,7 @@ from trainer.train import train
 FULL_DISK_RUN = """
 import json, sys
 from pathlib import Path
-from orchestrator.ckpt import data_state, save_state
+from orchestrator.loop.ckpt import data_state, save_state
 from trainer.ckpt import CheckpointError
 from trainer.config import TrainerConfig
 from trainer.train import train

@@ -10,8 +10,8 @@ from rollouts import build_samples
 from servers import counter
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.serving.client import InferenceClient
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from trainer.export import save_weights

@@ -19,8 +19,8 @@ from contracts.errors import TridentError
 from contracts.inference_api import adapter_name
 from contracts.protocol import MicroBatch
 from contracts.run_dir import PROBE_FILE, PROBE_TEXT, mark_stable
-from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig, SamplingConfig
+from orchestrator.serving.client import InferenceClient
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from trainer.export import probe_logprobs, save_weights

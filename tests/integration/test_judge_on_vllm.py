@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from orchestrator.batching.infra import infra_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.infra import infra_metrics
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 

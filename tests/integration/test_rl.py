@@ -22,7 +22,7 @@ from rl_runs import DEBUG, ROOT, rl_argv, started_pids, wait_for
 from contracts.metrics import eval_line, read_metrics
 from contracts.progress import read_progress
 from contracts.run_dir import complete_checkpoints
-from orchestrator.ckpt import read_state
+from orchestrator.loop.ckpt import read_state
 from tools.plots import load_runs, write_plots
 
 pytestmark = pytest.mark.slow

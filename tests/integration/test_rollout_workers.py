@@ -16,12 +16,12 @@ from procs import alive
 
 from contracts.errors import TridentError
 from contracts.lifeline import marked
+from orchestrator.batching.infra import check_lost, infra_metrics
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.groups import connect
-from orchestrator.infra import check_lost, infra_metrics
+from orchestrator.loop.groups import connect
+from orchestrator.loop.workers import RolloutWorkers
 from orchestrator.verifiers_adapter.envs import load_env, load_tasks, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
-from orchestrator.workers import RolloutWorkers
 
 ENV = "reverse-text"
 

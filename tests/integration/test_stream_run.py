@@ -14,7 +14,7 @@ from rl_runs import DEBUG, ROOT, rl_argv, wait_for
 
 from contracts.metrics import read_metrics
 from contracts.run_dir import complete_checkpoints
-from orchestrator.tasks import TaskSampler
+from orchestrator.tasks.sampler import TaskSampler
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.run_dir import rollouts_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 

@@ -48,8 +48,8 @@ from contracts.inference_api import GENERATE, adapter_name, token_weight_steps
 from contracts.metrics import read_metrics
 from contracts.protocol import MicroBatch, Sample, images_metadata
 from contracts.run_dir import PROBE_TEXT, complete_checkpoints, images_dir, rollouts_dir
-from orchestrator.client import InferenceClient
 from orchestrator.config import EnvConfig, OrchestratorConfig
+from orchestrator.serving.client import InferenceClient
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import check_step, open_step, rollout_steps

@@ -1,5 +1,5 @@
 """Environments and their rollouts, through verifiers (pinned to 0.4.0): load environments, run rollouts, and turn
-verifiers' traces into :class:`~orchestrator.rollout.Rollout` values without re-tokenizing anything."""
+verifiers' traces into :class:`~orchestrator.batching.rollout.Rollout` values without re-tokenizing anything."""
 
 import asyncio
 import dataclasses
@@ -24,11 +24,11 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from contracts.model_path import vision_markers
-from orchestrator.client import run_headers
+from orchestrator.batching.images import EpisodeImages, sample_images
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
-from orchestrator.images import EpisodeImages, sample_images
-from orchestrator.rollout import Rollout
-from orchestrator.task_stream import TaskStream, read_tasks
+from orchestrator.serving.client import run_headers
+from orchestrator.tasks.stream import TaskStream, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -135,7 +135,7 @@ def open_tasks(env: vf.Env) -> Iterator:
 
 
 def tasks_of(env: vf.Env) -> list | TaskStream:
-    """``env``'s tasks for training (:func:`~orchestrator.task_stream.read_tasks`): held whole, or a stream when its
+    """``env``'s tasks for training (:func:`~orchestrator.tasks.stream.read_tasks`): held whole, or a stream when its
     taskset says it never ends (verifiers' ``Taskset.INFINITE``) or yields more than ``[[env]] max_tasks``."""
     config = env_config(env)
     endless = not env.taskset.bounded
@@ -156,7 +156,7 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
     (:func:`~orchestrator.verifiers_adapter.renderer.renderer_config`), with our sampling.
 
     Requests name the base model at the first server: :func:`at_server` samples from another, or from a served
-    adapter. A named run's requests carry its id (:func:`~orchestrator.client.run_headers`), by which the server
+    adapter. A named run's requests carry its id (:func:`~orchestrator.serving.client.run_headers`), by which the server
     counts its fair share.
     """
     key_var = API_KEY_ENV
@@ -239,7 +239,7 @@ def trace_weight_steps(trace: vf.Trace) -> list[list[int | None]]:
 def trace_images(trace: vf.Trace, images: EpisodeImages) -> list[list[str]]:
     """Each trainable branch's image refs (as :func:`trace_branches` lists the branches), stored in ``images``: the
     images of its messages in order, one per placeholder run in its token ids (the server expanded each image to
-    its placeholder tokens: :func:`~orchestrator.images.sample_images`); empty when it shows none at all."""
+    its placeholder tokens: :func:`~orchestrator.batching.images.sample_images`); empty when it shows none at all."""
     pads = [token for token, kind in trace.mm_token_type_id_map.items() if kind == IMAGE_PLACEHOLDER]
     out = []
     for branch in trace.branches:
@@ -272,7 +272,7 @@ def is_infra(error: vf.Error | None) -> bool:
     """Whether ``error`` (as verifiers recorded it) is the infrastructure's, not the rollout's: one of
     :data:`INFRA_TYPES`, or a model call the server did not answer (``ProviderError`` with a 5xx or 429 status:
     connection refused, timeout, overload). Such a rollout is marked ``lost`` once its retries are spent
-    (:mod:`orchestrator.infra`)."""
+    (:mod:`orchestrator.batching.infra`)."""
     if error is None:
         return False
     if error.type == "ProviderError":
@@ -303,7 +303,7 @@ def to_rollouts(
     that left no trace. A trace the environment does not train (``trace.agent.trainable``: e.g. a simulated user) or
     sampled from another model than ``model`` (the run's, as the server serves it) is an untrained rollout: no
     branches, so no sample. The images its trained rollouts showed are stored in the run at ``output_dir``, each
-    once (:class:`~orchestrator.images.EpisodeImages`)."""
+    once (:class:`~orchestrator.batching.images.EpisodeImages`)."""
     task = task_id(episode.task.data)
     images = EpisodeImages(output_dir)
     by_seat = {name: [t for t in episode.traces if t.agent.name == name] for name in seat_names}

@@ -6,8 +6,8 @@ to the rewards under its name. :func:`with_judge` plugs :class:`TridentJudge` th
 rollout's own calls went to, and the model it sampled from) and reads a yes/no verdict or a number from its reply.
 
 A judge call that fails (connection refused, an HTTP error, past ``timeout_s``) or a reply without the verdict is
-a :class:`JudgeError`: an infrastructure error (``orchestrator.infra``), so the rollout runs again and, if the judge
-keeps failing, its group is lost; it never scores the rollout 0.
+a :class:`JudgeError`: an infrastructure error (``orchestrator.batching.infra``), so the rollout runs again and, if the
+judge keeps failing, its group is lost; it never scores the rollout 0.
 """
 
 import contextlib

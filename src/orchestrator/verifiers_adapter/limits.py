@@ -76,7 +76,7 @@ def default_setups() -> int:
 
 def run_limits(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, workers: int = 1) -> RolloutLimits:
     """The limits of a run with ``config`` and ``infra``, and its model calls limited per server from now on; with
-    several rollout workers (:mod:`orchestrator.workers`), one worker's equal share of each, rounded up."""
+    several rollout workers (:mod:`orchestrator.loop.workers`), one worker's equal share of each, rounded up."""
 
     def share(total: int) -> int:
         return max(1, math.ceil(total / workers))

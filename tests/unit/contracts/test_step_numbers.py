@@ -6,13 +6,13 @@ import asyncio
 import httpx
 from rollouts import group, sampled
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.protocol import read_batch
 from contracts.run_dir import complete_checkpoints, configs_dir, rollouts_dir, step_dirs
 from launch.launcher import step_line
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 from tools.plots import load_run, write_plots
 from tools.report import write_report
 from tools.rollout_check import read_step

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 
 
 class WeightsServer:

@@ -1,6 +1,6 @@
 import torch
 
-from orchestrator.advantage import group_advantages, uniform_groups
+from orchestrator.batching.advantage import group_advantages, uniform_groups
 from orchestrator.config import AdvantageConfig
 
 

@@ -11,9 +11,9 @@ from rollouts import ONE_SAMPLED, rollout, sampled
 
 from contracts.protocol import read_batch, write_batch
 from contracts.sampling import Truncation
-from orchestrator.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import AdvantageConfig
-from orchestrator.rollout import Rollout
 
 
 def tensors(micro_batch) -> dict[str, list]:

@@ -59,7 +59,12 @@ def run_python(script: str, args: list[str]):
 
 def test_importing_the_rollout_core_loads_no_library_the_adapter_wraps():
     core = rollout_core()
-    assert {"orchestrator.rollout", "orchestrator.batch", "orchestrator.infra", "orchestrator.weight_sync"} <= set(core)
+    assert {
+        "orchestrator.batching.rollout",
+        "orchestrator.batching.batch",
+        "orchestrator.batching.infra",
+        "orchestrator.serving.weight_sync",
+    } <= set(core)
     loaded = run_python(IMPORTS, core)
     assert "torch" in loaded and ADAPTED_LIBRARIES.isdisjoint(loaded)
 

@@ -7,7 +7,7 @@ import pytest
 
 from contracts.errors import TridentError
 from contracts.run_dir import Probe, write_probe
-from orchestrator.client import InferenceClient
+from orchestrator.serving.client import InferenceClient
 
 
 def test_wait_ready_says_it_is_still_waiting_until_the_server_answers(caplog):

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from orchestrator.config import OrchestratorConfig
-from orchestrator.difficulty_pool import DifficultyPool, task_weight
-from orchestrator.tasks import TaskSampler, draw
+from orchestrator.tasks.difficulty_pool import DifficultyPool, task_weight
+from orchestrator.tasks.sampler import TaskSampler, draw
 
 
 @pytest.mark.parametrize(

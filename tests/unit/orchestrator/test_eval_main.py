@@ -5,13 +5,13 @@ import httpx
 import pytest
 from rollouts import group
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.errors import TridentError
 from contracts.inference_api import Served
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable
 from orchestrator.eval_main import EvalCliConfig, evaluate, serve_weights
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 
 
 class FakeServers:

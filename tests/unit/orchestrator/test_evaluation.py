@@ -8,14 +8,14 @@ import pytest
 from rollouts import ONE_SAMPLED, group, rollout
 from wandb_runs import finished_runs
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.config import ConfigError, parse_config
 from contracts.metrics import read_metrics
 from contracts.progress import read_progress
 from contracts.run_dir import mark_stable, weights_dir
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.evaluation import eval_scores
+from orchestrator.loop.evaluation import eval_scores
 
 
 def test_eval_scores_pass_at_k_and_avg_at_k():

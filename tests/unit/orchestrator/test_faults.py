@@ -14,13 +14,13 @@ import verifiers.v1 as vf
 from fake_policy import FakePolicy, PolicyHandler, rollouts_of, serving
 from rollouts import group, sampled
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.errors import TridentError
 from contracts.run_dir import rollouts_dir
-from orchestrator.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
-from orchestrator.stats import rollout_metrics
+from orchestrator.loop.run import Orchestrator
+from orchestrator.metrics.stats import rollout_metrics
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollouts
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path

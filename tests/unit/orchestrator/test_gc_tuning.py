@@ -3,7 +3,7 @@ import weakref
 
 import pytest
 
-from orchestrator.gc_tuning import YOUNG_THRESHOLD, tune_gc
+from orchestrator.loop.gc_tuning import YOUNG_THRESHOLD, tune_gc
 
 
 class Node:

@@ -18,10 +18,10 @@ from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.inference_api import CHAT_COMPLETIONS, GENERATE
 from contracts.model_path import TINY_MODEL_ID
+from orchestrator.batching.infra import infra_metrics
 from orchestrator.config import EnvConfig, EvalConfig, JudgeConfig, OrchestratorConfig
-from orchestrator.evaluation import load_eval_sets
-from orchestrator.infra import infra_metrics
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.evaluation import load_eval_sets
+from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.judge import JudgeError, check_judged, constraint, parse_score
 from orchestrator.verifiers_adapter.limits import RolloutLimits

@@ -13,9 +13,9 @@ from fake_policy import counting_server, rollouts_of
 from rollouts import rollout
 
 from contracts.errors import TridentError
+from orchestrator.batching.infra import check_lost
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import InfraConfig, OrchestratorConfig
-from orchestrator.infra import check_lost
-from orchestrator.rollout import Rollout
 from orchestrator.verifiers_adapter.limits import (
     RolloutLimits,
     default_setups,

@@ -5,9 +5,9 @@ import pytest
 from rollouts import masked, rollout, sampled
 
 from contracts.errors import TridentError
-from orchestrator.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch
+from orchestrator.batching.no_sample import error_line, error_type, no_sample_metrics
 from orchestrator.config import AdvantageConfig
-from orchestrator.no_sample import error_line, error_type, no_sample_metrics
 
 TRAINS = sampled([1, 2, 3], 1, [-1.0, -1.0])  # a prompt token, then two sampled: 3 tokens
 LONG = sampled([1] * 20, 1, [-1.0] * 19)  # longer than the seq_len of 16 used here

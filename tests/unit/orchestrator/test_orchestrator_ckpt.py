@@ -4,14 +4,14 @@ import json
 import pytest
 from rollouts import ONE_SAMPLED, group
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
 from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
-from orchestrator.ckpt import check_resumable, data_state, read_state, save_state
 from orchestrator.config import OrchestratorConfig
+from orchestrator.loop.ckpt import check_resumable, data_state, read_state, save_state
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):

@@ -8,12 +8,12 @@ import httpx
 import pytest
 from rollouts import TWO_SAMPLED, group
 
-import orchestrator.client as client_module
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
+import orchestrator.serving.client as client_module
 from contracts.errors import TridentError
 from contracts.run_dir import mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 
 
 class FakeServer:

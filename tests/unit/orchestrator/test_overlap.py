@@ -7,7 +7,7 @@ import time
 
 from rollouts import ONE_SAMPLED, TWO_SAMPLED, group, rollout
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import OrchestratorConfig

@@ -13,7 +13,7 @@ from rollouts import build_samples
 from transformers import AutoTokenizer
 
 from contracts.model_path import TINY_MODEL_ID
-from orchestrator.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch
 from orchestrator.config import AdvantageConfig
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path

@@ -7,7 +7,7 @@ import json
 import pytest
 from rollouts import TWO_SAMPLED, group
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.metrics import read_metrics
 from orchestrator.config import OrchestratorConfig
 

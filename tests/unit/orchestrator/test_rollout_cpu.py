@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.groups import busiest_share
-from orchestrator.orchestrator import Orchestrator
-from orchestrator.workers import cpu_seconds
+from orchestrator.loop.groups import busiest_share
+from orchestrator.loop.run import Orchestrator
+from orchestrator.loop.workers import cpu_seconds
 
 
 def test_a_processs_cpu_seconds_are_what_it_burns():

@@ -12,14 +12,14 @@ from PIL import Image
 from rollouts import build_samples, rollout
 from verifiers.v1.graph import MessageNode
 
-import orchestrator.groups as groups_module
-import orchestrator.images as images_module
+import orchestrator.batching.images as images_module
+import orchestrator.loop.groups as groups_module
 from contracts.errors import TridentError
 from contracts.images import placeholder_runs
 from contracts.protocol import MicroBatch, read_batch
 from contracts.run_dir import checkpoint_dir, clear_run_state, images_dir, mark_stable, weights_dir
+from orchestrator.batching.images import EpisodeImages, decoded_with_images
 from orchestrator.config import OrchestratorConfig
-from orchestrator.images import EpisodeImages, decoded_with_images
 from orchestrator.verifiers_adapter.envs import trace_branches, trace_images
 
 VS, VE, PAD, VIDEO_PAD = 2038, 2039, 2040, 2041  # <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>

@@ -1,7 +1,7 @@
 from rollouts import rollout, sampled
 
-from orchestrator.rollout import Rollout
-from orchestrator.sample_rollouts import MAX_CHARS, prompt_and_completion, sample_rows, shorten
+from orchestrator.batching.rollout import Rollout
+from orchestrator.metrics.sample_rollouts import MAX_CHARS, prompt_and_completion, sample_rows, shorten
 
 
 def decode(token_ids: list[int]) -> str:

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from contracts.errors import TridentError
 from contracts.model_path import TINY_MODEL_ID
-from orchestrator.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 

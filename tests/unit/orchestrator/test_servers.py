@@ -6,17 +6,17 @@ import httpx
 import pytest
 from rollouts import TWO_SAMPLED, group
 
-import orchestrator.groups as groups_module
-import orchestrator.servers as servers_module
+import orchestrator.loop.groups as groups_module
+import orchestrator.serving.servers as servers_module
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import mark_stable, weights_dir
 from orchestrator.config import ClientConfig, OrchestratorConfig
-from orchestrator.groups import GroupRunner
-from orchestrator.orchestrator import Orchestrator
-from orchestrator.servers import Servers
+from orchestrator.loop.groups import GroupRunner
+from orchestrator.loop.run import Orchestrator
+from orchestrator.serving.servers import Servers
 from orchestrator.verifiers_adapter.envs import model_context
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path

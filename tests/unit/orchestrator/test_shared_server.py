@@ -11,17 +11,17 @@ from aiohttp.test_utils import TestServer
 from rollouts import TWO_SAMPLED, group
 from verifiers.v1.clients.train import TrainClient
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.errors import TridentError
 from contracts.inference_api import RUN_HEADER, RunShare, adapter_name
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
 from contracts.run_dir import ADAPTER_CONFIG, Probe, write_probe
-from orchestrator.client import InferenceClient
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
-from orchestrator.run_share import share_metrics
-from orchestrator.servers import Servers
+from orchestrator.loop.run import Orchestrator
+from orchestrator.serving.client import InferenceClient
+from orchestrator.serving.run_share import share_metrics
+from orchestrator.serving.servers import Servers
 from orchestrator.verifiers_adapter.envs import at_server, model_context
 from tools.tiny_model import built_model_path
 

@@ -1,8 +1,8 @@
 import pytest
 from rollouts import build_samples, masked, rollout
 
-from orchestrator.rollout import Rollout
-from orchestrator.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
+from orchestrator.batching.rollout import Rollout
+from orchestrator.metrics.stats import advantage_metrics, describe, env_metrics, rollout_metrics, split_lengths
 
 
 def step_groups() -> list[list[Rollout]]:

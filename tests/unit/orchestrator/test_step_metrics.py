@@ -9,11 +9,11 @@ import httpx
 from rollouts import rollout, sampled
 from wandb_runs import finished_run
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.metrics import read_metrics
 from contracts.shared_config import WandbConfig
 from orchestrator.config import OrchestratorConfig
-from orchestrator.orchestrator import Orchestrator
+from orchestrator.loop.run import Orchestrator
 
 METRICS_DOC = Path(__file__).parents[3] / "docs" / "metrics.md"
 

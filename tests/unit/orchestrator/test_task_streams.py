@@ -11,17 +11,17 @@ from debug_configs import DEBUG, FILES
 from fake_policy import counting_server
 from rollouts import ONE_SAMPLED, group
 
-import orchestrator.groups as groups_module
+import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.run_dir import checkpoint_dir, mark_stable, weights_dir
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.difficulty_pool import DifficultyPool
-from orchestrator.memory import StepMemory
-from orchestrator.task_stream import TaskStream, read_tasks
-from orchestrator.tasks import TaskSampler
+from orchestrator.metrics.memory import StepMemory
+from orchestrator.tasks.difficulty_pool import DifficultyPool
+from orchestrator.tasks.sampler import TaskSampler
+from orchestrator.tasks.stream import TaskStream, read_tasks
 from orchestrator.verifiers_adapter.envs import load_env, load_tasks, tasks_of
 
 

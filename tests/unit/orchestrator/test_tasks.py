@@ -8,7 +8,7 @@ import pytest
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.tasks import StepTasks, TaskOrder, prompts_per_env
+from orchestrator.tasks.sampler import StepTasks, TaskOrder, prompts_per_env
 from orchestrator.verifiers_adapter.envs import load_env
 
 

@@ -9,7 +9,7 @@ from rollouts import rollout, sampled
 
 from contracts.errors import TridentError
 from orchestrator.config import EnvConfig, InfraConfig, OrchestratorConfig
-from orchestrator.workers import RolloutWorkers, frame, receive
+from orchestrator.loop.workers import RolloutWorkers, frame, receive
 
 
 def test_messages_read_back_as_sent_one_after_another():

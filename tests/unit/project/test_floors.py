@@ -1,13 +1,24 @@
 """The floors of ``src/``, a folder each: the contracts (``contracts``) at the bottom, the three processes on them,
 the operator tools (``tools``) and the launcher (``launch``) above. No module imports from a floor above its own
 (lazy imports inside functions included), and the three processes import nothing from each other. Inside the
-orchestrator, the rollout core imports neither the verifiers adapter nor the modules that join the two
-(``tests/orchestrator_parts.py``), and only the adapter imports the libraries it wraps."""
+orchestrator, every module lies in the folder of its part (``tests/orchestrator_parts.py``), the rollout core's folders
+import neither the verifiers adapter nor the run loop that joins the two, and only the adapter imports the libraries it
+wraps."""
 
 import ast
 from pathlib import Path
 
-from orchestrator_parts import ADAPTED_LIBRARIES, JOINING, in_adapter
+from orchestrator_parts import (
+    ADAPTED_LIBRARIES,
+    ADAPTER,
+    CORE,
+    LOOP,
+    TOP_LEVEL,
+    folder,
+    in_adapter,
+    joins,
+    orchestrator_modules,
+)
 
 SRC = Path(__file__).parents[3] / "src"
 PROCESSES = {"trainer", "orchestrator", "inference"}
@@ -84,15 +95,22 @@ def test_the_walk_sees_imports_of_every_floor():
     assert floors >= set(range(len(FLOORS)))
 
 
-def test_the_rollout_core_imports_neither_the_verifiers_adapter_nor_the_modules_that_join_them():
+def test_every_orchestrator_module_lies_in_a_folder_of_its_parts():
+    loose = [
+        m for m in orchestrator_modules() if m != "orchestrator" and folder(m) not in CORE | {ADAPTER, LOOP} | TOP_LEVEL
+    ]
+    assert loose == []
+
+
+def test_the_rollout_core_imports_neither_the_verifiers_adapter_nor_the_loop_that_joins_them():
     wrong = []
     for path in source_files():
         name = module_name(path)
-        if name.split(".")[0] != "orchestrator" or in_adapter(name) or name in JOINING:
+        if folder(name) not in CORE:
             continue
         for line, target in imported(path):
-            if in_adapter(target) or any(target == m or target.startswith(m + ".") for m in JOINING):
-                wrong.append(f"{path.relative_to(SRC)}:{line} (rollout core) imports {target}")
+            if in_adapter(target) or joins(target):
+                wrong.append(f"{path.relative_to(SRC)}:{line} ({folder(name)}/, rollout core) imports {target}")
     assert wrong == []
 
 

@@ -9,7 +9,7 @@ from trainer_runs import config, losses
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.run_dir import checkpoint_dir, complete_checkpoints, weights_dir
-from orchestrator.ckpt import data_state, save_state
+from orchestrator.loop.ckpt import data_state, save_state
 from trainer.ckpt import prune_checkpoints, save_checkpoint
 from trainer.train import train
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from contracts.progress import Progress, last_written
 from contracts.run_dir import latest_stable_weights, wait_for, weights_dir
-from orchestrator.servers import Servers
+from orchestrator.serving.servers import Servers
 
 logger = logging.getLogger("orchestrator")
 

@@ -10,11 +10,11 @@ import torch
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
 from contracts.sampling import NO_TRUNCATION, Truncation
-from orchestrator.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
+from orchestrator.batching.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
+from orchestrator.batching.infra import is_lost
+from orchestrator.batching.no_sample import Untrained, no_sample_error, untrained_reason
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import AdvantageConfig
-from orchestrator.infra import is_lost
-from orchestrator.no_sample import Untrained, no_sample_error, untrained_reason
-from orchestrator.rollout import Rollout
 
 
 def rollout_samples(
@@ -29,9 +29,9 @@ def rollout_samples(
     of different environments may hold different numbers of rollouts).
 
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
-    Rollouts share a baseline as ``advantage.baseline_groups`` says (:func:`~orchestrator.advantage.baseline_groups`:
-    by default those of one task and one seat). Failed rollouts (the environment raised) give no sample, and the
-    baseline they would have shared is the others'.
+    Rollouts share a baseline as ``advantage.baseline_groups`` says
+    (:func:`~orchestrator.batching.advantage.baseline_groups`: by default those of one task and one seat). Failed
+    rollouts (the environment raised) give no sample, and the baseline they would have shared is the others'.
     """
     rewards = [group_rewards(group, zero_truncated) for group in groups]
     advantage = advantage or AdvantageConfig()
@@ -146,8 +146,8 @@ def assemble_batch(
 
     Groups lost to infrastructure errors are left out; the others give :func:`rollout_samples`' samples, those
     longer than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit,
-    longest first). A :class:`TridentError` naming why (:func:`~orchestrator.no_sample.no_sample_error`) when no
-    trained rollout gives a trainable token.
+    longest first). A :class:`TridentError` naming why (:func:`~orchestrator.batching.no_sample.no_sample_error`)
+    when no trained rollout gives a trainable token.
     """
     kept = [group for group in groups if not is_lost(group)]
     per_rollout, rewards, advantages = rollout_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from contracts.model_path import resolve_model_path
 from contracts.progress import Progress
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
-from orchestrator.rollout import Rollout
-from orchestrator.servers import Server, ServerDown, Servers
+from orchestrator.loop.workers import RolloutWorkers, WorkerLost, cpu_seconds
+from orchestrator.serving.servers import Server, ServerDown, Servers
 from orchestrator.verifiers_adapter.envs import (
     ModelContext,
     at_server,
@@ -28,7 +29,6 @@ from orchestrator.verifiers_adapter.envs import (
 )
 from orchestrator.verifiers_adapter.limits import RolloutLimits, run_limits
 from orchestrator.verifiers_adapter.renderer import check_renderer
-from orchestrator.workers import RolloutWorkers, WorkerLost, cpu_seconds
 
 logger = logging.getLogger("orchestrator")
 
@@ -74,7 +74,7 @@ class GroupRunner:
     def lost_to_workers(self, env, task, n: int, error: WorkerLost) -> list[Rollout]:
         """The rollouts of a group of ``n`` episodes (one per seat of each) lost because its rollout worker died at
         each of its tries (one line says
-        so), as a group lost to infrastructure errors is (:func:`~orchestrator.infra.is_lost`)."""
+        so), as a group lost to infrastructure errors is (:func:`~orchestrator.batching.infra.is_lost`)."""
         env_id, retries = env_config(env).id, self.limits.max_retries
         logger.warning(
             f"a group of task {task_id(task.data)} in environment {env_id!r} is lost: its rollout worker died at each "

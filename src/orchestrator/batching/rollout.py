@@ -20,7 +20,7 @@ class Rollout:
     turns: int = 0  # model calls
     task: str = ""  # the task's id
     env: str = ""  # the environment's id
-    lost: bool = False  # failed with an infrastructure error (orchestrator.infra), retries spent: not an outcome
+    lost: bool = False  # failed with an infrastructure error (batching.infra), retries spent: not an outcome
     retries: int = 0  # times it was run again after an infrastructure error
     setup_s: float | None = None  # seconds from its runtime's start to its agent's, when set-up finished
     seat: str = ""  # the environment's agent that played it (e.g. "player0"; "agent" for a single-agent environment)

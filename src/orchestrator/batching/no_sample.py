@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from contracts.errors import first_line
 from contracts.protocol import Sample
-from orchestrator.rollout import Rollout
+from orchestrator.batching.rollout import Rollout
 
 REASONS = {  # reason: how the step's error says it ({seq_len} filled in)
     "lost": "in groups lost to infrastructure errors",

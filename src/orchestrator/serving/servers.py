@@ -12,7 +12,7 @@ reload. When none answers, :class:`NoServer` is raised and the orchestrator wait
 (``client.server_timeout_s``).
 
 A named run (``orchestrator.run_id``) shares its servers with other runs: it sees, changes and releases only its own
-state on each (:class:`~orchestrator.client.InferenceClient`).
+state on each (:class:`~orchestrator.serving.client.InferenceClient`).
 """
 
 import asyncio
@@ -27,7 +27,7 @@ import httpx
 
 from contracts.errors import TridentError
 from contracts.inference_api import HEALTH, WEIGHTS
-from orchestrator.client import InferenceClient, Superseded
+from orchestrator.serving.client import InferenceClient, Superseded
 
 logger = logging.getLogger("orchestrator")
 

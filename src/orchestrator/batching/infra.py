@@ -9,7 +9,7 @@ harness's own code raising, a model call refused as too long, a timeout) stays t
 from collections import defaultdict
 
 from contracts.errors import TridentError
-from orchestrator.rollout import Rollout
+from orchestrator.batching.rollout import Rollout
 
 
 def is_lost(group: list[Rollout]) -> bool:

@@ -2,8 +2,8 @@
 
 from collections.abc import Callable
 
-from orchestrator.rollout import Rollout
-from orchestrator.stats import split_lengths
+from orchestrator.batching.rollout import Rollout
+from orchestrator.metrics.stats import split_lengths
 
 MAX_CHARS = 2000  # per prompt or completion in a row
 

@@ -6,11 +6,11 @@ import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from orchestrator.advantage import group_rewards, uniform_baselines
+from orchestrator.batching.advantage import group_rewards, uniform_baselines
+from orchestrator.batching.infra import is_lost
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import BaselineGroups, FilterConfig
-from orchestrator.infra import is_lost
-from orchestrator.rollout import Rollout
-from orchestrator.tasks import StepTasks
+from orchestrator.tasks.sampler import StepTasks
 
 
 @dataclass

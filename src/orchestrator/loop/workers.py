@@ -11,7 +11,7 @@ and sends back the finished rollouts. Each worker holds an equal share (rounded 
 flight, set-ups, model calls per server. Messages are pickled, each after its length, over a socket pair.
 
 A worker that dies fails its groups with :class:`WorkerLost`, so that they run again (up to ``infra.max_retries``
-times, :class:`~orchestrator.groups.GroupRunner`), and a new one starts in its place. What it started is stopped at
+times, :class:`~orchestrator.loop.groups.GroupRunner`), and a new one starts in its place. What it started is stopped at
 once, however it ended: each worker is marked with ``$TRIDENT_WORKER_MARK``, which its tool servers and programs
 inherit, and once it is gone the orchestrator stops what still carries the mark (:func:`contracts.lifeline.stop_marked`;
 verifiers' own tool servers ask to die with their parent only once started, seconds after it starts them).
@@ -32,9 +32,9 @@ from pathlib import Path
 from contracts.errors import TridentError
 from contracts.lifeline import stop_descendants_on_exit, stop_marked
 from contracts.metrics import setup_logging
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, InfraConfig, OrchestratorConfig
-from orchestrator.gc_tuning import tune_gc
-from orchestrator.rollout import Rollout
+from orchestrator.loop.gc_tuning import tune_gc
 from orchestrator.verifiers_adapter.envs import at_server, load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import run_limits
 from orchestrator.verifiers_adapter.patches import install_patches
@@ -148,7 +148,7 @@ class RolloutWorkers:
         mark = f"{os.getpid()}.{next(_worker_starts)}"
         with theirs:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "orchestrator.workers", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
+                sys.executable, "-m", "orchestrator.loop.workers", str(theirs.fileno()), pass_fds=(theirs.fileno(),),
                 env=os.environ | {WORKER_MARK_ENV: mark},
             )  # fmt: skip
         reader, writer = await asyncio.open_connection(sock=mine)

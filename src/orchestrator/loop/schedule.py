@@ -8,15 +8,15 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from contracts.progress import Progress
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import OrchestratorConfig
-from orchestrator.evaluation import Evaluation
-from orchestrator.groups import GroupRunner, track
-from orchestrator.refill import Slot, fill_slot
-from orchestrator.rollout import Rollout
-from orchestrator.task_stream import TaskStream
-from orchestrator.tasks import StepTasks, TaskSampler
+from orchestrator.loop.evaluation import Evaluation
+from orchestrator.loop.groups import GroupRunner, track
+from orchestrator.loop.refill import Slot, fill_slot
+from orchestrator.serving.weight_sync import WeightSync
+from orchestrator.tasks.sampler import StepTasks, TaskSampler
+from orchestrator.tasks.stream import TaskStream
 from orchestrator.verifiers_adapter.envs import Env
-from orchestrator.weight_sync import WeightSync
 
 
 @dataclass

@@ -6,8 +6,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import AdvantageConfig, BaselineGroups
-from orchestrator.rollout import Rollout
 
 
 def group_rewards(group: list[Rollout], zero_truncated: bool = False) -> list[float]:

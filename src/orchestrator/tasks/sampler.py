@@ -5,7 +5,7 @@ or, with ``[difficulty_pool]``, drawn by the tasks' recent pass rates; and which
 A task is named by ``(environment index, position in its taskset)``. Without the pool, step N's prompts are a pure
 function of N (no state to save beyond the step), so a resumed run continues the order.
 
-A task stream (:class:`~orchestrator.task_stream.TaskStream`, size None) is drawn from a window of its positions that
+A task stream (:class:`~orchestrator.tasks.stream.TaskStream`, size None) is drawn from a window of its positions that
 moves forward with the steps (:meth:`TaskSampler.window`): in stream order, its replacements from the window's
 positions after the step's own; with the pool, by weight from the window. Nothing before a step's window is drawn
 again, so the stream need hold only the window.
@@ -16,7 +16,7 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.difficulty_pool import DifficultyPool
+from orchestrator.tasks.difficulty_pool import DifficultyPool
 
 
 def prompts_per_env(shares: list[float], batch_size: int) -> list[int]:

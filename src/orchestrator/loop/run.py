@@ -1,8 +1,9 @@
 """The rollout loop: keep the server's weights fresh enough, sample a batch, score it, write it for the trainer.
 
-The parts, each usable alone: :mod:`~orchestrator.groups` (groups of rollouts on the servers),
-:mod:`~orchestrator.weight_sync` (the served weights), :mod:`~orchestrator.schedule` (when each step's groups start),
-:mod:`~orchestrator.evaluation` (held-out scores) and :mod:`~orchestrator.batch` (the batch, from the groups).
+The parts, each usable alone: :mod:`~orchestrator.loop.groups` (groups of rollouts on the servers),
+:mod:`~orchestrator.serving.weight_sync` (the served weights), :mod:`~orchestrator.loop.schedule` (when each step's
+groups start), :mod:`~orchestrator.loop.evaluation` (held-out scores) and :mod:`~orchestrator.batching.batch` (the
+batch, from the groups).
 """
 
 import asyncio
@@ -21,28 +22,28 @@ from contracts.model_path import resolve_model_path, vision_markers
 from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
-from orchestrator.batch import assemble_batch
-from orchestrator.ckpt import check_resumable, check_stream_tasks, data_state, read_state, save_state
+from orchestrator.batching.batch import assemble_batch
+from orchestrator.batching.images import decoded_with_images
+from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
+from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import OrchestratorConfig
-from orchestrator.difficulty_pool import DifficultyPool
-from orchestrator.evaluation import Evaluation
-from orchestrator.groups import busiest_share, connect
-from orchestrator.images import decoded_with_images
-from orchestrator.infra import check_lost, infra_metrics, is_lost
-from orchestrator.memory import StepMemory
-from orchestrator.no_sample import no_sample_metrics, untrained_summary
-from orchestrator.refill import pool_results, refill_metrics
-from orchestrator.rollout import Rollout
-from orchestrator.run_share import ShareMeter
-from orchestrator.sample_rollouts import sample_rows
-from orchestrator.schedule import StepSchedule
-from orchestrator.servers import NoServer
-from orchestrator.stats import advantage_metrics, env_metrics, rollout_metrics, token_staleness_metrics
-from orchestrator.task_stream import TaskStream
-from orchestrator.tasks import TaskSampler, prompts_per_env
+from orchestrator.loop.ckpt import check_resumable, check_stream_tasks, data_state, read_state, save_state
+from orchestrator.loop.evaluation import Evaluation
+from orchestrator.loop.groups import busiest_share, connect
+from orchestrator.loop.refill import pool_results, refill_metrics
+from orchestrator.loop.schedule import StepSchedule
+from orchestrator.metrics.memory import StepMemory
+from orchestrator.metrics.sample_rollouts import sample_rows
+from orchestrator.metrics.stats import advantage_metrics, env_metrics, rollout_metrics, token_staleness_metrics
+from orchestrator.serving.run_share import ShareMeter
+from orchestrator.serving.servers import NoServer
+from orchestrator.serving.weight_sync import WeightSync
+from orchestrator.tasks.difficulty_pool import DifficultyPool
+from orchestrator.tasks.sampler import TaskSampler, prompts_per_env
+from orchestrator.tasks.stream import TaskStream
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
-from orchestrator.weight_sync import WeightSync
 
 logger = logging.getLogger("orchestrator")
 CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up
@@ -193,8 +194,8 @@ class Orchestrator:
                 tasks.release(position)
 
     def memory_metrics(self, step: int) -> dict[str, float]:
-        """The orchestrator's resident memory after step ``step`` (bounded: :class:`~orchestrator.memory.StepMemory`)
-        and the tasks its task streams hold."""
+        """The orchestrator's resident memory after step ``step`` (bounded:
+        :class:`~orchestrator.metrics.memory.StepMemory`) and the tasks its task streams hold."""
         held = [len(t.held) if isinstance(t, TaskStream) else len(t) for t in self.per_env]
         resident = self.memory.after_step(step, [(env.id, n) for env, n in zip(self.config.env, held, strict=True)])
         streams = [n for t, n in zip(self.per_env, held, strict=True) if isinstance(t, TaskStream)]

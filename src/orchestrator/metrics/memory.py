@@ -1,6 +1,6 @@
 """The orchestrator's own memory: its resident size, and the bounds on its growth that stop a run with one line
 before the machine kills it: while an environment's tasks are read (``[[env]] max_load_gib``, in
-:mod:`~orchestrator.task_stream`) and from step to step (``max_memory_growth_gib``, :class:`StepMemory`)."""
+:mod:`~orchestrator.tasks.stream`) and from step to step (``max_memory_growth_gib``, :class:`StepMemory`)."""
 
 import os
 

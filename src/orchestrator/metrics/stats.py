@@ -6,9 +6,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from contracts.protocol import Sample
-from orchestrator.advantage import uniform_groups
-from orchestrator.no_sample import error_type
-from orchestrator.rollout import Rollout
+from orchestrator.batching.advantage import uniform_groups
+from orchestrator.batching.no_sample import error_type
+from orchestrator.batching.rollout import Rollout
 
 
 def describe(name: str, values: Sequence[float], stats: Sequence[str] = ("mean", "std", "min", "max")) -> dict:
@@ -39,7 +39,8 @@ def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], gen
     untrained seat's); ``reward/<function>`` is each reward function's raw mean over the rollouts it scored,
     ``metric/<name>`` each environment metric's mean over the rollouts that report it; ``seat/<seat>/*`` each seat's
     (:func:`seat_metrics`), when the rollouts hold several seats.
-    ``failed/<type>`` counts the failed rollouts by their error's type (:func:`~orchestrator.no_sample.error_type`).
+    ``failed/<type>`` counts the failed rollouts by their error's type
+    (:func:`~orchestrator.batching.no_sample.error_type`).
     Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """

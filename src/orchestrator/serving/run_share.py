@@ -12,7 +12,7 @@ import logging
 import httpx
 
 from contracts.inference_api import RunShare
-from orchestrator.servers import Servers
+from orchestrator.serving.servers import Servers
 
 logger = logging.getLogger("orchestrator")
 

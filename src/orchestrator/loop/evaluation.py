@@ -1,7 +1,7 @@
 """Held-out evaluation (``[eval]``): the served weights' scores on held-out tasks, k rollouts each.
 
-:class:`Evaluation` needs only the servers to sample from (a :class:`~orchestrator.groups.GroupRunner`) and where to
-log: ``eval`` runs one alone (:mod:`orchestrator.eval_main`). During training the orchestrator starts one beside the
+:class:`Evaluation` needs only the servers to sample from (a :class:`~orchestrator.loop.groups.GroupRunner`) and where
+to log: ``eval`` runs one alone (:mod:`orchestrator.eval_main`). During training the orchestrator starts one beside the
 step's groups whenever the served weights reach the next ``interval`` (its rollouts queue behind the step's for
 ``max_concurrent``'s slots) and holds the next weight reload until it is done, so every rollout of an evaluation
 samples from the weights it is logged under.
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from contracts.metrics import MetricsWriter, eval_line
 from contracts.progress import Progress
+from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EvalConfig
-from orchestrator.groups import GroupRunner, track
-from orchestrator.rollout import Rollout
+from orchestrator.loop.groups import GroupRunner, track
 from orchestrator.verifiers_adapter.envs import Env, load_env, load_tasks
 from orchestrator.verifiers_adapter.judge import check_judged
 

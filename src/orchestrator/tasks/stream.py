@@ -2,7 +2,7 @@
 ``[[env]] max_tasks``) is a :class:`TaskStream`, read lazily, holding only the tasks the run can still draw.
 
 Either is indexed by position: task ``i`` is the ``i``-th its ``load()`` yields. Which positions a step draws is
-:mod:`~orchestrator.tasks`'s business; see docs/environments.md#task-streams.
+:mod:`~orchestrator.tasks.sampler`'s business; see docs/environments.md#task-streams.
 """
 
 import logging
@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
 from contracts.errors import TridentError
-from orchestrator.memory import grew_past, resident_gib
+from orchestrator.metrics.memory import grew_past, resident_gib
 
 logger = logging.getLogger("orchestrator")
 MEMORY_CHECK_EVERY = 256  # tasks read between two looks at the process's resident memory
