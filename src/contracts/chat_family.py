@@ -101,12 +101,7 @@ def model_vocab(path: str) -> dict[str, int]:
 
 def model_family(path: str) -> ChatFamily | None:
     """:func:`detect_family` for the model at ``path`` (a local folder or a hub id in the local cache)."""
-    model_type = local_model_type(path)
-    if model_type is None:
-        from transformers import AutoConfig
-
-        model_type = AutoConfig.from_pretrained(path).model_type
-    return detect_family(model_type, model_vocab(path))
+    return detect_family(ModelCard.of(path).hub().model_type, model_vocab(path))
 
 
 def resolve_family(choice: str, model_path: str) -> ChatFamily | None:
