@@ -58,7 +58,7 @@ class Case:
     packs anew into ``micro_batch_tokens``. Settings an older trainer lacks (``--baseline-src``) are left out on
     its side: a case's result says which applied."""
 
-    shape: str  # a key of launch.memory_plan.KNOWN_SHAPES, or a tiny model's id ("trident/tiny-qwen3")
+    shape: str  # a key of contracts.model_card.KNOWN_SHAPES, or a tiny model's id ("trident/tiny-qwen3")
     batches: list[tuple[int, int]]
     layers: int | None = None  # the shape's first layers only; None: all of them
     experts: str | None = None  # a mixture of experts' implementation in transformers: "grouped_mm" or "eager"
@@ -141,7 +141,7 @@ def qwen3_config(shape: str, layers: int | None = None):
     first ``layers`` only where given."""
     from transformers import AutoConfig, Qwen3Config, Qwen3MoeConfig
 
-    from launch.memory_plan import KNOWN_SHAPES
+    from contracts.model_card import KNOWN_SHAPES
     from tools.tiny_model import built_model_path
 
     if shape not in KNOWN_SHAPES:
@@ -327,8 +327,10 @@ def applied(model, config, world) -> dict:
         import trainer.config
         import trainer.parallel
 
-        # in trainer.config now; in trainer.parallel in an older trainer
-        decide = getattr(trainer.config, "reshards_after_forward", None) or trainer.parallel.reshards_after_forward
+        try:  # in trainer.plan now; in trainer.config or trainer.parallel in an older trainer
+            from trainer.plan import reshards_after_forward as decide
+        except ImportError:
+            decide = getattr(trainer.config, "reshards_after_forward", None) or trainer.parallel.reshards_after_forward
         reshard = decide(model_config, world.size, world.device.type == "cuda", config.optim.offload)
     return {
         "compiled": getattr(layer, "_compiled_call_impl", None) is not None,
@@ -435,11 +437,11 @@ def child(action: str, payload: dict, src: Path, timeout_s: float, ranks: int = 
 
 def tiny_model(name: str) -> dict:
     """A tiny model's own folder, built once with random weights (:mod:`tools.tiny_model`): none to make."""
-    from launch.memory_plan import model_shape
+    from contracts.model_card import ModelCard
     from tools.tiny_model import built_model_path
 
     folder = built_model_path(name)
-    return {"folder": folder, "parameters": model_shape(folder).parameters, "matmul_tflops": None}
+    return {"folder": folder, "parameters": ModelCard.of(folder).hub_shape().parameters, "matmul_tflops": None}
 
 
 def _has_gpu() -> bool:
@@ -463,8 +465,9 @@ def device_name() -> str:
 def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -> dict:
     """``rl``'s memory plan of the trainer for this case as it ran (its ``applied`` settings), on a batch of
     ``tokens`` (GiB)."""
-    from launch.memory_plan import model_shape, trainer_plan
+    from contracts.model_card import ModelCard
     from trainer.config import TrainerConfig
+    from trainer.plan import trainer_plan
 
     model = case.model_config(model_dir) | {"reshard_after_forward": applied["reshard_after_forward"]}
     if model.get("ac"):
@@ -472,15 +475,15 @@ def planned(case: Case, model_dir: str, tokens: int, applied: dict, gpu: bool) -
     config = TrainerConfig(
         model=model, seq_len=case.seq_len or tokens, micro_batch_tokens=applied["micro_batch_tokens"]
     )
-    return trainer_plan(model_shape(model_dir), config, ranks=case.cp, gpu=gpu)
+    return trainer_plan(ModelCard.of(model_dir).hub_shape(), config, ranks=case.cp, gpu=gpu)
 
 
 def summarise(case: Case, result: dict, parameters: int, matmul: float | None, model_dir: str, gpu: bool) -> None:
     """Add MFU and the memory plan to each of a case's batches, in place. The FLOPs of a mixture of experts are those
     of its parameters a token uses: the routed experts' share ``num_experts_per_tok / num_experts``."""
-    from launch.memory_plan import model_shape
+    from contracts.model_card import ModelCard
 
-    shape = model_shape(model_dir)
+    shape = ModelCard.of(model_dir).hub_shape()
     unused = shape.expert_parameters * (1 - shape.num_experts_per_tok / shape.num_experts) if shape.num_experts else 0
     flops_per_token = (4 if case.lora_rank is not None else 6) * (parameters - unused)
     for batch in result["batches"]:
@@ -524,7 +527,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-handover", action="store_true", help="skip the weight handover between processes")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit per child process")
     args = parser.parse_args(argv)
-    from launch.memory_plan import KNOWN_SHAPES
+    from contracts.model_card import KNOWN_SHAPES
 
     cases = SMOKE_CASES if args.smoke else CASES
     cases = {name: case for name, case in cases.items() if not args.cases or name in args.cases}

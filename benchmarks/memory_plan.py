@@ -10,7 +10,7 @@ first 16 under the loss mask. Its resident memory is read from ``/proc/self/stat
 once the model is built, so loading it does not count). glibc is told to give freed blocks of 64 KiB or more
 back at once (``MALLOC_MMAP_THRESHOLD_``), so that resident memory follows the live tensors, as a GPU's
 allocated-memory counter does, instead of the allocator's cache. The measured figure is that peak above the baseline;
-the plan's is ``launch.memory_plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
+the plan's is ``trainer.plan.trainer_plan`` for the same config on CPU. Their ratio says how far the plan is
 from the truth; on GPU the plan adds the CUDA context.
 """
 
@@ -76,8 +76,9 @@ def measure(case: Case, model_dir: str, queue) -> None:
 
 
 def run_case(case: Case, tmp: Path) -> dict:
-    from launch.memory_plan import model_shape, trainer_plan
+    from contracts.model_card import ModelCard
     from trainer.config import TrainerConfig
+    from trainer.plan import trainer_plan
 
     model_dir = benchmark_model(case.shape, tmp / case.name)
     context = multiprocessing.get_context("spawn")
@@ -91,7 +92,7 @@ def run_case(case: Case, tmp: Path) -> dict:
     measured = queue.get()
     process.join()
     config = TrainerConfig(model={"name": model_dir, **case.model}, seq_len=case.seq_len)
-    plan = trainer_plan(model_shape(model_dir), config, ranks=1, gpu=False)
+    plan = trainer_plan(ModelCard.of(model_dir).hub_shape(), config, ranks=1, gpu=False)
     ratio = plan["total"] * 1024 / measured["measured_mib"]
     return asdict(case) | measured | {"plan_gib": plan, "planned_over_measured": ratio}
 

@@ -7,9 +7,10 @@ Which family a run speaks is chosen once (``[model] chat_family``, "auto": read 
 up here by name on both sides (:func:`resolve_family`).
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from contracts.model_card import ModelCard
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,8 @@ def family_by_markers(vocab: set[str] | dict[str, int]) -> ChatFamily | None:
 
 
 def local_model_type(path: str) -> str | None:
-    """The model_type in ``path``/config.json; None when ``path`` is no local model folder."""
-    config = Path(path).expanduser() / "config.json"
-    return json.loads(config.read_text()).get("model_type", "") if config.is_file() else None
+    """The model_type of the model in folder ``path`` (its card's); None when ``path`` is no local model folder."""
+    return ModelCard.of(path).model_type if Path(path).expanduser().is_dir() else None
 
 
 def model_vocab(path: str) -> dict[str, int]:
@@ -101,12 +101,7 @@ def model_vocab(path: str) -> dict[str, int]:
 
 def model_family(path: str) -> ChatFamily | None:
     """:func:`detect_family` for the model at ``path`` (a local folder or a hub id in the local cache)."""
-    model_type = local_model_type(path)
-    if model_type is None:
-        from transformers import AutoConfig
-
-        model_type = AutoConfig.from_pretrained(path).model_type
-    return detect_family(model_type, model_vocab(path))
+    return detect_family(ModelCard.of(path).hub().model_type, model_vocab(path))
 
 
 def resolve_family(choice: str, model_path: str) -> ChatFamily | None:

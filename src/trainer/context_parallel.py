@@ -37,15 +37,6 @@ def context_group(cp: int, device_type: str) -> dist.ProcessGroup:
     return init_device_mesh(device_type, (ranks // cp, cp), mesh_dim_names=("dp", "cp"))["cp"].get_group()
 
 
-def check_heads(cp: int, heads: int, model_type: str) -> None:
-    """Refuse a ``cp`` that does not divide the model's attention heads (each rank attends with ``heads / cp``)."""
-    if heads % cp:
-        raise TridentError(
-            f"model.parallel.cp = {cp} must divide the {model_type} model's {heads} attention heads "
-            "(Ulysses splits the heads over the group)"
-        )
-
-
 @dataclass(frozen=True)
 class Shard:
     """A rank's share of a packed row of ``tokens`` tokens: positions ``start:stop`` of the row padded to ``padded``

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from contracts.atomic_io import atomic_dir
 from contracts.errors import TridentError
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.run_dir import ADAPTER_CONFIG, is_adapter
 from trainer.export import full_weights
 from trainer.model import pretrained
@@ -24,12 +24,12 @@ def merge_adapter(base_model: str, adapter_path: Path, output_dir: Path) -> Path
     """
     if not is_adapter(adapter_path):
         raise TridentError(f"--adapter-path {adapter_path}: no {ADAPTER_CONFIG} there (not a peft adapter folder)")
-    base_path = resolve_model_path(base_model)
-    base = pretrained(base_path, dtype=torch.float32)
+    base_card = ModelCard.of(base_model)
+    base = pretrained(base_card, dtype=torch.float32)
     owner, weights = full_weights(PeftModel.from_pretrained(base, adapter_path), torch.float32)
     with atomic_dir(Path(output_dir)) as tmp:
         owner.save_pretrained(tmp, state_dict=weights)
-        AutoTokenizer.from_pretrained(base_path).save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(base_card.path).save_pretrained(tmp)
         save_processor(owner, tmp)
     return Path(output_dir)
 

@@ -15,7 +15,6 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
     BitsAndBytesConfig,
@@ -23,7 +22,7 @@ from transformers import (
 )
 
 from contracts.errors import TridentError, first_line
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.protocol import MicroBatch
 from contracts.sampling import NO_TRUNCATION, Truncation
 from trainer.attention import packing, use_packed_attention
@@ -31,7 +30,7 @@ from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.context_parallel import Shard, scores_of_the_row, shard_of
 from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
-from trainer.vision import configure_vision_tower, image_inputs, is_vision_language, unwrapped, vision_tower_name
+from trainer.vision import configure_vision_tower, image_inputs, unwrapped, vision_tower_name
 
 
 def load_model(
@@ -46,7 +45,7 @@ def load_model(
     lora, in_4bit = config.experimental.lora, config.experimental.load_in_4bit
     dtype = compute_dtype if lora is not None else torch.float32
     model = pretrained(
-        resolve_model_path(config.name),
+        ModelCard.of(config.name),
         dtype=dtype,
         quantization_config=nf4_config(compute_dtype) if in_4bit else None,
         device_map={"": device} if in_4bit else None,  # quantized where it computes
@@ -63,11 +62,11 @@ def load_model(
     return model.to(device).train()
 
 
-def pretrained(path: str, **kwargs) -> PreTrainedModel:
-    """The model in folder (or hub id) ``path``, loaded with ``kwargs``: a causal LM, or a vision-language model
-    (Qwen3-VL) as transformers' image-text-to-text class, whose language model is a causal LM."""
-    vision = is_vision_language(AutoConfig.from_pretrained(path))
-    return (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(path, **kwargs)
+def pretrained(card: ModelCard, **kwargs) -> PreTrainedModel:
+    """The model of ``card``, loaded with ``kwargs``: a causal LM, or a vision-language model (Qwen3-VL) as
+    transformers' image-text-to-text class, whose language model is a causal LM."""
+    vision = card.hub().vision_language
+    return (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(card.path, **kwargs)
 
 
 def nf4_config(compute_dtype: torch.dtype) -> BitsAndBytesConfig:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from contracts.sampling import NO_TRUNCATION, Truncation
-from trainer.config import chunk_rows
+from trainer.plan import chunk_rows
 from trainer.truncation import truncated_logits
 
 if TYPE_CHECKING:  # transformers takes seconds to import

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from contracts.config import run_cli
 from contracts.errors import exit_on_user_error
 from contracts.metrics import MetricsWriter
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.protocol import MicroBatch, Sample, pack_samples
 from contracts.run_dir import metrics_path, weights_dir
 from trainer.compilation import eager_on_compile_failure
@@ -101,7 +101,7 @@ def train_sft(config: SFTConfig) -> None:
 def run_sft(config: SFTConfig, world: World) -> None:
     warn_on_compile_setting(config.model, world.device)
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    tokenizer = AutoTokenizer.from_pretrained(ModelCard.of(config.model.name).path)
     batches, num_steps = step_batches_of(config, tokenizer)
     model = build_model(config.model, world, config.optim.offload)
     optimizer, scheduler = build_optimizer(model, config.optim, num_steps)

@@ -17,18 +17,17 @@ from transformers import AutoTokenizer
 from contracts.broadcast import Sender
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.progress import Progress, last_written
 from contracts.protocol import BatchInfo, MicroBatch, prune_rollouts, read_batch, repack
 from contracts.run_dir import resume_step, rollouts_dir, wait_for, weights_dir
 from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
-from trainer.config import TrainerConfig, TrainerModelConfig, reshards_after_forward
-from trainer.context_parallel import check_heads
+from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
 from trainer.loss import mismatch_kl, policy_loss
 from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
-from trainer.moe.routing import Routers, check_routes, moe_routers
+from trainer.moe.routing import Routers, check_routes
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import (
     World,
@@ -38,7 +37,8 @@ from trainer.parallel import (
     shard_model,
     sum_over_ranks,
 )
-from trainer.vision import is_vision_language
+from trainer.plan import reshards_after_forward
+from trainer.rules import check_trainer_model
 
 logger = logging.getLogger("trainer")
 
@@ -68,8 +68,6 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
             f"model.experimental.load_in_4bit trains on one rank; this trainer has {world.size} (give it one GPU)"
         )
     model = load_model(model_config, world.device if in_4bit else torch.device("cpu"), dtype)
-    if world.cp > 1:
-        check_context_parallel(model, world.cp)
     offload = offload and world.device.type == "cuda"
     reshard = reshards_after_forward(model_config, world.size, world.device.type == "cuda", offload)
     shard_model(model, decoder_layers(model), dtype, offload, reshard, model_config.parallel.ep)
@@ -78,16 +76,13 @@ def build_model(model_config: TrainerModelConfig, world: World, offload: bool) -
     return model
 
 
-def check_context_parallel(model: nn.Module, cp: int) -> None:
-    """Refuse a model context parallelism cannot split over ``cp`` ranks: its attention heads must divide by ``cp``,
-    and a mixture of experts (its routing statistics and replayed routes are per micro-batch) or a vision-language
-    model (its image features are placed by token) is not split yet."""
-    config, key = model.config.get_text_config(), f"model.parallel.cp = {cp}"
-    if is_vision_language(model.config):
-        raise TridentError(f"{key}: a vision-language model ({model.config.model_type}) is not split yet; set cp = 1")
-    if moe_routers(decoder_layers(model)):
-        raise TridentError(f"{key}: a mixture of experts ({config.model_type}) is not split yet; set cp = 1")
-    check_heads(cp, config.num_attention_heads, config.model_type)
+def check_start(config: TrainerConfig, world: World) -> ModelCard:
+    """Refuse what the trainer cannot run on this model and these ranks, before loading it: the refusals ``rl``
+    makes before it starts anything (:func:`trainer.rules.check_trainer_model`), on the model's card (the hub's
+    config where the model is not on this machine yet). Returns the card."""
+    card = ModelCard.of(config.model.name).hub()
+    check_trainer_model(card, config.model, world.size, f"{world.size} ranks", prefix="")
+    return card
 
 
 def warn_on_compile_setting(model_config: TrainerModelConfig, device: torch.device) -> None:
@@ -312,6 +307,7 @@ def micro_batches_to_train(micro_batches: list[MicroBatch], config: TrainerConfi
 
 
 def run_training(config: TrainerConfig, world: World) -> None:
+    card = check_start(config, world)
     warn_on_compile_setting(config.model, world.device)
     torch.manual_seed(config.seed)  # before LoRA's random init: every rank starts from the same adapter
     model = build_model(config.model, world, config.optim.offload)
@@ -319,7 +315,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
     routers = Routers.install(decoder_layers(model), config.model.moe, world.device)
     if routers is not None and reference is not None and reference.model is not model:
         routers.attach(decoder_layers(reference.model))  # the reference replays the same routes
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model.name))
+    tokenizer = AutoTokenizer.from_pretrained(card.path)
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
     progress = Progress(config.output_dir if world.is_main else None, "trainer")

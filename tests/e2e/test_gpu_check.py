@@ -58,7 +58,7 @@ def test_the_moe_cases_run_four_layers_of_qwen3_30b_a3b_grouped_and_eager():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launch.memory_plan import ModelShape
+    from contracts.model_card import ModelShape
 
     check = runpy.run_path(str(ROOT / "benchmarks" / "gpu_check.py"))
     moe = {name: case for name, case in check["CASES"].items() if case.experts}

@@ -12,7 +12,7 @@ import os
 from collections.abc import Awaitable
 from pathlib import Path
 
-from contracts.model_path import resolve_model_path
+from contracts.model_card import ModelCard
 from contracts.progress import Progress
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
@@ -109,7 +109,7 @@ class GroupRunner:
 def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, group_size: int) -> GroupRunner:
     """A :class:`GroupRunner` on the servers of ``config.client`` (not yet asked anything), sampling as
     ``config.sampling`` says through the model's renderer, checked against its chat template first."""
-    model_path = resolve_model_path(config.model.name)
+    model_path = ModelCard.of(config.model.name).path
     ctx = model_context(config, model_path)
     check_renderer(ctx.client.renderer, model_path)
     logger.info(f"rendering chats with renderer {ctx.client.renderer.name!r}, checked against the template")

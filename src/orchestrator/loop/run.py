@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from contracts.chat_family import resolve_family
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
-from contracts.model_path import resolve_model_path, vision_markers
+from contracts.model_card import ModelCard
 from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
@@ -71,9 +71,10 @@ class Orchestrator:
         self.servers = self.groups.servers
         self.share = ShareMeter(self.servers)
         # only to show sample rollouts as text: training never detokenizes
-        model_path = resolve_model_path(config.model.name)
+        card = ModelCard.of(config.model.name)
+        model_path = card.path
         # what the server samples from: the batch files carry it for the trainer to replay (vision markers banned)
-        self.truncation = replace(config.sampling.truncation, banned=tuple(sorted(vision_markers(model_path))))
+        self.truncation = replace(config.sampling.truncation, banned=tuple(sorted(card.vision_markers())))
         self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
         family = resolve_family(config.model.chat_family, model_path)
         image_pad = family.image_pad if self.tokenizer and family else None

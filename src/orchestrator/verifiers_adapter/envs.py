@@ -23,7 +23,7 @@ from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
-from contracts.model_path import vision_markers
+from contracts.model_card import ModelCard
 from orchestrator.batching.images import EpisodeImages, sample_images
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
@@ -176,7 +176,9 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
             renderer_model_name=tokenizer_path,
             headers=run_headers(config.run_id),
         ),
-        sampling=vf.SamplingConfig(**config.sampling.request_params(tuple(vision_markers(tokenizer_path).values()))),
+        sampling=vf.SamplingConfig(
+            **config.sampling.request_params(tuple(ModelCard.of(config.model.name).vision_markers().values()))
+        ),
     )
 
 

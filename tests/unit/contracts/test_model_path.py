@@ -10,17 +10,11 @@ from transformers import DeepseekV3Config, GptOssConfig, MixtralConfig, Qwen3Con
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
-from contracts.model_path import (
-    TINY_MODEL_IDS,
-    is_mixture_of_experts,
-    resolve_model_path,
-    routed_experts,
-    tiny_model_path,
-)
+from contracts.model_card import ModelCard, resolve_model_path, routed_experts
+from contracts.model_path import TINY_MODEL_IDS, tiny_model_path
 from contracts.run_spec import load_config
 from inference.config import InferenceConfig
-from launch.memory_plan import model_shape
-from launch.rl_config import RLConfig, model_experts
+from launch.rl_config import RLConfig
 from tools import tiny_model
 from trainer.config import TrainerConfig
 
@@ -81,13 +75,14 @@ def test_the_builder_builds_the_ids_the_contracts_name_where_they_look(tiny_mode
     ids=["qwen3-moe", "qwen3-moe-hub", "mixtral", "deepseek-v3", "gpt-oss", "dense"],
 )
 def test_every_reader_counts_the_experts_of_each_family_alike(config, experts, tmp_path):
-    """The server and the preflight (is_mixture_of_experts), rl's ep check (model_experts) and the memory plan
-    (model_shape) all count a config.json's routed experts with contracts.model_path.routed_experts."""
+    """The server, the preflight, the trainer's ep check and the memory plan all read the model card, which counts a
+    config.json's routed experts with contracts.model_card.routed_experts."""
     fields = config if isinstance(config, dict) else config.to_dict()
     assert routed_experts(fields) == experts
     assert routed_experts({"model_type": "vlm", "text_config": fields}) == experts  # a multimodal model's text model
     (tmp_path / "config.json").write_text(json.dumps(fields))
-    assert is_mixture_of_experts(str(tmp_path)) == (experts > 0)
-    assert model_experts(str(tmp_path)) == experts
+    card = ModelCard.of(str(tmp_path))
+    assert card.is_mixture_of_experts == (experts > 0)
+    assert card.experts == experts
     if "vocab_size" in fields:  # the hub file above is cut to its expert fields
-        assert model_shape(str(tmp_path)).num_experts == experts
+        assert card.hub_shape().num_experts == experts

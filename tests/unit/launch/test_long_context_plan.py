@@ -12,8 +12,9 @@ from test_gpu_placement import dry_run, files
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
+from contracts.model_card import GIB, KNOWN_SHAPES
 from launch.launcher import run
-from launch.memory_plan import GIB, KNOWN_SHAPES, plan_memory, size
+from launch.memory_plan import plan_memory, size
 from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import TrainerConfig
 

@@ -11,20 +11,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2MoeConfig, Qwen3MoeConfig
 
 from contracts.errors import TridentError
+from contracts.model_card import GIB, KNOWN_SHAPES, ModelShape, lora_parameters
 from inference.config import InferenceConfig
-from launch.memory_plan import (
-    ALLOCATOR_SLACK,
-    CUDA_CONTEXT_GIB,
-    GIB,
-    KNOWN_SHAPES,
-    ModelShape,
-    layer_activation_bytes,
-    lora_parameters,
-    plan_memory,
-    trainer_plan,
-)
+from launch.memory_plan import plan_memory
 from trainer.config import LoraConfig, TrainerConfig, TrainerModelConfig
 from trainer.model import add_lora, load_model, use_packed_forward
+from trainer.plan import ALLOCATOR_SLACK, CUDA_CONTEXT_GIB, layer_activation_bytes, trainer_plan
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -9,11 +9,13 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
 from contracts.config import ConfigError, parse_config
+from contracts.model_card import GIB, KNOWN_SHAPES, ModelShape, lora_parameters
 from launch.launcher import run
-from launch.memory_plan import GIB, KNOWN_SHAPES, ModelShape, lora_parameters, plan_memory, size, trainer_plan
+from launch.memory_plan import plan_memory, size
 from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import LoraConfig, TrainerConfig
 from trainer.model import add_lora, use_packed_forward
+from trainer.plan import trainer_plan
 
 SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Qwen3-30B-A3B's config.json, its shape

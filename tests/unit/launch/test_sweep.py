@@ -12,8 +12,9 @@ from debug_configs import FILES
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.metrics import eval_line
+from contracts.model_card import GIB, LINEARS, ModelCard, lora_parameters
 from launch.launcher import STOP_SIGNALS, main, server_lines, step_line
-from launch.memory_plan import GIB, LINEARS, lora_parameters, model_shape, plan_memory
+from launch.memory_plan import plan_memory
 from launch.rl_config import RLConfig, resolve_shared
 from launch.sweep import (
     CONSOLE_LINE,
@@ -228,7 +229,9 @@ def test_the_memory_plan_counts_a_trainer_per_run_and_the_servers_lora_slots(tmp
     assert memory.runs == 3
     assert memory.trainer == alone.trainer  # each run's trainer as planned alone
     assert memory.total("trainer") == pytest.approx(3 * alone.trainer["total"])
-    slots = 4 * lora_parameters(model_shape("Qwen/Qwen3-4B"), list(LINEARS), 16) * 2 / GIB  # bf16, every linear
+    slots = (
+        4 * lora_parameters(ModelCard.of("Qwen/Qwen3-4B").hub_shape(), list(LINEARS), 16) * 2 / GIB
+    )  # bf16, every linear
     assert memory.inference["adapters"] == pytest.approx(slots)
     (gpu_line,) = [line for line in memory.lines() if line.startswith("  GPU 1:")]
     used = 3 * alone.trainer["total"]

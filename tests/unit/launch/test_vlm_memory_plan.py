@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-from launch.memory_plan import GIB, ModelShape, trainer_plan
+from contracts.model_card import GIB, ModelShape
 from trainer.config import TrainerConfig
+from trainer.plan import trainer_plan, vision_activation_bytes, vision_block_activation_bytes
 
 TEXT = {"vocab_size": 300, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
@@ -46,7 +47,7 @@ def test_a_trained_towers_activations_are_what_it_saves_for_backward(saved_for_b
     tower.set_attn_implementation("sdpa")  # as the trainer runs it
     measured = saved_patch_bytes(tower, 64, saved_for_backward) - saved_patch_bytes(tower, 32, saved_for_backward)
     tokens = 32 * 32 // 4  # the image tokens of the 32 × 32 patches added
-    planned = ModelShape.from_config(qwen3_vl()[0].to_dict()).vision.activation_bytes(tokens, 2, trained=True)
+    planned = vision_activation_bytes(ModelShape.from_config(qwen3_vl()[0].to_dict()).vision, tokens, 2, trained=True)
     embeddings = tokens * 2 * VISION["out_hidden_size"] * 2  # held for the language model, not saved for backward
     assert planned - embeddings == pytest.approx(measured, rel=0.05)
 
@@ -62,7 +63,7 @@ def test_the_trainer_plan_counts_the_tower_and_its_gradients_only_where_it_train
     assert trained["gradients"] - frozen["gradients"] == pytest.approx(vision)
     assert trained["optimizer"] - frozen["optimizer"] == pytest.approx(2 * vision)
     patches = 2048 * 4  # every token of the micro-batch an image token, of 2 × 2 patches
-    block = shape.vision.block_activation_bytes(4)
+    block = vision_block_activation_bytes(shape.vision, 4)
     assert frozen["vision"] * GIB == 2048 * 2 * 128 * 4 + patches * block  # one block at a time, and the embeddings
     assert trained["vision"] > VISION["depth"] * frozen["vision"]
     text = ModelShape.from_config(TEXT | {"tie_word_embeddings": True})

@@ -50,12 +50,12 @@ def test_a_seat_may_cap_its_tokens_or_sample_as_it_likes_on_another_model(tmp_pa
 def test_a_vision_language_models_markers_are_banned_from_its_replies_and_the_batch_says_so():
     """The tiny VLM's four vision markers (from its config.json and tokenizer.json) go to the server as bad_words;
     a text model bans nothing."""
-    from contracts.model_path import vision_markers
+    from contracts.model_card import ModelCard
     from tools.tiny_model import built_model_path
 
-    markers = vision_markers(built_model_path("trident/tiny-qwen3-vl"))
+    markers = ModelCard.of(built_model_path("trident/tiny-qwen3-vl")).vision_markers()
     assert sorted(markers.values()) == ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>", "<|vision_start|>"]
-    assert vision_markers(built_model_path("trident/tiny-qwen3")) == {}
+    assert ModelCard.of(built_model_path("trident/tiny-qwen3")).vision_markers() == {}
     params = SamplingConfig().request_params(tuple(markers.values()))
     assert params["bad_words"] == list(markers.values())
     assert "bad_words" not in SamplingConfig().request_params()

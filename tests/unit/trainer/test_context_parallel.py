@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from contracts.errors import TridentError
 from tools.tiny_model import built_model_path
 from trainer.compilation import compiles
-from trainer.config import ParallelConfig, SFTConfig, TrainerModelConfig
+from trainer.config import ParallelConfig, SFTConfig, TrainerConfig
 from trainer.context_parallel import divisible_kv, shard_of
-from trainer.model import load_model
+from trainer.parallel import World
 from trainer.scoring import logged_entropy_rows
-from trainer.train import check_context_parallel
+from trainer.train import check_start
 
 
 @pytest.mark.parametrize("size", [2, 3, 4])
@@ -62,19 +62,21 @@ def test_split_heads_each_meet_their_own_key_and_value_heads(heads, kv_heads, cp
 @pytest.mark.parametrize(
     ("model", "cp", "message"),
     [
-        ("trident/tiny-qwen3", 4, "must divide the qwen3 model's 2 attention heads"),
-        ("trident/tiny-qwen3-moe", 2, "a mixture of experts (qwen3_moe) is not split yet"),
-        ("trident/tiny-qwen3-vl", 2, "a vision-language model (qwen3_vl) is not split yet"),
+        ("trident/tiny-qwen3", 4, "must divide the 2 attention heads of model"),
+        ("trident/tiny-qwen3-moe", 2, "is a mixture of experts, not split over ranks by tokens yet; set cp = 1"),
+        ("trident/tiny-qwen3-vl", 2, "is a vision-language model, not split over ranks by tokens yet; set cp = 1"),
     ],
 )
 def test_what_context_parallelism_cannot_split_is_refused_in_one_line(model, cp, message):
-    loaded = load_model(TrainerModelConfig(name=built_model_path(model)), torch.device("cpu"))
+    """The trainer refuses these at its start, before loading the model (trainer.rules, as rl does)."""
+    config = TrainerConfig(model={"name": built_model_path(model), "parallel": {"cp": cp}})
     with pytest.raises(TridentError, match=rf"^model\.parallel\.cp = {cp}:? .*{re.escape(message)}"):
-        check_context_parallel(loaded, cp)
+        check_start(config, World(0, cp, torch.device("cpu"), cp=cp))
 
 
 def test_the_tiny_model_splits_over_two_ranks():
-    check_context_parallel(load_model(TrainerModelConfig(name=built_model_path("trident/tiny-qwen3")), "cpu"), 2)
+    config = TrainerConfig(model={"name": built_model_path("trident/tiny-qwen3"), "parallel": {"cp": 2}})
+    check_start(config, World(0, 2, torch.device("cpu"), cp=2))
 
 
 def test_configs_refuse_context_parallelism_where_it_does_not_apply():

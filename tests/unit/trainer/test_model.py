@@ -7,10 +7,11 @@ from contracts.errors import TridentError
 from contracts.protocol import MicroBatch, Sample
 from contracts.run_dir import PROBE_TEXT, PROBE_TOLERANCE, read_probe
 from tools.tiny_model import built_model_path
-from trainer.config import TrainerModelConfig, reshards_after_forward
+from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.model import compute_device, decoder_layers, load_model, packed_logprobs, use_packed_forward
 from trainer.parallel import close_world, init_world, shard_model
+from trainer.plan import reshards_after_forward
 from trainer.train import build_model
 
 

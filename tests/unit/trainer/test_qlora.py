@@ -13,9 +13,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
+from contracts.model_card import GIB
 from contracts.protocol import MicroBatch, Sample
 from contracts.run_dir import PROBE_TOLERANCE_4BIT, read_probe
-from launch.memory_plan import GIB, plan_memory
+from launch.memory_plan import plan_memory
 from launch.rl_config import RLConfig, resolve_shared
 from trainer.config import SFTConfig, TrainerConfig, TrainerModelConfig
 from trainer.export import probe_logprobs, save_weights

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-import trainer.config
+import trainer.plan
 from contracts.protocol import MicroBatch, Sample
 from trainer import scoring
 from trainer.attention import packing
@@ -33,7 +33,7 @@ def naive_scores(hidden, weight, bias, targets, temperature):
 
 @pytest.mark.parametrize("entropy", ["trained", "logged"])
 def test_chunked_scores_equal_the_naive_ones_in_values_and_gradients(monkeypatch, entropy):
-    monkeypatch.setattr(trainer.config, "CHUNK_ELEMENTS", 3 * 50)  # 3 positions a chunk: 4 chunks, the last short
+    monkeypatch.setattr(trainer.plan, "CHUNK_ELEMENTS", 3 * 50)  # 3 positions a chunk: 4 chunks, the last short
     monkeypatch.setattr(scoring, "LOGGED_ENTROPY_POSITIONS", 4)  # logged: positions 0, 3, 6, 9
     generator = torch.Generator().manual_seed(0)
     hidden, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((10, 8), (50, 8), (50,)))
@@ -72,7 +72,7 @@ def tiny_micro_batch(lengths, loss_from):
 def test_packed_scores_hold_no_vocabulary_wide_tensor_and_match_full_logits(tiny_model_path, monkeypatch):
     """On the tiny model: scores only at the asked positions, equal to the full logits' log_softmax; the backward
     keeps no ``[tokens × vocab]`` tensor (autograd's saved tensors are recorded)."""
-    monkeypatch.setattr(trainer.config, "CHUNK_ELEMENTS", 4 * 2048)  # 4 positions a chunk at the tiny vocabulary
+    monkeypatch.setattr(trainer.plan, "CHUNK_ELEMENTS", 4 * 2048)  # 4 positions a chunk at the tiny vocabulary
     model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
     micro_batch = tiny_micro_batch((12, 9, 15), loss_from=3)
     parameters = {p.data_ptr() for p in model.parameters()}
