@@ -12,9 +12,11 @@ from debug_configs import FILES
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.metrics import eval_line
-from launch.launcher import STOP_SIGNALS, main, server_lines, step_line
+from launch.launcher import server_lines, step_line
+from launch.main import main
 from launch.memory_plan import GIB, LINEARS, lora_parameters, model_shape, plan_memory
 from launch.rl_config import RLConfig, resolve_shared
+from launch.supervise import STOP_SIGNALS
 from launch.sweep import (
     CONSOLE_LINE,
     RunOutcome,
@@ -109,7 +111,7 @@ def test_each_run_is_an_rl_of_its_own_attached_to_the_sweeps_server(tmp_path):
     assert run.output_dir == tmp_path / "lr=1e-05"
     assert run.overrides == {"trainer.optim.lr": 1e-5}
     assert run.max_steps == 3
-    assert run.command[1:3] == ["-m", "launch.launcher"]
+    assert run.command[1:3] == ["-m", "launch.main"]
     args = run.command[3:]
     assert "--inference" not in args  # the run starts no server
     config = resolve_shared(parse_config(RLConfig, args))  # what the run's rl will resolve
