@@ -11,6 +11,8 @@ from launch.sweep import is_sweep, launch_sweep
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``uv run rl ...``: hand ``argv`` (default ``sys.argv``) to a run or a sweep and exit with its code, ignoring
+    stop signals from then on (:func:`launch.supervise.ignore_stop_signals`)."""
     argv = sys.argv[1:] if argv is None else argv
     watch_launcher()  # a run of a sweep stops when the sweep is gone
     sweep = is_sweep(argv) and not any(arg in HELP_FLAGS for arg in argv)
