@@ -26,8 +26,8 @@ from safetensors import safe_open
 from contracts.inference_api import HEALTH, MODELS, RESET_WEIGHTS, auth_headers
 from contracts.metrics import read_metrics
 from contracts.model_path import TINY_MODEL_ID
-from launch.launcher import child_env, log_tail
 from launch.process import Child, stop_all
+from launch.supervise import child_env, log_tail
 from tools.tiny_model import built_model_path
 
 RESULTS_DIR = Path(__file__).parent / "results"
@@ -351,7 +351,7 @@ def rl_debug_run(flags: list[str], output_dir: Path, timeout_s: float) -> dict:
     tail of its stderr. What the run did: its reward per step and over its first and last 5 steps, its held-out
     evaluations, the probe gaps after the server's reloads, the trainer's largest mismatch KL and peak memory, and its
     median step. It draws no plots (what it measures is in its metrics)."""
-    argv = [sys.executable, "-m", "launch.launcher", *flags, "--no-plots", "--output-dir", str(output_dir)]
+    argv = [sys.executable, "-m", "launch.main", *flags, "--no-plots", "--output-dir", str(output_dir)]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).parents[1])
     if result.returncode != 0:
         raise RuntimeError(f"rl failed ({result.returncode}): {result.stderr[-3000:]}")

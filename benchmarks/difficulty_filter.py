@@ -24,7 +24,7 @@ from pathlib import Path
 import common
 
 from contracts.metrics import read_metrics
-from launch.launcher import log_tail
+from launch.supervise import log_tail
 
 ROOT = Path(__file__).parents[1]
 FILTER = common.DEBUG_CONFIGS / "filter.toml"
@@ -47,7 +47,7 @@ SMOKE = BenchmarkConfig(steps=3, batch_size=2, settings=("on", "off"), evaluate=
 def run_once(bench: BenchmarkConfig, setting: str, server_url: str, output_dir: Path) -> dict:
     """One ``rl`` run of the debug configs with ``filter.toml`` (``setting`` "off": refill and pool off)."""
     configs = common.DEBUG_CONFIGS
-    argv = [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "@", str(FILTER), "--output-dir", str(output_dir),
             "--max-steps", str(bench.steps), "--orchestrator.batch-size", str(bench.batch_size),
             "--orchestrator.client.base-url", server_url, "--orchestrator.sample-rollouts-every", "0",

@@ -22,8 +22,8 @@ from pathlib import Path
 import common
 
 from contracts.metrics import read_metrics
-from launch.launcher import child_env
 from launch.process import Child
+from launch.supervise import child_env
 from tools.tiny_model import built_model_path
 
 ROOT = Path(__file__).parents[1]
@@ -50,7 +50,7 @@ def run_argv(model: Path, url: str, lr: str, output_dir: Path, max_steps: int | 
     """``rl`` running the sweep's debug run at learning rate ``lr`` on ``model``, attached to the server at ``url``
     as the run :func:`run_id` (its weights in ``output_dir``, which must lie under the server's weights_root)."""
     steps = ["--max-steps", str(max_steps)] if max_steps else []
-    return [sys.executable, "-m", "launch.launcher", *config_files(), "--model.name", str(model),
+    return [sys.executable, "-m", "launch.main", *config_files(), "--model.name", str(model),
             "--run-id", run_id(lr), "--orchestrator.client.base-url", url, "--trainer.optim.lr", lr,
             "--output-dir", str(output_dir), "--no-orchestrator.eval", "--no-plots", *steps]  # fmt: skip
 

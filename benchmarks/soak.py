@@ -112,7 +112,7 @@ def run_soak(server_url: str, steps: int, work_dir: Path, stream: bool = False) 
     every ``SAMPLE_S``; the samples, and the orchestrator's step metrics."""
     output_dir = work_dir / "run"
     stream_toml = ["@", str(DEBUG_CONFIGS / "stream.toml")] if stream else []
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--trainer", "@", str(DEBUG_CONFIGS / "train.toml"),
             "--orchestrator", "@", str(DEBUG_CONFIGS / "orch.toml"), "--orchestrator.client.base-url", server_url,
             "--max-steps", str(steps), "--ckpt.interval", str(CKPT_INTERVAL),
             "--output-dir", str(output_dir), *stream_toml]  # fmt: skip

@@ -73,8 +73,8 @@ from common import (
 )
 
 from contracts.metrics import read_metrics
-from launch.launcher import child_env
 from launch.process import Child
+from launch.supervise import child_env
 from tools.tiny_model import built_model_path
 
 SIDES = ("trident", "trl")

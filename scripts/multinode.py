@@ -22,8 +22,8 @@ import tomllib
 from pathlib import Path
 
 from contracts.run_dir import configs_dir, logs_dir
-from launch.launcher import child_env
 from launch.process import Child, command, shell_line, stop_all
+from launch.supervise import child_env
 
 DONE = "multinode_done"  # written by the orchestrator's node with the run's exit code
 
@@ -76,7 +76,7 @@ def placement_flags(args: argparse.Namespace) -> list[str]:
 def resolve(args: argparse.Namespace) -> int:
     """``rl --dry-run``: check the configs and write each process's to ``<output-dir>/configs/``."""
     (args.output_dir / DONE).unlink(missing_ok=True)  # an earlier run's
-    argv = [sys.executable, "-m", "launch.launcher", *args.rl_args, *placement_flags(args), "--dry-run"]
+    argv = [sys.executable, "-m", "launch.main", *args.rl_args, *placement_flags(args), "--dry-run"]
     return subprocess.run(argv).returncode
 
 

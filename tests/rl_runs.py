@@ -14,7 +14,7 @@ def rl_argv(output_dir: Path, *flags: str, inference: bool = True, plots: bool =
     """``rl`` on the debug configs; without ``inference`` it starts no server (give one with the flags); without
     ``plots`` a finished run draws no plots (``--no-plots``: about 10 s saved, for the tests that do not read them)."""
     server = ["--inference", "@", str(DEBUG / "infer.toml")] if inference else []
-    return [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+    return [sys.executable, "-m", "launch.main", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), *server, *([] if plots else ["--no-plots"]),
             "--output-dir", str(output_dir), *flags]  # fmt: skip
 

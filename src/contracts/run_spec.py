@@ -5,12 +5,15 @@
 output dir holds a spec takes the spec's values for the keys its file leaves out and refuses, in one line, a key its
 file sets otherwise; one with no spec derives its own with the same function. So a process started alone from the
 files ``rl`` wrote runs with the values it has under ``rl``.
+
+:data:`HOMES` is the one table of what the processes share and where each fact lives in their configs: the spec's
+facts, and the settings ``rl`` hands every process it starts (``output_dir``, ``wandb``, ...).
 """
 
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -54,19 +57,38 @@ class RunSpec(StrictModel):
     inference_urls: list[str] | None = None
 
 
-# Where each fact of the spec lives in the processes' configs ("process.dotted.key").
-HOMES: dict[str, tuple[str, ...]] = {
-    "model": ("trainer.model.name", "orchestrator.model.name", "inference.model.name"),
+class Home(NamedTuple):
+    """Where a fact the processes share lives: its key in each process's config that holds it ("process.dotted.key"),
+    and ``rl``'s own key that sets it in all of them (``--max-steps``; None where rl has none)."""
+
+    keys: tuple[str, ...]
+    rl_key: str | None = None
+
+
+# Each fact the processes share, and where it lives. The run spec carries those it has a field for (RunSpec), so that
+# a process started alone has them too; the others are settings rl hands each process it starts.
+HOMES: dict[str, Home] = {
+    "model": Home(("trainer.model.name", "orchestrator.model.name", "inference.model.name"), "model.name"),
+    "chat_family": Home(("orchestrator.model.chat_family", "inference.model.chat_family"), "model.chat_family"),
+    "output_dir": Home(("trainer.output_dir", "orchestrator.output_dir", "inference.output_dir"), "output_dir"),
+    "max_steps": Home(("trainer.max_steps", "orchestrator.max_steps"), "max_steps"),
     # the server stops a rollout's context at seq_len, so every sample fits in a micro-batch
-    "seq_len": ("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"),
-    "max_steps": ("trainer.max_steps", "orchestrator.max_steps"),
-    "async_level": ("orchestrator.async_level",),
-    "lora_rank": ("trainer.model.experimental.lora.rank",),
-    "lora_export": ("trainer.model.experimental.lora.export",),
-    "served_lora_rank": ("inference.lora.max_rank",),
-    "chat_family": ("orchestrator.model.chat_family", "inference.model.chat_family"),
-    "inference_urls": ("orchestrator.client.base_url",),
+    "seq_len": Home(("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"), "seq_len"),
+    "async_level": Home(("orchestrator.async_level",), "async_level"),
+    "wandb": Home(("trainer.wandb", "orchestrator.wandb"), "wandb"),
+    "ckpt": Home(("trainer.ckpt", "orchestrator.ckpt"), "ckpt"),
+    "log": Home(("trainer.log", "orchestrator.log", "inference.log"), "log"),
+    "run_id": Home(("orchestrator.run_id",), "run_id"),
+    "lora_rank": Home(("trainer.model.experimental.lora.rank",)),
+    "lora_export": Home(("trainer.model.experimental.lora.export",)),
+    "served_lora_rank": Home(("inference.lora.max_rank",)),
+    "inference_urls": Home(("orchestrator.client.base_url",)),
 }
+
+
+def spec_homes() -> dict[str, tuple[str, ...]]:
+    """Each fact of the run spec, with its keys in the processes' configs (:data:`HOMES`)."""
+    return {fact: home.keys for fact, home in HOMES.items() if fact in RunSpec.model_fields}
 
 
 def run_spec_path(output_dir: Path) -> Path:
@@ -104,7 +126,7 @@ def derive_run_spec(configs: dict[str, Any]) -> RunSpec:
     """The spec of a run from its processes' configs (``{"trainer": ..., "orchestrator": ..., "inference": ...}``,
     any of them), each fact read from the first config that holds it; a chat family of 'auto' is detected here."""
     values = {}
-    for fact, homes in HOMES.items():
+    for fact, homes in spec_homes().items():
         present = [home for home in homes if home.split(".", 1)[0] in configs]
         if present:
             process, key = present[0].split(".", 1)
@@ -117,7 +139,7 @@ def derive_run_spec(configs: dict[str, Any]) -> RunSpec:
 def apply_run_spec(config: BaseConfig, process: str, spec: RunSpec, source: str) -> None:
     """Give ``config`` (of ``process``) the spec's values: a key its file left out takes the spec's; one set
     otherwise, or one the config cannot hold, is a ConfigError naming the key, both values and ``source``."""
-    for fact, homes in HOMES.items():
+    for fact, homes in spec_homes().items():
         for home in homes:
             owner, key = home.split(".", 1)
             if owner != process:

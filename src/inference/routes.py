@@ -27,24 +27,35 @@ from inference.security import check_full_weights, check_manifest, checked_weigh
 logger = logging.getLogger("vllm.trident")
 
 
-def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, int] | None = None) -> APIRouter:
+class WeightsRoutes:
     """``POST /reload_weights`` and ``POST /load_adapter`` (both a :class:`~contracts.inference_api.WeightsRequest`, for
     ``step_N`` folders under ``weights_root`` only; broadcast weights through ``store`` only), ``POST
     /reset_weights`` (serve ``base_path``, the model the server started with, again), ``GET /weights``, ``GET
-    /runs`` and ``POST /release_run``: each for one run (``run``; absent: the unnamed run).
+    /runs`` and ``POST /release_run``: each for one run (``run``; absent: the unnamed run), on :attr:`router`.
 
     Reads ``app.state``: ``engine_client`` and ``trident_runs`` (the runs served, :class:`~inference.runs.Runs`).
     """
-    router = APIRouter()
-    lock = asyncio.Lock()  # one change of weights at a time
-    full_weights = {"path": base_path}  # what the model's own weights hold now (adapters come on top)
+
+    def __init__(self, weights_root: Path | None, base_path: str, store: tuple[str, int] | None = None):
+        self.weights_root = weights_root
+        self.base_path = base_path
+        self.store = store
+        self.lock = asyncio.Lock()  # one change of weights at a time
+        self.full_weights_path = base_path  # what the model's own weights hold now (adapters come on top)
+        self.router = APIRouter()
+        self.router.add_api_route(api.RELOAD_WEIGHTS, self.reload_weights, methods=["POST"])
+        self.router.add_api_route(api.RESET_WEIGHTS, self.reset_weights, methods=["POST"])
+        self.router.add_api_route(api.LOAD_ADAPTER, self.load_adapter, methods=["POST"])
+        self.router.add_api_route(api.WEIGHTS, self.weights, methods=["GET"])
+        self.router.add_api_route(api.RUNS, self.run_shares, methods=["GET"])
+        self.router.add_api_route(api.RELEASE_RUN, self.release_run, methods=["POST"])
 
     async def load_full_weights(
-        state: State, path: str, step: int, manifest: dict | None = None, in_flight: bool = False
+        self, state: State, path: str, step: int, manifest: dict | None = None, in_flight: bool = False
     ) -> JSONResponse:
         """Serve the full weights in ``path`` (files, or sent over the broadcast that ``manifest`` describes) as
-        ``step`` to the unnamed run, no adapter; call holding ``lock``. A 409 while named runs share the server: they
-        sample the base it started with, or adapters trained on it.
+        ``step`` to the unnamed run, no adapter; call holding :attr:`lock`. A 409 while named runs share the server:
+        they sample the base it started with, or adapters trained on it.
 
         Requests in flight finish on the old weights before the swap, or with ``in_flight`` are paused where they
         are and go on with the new weights: their KV cache is dropped (they are preempted) and computed again
@@ -74,18 +85,17 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         finally:
             await engine.resume_generation()
         paused_s = time.perf_counter() - start  # no request started (nor, in flight, went on) meanwhile
-        full_weights["path"] = path
+        self.full_weights_path = path
         unnamed = runs.get(None)
         if unnamed.adapters is not None:  # adapters were trained on the old base weights
             await unnamed.adapters.retire_all()
         return serving(unnamed, None, step, path, None, start, paused_s)
 
-    @router.post(api.RELOAD_WEIGHTS)
-    async def reload_weights(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
+    async def reload_weights(self, request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         if request.run is not None:
             raise HTTPException(400, f"run {request.run!r}: full weights cannot share a server; a named run loads "
                                      f"LoRA adapters ({api.LOAD_ADAPTER})")  # fmt: skip
-        path = str(checked_weights_path(request.path, weights_root, request.step))
+        path = str(checked_weights_path(request.path, self.weights_root, request.step))
         if is_adapter(path):
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with {api.LOAD_ADAPTER}")
         try:
@@ -93,22 +103,21 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
         if manifest is None:
-            check_full_weights(Path(path), Path(base_path))
+            check_full_weights(Path(path), Path(self.base_path))
         else:
-            check_manifest(Path(path), manifest, store, Path(base_path))
-        async with lock:
-            return await load_full_weights(raw_request.app.state, path, request.step, manifest, request.in_flight)
+            check_manifest(Path(path), manifest, self.store, Path(self.base_path))
+        async with self.lock:
+            return await self.load_full_weights(raw_request.app.state, path, request.step, manifest, request.in_flight)
 
-    @router.post(api.RESET_WEIGHTS)
-    async def reset_weights(raw_request: Request, request: api.RunRequest | None = None) -> JSONResponse:
+    async def reset_weights(self, raw_request: Request, request: api.RunRequest | None = None) -> JSONResponse:
         """Serve the run the model the server started with, as step 0 and no adapter: a new run on a server that an
         earlier run used starts where a fresh server would. A named run's reset touches its own adapters only."""
         state = raw_request.app.state
         run = request.run if request is not None else None
-        async with lock:
+        async with self.lock:
             await state.trident_runs.evict_idle()
-            if run is None and full_weights["path"] != base_path:  # full weights of a run: read the base model again
-                return await load_full_weights(state, base_path, 0)
+            if run is None and self.full_weights_path != self.base_path:  # a run's full weights: read the base again
+                return await self.load_full_weights(state, self.base_path, 0)
             target = state.trident_runs.get(run)
             if target.served == state.trident_runs.base():  # as a fresh server
                 return JSONResponse(api.WeightsChange(**target.served.model_dump(), seconds=0.0).model_dump())
@@ -117,23 +126,22 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
                 await (adapters.retire_all() if run is None else adapters.remove_all())
             if run is None:  # the engine's label for tokens of the base model (named runs' tokens are relabelled)
                 await state.engine_client.update_weight_version("0")
-            return serving(target, run, 0, base_path, None, time.perf_counter())
+            return serving(target, run, 0, self.base_path, None, time.perf_counter())
 
-    @router.post(api.LOAD_ADAPTER)
-    async def load_adapter(request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
+    async def load_adapter(self, request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         state = raw_request.app.state
         runs: Runs = state.trident_runs
         if runs.new_adapters is None:
             raise HTTPException(400, "this server was started without [lora]: it cannot load adapters")
-        path = str(checked_weights_path(request.path, weights_root, request.step))
+        path = str(checked_weights_path(request.path, self.weights_root, request.step))
         if not is_adapter(path):
             raise HTTPException(400, f"{path} holds no {ADAPTER_CONFIG}: load full weights with {api.RELOAD_WEIGHTS}")
         name = api.adapter_name(request.step, request.run)
-        async with lock:
+        async with self.lock:
             await runs.evict_idle()
-            if request.run is not None and full_weights["path"] != base_path:
+            if request.run is not None and self.full_weights_path != self.base_path:
                 raise HTTPException(409, f"run {request.run!r}: this server serves full weights from "
-                                         f"{full_weights['path']}, not its base model; reset it first")  # fmt: skip
+                                         f"{self.full_weights_path}, not its base model; reset it first")  # fmt: skip
             run = runs.for_adapter(request.run)
             if name == run.served.adapter:
                 raise HTTPException(409, f"adapter {name} is already served")
@@ -145,28 +153,23 @@ def weights_router(weights_root: Path | None, base_path: str, store: tuple[str, 
                 await state.engine_client.update_weight_version(str(request.step))
             return serving(run, request.run, request.step, path, name, start)
 
-    @router.get(api.WEIGHTS)
-    async def weights(raw_request: Request, run: RunId | None = None) -> JSONResponse:
+    async def weights(self, raw_request: Request, run: RunId | None = None) -> JSONResponse:
         return JSONResponse(raw_request.app.state.trident_runs.served(run).model_dump())
 
-    @router.get(api.RUNS)
-    async def run_shares(raw_request: Request) -> JSONResponse:
+    async def run_shares(self, raw_request: Request) -> JSONResponse:
         runs: Runs = raw_request.app.state.trident_runs
-        async with lock:
+        async with self.lock:
             await runs.evict_idle()
         return JSONResponse({run: share.model_dump() for run, share in runs.shares().items()})
 
-    @router.post(api.RELEASE_RUN)
-    async def release_run(request: api.RunRequest, raw_request: Request) -> JSONResponse:
+    async def release_run(self, request: api.RunRequest, raw_request: Request) -> JSONResponse:
         if request.run is None:
             raise HTTPException(400, f"{api.RELEASE_RUN} names the run that has ended ('run')")
-        async with lock:
+        async with self.lock:
             released = await raw_request.app.state.trident_runs.release(request.run)
         if released:
             logger.info(f"run {request.run} released: its adapters are removed")
         return JSONResponse({"run": request.run, "released": released})
-
-    return router
 
 
 def serving(
@@ -228,7 +231,7 @@ def adapter_weight_versions(data: Any, step: int | None) -> Any:
     """Label every token of each choice with ``step``, the step of the adapter the request named (None: it named
     none, and the engine's labels stand).
 
-    vLLM labels tokens with the engine's one weight version, which :func:`weights_router` sets to each adapter the
+    vLLM labels tokens with the engine's one weight version, which :class:`WeightsRoutes` sets to each adapter the
     unnamed run loads (a named run's loads leave it alone: runs sharing the server are at other steps); but a
     request keeps the adapter it named to its end (adapters are swapped without a pause), so its tokens are that
     adapter's step.

@@ -15,7 +15,7 @@ from inference.config import InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plan import adapters_refused
 from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV
-from inference.routes import patch_generate_route, weights_router
+from inference.routes import WeightsRoutes, patch_generate_route
 from inference.runs import Runs
 from inference.security import ApiKeyMiddleware
 from inference.share import FairShare
@@ -131,7 +131,7 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     base_path = os.path.abspath(args.model)
     broadcast = config.weight_broadcast
     store = (broadcast.host, broadcast.port) if broadcast is not None else None
-    app.include_router(weights_router(config.weights_root, base_path, store))
+    app.include_router(WeightsRoutes(config.weights_root, base_path, store).router)
     if not patch_generate_route(app):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
     await init_app_state(engine_client, app.state, args, supported_tasks)

@@ -7,20 +7,15 @@ and stops every process tree when the run ends, fails, or is interrupted.
 """
 
 import logging
-import os
-import signal
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import tomli_w
-from rich.console import Console
 
-from contracts.config import HELP_FLAGS, ConfigError, exit_config_error, run_cli, to_toml_dict
+from contracts.config import ConfigError, exit_config_error, run_cli, to_toml_dict
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.inference_api import HEALTH
-from contracts.lifeline import launcher_env, watch_launcher
 from contracts.metrics import eval_line, read_metrics, setup_logging, write_summary
 from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
@@ -41,7 +36,7 @@ from launch.preflight import (
     placement_lines,
     settle_broadcast,
 )
-from launch.process import Child, command, shell_line, stop_all
+from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.rl_config import (
     RLConfig,
     process_configs,
@@ -52,16 +47,18 @@ from launch.rl_config import (
     sub_configs,
     trainer_ranks,
 )
+from launch.supervise import (
+    WaitNotice,
+    child_env,
+    keep_stopping,
+    log_tail,
+    log_to_file,
+    stop_on_signals,
+    write_plots_or_warn,
+)
 from tools.tiny_model import built_model_path
 
 logger = logging.getLogger("rl")
-
-SWEEP_FLAG = "--sweep"  # rl ... --sweep KEY=[...]: several runs sharing one server (launch.sweep)
-MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
-
-
-def is_sweep(argv: list[str]) -> bool:
-    return any(arg == SWEEP_FLAG or arg.startswith(f"{SWEEP_FLAG}=") for arg in argv)
 
 
 def module_of(name: str, config: RLConfig) -> str:
@@ -105,39 +102,6 @@ def write_configs(config: RLConfig, spec: RunSpec) -> dict[str, Path]:
     for stale in set(folder.glob("*.toml")) - set(paths.values()):  # e.g. an earlier run's inference.toml
         stale.unlink()
     return paths
-
-
-def child_env(placement: dict[str, str]) -> dict[str, str]:
-    """Environment of a child: its GPUs, one OpenMP thread on CPU (three processes share the cores), and the
-    launcher's pid, so that it stops when the launcher is gone (:mod:`contracts.lifeline`)."""
-    env = dict(os.environ) | placement | launcher_env()
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a log file, indented, for the message that a process failed."""
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return "  (no log)"
-    return "\n".join(f"  | {line}" for line in text)
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _interrupt(signum, frame):
-    """The first stop signal: stop the run. Any later one (uv forwards a scheduler's SIGTERM, so rl gets it twice;
-    Ctrl-C pressed again) must not cut the teardown short."""
-    _keep_stopping()
-    raise KeyboardInterrupt
-
-
-def _keep_stopping() -> None:
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda signum, frame: logger.warning(f"{signal.Signals(signum).name}: already stopping"))
 
 
 def first_step_phase(output_dir: Path, server_url: str, done: int = 0, started_server: bool = True) -> str:
@@ -195,42 +159,6 @@ def progress_line(head: str, activities: list[Activity]) -> str:
     """``head``, then what each process is doing and for how long (``progress/``)."""
     now = time.time()
     return " · ".join([head, *(activity.describe(now) for activity in activities)])
-
-
-class WaitNotice:
-    """What the run is doing while a step runs long: a spinner on a terminal, updated every second; elsewhere (a
-    log file, CI) a printed line every ``every_s``."""
-
-    def __init__(self, every_s: float):
-        console = Console()
-        self.status = console.status("waiting for step 1") if console.is_terminal else None
-        self.every_s = every_s
-        self.shown = time.perf_counter()
-
-    def __enter__(self) -> "WaitNotice":
-        if self.status is not None:
-            self.status.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.status is not None:
-            self.status.stop()
-
-    def due(self, running_s: float) -> bool:
-        """Whether to show the notice now, ``running_s`` into what it is about (then it counts as shown): every
-        second on a terminal; elsewhere every ``every_s``, once that has run ``every_s``."""
-        now = time.perf_counter()
-        every = 1.0 if self.status is not None else self.every_s
-        if now - self.shown < every or running_s < every:
-            return False
-        self.shown = now
-        return True
-
-    def show(self, text: str) -> None:
-        if self.status is not None:
-            self.status.update(text)
-        else:
-            print(text, flush=True)
 
 
 def supervise(children: dict[str, Child], config: RLConfig) -> int:
@@ -337,8 +265,7 @@ def run(config: RLConfig) -> int:
     for path in clear_run_state(output_dir, resume_from):
         logger.info(f"deleted {path} of a previous run")
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _interrupt)
+    stop_on_signals()
     children: dict[str, Child] = {}
     start, code = time.perf_counter(), 1
     try:
@@ -350,7 +277,7 @@ def run(config: RLConfig) -> int:
         logger.warning("interrupted: stopping all processes")
         code = 130
     finally:
-        _keep_stopping()
+        keep_stopping()
         stop_all(list(children.values()))
         logger.info("all processes stopped")
         status = {0: "finished", 130: "interrupted"}.get(code, "failed")
@@ -360,31 +287,9 @@ def run(config: RLConfig) -> int:
     return code
 
 
-def log_to_file(path: Path) -> None:
-    """Send rl's log lines to ``path`` too (written anew), each with its time."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    logging.getLogger().addHandler(logging.FileHandler(path, mode="w"))
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter("%(asctime)s rl %(levelname)s %(message)s", "%H:%M:%S"))
-
-
-def write_plots_or_warn(output_dir: Path) -> None:
-    """The finished run's plots and ``report.html`` (``trident-plot``); failing to draw them never fails the run."""
-    try:
-        from tools.plots import plot_runs  # matplotlib is imported only once a run has finished
-
-        logger.info(f"plots and report: {plot_runs([output_dir])}")
-    except Exception as e:  # anything (matplotlib, a tokenizer, the disk): a warning, the run has succeeded
-        logger.warning(f"could not write the run's plots and report: {type(e).__name__}: {e}")
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    watch_launcher()  # a run of a sweep stops when the sweep is gone
-    if is_sweep(argv) and not any(arg in HELP_FLAGS for arg in argv):
-        from launch.sweep import main as sweep_main  # launch.sweep builds on this module
-
-        return sweep_main(argv)  # exits
+def launch(argv: list[str]) -> int:
+    """``rl`` for one run: its config from ``argv`` (a mistake is one line and exit code 2), then :func:`run`;
+    returns the exit code."""
     config = run_cli(RLConfig, "rl", argv)
     setup_logging("rl")  # resolve_shared may warn
     try:
@@ -392,21 +297,5 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         exit_config_error(e)
     setup_logging("rl", config.trainer.log.level)
-    try:
-        with exit_on_user_error("rl"):
-            code = run(config)
-    finally:
-        ignore_stop_signals()
-    sys.exit(code)
-
-
-def ignore_stop_signals() -> None:
-    """Ignore stop signals once the run is over. At exit Python resets the handlers it installed to the default, so a
-    stop signal arriving while the interpreter finalizes would end ``rl`` by that signal and lose its exit code (a CI
-    run saw ``rl`` end by SIGINT, -2, after a SIGTERM it had handled and a teardown it had finished)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
-if __name__ == "__main__":
-    main()
+    with exit_on_user_error("rl"):
+        return run(config)

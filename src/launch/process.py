@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+# The module each process of a run runs (``python -m``)
+MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
+
 
 def command(module: str, config_path: Path, nproc: int = 1) -> list[str]:
     """``python -m <module> @ <config>``, under ``torchrun`` with ``nproc`` processes when there are several."""

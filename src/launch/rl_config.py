@@ -42,20 +42,9 @@ class SharedModelConfig(StrictModel):
     ] = None
 
 
-# Each shared field and where it lives in the sub-configs: the run spec's facts (contracts.run_spec.HOMES), and
-# settings rl hands every process.
-SHARED_FIELDS = {
-    "model.name": HOMES["model"],
-    "model.chat_family": HOMES["chat_family"],
-    "output_dir": ("trainer.output_dir", "orchestrator.output_dir", "inference.output_dir"),
-    "max_steps": HOMES["max_steps"],
-    "seq_len": HOMES["seq_len"],
-    "async_level": HOMES["async_level"],
-    "wandb": ("trainer.wandb", "orchestrator.wandb"),
-    "ckpt": ("trainer.ckpt", "orchestrator.ckpt"),
-    "log": ("trainer.log", "orchestrator.log", "inference.log"),
-    "run_id": ("orchestrator.run_id",),
-}
+# rl's own key for each fact the processes share that rl sets (``--max-steps``), and the fact's keys in the
+# sub-configs (contracts.run_spec.HOMES)
+SHARED_FIELDS = {home.rl_key: home.keys for home in HOMES.values() if home.rl_key is not None}
 
 
 class RLConfig(BaseConfig):

@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import re
-import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -34,23 +33,19 @@ from contracts.run_dir import configs_dir, logs_dir
 from contracts.run_spec import served_lora_rank
 from contracts.shared_config import is_run_id
 from inference.config import InferenceConfig
-from launch.launcher import (
-    MODULES,
-    STOP_SIGNALS,
-    SWEEP_FLAG,
-    WaitNotice,
-    _interrupt,
-    _keep_stopping,
-    child_env,
-    ignore_stop_signals,
-    log_tail,
-    log_to_file,
-    write_plots_or_warn,
-)
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.preflight import check_port_free, gpu_memory_gib, lock_output_dir, placement_env
-from launch.process import Child, command, shell_line, stop_all
+from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, started_urls
+from launch.supervise import (
+    WaitNotice,
+    child_env,
+    keep_stopping,
+    log_tail,
+    log_to_file,
+    stop_on_signals,
+    write_plots_or_warn,
+)
 
 logger = logging.getLogger("rl")
 
@@ -58,6 +53,7 @@ logger = logging.getLogger("rl")
 CONSOLE_LINE = re.compile(r"step \d+/\d+ \| |eval of weights step ")
 RUN_GRACE_S = 2 * GRACE_S + 5  # a run's rl stops its own processes first (their grace), then itself
 SWEEP_FILE = "sweep.json"
+SWEEP_FLAG = "--sweep"
 
 
 @dataclass(frozen=True)
@@ -83,6 +79,11 @@ class SweepPlan:
     notes: list[str]  # what the sweep changed in [inference], for the operator
     plots: bool
     progress_every_s: float
+
+
+def is_sweep(argv: list[str]) -> bool:
+    """Whether ``argv`` asks for a sweep (a ``--sweep`` flag)."""
+    return any(arg == SWEEP_FLAG or arg.startswith(f"{SWEEP_FLAG}=") for arg in argv)
 
 
 def split_sweep(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -246,7 +247,7 @@ def plan_sweep(argv: list[str]) -> tuple[SweepPlan, RLConfig]:
         except ConfigError as e:
             raise ConfigError(f"run {run_id}: {e}") from None
         check_shares_server(run_id, run_config, config)
-        rl = [sys.executable, "-m", "launch.launcher", *args]
+        rl = [sys.executable, "-m", "launch.main", *args]
         runs.append(SweepRun(run_id, overrides, run_dir, rl, run_config.trainer.max_steps))
         configs.append(run_config)
     server, notes = shared_server(config, [c.trainer.model.experimental.lora.rank for c in configs], given_rank)
@@ -398,8 +399,7 @@ def supervise_sweep(
     """Start the server, wait for it, start every run, print their step lines until all have ended; stop them all
     and the server at the end, on a stop signal, or when the server exits. Returns the exit code (0: every run
     finished; 1: a run or the server failed; 130: stopped) and each run's outcome."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _interrupt)
+    stop_on_signals()
     outcomes = {run.run_id: RunOutcome() for run in runs}
     server, children, code = None, {}, 1
     try:
@@ -415,7 +415,7 @@ def supervise_sweep(
         logger.warning("interrupted: stopping every run and the inference server")
         code = 130
     finally:
-        _keep_stopping()
+        keep_stopping()
         stop_all(list(children.values()), grace_s=RUN_GRACE_S)  # each run's rl stops its own processes
         stop_all([server] if server else [])
         for run_id, child in children.items():
@@ -516,17 +516,14 @@ def run_sweep(plan: SweepPlan, dry_run: bool) -> int:
     return code
 
 
-def main(argv: list[str]) -> None:
-    """``rl ... --sweep ...`` (:func:`launch.launcher.main` hands a sweep over here)."""
+def launch_sweep(argv: list[str]) -> int:
+    """``rl ... --sweep ...``: the sweep's plan from ``argv`` (a mistake is one line and exit code 2), then
+    :func:`run_sweep`; returns the exit code."""
     setup_logging("rl")
-    try:
-        with exit_on_user_error("rl"):
-            try:
-                plan, config = plan_sweep(argv)
-            except ConfigError as e:
-                exit_config_error(e)
-            setup_logging("rl", config.trainer.log.level)
-            code = run_sweep(plan, config.dry_run)
-    finally:
-        ignore_stop_signals()
-    sys.exit(code)
+    with exit_on_user_error("rl"):
+        try:
+            plan, config = plan_sweep(argv)
+        except ConfigError as e:
+            exit_config_error(e)
+        setup_logging("rl", config.trainer.log.level)
+        return run_sweep(plan, config.dry_run)

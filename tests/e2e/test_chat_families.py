@@ -103,7 +103,7 @@ def test_rl_runs_gsm8k_calc_on_the_family_with_clean_masks(family_server, tmp_pa
     model, base_url = family_server
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "gsm8k-calc", "args": {"max_turns": 2}}]
-    argv = [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", base_url,
             "--model.name", model, "--max-steps", "3", "--output-dir", str(tmp_path),
             "--orchestrator.env", json.dumps(env), "--orchestrator.batch-size", "4",

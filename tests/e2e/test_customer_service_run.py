@@ -33,7 +33,7 @@ def short_reply_env() -> list[dict]:
 
 def test_customer_service_configs_run_on_cpu_with_the_tiny_model(tmp_path, inference_server):
     # trainer and orchestrator as configured, against the session's server (rl starts none without --inference)
-    argv = [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(CONFIGS / "train.toml"),
             "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--orchestrator.client.base-url", inference_server,
             "--model.name", "trident/tiny-qwen3", "--max-steps", "2", "--output-dir", str(tmp_path),
             # the tiny model never stops by itself: every turn runs to max_tokens, 64 keeps a step near a minute

@@ -36,7 +36,7 @@ def multi_agent_run(output_dir: Path, server: str) -> tuple[list[dict], dict, ob
     orch = output_dir.parent / f"{output_dir.name}-orch.toml"
     orch.write_text(f"batch_size = 4\nrollouts_per_example = {EPISODES}\nseq_len = 1024\n[model]\n"
                     'name = "trident/tiny-qwen3"\n[sampling]\nmax_tokens = 16\n')  # fmt: skip
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(orch), "--orchestrator.client.base-url", server, "--max-steps", "1",
             "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(ENVS)]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT)

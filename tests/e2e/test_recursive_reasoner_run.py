@@ -64,7 +64,7 @@ def test_recursive_reasoner_configs_run_on_cpu_with_the_tiny_model(tmp_path, fre
     output_dir, log = tmp_path / "run", tmp_path / "reasoner.jsonl"
     args = {"worker_model": base, "worker_base_url": f"http://127.0.0.1:{port}/v1", "worker_max_tokens": 16,
             "token_budget": 256, "log_path": str(log)}  # fmt: skip
-    argv = [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(CONFIGS / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(CONFIGS / "train.toml"),
             "--orchestrator", "@", str(CONFIGS / "orch.toml"), "--inference", "@", str(CONFIGS / "infer.toml"),
             "--model.name", base, "--max-steps", "3", "--output-dir", str(output_dir), "--inference.port", str(port),
             "--orchestrator.env", json.dumps([{"id": "recursive-reasoner", "args": args}]),

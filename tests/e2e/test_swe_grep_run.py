@@ -20,7 +20,7 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
     """The single-GPU swe-grep configs, as they are, with the model swapped and 3 of their 5 steps: multi-turn tools,
     LoRA, full activation checkpointing, wandb offline; then the loss-mask checker passes on what the run wrote."""
     configs = ROOT / "configs" / "swe-grep" / "rl"
-    argv = [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--inference", "@", str(configs / "infer.toml"),
             "--model.name", "trident/tiny-qwen3", "--wandb.offline", "true", "--output-dir", str(tmp_path),
             "--inference.port", str(free_port()), "--max-steps", "3"]  # fmt: skip

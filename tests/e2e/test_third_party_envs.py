@@ -172,7 +172,7 @@ def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int
     run by the orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
     env = [{"id": "notes-env", "max_turns": 2}]
-    return [sys.executable, "-m", "launch.launcher", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
+    return [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
             "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2",

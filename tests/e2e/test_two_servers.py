@@ -23,7 +23,7 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 def test_rl_runs_on_two_servers_through_one_stalling_coming_back_and_dying(tmp_path, free_port):
     steps, port = 7, free_port(3)  # two servers, then the trainer's broadcast store
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(DEBUG / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--trainer", "@", str(DEBUG / "train.toml"),
             "--orchestrator", "@", str(DEBUG / "orch.toml"), "--inference", "@", str(DEBUG / "infer.toml"),
             "--inference-servers", "2", "--inference.port", str(port), "--output-dir", str(run),
             "--max-steps", str(steps), "--async-level", "0",

@@ -11,7 +11,7 @@ import torch
 from debug_configs import FILES
 from namespaces import user_namespaces
 
-RL = [sys.executable, "-m", "launch.launcher"]
+RL = [sys.executable, "-m", "launch.main"]
 
 
 def rl(*args: str, prefix: tuple[str, ...] = (), env: dict | None = None) -> subprocess.CompletedProcess:

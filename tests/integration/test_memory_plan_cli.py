@@ -11,7 +11,7 @@ SWE_GREP = ROOT / "configs" / "swe-grep" / "rl"
 
 
 def rl_dry_run(tmp_path, *flags):
-    argv = [sys.executable, "-m", "launch.launcher", "--trainer", "@", str(SWE_GREP / "train.toml"),
+    argv = [sys.executable, "-m", "launch.main", "--trainer", "@", str(SWE_GREP / "train.toml"),
             "--orchestrator", "@", str(SWE_GREP / "orch.toml"), "--inference", "@", str(SWE_GREP / "infer.toml"),
             "--output-dir", str(tmp_path), "--dry-run", *flags]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -107,7 +107,7 @@ def test_the_debug_run_on_the_moe_learns_and_its_loss_masks_check_out(moe_server
     files = [flag for process, name in (("trainer", "train"), ("orchestrator", "orch"))
              for flag in (f"--{process}", "@", str(DEBUG / f"{name}.toml"), f"--{process}", "@",
                           str(DEBUG_MOE / f"{name}.toml"))]  # fmt: skip
-    argv = [sys.executable, "-m", "launch.launcher", *files, "--output-dir", str(output_dir),
+    argv = [sys.executable, "-m", "launch.main", *files, "--output-dir", str(output_dir),
             "--orchestrator.client.base-url", url, "--no-orchestrator.eval", "--no-plots"]  # fmt: skip
     result = subprocess.run(argv, capture_output=True, text=True, timeout=1500, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -7,9 +7,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from launch.launcher import WaitNotice, supervise
+from launch.launcher import supervise
 from launch.process import Child
 from launch.rl_config import RLConfig, resolve_shared
+from launch.supervise import WaitNotice
 
 FAKE_PROCESS = """
 import json, os, sys, time

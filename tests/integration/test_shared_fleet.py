@@ -116,7 +116,7 @@ def test_sigterm_to_the_sweep_stops_every_run_and_its_server_leaving_no_process(
     shared_fleet, model, _, _ = fleet
     files = shared_fleet.config_files(("trainer", "orchestrator", "inference"))
     lrs = ",".join(shared_fleet.LEARNING_RATES)
-    argv = [sys.executable, "-m", "launch.launcher", *files, "--model.name", str(model),
+    argv = [sys.executable, "-m", "launch.main", *files, "--model.name", str(model),
             "--inference.port", str(free_port()), "--output-dir", str(tmp_path), "--no-orchestrator.eval",
             "--no-plots", "--sweep", f"trainer.optim.lr=[{lrs}]"]  # fmt: skip
     log = tmp_path.parent / "sweep.log"

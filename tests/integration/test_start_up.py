@@ -10,7 +10,7 @@ HEAVY = ("torch", "transformers", "verifiers", "vllm")
 # rl's whole dry run in one process, then the heavy libraries it left in sys.modules
 SCRIPT = f"""
 import sys
-from launch.launcher import main
+from launch.main import main
 try:
     main(sys.argv[1:])
 except SystemExit as e:

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from contracts.config import ConfigError, parse_config
-from contracts.run_spec import RunSpec, load_config, run_spec_path
+from contracts.run_spec import HOMES, RunSpec, load_config, run_spec_path
 from inference.config import InferenceConfig
 from inference.server import vllm_argv
 from launch.launcher import run
-from launch.rl_config import RLConfig, resolve_shared
+from launch.rl_config import SHARED_FIELDS, RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import model_context
 from orchestrator.verifiers_adapter.renderer import renderer_config
@@ -51,6 +51,17 @@ def shared_values(trainer: TrainerConfig, orchestrator: OrchestratorConfig) -> d
         ).name,
         "base_url": orchestrator.client.base_url,
     }
+
+
+def test_one_table_says_where_every_shared_fact_lives():
+    """HOMES names each fact once: every fact of the spec has its homes there, and every other fact is a setting that
+    rl hands the processes (its own key sets it in all of them)."""
+    assert set(RunSpec.model_fields) <= set(HOMES)
+    for fact, home in HOMES.items():
+        assert fact in RunSpec.model_fields or home.rl_key is not None, f"{fact}: in no spec, and rl sets it nowhere"
+        assert home.rl_key is None or home.rl_key.split(".")[0] in RLConfig.model_fields, home.rl_key
+    assert SHARED_FIELDS["model.name"] == ("trainer.model.name", "orchestrator.model.name", "inference.model.name")
+    assert SHARED_FIELDS["output_dir"] == ("trainer.output_dir", "orchestrator.output_dir", "inference.output_dir")
 
 
 def test_trainer_and_orchestrator_started_alone_from_rls_files_get_the_values_they_have_under_rl(tmp_path):

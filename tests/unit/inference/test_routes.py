@@ -14,7 +14,7 @@ from contracts.broadcast import write_manifest
 from contracts.inference_api import adapter_name
 from contracts.run_dir import ADAPTER_CONFIG, mark_stable
 from inference.adapters import Adapters
-from inference.routes import token_id_logprobs, training_client_answer, weights_router
+from inference.routes import WeightsRoutes, token_id_logprobs, training_client_answer
 from inference.runs import Runs
 
 
@@ -88,7 +88,7 @@ def weights_app(
     of names (returned, its ``calls`` recording each adapter loaded and retired); ``runs``: :class:`Runs`'
     arguments (by default 3 named runs at once, 8 slots, 60 s to idle)."""
     app = FastAPI()
-    app.include_router(weights_router(root, base, store))
+    app.include_router(WeightsRoutes(root, base, store).router)
     app.state.engine_client = engine = FakeEngine()
     models = FakeModels() if lora else None
     new_adapters = (lambda: Adapters(models, engine)) if lora else None

@@ -88,7 +88,7 @@ def test_lora_adapters_on_a_mixture_of_experts_served_on_the_cpu_are_refused_bef
 
 @pytest.mark.parametrize(
     ("module", "command"),
-    [("launch.launcher", "rl"), ("trainer.main", "trainer"), ("orchestrator.main", "orchestrator"),
+    [("launch.main", "rl"), ("trainer.main", "trainer"), ("orchestrator.main", "orchestrator"),
      ("inference.main", "inference"), ("orchestrator.eval_main", "eval"), ("trainer.sft", "sft")],
 )  # fmt: skip
 def test_every_command_has_a_help(module, command, monkeypatch, capsys):

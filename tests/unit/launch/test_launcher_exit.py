@@ -8,11 +8,13 @@ import pytest
 from debug_configs import FILES
 
 from launch import launcher
+from launch.main import main
+from launch.supervise import STOP_SIGNALS, stop_on_signals
 
 
 @pytest.fixture
 def saved_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in launcher.STOP_SIGNALS}
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
@@ -20,12 +22,11 @@ def saved_handlers():
 
 def test_once_the_run_is_over_rl_ignores_stop_signals(monkeypatch, saved_handlers, tmp_path):
     def stopped_run(config):
-        for sig in launcher.STOP_SIGNALS:
-            signal.signal(sig, launcher._interrupt)  # as run() does while its processes run
+        stop_on_signals()  # as run() does while its processes run
         return 130
 
     monkeypatch.setattr(launcher, "run", stopped_run)
     with pytest.raises(SystemExit) as exit_:
-        launcher.main([*FILES, "--output-dir", str(tmp_path)])
+        main([*FILES, "--output-dir", str(tmp_path)])
     assert exit_.value.code == 130
-    assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in launcher.STOP_SIGNALS)
+    assert all(signal.getsignal(sig) is signal.SIG_IGN for sig in STOP_SIGNALS)

@@ -13,9 +13,11 @@ from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from contracts.metrics import eval_line
 from contracts.model_card import GIB, LINEARS, ModelCard, lora_parameters
-from launch.launcher import STOP_SIGNALS, main, server_lines, step_line
+from launch.launcher import server_lines, step_line
+from launch.main import main
 from launch.memory_plan import plan_memory
 from launch.rl_config import RLConfig, resolve_shared
+from launch.supervise import STOP_SIGNALS
 from launch.sweep import (
     CONSOLE_LINE,
     RunOutcome,
@@ -110,7 +112,7 @@ def test_each_run_is_an_rl_of_its_own_attached_to_the_sweeps_server(tmp_path):
     assert run.output_dir == tmp_path / "lr=1e-05"
     assert run.overrides == {"trainer.optim.lr": 1e-5}
     assert run.max_steps == 3
-    assert run.command[1:3] == ["-m", "launch.launcher"]
+    assert run.command[1:3] == ["-m", "launch.main"]
     args = run.command[3:]
     assert "--inference" not in args  # the run starts no server
     config = resolve_shared(parse_config(RLConfig, args))  # what the run's rl will resolve

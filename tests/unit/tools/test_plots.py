@@ -13,7 +13,7 @@ from matplotlib.image import imread
 
 from contracts.metrics import MetricsWriter
 from contracts.run_dir import configs_dir
-from launch.launcher import write_plots_or_warn
+from launch.supervise import write_plots_or_warn
 from tools.plots import draw, eval_spec, load_run, plot_runs, seats_spec, write_plots
 from tools.report import write_report
 
