@@ -101,6 +101,11 @@ def text(sampled: int, routed: bool) -> list[MessageNode]:
                                                                        routed=routed)]  # fmt: skip
 
 
+def unexpanded_image() -> list[MessageNode]:
+    """A turn showing an image the server did not expand (no placeholder run): an error, were its images read."""
+    return [user(None, "Colour?", RED, tokens=[5, 6, 7]), reply(0, [8], -0.5)]
+
+
 def episode(task: str, one: vf.Trace) -> SimpleNamespace:
     return SimpleNamespace(task=SimpleNamespace(data=vf.TaskData(id=task, prompt="p")), traces=[one],
                            last_error=None, ok=True)  # fmt: skip
@@ -114,7 +119,7 @@ def golden_groups(output_dir: Path) -> list[list]:
         ("text", trace(text(3, routed=True), 0.5)),
         ("text", trace(text(36, routed=False), 0.0)),  # overlong: left out of the batch
         ("text", trace(text(2, routed=False), 0.25)),
-        ("text", trace(text(2, routed=True), 1.0, timed_out=True)),  # not ok: no sample, its images never read
+        ("text", trace(unexpanded_image(), 1.0, timed_out=True)),  # not ok: no sample, its images never read
     ]
     rollouts = [to_rollouts(episode(task, one), "env", ["agent"], MODEL, output_dir)[0] for task, one in traces]
     return [rollouts[:2], rollouts[2:]]
