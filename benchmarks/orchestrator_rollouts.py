@@ -164,7 +164,7 @@ def trident_summary(timing: dict, rollouts: list[Rollout], turns: int) -> dict:
         "rewards_mean": {
             name: statistics.mean(r.rewards.get(name, 0.0) for r in rollouts) for name in rollouts[0].rewards
         },
-        "tokens_mean": statistics.mean(sum(len(ids) for ids, _, _ in r.branches) for r in rollouts),
+        "tokens_mean": statistics.mean(sum(len(b.token_ids) for b in r.branches) for r in rollouts),
         "first_error": next((r.error for r in rollouts if r.error), None),
         "cpu_ms_per_turn": 1000 * timing["cpu_s"] / (len(rollouts) * turns),
         "rollouts_per_s": len(rollouts) / timing["wall_s"],

@@ -69,7 +69,7 @@ async def batch(orchestrator: Orchestrator, step: int) -> tuple[float, int, int,
     groups = await asyncio.gather(*(orchestrator.groups.run(env, task, per_server=per_server) for env, task in tasks))
     seconds = time.perf_counter() - start
     rollouts = [r for group in groups for r in group]
-    tokens = sum(sum(mask) for r in rollouts for _, mask, _ in r.branches)
+    tokens = sum(sum(b.loss_mask) for r in rollouts for b in r.branches)
     return seconds, len(rollouts), tokens, per_server
 
 

@@ -99,9 +99,8 @@ def report(rollouts: list, chat: ChatFormat, show: bool) -> bool:
     all_fine = True
     for i, rollout in enumerate(rollouts):
         summary = {"reward": rollout.reward, "rewards": getattr(rollout, "rewards", {}), "truncated": rollout.truncated}
-        images = rollout.images or [[]] * len(rollout.branches)
-        records = [SampleRecord.from_tokens(j, *branch, summary, refs)
-                   for j, (branch, refs) in enumerate(zip(rollout.branches, images, strict=True))]  # fmt: skip
+        records = [SampleRecord.from_tokens(j, b.token_ids, b.loss_mask, b.logprobs, summary, b.images)
+                   for j, b in enumerate(rollout.branches)]  # fmt: skip
         reports = [check_sample(record, chat) for record in records]
         errors = [f"{p.check}" for r in reports for p in r.errors]
         all_fine &= rollout.ok and not errors

@@ -3,19 +3,18 @@
 from collections.abc import Iterable
 
 from orchestrator.batching.batch import flat, rollout_samples
-from orchestrator.batching.rollout import Rollout
-
-Branch = tuple[list[int], list[bool], list[float]]  # token ids, loss mask, logprobs
+from orchestrator.batching.rollout import Branch, Rollout
 
 
-def sampled(ids: list[int], first: int, logprobs: list[float]) -> Branch:
-    """A branch whose tokens from ``first`` on were sampled, with ``logprobs``; those before are its prompt's."""
-    return ids, [i >= first for i in range(len(ids))], [0.0] * first + logprobs
+def sampled(ids: list[int], first: int, logprobs: list[float], **parts) -> Branch:
+    """A branch whose tokens from ``first`` on were sampled, with ``logprobs``; those before are its prompt's.
+    ``parts``: its other fields (routes, weight_steps, images)."""
+    return Branch(ids, [i >= first for i in range(len(ids))], [0.0] * first + logprobs, **parts)
 
 
 def masked(mask: str) -> Branch:
     """A branch written as its loss mask: '.' a prompt or tool token, 's' a sampled one (logprob -1); ids 0, 1, ..."""
-    return list(range(len(mask))), [c == "s" for c in mask], [-1.0 if c == "s" else 0.0 for c in mask]
+    return Branch(list(range(len(mask))), [c == "s" for c in mask], [-1.0 if c == "s" else 0.0 for c in mask])
 
 
 ONE_SAMPLED = sampled([1, 2], 1, [-1.0])  # a prompt token, then one sampled

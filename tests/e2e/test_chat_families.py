@@ -82,7 +82,7 @@ def test_tool_turns_train_exactly_the_sampled_text_in_the_familys_syntax(family_
         assert rollout.ok, rollout.error
         assert rollout.turns == len(calls) == 2 and rollout.metrics["calculator_calls"] >= 1
         # the trained tokens are exactly what the server sampled, turn after turn
-        trained = [i for ids, mask, _ in rollout.branches for i, m in zip(ids, mask, strict=True) if m]
+        trained = [i for b in rollout.branches for i, m in zip(b.token_ids, b.loss_mask, strict=True) if m]
         assert trained == [i for _, completion, _ in calls for i in completion]
         for _, completion, _ in calls:  # each turn is the assistant's call in the family's syntax, and its end
             body = [i for i in completion if i not in stops]
@@ -94,8 +94,8 @@ def test_tool_turns_train_exactly_the_sampled_text_in_the_familys_syntax(family_
         arguments = expression.get("arguments") or expression["parameters"]
         answer = calculator(arguments["expression"])
         assert answer_frame.format(answer) in tokenizer.decode(calls[1][0], skip_special_tokens=False)
-        for j, (ids, mask, logprobs) in enumerate(rollout.branches):
-            report = check_sample(SampleRecord.from_tokens(j, ids, mask, logprobs), chat)
+        for j, b in enumerate(rollout.branches):
+            report = check_sample(SampleRecord.from_tokens(j, b.token_ids, b.loss_mask, b.logprobs), chat)
             assert report.errors == [] and report.role_counts().get("tool", {}).get("trainable", 0) == 0
 
 

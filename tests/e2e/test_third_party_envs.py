@@ -72,7 +72,8 @@ def test_both_scopes_of_mcp_tools_reach_the_model_and_answer_as_prompt(user_env_
     chat = ChatFormat.from_tokenizer(tokenizer)
     for rollout in rollouts(EnvConfig(id="notes-env", max_turns=4), ctx, n=3):
         assert rollout.ok, rollout.error
-        (ids, mask, logprobs), *_ = rollout.branches
+        branch = rollout.branches[0]
+        ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
         assert rollout.turns >= 2 and rollout.rewards == {"looked_it_up": 1.0}
         text = tokenizer.decode(ids)
         sampled = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
@@ -124,7 +125,7 @@ def test_a_remote_mcp_server_by_url_serves_its_tools_and_its_absence_fails_the_r
     defined = []
     for rollout in rollouts(env, ctx, n=2):
         assert rollout.ok, rollout.error
-        (ids, mask, _), *_ = rollout.branches
+        ids, mask = rollout.branches[0].token_ids, rollout.branches[0].loss_mask
         prompt = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if not m])
         defined += [line for line in prompt.splitlines() if line.endswith(": a word from the notebook")]
     assert len(defined) == 10, defined  # 2 rollouts x 5 answered calls, each answered by the running server
@@ -142,7 +143,8 @@ def test_a_model_played_user_talks_to_the_policy_and_only_the_policy_trains(infe
     assert rollout.ok and rollout.seat == "assistant", rollout.error
     assert (user.seat, user.trained, user.branches) == ("user", False, [])  # the user's seat: a rollout, not trained
     assert rollout.turns == 3 and rollout.metrics["user_turns"] >= 3 and "similarity" in rollout.rewards
-    (ids, mask, logprobs), *_ = rollout.branches
+    branch = rollout.branches[0]
+    ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
     # the policy's sample: the user's persona (its own system prompt) is not in it; the user's words are prompt
     text = tokenizer.decode(ids)
     assert "role-playing a USER" not in text and text.count("<|im_start|>user") == 3
@@ -160,7 +162,8 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
                         tiny_model_path)  # fmt: skip
     for rollout in rollouts(EnvConfig(id="echo-twice"), ctx, n=2):
         assert rollout.ok and rollout.turns == 2 and rollout.rewards == {"replied_twice": 1.0}, rollout.error
-        (ids, mask, logprobs), *_ = rollout.branches
+        branch = rollout.branches[0]
+        ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
         assert tokenizer.decode(ids).count("Once more, please.") == 1  # the harness's own follow-up, as prompt
         report = check_sample(SampleRecord.from_tokens(0, ids, mask, logprobs), ChatFormat.from_tokenizer(tokenizer))
         assert report.errors == [] and report.role_counts()["assistant"]["trainable"] == sum(mask) > 0

@@ -107,7 +107,8 @@ def assert_exact_samples(rollout, calls, tokenizer):
     assert len(rollout.branches) == len(expected)
     special = set(tokenizer.convert_tokens_to_ids(["<|im_start|>", "<tool_response>", "</tool_response>"]))
     trained_special = []
-    for (ids, mask, logprobs), (want_ids, want_mask, want_logprobs) in zip(rollout.branches, expected, strict=True):
+    for branch, (want_ids, want_mask, want_logprobs) in zip(rollout.branches, expected, strict=True):
+        ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
         assert ids == want_ids
         assert mask == want_mask, tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
         assert logprobs == pytest.approx(want_logprobs, abs=1e-6)
@@ -135,7 +136,7 @@ def test_tool_loop_masks_are_the_sampled_spans(inference_server, tiny_model_path
     for rollout, calls in results:
         assert rollout.turns == len(calls) == 3  # every turn called the tool, so the loop ran to max_turns
         assert_exact_samples(rollout, calls, tokenizer)
-        (ids, mask, _) = rollout.branches[0]
+        ids, mask = rollout.branches[0].token_ids, rollout.branches[0].loss_mask
         sampled = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
         # the answers to the first two calls are in the prompt of the next turn (the last turn ends the rollout)
         assert tokenizer.decode(ids).count("<tool_response>") == 2 and sampled.count("<tool_call>") == 3

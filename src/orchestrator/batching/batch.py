@@ -13,7 +13,7 @@ from contracts.sampling import NO_TRUNCATION, Truncation
 from orchestrator.batching.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
 from orchestrator.batching.infra import is_lost
 from orchestrator.batching.no_sample import Untrained, no_sample_error, untrained_reason
-from orchestrator.batching.rollout import Rollout
+from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.config import AdvantageConfig
 
 
@@ -57,24 +57,36 @@ def rollout_samples(
 
 
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
-    """A sample of each trainable branch of ``rollout``: none for a failed one; all masked when truncated under
-    ``mask_truncated``. ``weight_step``: the weights served when its group started, the step of each token the
-    server did not label (:attr:`Rollout.weight_steps`)."""
+    """A sample of each branch of ``rollout`` (:func:`branch_sample`): none for a failed one; all masked when
+    truncated under ``mask_truncated``."""
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
     branches = rollout.branches if rollout.ok else []
-    routes = (rollout.routes or [None] * len(branches)) if rollout.ok else []
-    labels = (rollout.weight_steps or [[None] * len(ids) for ids, _, _ in branches]) if rollout.ok else []
-    images = (rollout.images or [[]] * len(branches)) if rollout.ok else []
-    samples = []
-    for (ids, mask, logprobs), route, labelled, refs in zip(branches, routes, labels, images, strict=True):
-        known = [step if step is not None else weight_step for step in labelled]
-        oldest = min((step for step, m in zip(known, mask, strict=True) if m), default=weight_step)
-        steps = [step if m else oldest for step, m in zip(known, mask, strict=True)]
-        samples.append(Sample(ids, [False] * len(mask) if masked else mask, logprobs, advantage, reward, oldest, meta,
-                              route, steps, refs))  # fmt: skip
-    return samples
+    return [branch_sample(branch, advantage, reward, weight_step, meta, masked) for branch in branches]
+
+
+def branch_sample(
+    branch: Branch, advantage: float, reward: float, weight_step: int, meta: dict, masked: bool
+) -> Sample:
+    """The training sample of ``branch``, its loss mask all False when ``masked``. ``weight_step``: the weights served
+    when its group started, the step of each token the server did not label (:attr:`Branch.weight_steps`); the
+    sample's step is its oldest sampled token's, which its unsampled tokens carry."""
+    labelled = branch.weight_steps or [None] * len(branch.token_ids)
+    known = [step if step is not None else weight_step for step in labelled]
+    oldest = min((step for step, m in zip(known, branch.loss_mask, strict=True) if m), default=weight_step)
+    return Sample(
+        token_ids=branch.token_ids,
+        loss_mask=[False] * len(branch.loss_mask) if masked else branch.loss_mask,
+        inference_logprobs=branch.logprobs,
+        advantage=advantage,
+        reward=reward,
+        weight_step=oldest,
+        meta=meta,
+        routes=branch.routes,
+        weight_steps=[step if m else oldest for step, m in zip(known, branch.loss_mask, strict=True)],
+        images=branch.images,
+    )
 
 
 def token_steps(samples: list[Sample]) -> Counter[int]:

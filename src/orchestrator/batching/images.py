@@ -2,7 +2,7 @@
 named in its samples by ref, one per placeholder run of their token ids.
 
 The verifiers adapter reads each sample's token ids and the images of the messages it covers, in order
-(:func:`~orchestrator.verifiers_adapter.envs.trace_images`); the rest is here, with no verifiers.
+(:func:`~orchestrator.verifiers_adapter.envs.trace_branches`); the rest is here, with no verifiers.
 """
 
 from collections.abc import Callable

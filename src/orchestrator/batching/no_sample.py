@@ -42,7 +42,7 @@ def untrained_reason(rollout: Rollout, samples: list[Sample] | None, seq_len: in
         return None
     if len(fitting) < len(samples):
         return "too_long"
-    if rollout.truncated and any(any(mask) for _, mask, _ in rollout.branches):
+    if rollout.truncated and any(any(b.loss_mask) for b in rollout.branches):
         return "truncated_masked"
     return "no_trainable_token"
 

@@ -3,15 +3,37 @@
 them."""
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class Branch:
+    """One trainable branch of a rollout, token for token as the server saw and sampled it: what one training sample
+    is made from (:func:`~orchestrator.batching.batch.branch_sample`)."""
+
+    token_ids: list[int]
+    loss_mask: list[bool]  # True where the policy sampled the token and this branch trains it (a shared one: once)
+    logprobs: list[float]  # the server's logprob of each sampled token, 0 elsewhere
+    # a mixture-of-experts model's routes ([tokens, layers, top_k] uint8 expert ids) when the server returned them
+    # (vLLM's enable_return_routed_experts, for routing replay), else None
+    routes: "torch.Tensor | None" = None
+    # per token: the weights step that sampled it as the server labelled it, None where it is not sampled or the
+    # server labelled none (then it is the step served when its group started); None: no token labelled
+    weight_steps: list[int | None] | None = None
+    # the refs (contracts.images) of the images whose placeholder runs its token ids hold, in order; the images are in
+    # the run's image store
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Rollout:
-    """One finished rollout, one seat's trace of an episode: its reward and, per trainable branch, tokens, sampled mask
-    and logprobs."""
+    """One finished rollout, one seat's trace of an episode: its reward and its trainable branches."""
 
     reward: float
-    branches: list[tuple[list[int], list[bool], list[float]]]
+    branches: list[Branch]
     ok: bool
     truncated: bool = False  # a model call stopped at max_tokens
     error: str | None = None  # "<Type>: <message>", e.g. "TaskError: ...": the metrics count failed rollouts by type
@@ -26,12 +48,3 @@ class Rollout:
     seat: str = ""  # the environment's agent that played it (e.g. "player0"; "agent" for a single-agent environment)
     trained: bool = True  # False: a seat the environment does not train, or one on another model: no branches
     episode: int = 0  # the episode of its group that gave it (several seats, or several runs of one, share one)
-    # per branch, a mixture-of-experts model's routes ([tokens, layers, top_k] uint8 expert ids) when the server
-    # returned them (vLLM's enable_return_routed_experts, for routing replay), else None; empty: none at all
-    routes: list = field(default_factory=list)
-    # per branch, per token: the weights step that sampled it as the server labelled it, None where it is not sampled
-    # or the server labelled none (then it is the step served when its group started); empty: none at all
-    weight_steps: list = field(default_factory=list)
-    # per branch, the refs (contracts.images) of the images whose placeholder runs its token ids hold, in order; the
-    # images are in the run's image store; empty: none at all
-    images: list = field(default_factory=list)

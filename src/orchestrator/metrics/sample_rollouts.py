@@ -21,10 +21,9 @@ def prompt_and_completion(rollout: Rollout) -> tuple[list[int], list[int]]:
     last sample: for a rollout split into several samples, the conversation as it ended."""
     if not rollout.branches:
         return [], []
-    token_ids, mask, _ = rollout.branches[0]
-    prompt = token_ids[: split_lengths(mask)[0]]
-    last = rollout.branches[-1][0]
-    completion = last if last[: len(prompt)] == prompt else token_ids
+    first, last = rollout.branches[0], rollout.branches[-1]
+    prompt = first.token_ids[: split_lengths(first.loss_mask)[0]]
+    completion = last.token_ids if last.token_ids[: len(prompt)] == prompt else first.token_ids
     return prompt, completion[len(prompt) :]
 
 

@@ -47,8 +47,8 @@ def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], gen
     rollouts = [r for group in groups for r in group]
     # the policy's score: an untrained seat's (a simulated user, a pinned opponent) is not
     policy_rewards = [reward for reward, r in zip(itertools.chain(*rewards), rollouts, strict=True) if r.trained]
-    branches = [(ids, mask) for r in rollouts for ids, mask, _ in r.branches]
-    lengths = [split_lengths(mask) for _, mask in branches]
+    branches = [b for r in rollouts for b in r.branches]
+    lengths = [split_lengths(b.loss_mask) for b in branches]
     by_function: dict[str, list[float]] = {}
     by_metric: dict[str, list[float]] = {}
     for rollout in rollouts:
@@ -57,7 +57,7 @@ def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], gen
         for name, value in rollout.metrics.items():
             by_metric.setdefault(name, []).append(value)
     failed = Counter(error_type(r.error) for r in rollouts if not r.ok)
-    sampled_tokens = sum(sum(mask) for _, mask in branches)
+    sampled_tokens = sum(sum(b.loss_mask) for b in branches)
     seconds = max(generate_s, 1e-9)
     return {
         **describe("reward", policy_rewards, ("mean", "std")),
@@ -72,7 +72,7 @@ def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], gen
         "sampled_tokens": sampled_tokens,
         "rollouts_per_s": len(rollouts) / seconds,
         "sampled_tokens_per_s": sampled_tokens / seconds,
-        **describe("sequence_len", [len(ids) for ids, _ in branches], ("mean", "max")),
+        **describe("sequence_len", [len(b.token_ids) for b in branches], ("mean", "max")),
         **describe("prompt_len", [prompt for prompt, _ in lengths], ("mean", "max")),
         **describe("completion_len", [completion for _, completion in lengths], ("mean", "max")),
     }
@@ -92,7 +92,7 @@ def seat_metrics(rollouts: list[Rollout], rewards: list[float]) -> dict[str, flo
         for seat, rows in sorted(by_seat.items())
         for name, value in {
             **describe("reward", [rewards[i] for i in rows], ("mean", "std")),
-            "sampled_tokens": sum(sum(mask) for i in rows for _, mask, _ in rollouts[i].branches),
+            "sampled_tokens": sum(sum(b.loss_mask) for i in rows for b in rollouts[i].branches),
         }.items()
     }
 

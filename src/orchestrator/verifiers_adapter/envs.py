@@ -25,7 +25,7 @@ from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
 from contracts.model_card import ModelCard
 from orchestrator.batching.images import EpisodeImages, sample_images
-from orchestrator.batching.rollout import Rollout
+from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.serving.client import run_headers
 from orchestrator.tasks.stream import TaskStream, read_tasks
@@ -188,11 +188,14 @@ def at_server(ctx: vf.ModelContext, base_url: str, model: str) -> vf.ModelContex
     return dataclasses.replace(ctx, model=model, client=ctx.client.model_copy(update={"base_url": base_url}))
 
 
-def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[float]]]:
-    """Each trainable branch as (token ids, loss mask, logprobs), straight from the server's tokens.
+def trace_branches(trace: vf.Trace, images: EpisodeImages | None = None) -> list[Branch]:
+    """Each trainable branch of ``trace`` as a :class:`~orchestrator.batching.rollout.Branch`, straight from the
+    server's tokens, with its routes (:func:`_branch_routes`), its tokens' weights steps (:func:`_branch_weight_steps`) and,
+    when ``images`` is given, its images stored there (:func:`_branch_images`; None: none read).
 
     Forked branches share message nodes; a sampled node is trained once, in the first branch holding it.
     """
+    pad = _image_pad(trace) if images is not None else None
     seen: set[int] = set()
     out = []
     for branch in trace.branches:
@@ -203,60 +206,58 @@ def trace_branches(trace: vf.Trace) -> list[tuple[list[int], list[bool], list[fl
             trained_before = node.sampled and id(node) in seen
             mask += [False] * len(node.mask) if trained_before else list(node.mask)
             seen.add(id(node))
-        out.append((branch.token_ids, mask, branch.logprobs))
+        out.append(
+            Branch(
+                token_ids=branch.token_ids,
+                loss_mask=mask,
+                logprobs=branch.logprobs,
+                routes=_branch_routes(branch),
+                weight_steps=_branch_weight_steps(branch),
+                images=_branch_images(branch, pad, images) if images is not None else [],
+            )
+        )
     return out
 
 
-def trace_routes(trace: vf.Trace) -> list[torch.Tensor | None]:
-    """Each trainable branch's routes (as :func:`trace_branches` lists the branches): the experts the server routed
-    each of its tokens to, ``[tokens, layers, top_k]`` uint8, or None where it returned none for some of them (a
-    server without ``enable_return_routed_experts``, a dense model)."""
-    out = []
-    for branch in trace.branches:
-        if branch.trainable:
-            routes = branch.routed_experts
-            if routes is not None and routes.size and int(routes.max()) > np.iinfo(np.uint8).max:
-                raise TridentError(
-                    f"the server routed a token to expert {int(routes.max())}: routes hold ids below 256"
-                )
-            out.append(None if routes is None else torch.from_numpy(routes.astype(np.uint8)))
-    return out
+def _branch_routes(branch: vf.Branch) -> torch.Tensor | None:
+    """The experts the server routed each of ``branch``'s tokens to, ``[tokens, layers, top_k]`` uint8, or None where
+    it returned none for some of them (a server without ``enable_return_routed_experts``, a dense model)."""
+    routes = branch.routed_experts
+    if routes is not None and routes.size and int(routes.max()) > np.iinfo(np.uint8).max:
+        raise TridentError(f"the server routed a token to expert {int(routes.max())}: routes hold ids below 256")
+    return None if routes is None else torch.from_numpy(routes.astype(np.uint8))
 
 
-def trace_weight_steps(trace: vf.Trace) -> list[list[int | None]]:
-    """Each trainable branch's weights step per token (as :func:`trace_branches` lists the branches): the step that
-    sampled it, as the server labelled it (:mod:`~orchestrator.verifiers_adapter.weight_steps`); None for a token
-    not sampled, or sampled by a server that labelled none."""
-    out = []
-    for branch in trace.branches:
-        if branch.trainable:
-            steps: list[int | None] = []
-            for node in branch.nodes:
-                sampled = iter(node_weight_steps(node.logprobs) or [None] * sum(node.mask))
-                steps += [next(sampled) if trained else None for trained in node.mask]
-            out.append(steps)
-    return out
+def _branch_weight_steps(branch: vf.Branch) -> list[int | None]:
+    """The weights step of each of ``branch``'s tokens: the step that sampled it, as the server labelled it
+    (:mod:`~orchestrator.verifiers_adapter.weight_steps`); None for a token not sampled, or sampled by a server that
+    labelled none."""
+    steps: list[int | None] = []
+    for node in branch.nodes:
+        sampled = iter(node_weight_steps(node.logprobs) or [None] * sum(node.mask))
+        steps += [next(sampled) if trained else None for trained in node.mask]
+    return steps
 
 
-def trace_images(trace: vf.Trace, images: EpisodeImages) -> list[list[str]]:
-    """Each trainable branch's image refs (as :func:`trace_branches` lists the branches), stored in ``images``: the
-    images of its messages in order, one per placeholder run in its token ids (the server expanded each image to
-    its placeholder tokens: :func:`~orchestrator.batching.images.sample_images`); empty when it shows none at all."""
-    pads = [token for token, kind in trace.mm_token_type_id_map.items() if kind == IMAGE_PLACEHOLDER]
-    out = []
-    for branch in trace.branches:
-        if branch.trainable:
-            sources = [
-                part.image_url.url
-                for node in branch.nodes
-                if isinstance(node.message.content, list)
-                for part in node.message.content
-                if part.type == "image_url"
-            ]
-            pad = pads[0] if pads else None
-            sampled = branch.sampled_mask
-            out.append(sample_images(branch.token_ids, sampled, sources, pad, images) if pads or sources else [])
-    return out if any(out) else []
+def _image_pad(trace: vf.Trace) -> int | None:
+    """The token of an image placeholder in ``trace``'s token ids (renderers' ``mm_token_type_id_map``), if any."""
+    return next((token for token, kind in trace.mm_token_type_id_map.items() if kind == IMAGE_PLACEHOLDER), None)
+
+
+def _branch_images(branch: vf.Branch, pad: int | None, images: EpisodeImages) -> list[str]:
+    """The refs of ``branch``'s images, stored in ``images``: the images of its messages in order, one per placeholder
+    run of ``pad`` in its token ids (the server expanded each image to its placeholder tokens:
+    :func:`~orchestrator.batching.images.sample_images`); empty when it shows none."""
+    sources = [
+        part.image_url.url
+        for node in branch.nodes
+        if isinstance(node.message.content, list)
+        for part in node.message.content
+        if part.type == "image_url"
+    ]
+    if pad is None and not sources:
+        return []
+    return sample_images(branch.token_ids, branch.sampled_mask, sources, pad, images)
 
 
 def _setup_seconds(trace: vf.Trace) -> float | None:
@@ -327,10 +328,7 @@ def _trace_rollout(
     ok = bool(episode.ok) and not trace.is_timeout  # a timed-out rollout was cut short: not trained on
     return Rollout(
         reward=float(trace.reward or 0.0),
-        branches=trace_branches(trace) if trained else [],
-        routes=trace_routes(trace) if trained else [],
-        weight_steps=trace_weight_steps(trace) if trained else [],
-        images=trace_images(trace, images) if trained and ok else [],
+        branches=trace_branches(trace, images if ok else None) if trained else [],  # a failed one's images: unread
         ok=ok,
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)

@@ -26,13 +26,18 @@ C = rollout(3.0, sampled([20, 21, 22, 23, 24], 3, [-0.125, -2.0]), task="c")
 D = rollout(1.0, sampled([20, 25], 1, [-3.0]), task="c")
 
 
+def labelled(one: Rollout, steps: list[int | None]) -> Rollout:
+    """``one`` with its branch's tokens labelled by the server with the weights ``steps`` that sampled them."""
+    return dataclasses.replace(one, branches=[dataclasses.replace(one.branches[0], weight_steps=steps)])
+
+
 def test_each_token_keeps_the_weights_step_that_sampled_it_through_the_batch_files(tmp_path):
     """Weights changed in flight: the server labelled A's two sampled tokens steps 5 and 6 and C's 6 and 6; D was
     sampled where no label came back (its group's start, 5). A sample's weight_step is its oldest sampled token's,
     its unsampled tokens carry that, and batch.json lists the steps that sampled tokens."""
-    a = dataclasses.replace(A, weight_steps=[[None, None, 5, 6]])
-    b = dataclasses.replace(B, weight_steps=[[None, None, 6]])
-    c = dataclasses.replace(C, weight_steps=[[None, None, None, 6, 6]])
+    a = labelled(A, [None, None, 5, 6])
+    b = labelled(B, [None, None, 6])
+    c = labelled(C, [None, None, None, 6, 6])
     batch = assemble_batch(7, [[a, b], [c, D]], weight_step=5, seq_len=8)
     write_batch(tmp_path, batch.info(7, 1.0, 0.0, {}), batch.micro_batches)
     info, micro_batches = read_batch(tmp_path, 7)
@@ -44,7 +49,7 @@ def test_each_token_keeps_the_weights_step_that_sampled_it_through_the_batch_fil
 def test_groups_become_packed_rows_of_exact_tokens_masks_logprobs_and_group_advantages():
     batch = assemble_batch(7, [[A, B], [C, D]], weight_step=5, seq_len=8)
     # lengths A 4, B 3, C 5, D 2; longest first: C opens row 0 (3 left), A row 1 (4 left), B fills row 0, D row 1
-    assert [s.token_ids for s in batch.samples] == [C.branches[0][0], B.branches[0][0], A.branches[0][0], [20, 25]]
+    assert [s.token_ids for s in batch.samples] == [r.branches[0].token_ids for r in (C, B, A, D)]
     # advantages: reward minus the group's mean, (1, 0) -> +-0.5 and (3, 1) -> +-1
     assert [s.advantage for s in batch.samples] == [1.0, -0.5, 0.5, -1.0]
     assert [tensors(m) for m in batch.micro_batches] == [
@@ -114,7 +119,7 @@ def test_uniform_groups_are_left_out_only_with_drop_uniform_groups_and_never_all
 
     drop = AdvantageConfig(drop_uniform_groups=True)
     dropped = assemble_batch(0, [tied, split], 0, seq_len=16, advantage=drop)
-    assert [s.token_ids for s in dropped.samples] == [A.branches[0][0], B.branches[0][0]]
+    assert [s.token_ids for s in dropped.samples] == [A.branches[0].token_ids, B.branches[0].token_ids]
     assert dropped.rewards == [[1.0, 1.0], [1.0, 0.0]]  # the left-out group still counts in the metrics
 
     all_tied = assemble_batch(0, [tied], 0, seq_len=16, advantage=drop)  # a step of ties still writes its batch
@@ -125,7 +130,7 @@ def test_failed_rollouts_give_no_sample_and_lost_groups_nothing_at_all():
     failed = rollout(0.0, ok=False, error="ValueError: boom", task="b")
     lost = [rollout(1.0, sampled([3, 4], 1, [-1.0])), rollout(0.0, ok=False, error="ToolsetError: down", lost=True)]
     batch = assemble_batch(0, [[A, failed, B], lost], 4, seq_len=16)
-    assert [s.token_ids for s in batch.samples] == [A.branches[0][0], B.branches[0][0]]
+    assert [s.token_ids for s in batch.samples] == [A.branches[0].token_ids, B.branches[0].token_ids]
     assert [s.advantage for s in batch.samples] == [0.5, -0.5]  # the baseline is the finished rollouts' mean
     assert batch.groups == [[A, failed, B]] and batch.failed == [failed]
     assert batch.rewards == [[1.0, 0.0, 0.0]] and batch.advantages == [[0.5, 0.0, -0.5]]
@@ -150,7 +155,7 @@ def test_samples_longer_than_seq_len_are_left_out_and_counted():
     long = rollout(1.0, sampled([1, 2, 3, 4, 5], 1, [-1.0] * 4))
     batch = assemble_batch(0, [[long, B], [C, D]], 0, seq_len=4)
     assert batch.overlong == 2  # long and C
-    assert [s.token_ids for s in batch.samples] == [B.branches[0][0], [20, 25]]
+    assert [s.token_ids for s in batch.samples] == [B.branches[0].token_ids, [20, 25]]
     assert all(len(m.input_ids) <= 4 for m in batch.micro_batches) and len(batch.micro_batches) == 2
 
 

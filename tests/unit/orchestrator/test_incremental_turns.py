@@ -80,7 +80,8 @@ def test_each_turns_prompt_is_bridged_and_equals_a_full_render_of_the_conversati
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     call, answer = (tokenizer.encode(text, add_special_tokens=False) for text in (TOOL_CALL, ANSWER))
-    ((token_ids, mask, logprobs),) = trace_branches(trace)
+    (branch,) = trace_branches(trace)
+    token_ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
     assert token_ids == prompts[-1] + answer  # one sample: the last prompt and the answer sampled after it
     assert [t for t, trained in zip(token_ids, mask, strict=True) if trained] == call * TOOL_CALLS + answer
     assert {p for p, trained in zip(logprobs, mask, strict=True) if trained} == {-0.5}

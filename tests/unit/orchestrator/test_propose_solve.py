@@ -60,8 +60,8 @@ def episodes(problem: str = "2 + 3", **args):
 
 
 def trained_ids(rollout) -> list[int]:
-    ((ids, mask, _),) = rollout.branches
-    return [i for i, m in zip(ids, mask, strict=True) if m]
+    (branch,) = rollout.branches
+    return [i for i, m in zip(branch.token_ids, branch.loss_mask, strict=True) if m]
 
 
 def test_each_solver_run_is_a_rollout_of_the_solver_seat_and_the_proposer_is_rewarded_for_a_split():

@@ -20,7 +20,7 @@ from contracts.protocol import MicroBatch, read_batch
 from contracts.run_dir import checkpoint_dir, clear_run_state, images_dir, mark_stable, weights_dir
 from orchestrator.batching.images import EpisodeImages, decoded_with_images
 from orchestrator.config import OrchestratorConfig
-from orchestrator.verifiers_adapter.envs import trace_branches, trace_images
+from orchestrator.verifiers_adapter.envs import trace_branches
 
 VS, VE, PAD, VIDEO_PAD = 2038, 2039, 2040, 2041  # <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>
 MM_MAP = {PAD: 1, VIDEO_PAD: 2}  # renderers' mm_token_type_id_map of Qwen3-VL
@@ -79,6 +79,11 @@ def ref(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def trace_images(trace: vf.Trace, images: EpisodeImages) -> list[list[str]]:
+    """The image refs of each trainable branch of ``trace``, stored in ``images``."""
+    return [branch.images for branch in trace_branches(trace, images)]
+
+
 def test_a_rollout_reusing_an_image_stores_it_once_and_names_it_per_run(tmp_path, monkeypatch):
     decoded = []
     image_bytes = images_module.image_bytes
@@ -91,14 +96,14 @@ def test_a_rollout_reusing_an_image_stores_it_once_and_names_it_per_run(tmp_path
     assert sorted(p.name for p in images_dir(tmp_path).iterdir()) == sorted([ref(RED), ref(BLUE)])
     assert (images_dir(tmp_path) / ref(BLUE)).read_bytes() == BLUE  # the bytes sent, as they were
     assert len(decoded) == 2  # each distinct image decoded and hashed once, whatever the turns and branches
-    (ids, _, _), _ = trace_branches(trace)
-    assert [length for _, length in placeholder_runs(ids, PAD)] == [4, 4, 9]
+    first, _ = trace_branches(trace)
+    assert [length for _, length in placeholder_runs(first.token_ids, PAD)] == [4, 4, 9]
 
 
 def test_the_refs_reach_the_samples_and_the_micro_batch(tmp_path):
     trace = two_turns_reusing_an_image()
-    branches, refs = trace_branches(trace), trace_images(trace, EpisodeImages(tmp_path))
-    samples, *_ = build_samples([[rollout(1.0, *branches, images=refs), rollout(0.0, *branches)]], weight_step=0)
+    shown, refs = trace_branches(trace, EpisodeImages(tmp_path)), trace_images(trace, EpisodeImages(tmp_path))
+    samples, *_ = build_samples([[rollout(1.0, *shown), rollout(0.0, *trace_branches(trace))]], weight_step=0)
     assert [s.images for s in samples] == [*refs, [], []]
     for sample in samples[:2]:  # image placeholders are prompt tokens: never in the loss
         assert not any(m for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if t in (VS, PAD, VE))
@@ -108,8 +113,8 @@ def test_the_refs_reach_the_samples_and_the_micro_batch(tmp_path):
 def test_a_text_rollout_has_no_images_and_stores_nothing(tmp_path):
     nodes = [user(None, "Hi", tokens=[5, 6, 7]), reply(0, "hi", [8])]
     assert trace_images(vf.Trace.model_construct(nodes=nodes, calls=[], mm_token_type_id_map=MM_MAP),
-                        EpisodeImages(tmp_path)) == []  # fmt: skip
-    assert trace_images(vf.Trace.model_construct(nodes=nodes, calls=[]), EpisodeImages(None)) == []
+                        EpisodeImages(tmp_path)) == [[]]  # fmt: skip
+    assert trace_images(vf.Trace.model_construct(nodes=nodes, calls=[]), EpisodeImages(None)) == [[]]
     assert not images_dir(tmp_path).exists()
 
 
@@ -163,8 +168,7 @@ def test_a_resumed_run_names_the_same_images_and_finds_them_in_the_run_folder(tm
         index = int(task.data.id.split("-")[-1])
         picture = png((index * 37 % 256, 0, 0), 64)
         trace = one_turn_showing(picture)
-        return [rollout(float(k), *trace_branches(trace), images=trace_images(trace, EpisodeImages(output_dir)))
-                for k in range(n)]  # fmt: skip
+        return [rollout(float(k), *trace_branches(trace, EpisodeImages(output_dir))) for k in range(n)]
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
 

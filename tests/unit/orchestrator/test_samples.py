@@ -11,7 +11,7 @@ BRANCH = sampled([1, 2, 3], 1, [-1.0, -2.0])
 
 
 def node(n, sampled):
-    return SimpleNamespace(mask=[sampled] * n, sampled=sampled)
+    return SimpleNamespace(mask=[sampled] * n, sampled=sampled, logprobs=[-1.0] * n if sampled else [])
 
 
 def branch(nodes, trainable=True):
@@ -21,6 +21,7 @@ def branch(nodes, trainable=True):
         trainable=trainable,
         token_ids=ids,
         logprobs=[-1.0 if m else 0.0 for n in nodes for m in n.mask],
+        routed_experts=None,
     )
 
 
@@ -39,10 +40,10 @@ def test_forked_branches_train_a_shared_sampled_node_once():
             branch([prompt, node(9, True)], trainable=False),
         ]
     )
-    (ids0, mask0, _), (ids1, mask1, _) = trace_branches(trace)
-    assert mask0 == [False] * 5 + [True] * 3 + [False] * 2 + [True] * 4
-    assert mask1 == [False] * 5 + [False] * 3 + [False] * 6 + [True] * 2  # first_reply already trained
-    assert len(ids1) == len(mask1)
+    first, second = trace_branches(trace)
+    assert first.loss_mask == [False] * 5 + [True] * 3 + [False] * 2 + [True] * 4
+    assert second.loss_mask == [False] * 5 + [False] * 3 + [False] * 6 + [True] * 2  # first_reply already trained
+    assert len(second.token_ids) == len(second.loss_mask)
 
 
 def test_build_samples_group_advantages_per_prompt():
@@ -105,7 +106,6 @@ def test_the_servers_routes_go_from_the_trace_into_the_micro_batches_and_stay_ou
     from verifiers.v1.trace import Branch
 
     from contracts.protocol import MicroBatch, repack
-    from orchestrator.verifiers_adapter.envs import trace_routes
 
     def node(ids, routes, sampled=False):
         message = vf.AssistantMessage(content="a") if sampled else vf.UserMessage(content="u")
@@ -117,11 +117,12 @@ def test_the_servers_routes_go_from_the_trace_into_the_micro_batches_and_stay_ou
     routed = Branch(index=0, nodes=[prompt, reply])
     unrouted = Branch(index=1, nodes=[prompt, node([6], None, sampled=True)])
     trace = SimpleNamespace(branches=[routed, unrouted, Branch(index=2, nodes=[prompt], trainable=False)])
-    routes = trace_routes(trace)
+    branches = trace_branches(trace)
+    routes = [b.routes for b in branches]
     assert len(routes) == 2 and routes[1] is None
     assert routes[0].dtype == torch.uint8 and routes[0][:, 0, 0].tolist() == [0, 0, 3, 3, 3]
 
-    rollouts = [rollout(r, *trace_branches(trace), routes=routes) for r in (0.0, 1.0)]
+    rollouts = [rollout(r, *branches) for r in (0.0, 1.0)]
     samples, _, _ = build_samples([rollouts], weight_step=0)
     assert torch.equal(samples[0].routes, routes[0]) and samples[1].routes is None
     assert torch.equal(MicroBatch.pack([samples[0], samples[2]]).routes, torch.cat([routes[0], routes[0]]))

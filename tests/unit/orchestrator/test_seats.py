@@ -40,13 +40,15 @@ def test_each_seat_of_a_two_seat_game_is_a_rollout_whose_mask_covers_its_own_rep
     for rollout in rollouts:
         assert rollout.ok and rollout.trained and rollout.turns == 2, rollout.error
         assert rollout.rewards == {"win": 0.0} and rollout.reward == 0.0  # both wrote no digit: a tie
-        (ids, mask, logprobs), *more = rollout.branches
+        branch, *more = rollout.branches
+        ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
         assert more == []  # each turn's prompt extends the last: one sample per seat
         assert [i for i, m in zip(ids, mask, strict=True) if m] == hi * 2  # its two replies, nothing else
         assert [lp for lp, m in zip(logprobs, mask, strict=True) if m] == [-1.0] * len(hi) * 2
     first, second = rollouts[:2]
     # player1 was opened by player0's reply: its prompt holds "hi" as the user's word, which it does not train on
-    assert len(second.branches[0][0]) < len(first.branches[0][0])  # player0's prompt holds the task's prompt too
+    # player0's prompt holds the task's prompt too
+    assert len(second.branches[0].token_ids) < len(first.branches[0].token_ids)
     batch = assemble_batch(1, [rollouts], 0, seq_len=4096)
     assert sorted(s.meta["seat"] for s in batch.samples) == ["player0", "player0", "player1", "player1"]
 
