@@ -13,7 +13,7 @@ from orchestrator.evaluation import Evaluation
 from orchestrator.groups import GroupRunner, track
 from orchestrator.refill import Slot, fill_slot
 from orchestrator.rollout import Rollout
-from orchestrator.task_stream import TaskStream
+from orchestrator.task_stream import Tasks
 from orchestrator.tasks import StepTasks, TaskSampler
 from orchestrator.verifiers_adapter.envs import Env
 from orchestrator.weight_sync import WeightSync
@@ -49,7 +49,7 @@ class StepSchedule:
         evaluation: Evaluation,
         tasks: TaskSampler,
         envs: list[Env],
-        per_env: list[list | TaskStream],
+        per_env: list[Tasks],
         progress: Progress,
     ):
         self.config, self.groups, self.weights, self.evaluation = config, groups, weights, evaluation

@@ -28,7 +28,7 @@ from orchestrator.client import run_headers
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.images import EpisodeImages, sample_images
 from orchestrator.rollout import Rollout
-from orchestrator.task_stream import TaskStream, read_tasks
+from orchestrator.task_stream import Tasks, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -134,7 +134,7 @@ def open_tasks(env: vf.Env) -> Iterator:
         yield from env.taskset
 
 
-def tasks_of(env: vf.Env) -> list | TaskStream:
+def tasks_of(env: vf.Env) -> Tasks:
     """``env``'s tasks for training (:func:`~orchestrator.task_stream.read_tasks`): held whole, or a stream when its
     taskset says it never ends (verifiers' ``Taskset.INFINITE``) or yields more than ``[[env]] max_tasks``."""
     config = env_config(env)
