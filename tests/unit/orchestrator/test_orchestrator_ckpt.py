@@ -13,6 +13,7 @@ from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.ckpt import Checkpointer, read_state
 from orchestrator.config import OrchestratorConfig
+from orchestrator.difficulty_pool import DifficultyPool
 from orchestrator.task_stream import TaskList
 from orchestrator.tasks import TaskFeed, TaskSampler
 
@@ -43,6 +44,28 @@ def test_resume_refuses_a_changed_task_order(tmp_path):
         Checkpointer(tmp_path, [feed([90], [8], seed=4)]).load(4)
     with pytest.raises(TridentError, match=r"task order changed \(prompts_per_env \[8\] -> \[6, 2\]\)"):
         Checkpointer(tmp_path, [feed([60, 40], [6, 2], seed=3)]).load(4)
+
+
+def test_a_checkpoint_written_before_loads_and_is_written_back_byte_for_byte(tmp_path):
+    """The orchestrator's part as runs wrote it before its parts gave their own state (a literal copy, with a
+    difficulty pool): it loads, and the same run's tasks write the same file; one older still (before environment
+    shares, no ``prompts_per_env``) loads too."""
+    pool = {"pass_rates": [{"5": 0.5, "12": 0.25}], "pending": {"4": [[0, 7, 1.0]], "5": [[0, 3, 0.0]]}}
+    written = {"step": 4, "tasks_consumed": 32, "num_tasks": 100, "seed": 3, "prompts_per_env": [8],
+               "difficulty_pool": pool}  # fmt: skip
+    old = tmp_path / "old"
+    (checkpoint_dir(old, 4) / "orchestrator").mkdir(parents=True)
+    (checkpoint_dir(old, 4) / "orchestrator" / "state.json").write_text(json.dumps(written, indent=2))
+    tasks = feed([100], [8], seed=3)
+    tasks.sampler.pool = DifficultyPool([100], ema=0.5, min_weight=0.05)
+    Checkpointer(old, [tasks]).load(4)
+    assert tasks.sampler.pool.pass_rates == [{5: 0.5, 12: 0.25}]
+    folder = Checkpointer(tmp_path / "new", [tasks]).save(4)
+    assert (folder / "state.json").read_bytes() == (checkpoint_dir(old, 4) / "orchestrator" / "state.json").read_bytes()
+
+    del written["prompts_per_env"], written["difficulty_pool"]
+    (checkpoint_dir(old, 4) / "orchestrator" / "state.json").write_text(json.dumps(written, indent=2))
+    Checkpointer(old, [feed([100], [8], seed=3)]).load(4)
 
 
 def test_rl_resolves_the_newest_checkpoint_for_both_processes(tmp_path):
