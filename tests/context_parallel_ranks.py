@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from batches import random_samples
+from trainer_runs import write_orchestrator_part
 from varlen_stand_in import documented_varlen, varlen_packing
 
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, read_batch, write_batch
 from contracts.sampling import NO_TRUNCATION, Truncation
-from orchestrator.loop.ckpt import data_state, save_state
 from tools.tiny_model import built_model_path
 from trainer import attention
 from trainer import model as trainer_model
@@ -150,7 +150,7 @@ def main(folder: Path) -> None:
         resumed = {**run, "output_dir": folder / "resumed"}
         run_training(TrainerConfig(**{**resumed, "max_steps": 2}), world)
         if world.is_main:
-            save_state(folder / "resumed", data_state(2, 8, 64, 0, [8]))  # the orchestrator's part of step 2
+            write_orchestrator_part(folder / "resumed", 2)  # the orchestrator's part of step 2
         dist.barrier()
         run_training(TrainerConfig(**{**resumed, "ckpt": {"interval": 2, "resume_step": 2}}), world)
     finally:

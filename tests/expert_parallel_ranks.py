@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from trainer_runs import write_orchestrator_part
 
 from contracts.protocol import read_batch
-from orchestrator.loop.ckpt import data_state, save_state
 from tools.tiny_model import built_model_path
 from trainer.config import TrainerConfig
 from trainer.export import full_weights
@@ -76,7 +76,7 @@ def main(folder: Path) -> None:
         resumed = {**base, "output_dir": folder / "resumed"}
         run_training(TrainerConfig(model=model, ckpt={"interval": 2}, **{**resumed, "max_steps": 2}), world)
         if world.is_main:
-            save_state(folder / "resumed", data_state(2, 8, 64, 0, [8]))  # the orchestrator's part of step 2
+            write_orchestrator_part(folder / "resumed", 2)  # the orchestrator's part of step 2
         dist.barrier()
         run_training(TrainerConfig(model=model, ckpt={"interval": 2, "resume_step": 2}, **resumed), world)
     finally:

@@ -12,6 +12,9 @@ from safetensors.torch import load_file
 
 from contracts.metrics import read_metrics
 from contracts.run_dir import weights_dir
+from orchestrator.loop.ckpt import Checkpointer
+from orchestrator.tasks.sampler import TaskFeed, TaskSampler
+from orchestrator.tasks.stream import TaskList
 from trainer.config import TrainerConfig
 
 SETTINGS = {"max_steps": 4, "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_steps": 1}, "batch_timeout_s": 1}
@@ -20,6 +23,14 @@ SETTINGS = {"max_steps": 4, "optim": {"lr": 1e-2, "schedule": "cosine", "warmup_
 def config(output_dir, model_path, model=None, **ckpt) -> TrainerConfig:
     model = {"name": model_path, **(model or {})}
     return TrainerConfig(output_dir=output_dir, model=model, ckpt={"interval": 2, **ckpt}, **SETTINGS)
+
+
+def write_orchestrator_part(output_dir: Path, step: int) -> Path:
+    """The orchestrator's part of the checkpoint of ``step`` for a run of 8 prompts a step from 64 tasks, seed 0: with
+    the trainer's, a checkpoint the trainer resumes from."""
+    feed = TaskFeed([TaskList(list(range(64)))], TaskSampler([64], [8], seed=0), last_step=SETTINGS["max_steps"])
+    feed.finish(step)
+    return Checkpointer(output_dir, [feed]).save(step)
 
 
 def losses(output_dir) -> dict[int, float]:

@@ -15,13 +15,14 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer
 
 from contracts.broadcast import Sender
+from contracts.checkpoint import checkpoint_due
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
 from contracts.model_card import ModelCard
 from contracts.progress import Progress, last_written
 from contracts.protocol import BatchInfo, MicroBatch, prune_rollouts, read_batch, repack
 from contracts.run_dir import resume_step, rollouts_dir, wait_for, weights_dir
-from trainer.ckpt import load_checkpoint, prune_checkpoints, save_checkpoint
+from trainer.ckpt import Checkpointer, prune_checkpoints
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
@@ -322,10 +323,11 @@ def run_training(config: TrainerConfig, world: World) -> None:
     export = config.model.experimental.lora.export if config.model.experimental.lora else "merged"  # full weights
     dtype = compute_dtype(config.model.dtype, world.device)  # of the weights the server loads
     sender = weight_sender(config, world)
+    checkpointer = Checkpointer(config.output_dir, world, model, optimizer, scheduler)
     start = 0
     if config.ckpt and config.ckpt.resume_step is not None:
         start = resume_step(config.output_dir, config.ckpt.resume_step)
-        load_checkpoint(config.output_dir, start, model, optimizer, scheduler, world)
+        checkpointer.load(start)
         # the run's weights were cleared: the server needs these before it samples step `start + 1`
         save_weights(model, tokenizer, weights_dir(config.output_dir, start), export, sender, dtype)
     logger.info(f"training {config.model.name} on {world.size} × {world.device}, steps {start + 1}..{config.max_steps}")
@@ -380,9 +382,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
         }
         if metrics:  # before the checkpoint: a run resumed from it keeps this record (later ones are dropped)
             metrics.write(record)
-        if config.ckpt and (step % config.ckpt.interval == 0 or last):
+        if checkpoint_due(config.ckpt, step, config.max_steps):
             with progress.doing(f"writing checkpoint step {step}"):
-                save_checkpoint(config.output_dir, step, model, optimizer, scheduler, world)
+                checkpointer.save(step)
             if world.is_main:
                 prune_checkpoints(config.output_dir, config.ckpt.keep)
         logger.info(

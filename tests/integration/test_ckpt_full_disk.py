@@ -3,9 +3,11 @@ trainer run in a process of its own; the failed write is one line, leaves the ol
 resumes exactly as if never stopped. The other checkpoint tests are in tests/unit/trainer/test_ckpt.py."""
 
 import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from batches import write_random_batches
@@ -19,13 +21,14 @@ from trainer.train import train
 FULL_DISK_RUN = """
 import json, sys
 from pathlib import Path
+from trainer_runs import write_orchestrator_part
 from orchestrator.loop.ckpt import data_state, save_state
 from trainer.ckpt import CheckpointError
 from trainer.config import TrainerConfig
 from trainer.train import train
 
 out, settings = Path(sys.argv[1]), json.loads(sys.argv[2])
-save_state(out, data_state(2, 8, 64, 0, [8]))
+write_orchestrator_part(out, 2)
 filler = out / "checkpoints" / "filler"
 filler.write_bytes(bytes(3 * 2**20))  # the 8 MiB disk holds the checkpoint of step 2, not that of step 4 too
 results = {}
@@ -52,7 +55,11 @@ def test_a_full_disk_at_a_checkpoint_fails_in_one_line_and_the_run_resumes_exact
     settings = json.dumps({"output_dir": str(full), "model": {"name": tiny_model_path}, **SETTINGS})
     mount = f'mount -t tmpfs -o size=8m tmpfs {disk} && exec {sys.executable} -c "$0" {full} "$1"'
     result = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", mount, FULL_DISK_RUN, settings], capture_output=True, text=True, timeout=300
+        ["unshare", "-rm", "sh", "-c", mount, FULL_DISK_RUN, settings],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])},  # tests/, for trainer_runs
     )
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout.splitlines()[-1])

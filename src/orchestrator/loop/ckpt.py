@@ -2,45 +2,50 @@
 
 Step N's prompts are a pure function of N over the seeded task order (:meth:`Orchestrator.batch_tasks`) and no
 rollout outlives the batch it was written in, so the state is the step and what fixes the order; with
-``[difficulty_pool]``, also the pool's pass rates, which the draw of later steps depends on.
+``[difficulty_pool]``, also the pool's pass rates, which the draw of later steps depends on. Each part gives its own
+(:class:`~orchestrator.tasks.sampler.TaskFeed` today); this module writes and reads them.
 """
 
 import json
 from pathlib import Path
+from typing import Any
 
 from contracts.atomic_io import atomic_dir
+from contracts.checkpoint import CannotResume, Stateful
 from contracts.errors import TridentError
 from contracts.run_dir import checkpoint_dir, mark_stable
 
 STATE_FILE = "state.json"
 
 
-def data_state(
-    step: int,
-    batch_size: int,
-    num_tasks: int,
-    seed: int,
-    prompts_per_env: list[int],
-    pool: dict | None = None,
-    stream_positions: list[int | None] | None = None,
-) -> dict:
-    """What the checkpoint of ``step`` records: the step, the data position, what fixes the task order, the
-    difficulty pool's state (``pool``, when there is one) and, with a task stream, where each stream's next step
-    reads from (``stream_positions``, None for a finite taskset)."""
-    state = {"step": step, "tasks_consumed": step * batch_size, "num_tasks": num_tasks, "seed": seed,
-             "prompts_per_env": prompts_per_env}  # fmt: skip
-    if stream_positions is not None and any(position is not None for position in stream_positions):
-        state["stream_positions"] = stream_positions
-    return state | ({"difficulty_pool": pool} if pool is not None else {})
+class Checkpointer:
+    """The orchestrator's part of each checkpoint: the states of ``parts`` side by side in one JSON file (each part
+    its own keys), written whole or not at all; resume is :meth:`load`."""
 
+    def __init__(self, output_dir: Path, parts: list[Stateful]):
+        self.output_dir, self.parts = output_dir, parts
 
-def save_state(output_dir: Path, state: dict) -> Path:
-    """Write the orchestrator's part of the checkpoint of ``state['step']`` atomically, ``STABLE`` last."""
-    folder = checkpoint_dir(output_dir, state["step"]) / "orchestrator"
-    with atomic_dir(folder) as tmp:
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
-        mark_stable(tmp)
-    return folder
+    def save(self, step: int) -> Path:
+        """Write the parts' state after ``step`` steps atomically, ``STABLE`` last. Returns the folder."""
+        state: dict[str, Any] = {}
+        for part in self.parts:
+            own = part.state_dict()
+            assert state.keys().isdisjoint(own), f"two checkpoint parts give {sorted(state.keys() & own.keys())}"
+            state |= own
+        folder = checkpoint_dir(self.output_dir, step) / "orchestrator"
+        with atomic_dir(folder) as tmp:
+            (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))
+            mark_stable(tmp)
+        return folder
+
+    def load(self, step: int) -> None:
+        """Give each part its state from the checkpoint of ``step``; one that cannot go on from it is one line."""
+        saved = read_state(self.output_dir, step)
+        for part in self.parts:
+            try:
+                part.load_state_dict(saved)
+            except CannotResume as e:
+                raise TridentError(f"cannot resume from {state_path(self.output_dir, step)}: {e}") from None
 
 
 def state_path(output_dir: Path, step: int) -> Path:
@@ -48,40 +53,5 @@ def state_path(output_dir: Path, step: int) -> Path:
 
 
 def read_state(output_dir: Path, step: int) -> dict:
-    """The orchestrator's part of the checkpoint of ``step``, as :func:`save_state` wrote it."""
+    """The orchestrator's part of the checkpoint of ``step``, as :meth:`Checkpointer.save` wrote it."""
     return json.loads(state_path(output_dir, step).read_text())
-
-
-def check_resumable(output_dir: Path, expected: dict) -> None:
-    """Raise unless the checkpoint of ``expected['step']`` had the same task order as this run."""
-    path = state_path(output_dir, expected["step"])
-    saved = read_state(output_dir, expected["step"])
-    saved.setdefault("prompts_per_env", expected["prompts_per_env"])  # checkpoints before environment shares
-    changed = [
-        f"{key} {saved.get(key)} -> {expected.get(key)}"
-        for key in ("num_tasks", "seed", "prompts_per_env", "stream_positions")  # the last: absent without streams
-        if saved.get(key) != expected.get(key)
-    ]
-    if changed:
-        raise TridentError(
-            f"cannot resume from {path}: the task order changed ({', '.join(changed)}); resuming would repeat or "
-            "skip prompts. Use the environments and seed of the checkpointed run, or start from scratch."
-        )
-
-
-def check_stream_tasks(output_dir: Path, step: int, envs: list[str], keys: list[str | None]) -> None:
-    """Raise unless each task stream yields, where the run resumed from the checkpoint of ``step`` goes on, the task
-    the checkpointed run read there (``keys``: each environment's task key there, None for a finite taskset): a
-    ``load()`` that gives other tasks on another read would make the resumed run draw others. A checkpoint that
-    recorded none passes."""
-    saved = read_state(output_dir, step)
-    if "stream_tasks" not in saved:
-        return
-    for env, position, was, now in zip(envs, saved["stream_positions"], saved["stream_tasks"], keys, strict=True):
-        if was != now:
-            raise TridentError(
-                f"cannot resume from {state_path(output_dir, step)}: environment {env!r}'s task stream yields "
-                f"another task at position {position} than the checkpointed run read there (other args, or a load() "
-                "that gives other tasks on another read: seeded by the clock, a feed that moved), so the resumed run "
-                "would not draw what the run drew. Use the checkpointed run's args, or start from scratch."
-            )

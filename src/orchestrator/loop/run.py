@@ -16,6 +16,7 @@ from dataclasses import replace
 from transformers import AutoTokenizer
 
 from contracts.chat_family import resolve_family
+from contracts.checkpoint import checkpoint_due
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
 from contracts.model_card import ModelCard
@@ -28,7 +29,7 @@ from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import OrchestratorConfig
-from orchestrator.loop.ckpt import check_resumable, check_stream_tasks, data_state, read_state, save_state
+from orchestrator.loop.ckpt import Checkpointer
 from orchestrator.loop.evaluation import Evaluation
 from orchestrator.loop.groups import busiest_share, connect
 from orchestrator.loop.refill import pool_results, refill_metrics
@@ -40,8 +41,7 @@ from orchestrator.serving.run_share import ShareMeter
 from orchestrator.serving.servers import NoServer
 from orchestrator.serving.weight_sync import WeightSync
 from orchestrator.tasks.difficulty_pool import DifficultyPool
-from orchestrator.tasks.sampler import TaskSampler, prompts_per_env
-from orchestrator.tasks.stream import TaskStream
+from orchestrator.tasks.sampler import TaskFeed, TaskSampler, prompts_per_env
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 
@@ -56,17 +56,19 @@ class Orchestrator:
         self.envs = [load_env(env) for env in config.env]
         self.per_env = [tasks_of(env) for env in self.envs]
         for i, tasks in enumerate(self.per_env):
-            if isinstance(tasks, list) and not tasks:
+            if tasks.size == 0:
                 raise TridentError(
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
             check_judged(config.env[i], f"env.{i}", tasks[0])
-        sizes = [len(tasks) if isinstance(tasks, list) else None for tasks in self.per_env]
+        sizes = [tasks.size for tasks in self.per_env]
         pool = config.difficulty_pool
         self.pool = DifficultyPool(sizes, pool.ema, pool.min_weight) if pool else None
         counts = prompts_per_env([env.share for env in config.env], config.batch_size)
         attempts = config.filter.max_attempts if config.filter.refill else 1
         self.tasks = TaskSampler(sizes, counts, config.seed, self.pool, attempts, pool.stream_window if pool else 0)
+        self.feed = TaskFeed(self.per_env, self.tasks, config.max_steps)
+        self.checkpointer = Checkpointer(self.output_dir, [self.feed])
         self.groups = connect(config, config.infra, config.rollouts_per_example)
         self.servers = self.groups.servers
         self.share = ShareMeter(self.servers)
@@ -166,7 +168,7 @@ class Orchestrator:
         temperature = self.config.sampling.temperature
         info = batch.info(step, temperature, metrics.pop("reward_mean"), metrics, self.truncation)
         write_batch(self.output_dir, info, batch.micro_batches)
-        self.release_tasks(step)
+        self.feed.finish(step)
         self.written_at = time.perf_counter()
         timings = {"wait_weights_s": started.wait_s, "reload_s": started.reload_s, "reload_paused_s": started.paused_s,
                    "generate_s": generate_s, "write_s": self.written_at - generated}  # fmt: skip
@@ -188,18 +190,12 @@ class Orchestrator:
             + (f" | rollouts per server {'/'.join(map(str, per_server))}" if len(per_server) > 1 else "")
         )
 
-    def release_tasks(self, step: int) -> None:
-        """Let each task stream drop the tasks no step after ``step`` can draw."""
-        for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
-            if isinstance(tasks, TaskStream):
-                tasks.release(position)
-
     def memory_metrics(self, step: int) -> dict[str, float]:
         """The orchestrator's resident memory after step ``step`` (bounded:
         :class:`~orchestrator.metrics.memory.StepMemory`) and the tasks its task streams hold."""
-        held = [len(t.held) if isinstance(t, TaskStream) else len(t) for t in self.per_env]
-        resident = self.memory.after_step(step, [(env.id, n) for env, n in zip(self.config.env, held, strict=True)])
-        streams = [n for t, n in zip(self.per_env, held, strict=True) if isinstance(t, TaskStream)]
+        held = [(env.id, tasks.held) for env, tasks in zip(self.config.env, self.per_env, strict=True)]
+        resident = self.memory.after_step(step, held)
+        streams = [tasks.held for tasks in self.per_env if tasks.size is None]
         return ({"resident_gib": resident} if resident is not None else {}) | (
             {"stream_tasks_held": sum(streams)} if streams else {}
         )
@@ -242,41 +238,13 @@ class Orchestrator:
         if ckpt is None or ckpt.resume_step is None:
             return 0
         step = resume_step(self.output_dir, ckpt.resume_step)
-        check_resumable(self.output_dir, self.data_state(step))
-        for tasks, position in zip(self.per_env, self.tasks.stream_positions(step), strict=True):
-            if isinstance(tasks, TaskStream):
-                tasks.resume_at(position)
-        check_stream_tasks(self.output_dir, step, [env.id for env in self.config.env], self.stream_tasks(step))
-        logger.info(f"resuming after step {step}: prompts from task {self.data_state(step)['tasks_consumed']} on")
-        saved = read_state(self.output_dir, step).get("difficulty_pool")
-        if self.pool is not None and saved is not None:
-            self.pool.load_state_dict(saved)
-            logger.info(f"difficulty pool restored: pass rates of {sum(map(len, self.pool.pass_rates))} tasks")
-        elif self.pool is not None:
-            logger.warning(f"the checkpoint of step {step} has no difficulty pool: it starts with no pass rates")
+        self.checkpointer.load(step)
         return step
 
-    def data_state(self, step: int) -> dict:
-        config, pool = self.config, self.pool
-        return data_state(step, config.batch_size, self.tasks.num_tasks, config.seed, self.tasks.counts,
-                          pool.state_dict() if pool else None, self.tasks.stream_positions(step))  # fmt: skip
-
-    def stream_tasks(self, step: int) -> list[str | None]:
-        """The key of the task at each stream's position after step ``step`` (verifiers' ``Task.key``, by default a
-        hash of its data), None for a finite taskset."""
-        positions = self.tasks.stream_positions(step)
-        return [None if at is None else tasks[at].key for tasks, at in zip(self.per_env, positions, strict=True)]
-
     def save_checkpoint(self, step: int) -> None:
-        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval; with a
-        task stream, the key of the task each stream goes on from, which a resumed run must read there (but after
-        the last step: a stream may end where the run does)."""
-        ckpt = self.config.ckpt
-        if ckpt and (step % ckpt.interval == 0 or step == self.config.max_steps):
-            state = self.data_state(step)
-            if "stream_positions" in state and step < self.config.max_steps:
-                state["stream_tasks"] = self.stream_tasks(step)
-            save_state(self.output_dir, state)
+        """The orchestrator's part of the checkpoint after ``step`` trainer steps, on the trainer's interval."""
+        if checkpoint_due(self.config.ckpt, step, self.config.max_steps):
+            self.checkpointer.save(step)
 
     def decode(self, token_ids: list[int]) -> str:
         return decoded_with_images(token_ids, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),

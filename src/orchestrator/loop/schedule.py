@@ -15,7 +15,7 @@ from orchestrator.loop.groups import GroupRunner, track
 from orchestrator.loop.refill import Slot, fill_slot
 from orchestrator.serving.weight_sync import WeightSync
 from orchestrator.tasks.sampler import StepTasks, TaskSampler
-from orchestrator.tasks.stream import TaskStream
+from orchestrator.tasks.stream import Tasks
 from orchestrator.verifiers_adapter.envs import Env
 
 
@@ -49,7 +49,7 @@ class StepSchedule:
         evaluation: Evaluation,
         tasks: TaskSampler,
         envs: list[Env],
-        per_env: list[list | TaskStream],
+        per_env: list[Tasks],
         progress: Progress,
     ):
         self.config, self.groups, self.weights, self.evaluation = config, groups, weights, evaluation

@@ -12,11 +12,17 @@ again, so the stream need hold only the window.
 """
 
 import heapq
+import logging
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from contracts.checkpoint import CannotResume
 from orchestrator.tasks.difficulty_pool import DifficultyPool
+from orchestrator.tasks.stream import Tasks
+
+logger = logging.getLogger("orchestrator")
 
 
 def prompts_per_env(shares: list[float], batch_size: int) -> list[int]:
@@ -147,14 +153,19 @@ class TaskSampler:
             return range((step - 1) * count * self.attempts, step * count * self.attempts)
         return range((step - 1) * count, (step - 1) * count + max(self.stream_window, count))
 
+    def windows(self, step: int) -> list[range]:
+        """Each environment's :meth:`window` for step ``step``."""
+        return [self.window(e, step) for e in range(len(self.sizes))]
+
     def stream_positions(self, step: int) -> list[int | None]:
         """Where each stream's window begins after step ``step`` (None for a finite taskset): nothing before it is
         drawn again."""
-        return [None if size is not None else self.window(e, step + 1).start for e, size in enumerate(self.sizes)]
+        windows = self.windows(step + 1)
+        return [None if size is not None else window.start for size, window in zip(self.sizes, windows, strict=True)]
 
     def step_tasks(self, step: int) -> StepTasks:
         """The tasks of step ``step`` (a pure function of the step and, with the pool, of its state)."""
-        windows = [self.window(e, step) for e in range(len(self.sizes))]
+        windows = self.windows(step)
         offsets = [window.start for window in windows]
         if self.pool is None:
             weights = [[1.0] * len(window) for window in windows]
@@ -164,3 +175,65 @@ class TaskSampler:
         rng = random.Random(f"{self.seed}:{step}")
         tasks = [(e, offsets[e] + task) for e, count in enumerate(self.counts) for task in draw(weights[e], count, rng)]
         return StepTasks(step, self.seed, tasks, weights, offsets)
+
+
+class TaskFeed:
+    """The run's tasks: each environment's (``per_env``), the ``sampler`` that draws each step's, and the steps done
+    (:meth:`finish`). A checkpoint part: its state is where in the data the run is and what fixes the order (the
+    sampler's seed and shares, where each stream's window begins), the difficulty pool's, and the task each stream
+    goes on from, which a resumed run must read there (but after ``last_step``: a stream may end where the run does).
+    """
+
+    def __init__(self, per_env: list[Tasks], sampler: TaskSampler, last_step: int):
+        self.per_env, self.sampler, self.last_step = per_env, sampler, last_step
+        self.step = 0  # steps whose batch is written
+
+    def finish(self, step: int) -> None:
+        """Step ``step``'s batch is written: each stream drops the tasks no later step can draw."""
+        self.step = step
+        for tasks, window in zip(self.per_env, self.sampler.windows(step + 1), strict=True):
+            tasks.release(window.start)
+
+    def order(self, step: int) -> dict[str, Any]:
+        """What fixes the task order up to step ``step``: a resumed run must have the same."""
+        sampler = self.sampler
+        order = {"num_tasks": sampler.num_tasks, "seed": sampler.seed, "prompts_per_env": sampler.counts}
+        positions = sampler.stream_positions(step)
+        return order | ({"stream_positions": positions} if any(at is not None for at in positions) else {})
+
+    def state_dict(self) -> dict[str, Any]:
+        step, pool = self.step, self.sampler.pool
+        state = {"step": step, "tasks_consumed": step * sum(self.sampler.counts), **self.order(step)}
+        if pool is not None:
+            state["difficulty_pool"] = pool.state_dict()
+        if "stream_positions" in state and step < self.last_step:
+            state["stream_tasks"] = [tasks.state_dict().get("task") for tasks in self.per_env]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on after ``state['step']``; raise :class:`CannotResume` unless this run has the checkpointed run's task
+        order and its streams yield the tasks it read where the run goes on."""
+        step, expected = state["step"], self.order(state["step"])
+        saved = {"prompts_per_env": expected["prompts_per_env"]} | state  # checkpoints before environment shares
+        changed = [
+            f"{key} {saved.get(key)} -> {expected.get(key)}"
+            for key in ("num_tasks", "seed", "prompts_per_env", "stream_positions")  # the last: absent without streams
+            if saved.get(key) != expected.get(key)
+        ]
+        if changed:
+            raise CannotResume(
+                f"the task order changed ({', '.join(changed)}); resuming would repeat or skip prompts. Use the "
+                "environments and seed of the checkpointed run, or start from scratch."
+            )
+        keys = state.get("stream_tasks", [None] * len(self.per_env))
+        for tasks, at, key in zip(self.per_env, self.sampler.stream_positions(step), keys, strict=True):
+            if at is not None:
+                tasks.load_state_dict({"position": at, "task": key})
+        self.step = step
+        logger.info(f"resuming after step {step}: prompts from task {step * sum(self.sampler.counts)} on")
+        pool = self.sampler.pool
+        if pool is not None and "difficulty_pool" in state:
+            pool.load_state_dict(state["difficulty_pool"])
+            logger.info(f"difficulty pool restored: pass rates of {sum(map(len, pool.pass_rates))} tasks")
+        elif pool is not None:
+            logger.warning(f"the checkpoint of step {step} has no difficulty pool: it starts with no pass rates")

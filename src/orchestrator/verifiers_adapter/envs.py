@@ -28,7 +28,7 @@ from orchestrator.batching.images import EpisodeImages, sample_images
 from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.serving.client import run_headers
-from orchestrator.tasks.stream import TaskStream, read_tasks
+from orchestrator.tasks.stream import Tasks, read_tasks
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -134,7 +134,7 @@ def open_tasks(env: vf.Env) -> Iterator:
         yield from env.taskset
 
 
-def tasks_of(env: vf.Env) -> list | TaskStream:
+def tasks_of(env: vf.Env) -> Tasks:
     """``env``'s tasks for training (:func:`~orchestrator.tasks.stream.read_tasks`): held whole, or a stream when its
     taskset says it never ends (verifiers' ``Taskset.INFINITE``) or yields more than ``[[env]] max_tasks``."""
     config = env_config(env)
@@ -190,8 +190,8 @@ def at_server(ctx: vf.ModelContext, base_url: str, model: str) -> vf.ModelContex
 
 def trace_branches(trace: vf.Trace, images: EpisodeImages | None = None) -> list[Branch]:
     """Each trainable branch of ``trace`` as a :class:`~orchestrator.batching.rollout.Branch`, straight from the
-    server's tokens, with its routes (:func:`_branch_routes`), its tokens' weights steps (:func:`_branch_weight_steps`) and,
-    when ``images`` is given, its images stored there (:func:`_branch_images`; None: none read).
+    server's tokens, with its routes (:func:`_branch_routes`), its tokens' weights steps
+    (:func:`_branch_weight_steps`) and, when ``images`` is given, its images stored there (:func:`_branch_images`; None: none read).
 
     Forked branches share message nodes; a sampled node is trained once, in the first branch holding it.
     """

@@ -3,6 +3,7 @@ import json
 
 import pytest
 from rollouts import ONE_SAMPLED, group
+from trainer_runs import write_orchestrator_part
 
 import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
@@ -11,11 +12,21 @@ from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoi
 from launch.launcher import resume_point
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
-from orchestrator.loop.ckpt import check_resumable, data_state, read_state, save_state
+from orchestrator.loop.ckpt import Checkpointer, read_state
+from orchestrator.tasks.difficulty_pool import DifficultyPool
+from orchestrator.tasks.sampler import TaskFeed, TaskSampler
+from orchestrator.tasks.stream import TaskList
+
+
+def feed(sizes: list[int], counts: list[int], seed: int, step: int = 0) -> TaskFeed:
+    """The tasks of a run of finite tasksets of ``sizes``, ``counts`` prompts a step from each, after ``step``."""
+    tasks = TaskFeed([TaskList(list(range(size))) for size in sizes], TaskSampler(sizes, counts, seed), last_step=10)
+    tasks.finish(step)
+    return tasks
 
 
 def test_orchestrator_part_records_the_data_position_atomically(tmp_path):
-    folder = save_state(tmp_path, data_state(step=4, batch_size=8, num_tasks=100, seed=3, prompts_per_env=[6, 2]))
+    folder = Checkpointer(tmp_path, [feed([60, 40], counts=[6, 2], seed=3, step=4)]).save(4)
     assert folder == checkpoint_dir(tmp_path, 4) / "orchestrator"
     assert json.loads((folder / "state.json").read_text()) == {
         "step": 4, "tasks_consumed": 32, "num_tasks": 100, "seed": 3, "prompts_per_env": [6, 2]
@@ -25,17 +36,41 @@ def test_orchestrator_part_records_the_data_position_atomically(tmp_path):
 
 
 def test_resume_refuses_a_changed_task_order(tmp_path):
-    save_state(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[8]))
-    check_resumable(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[8]))
+    Checkpointer(tmp_path, [feed([100], [8], seed=3, step=4)]).save(4)
+    resumed = feed([100], [8], seed=3)
+    Checkpointer(tmp_path, [resumed]).load(4)
+    assert resumed.step == 4
     with pytest.raises(TridentError, match=r"task order changed \(num_tasks 100 -> 90, seed 3 -> 4\)"):
-        check_resumable(tmp_path, data_state(4, 8, 90, seed=4, prompts_per_env=[8]))
+        Checkpointer(tmp_path, [feed([90], [8], seed=4)]).load(4)
     with pytest.raises(TridentError, match=r"task order changed \(prompts_per_env \[8\] -> \[6, 2\]\)"):
-        check_resumable(tmp_path, data_state(4, 8, 100, seed=3, prompts_per_env=[6, 2]))
+        Checkpointer(tmp_path, [feed([60, 40], [6, 2], seed=3)]).load(4)
+
+
+def test_a_checkpoint_written_before_loads_and_is_written_back_byte_for_byte(tmp_path):
+    """The orchestrator's part as runs wrote it before its parts gave their own state (a literal copy, with a
+    difficulty pool): it loads, and the same run's tasks write the same file; one older still (before environment
+    shares, no ``prompts_per_env``) loads too."""
+    pool = {"pass_rates": [{"5": 0.5, "12": 0.25}], "pending": {"4": [[0, 7, 1.0]], "5": [[0, 3, 0.0]]}}
+    written = {"step": 4, "tasks_consumed": 32, "num_tasks": 100, "seed": 3, "prompts_per_env": [8],
+               "difficulty_pool": pool}  # fmt: skip
+    old = tmp_path / "old"
+    (checkpoint_dir(old, 4) / "orchestrator").mkdir(parents=True)
+    (checkpoint_dir(old, 4) / "orchestrator" / "state.json").write_text(json.dumps(written, indent=2))
+    tasks = feed([100], [8], seed=3)
+    tasks.sampler.pool = DifficultyPool([100], ema=0.5, min_weight=0.05)
+    Checkpointer(old, [tasks]).load(4)
+    assert tasks.sampler.pool.pass_rates == [{5: 0.5, 12: 0.25}]
+    folder = Checkpointer(tmp_path / "new", [tasks]).save(4)
+    assert (folder / "state.json").read_bytes() == (checkpoint_dir(old, 4) / "orchestrator" / "state.json").read_bytes()
+
+    del written["prompts_per_env"], written["difficulty_pool"]
+    (checkpoint_dir(old, 4) / "orchestrator" / "state.json").write_text(json.dumps(written, indent=2))
+    Checkpointer(old, [feed([100], [8], seed=3)]).load(4)
 
 
 def test_rl_resolves_the_newest_checkpoint_for_both_processes(tmp_path):
     for step in (2, 4):
-        save_state(tmp_path, data_state(step, 8, 100, 0, [8]))
+        write_orchestrator_part(tmp_path, step)
         (checkpoint_dir(tmp_path, step) / "trainer").mkdir()
         (checkpoint_dir(tmp_path, step) / "trainer" / "STABLE").touch()
     (checkpoint_dir(tmp_path, 6) / "trainer").mkdir(parents=True)  # a killed writer's partial checkpoint
@@ -67,7 +102,9 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
     uninterrupted run from there on. (A real SIGKILL of a full run: tests/integration/test_rl.py.)"""
     steps = 6
 
-    async def run_group(env, task, n, ctx, limits, output_dir):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
+    async def run_group(
+        env, task, n, ctx, limits, output_dir
+    ):  # tasks 0, 3, ... split their group; 1, 4, ... pass; 2, 5 fail
         rewards = [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]][int(task.data.id.split("-")[-1]) % 3]
         return group(rewards, ONE_SAMPLED, task=task.data.id)
 

@@ -44,10 +44,10 @@ def test_a_stream_reads_only_as_far_as_asked_and_holds_only_what_is_not_released
     assert load.built == 0  # nothing read before a task is asked for
     assert stream[5] == 5 and load.built == 6
     stream.release(4)
-    assert list(stream.held) == [4, 5]
+    assert list(stream.kept) == [4, 5]
     assert [stream[p] for p in (4, 9, 6)] == [4, 9, 6] and load.built == 10 and load.reads == 1
     stream.release(9)
-    assert stream[12] == 12 and list(stream.held) == [9, 10, 11, 12]
+    assert stream[12] == 12 and list(stream.kept) == [9, 10, 11, 12]
     assert stream[2] == 2 and load.reads == 2  # a released task asked for again: read from the start (no seeking)
     with pytest.raises(TridentError, match=r"^environment 'gen': its task stream holds more than max_tasks = 8 "):
         stream[11]  # tasks 2 .. 11: more than 8 held
@@ -58,12 +58,12 @@ def test_a_stream_reads_only_as_far_as_asked_and_holds_only_what_is_not_released
 
 def test_a_taskset_is_held_whole_up_to_max_tasks_and_read_as_a_stream_past_it_or_when_it_says_endless():
     finite = Counted(limit=10)
-    assert read_tasks("f", finite, endless=False, max_tasks=10, max_gib=1.0) == list(range(10))
+    assert read_tasks("f", finite, endless=False, max_tasks=10, max_gib=1.0).tasks == list(range(10))
     longer = Counted(limit=11)  # an endless generator no one marked: the same
     stream = read_tasks("g", longer, endless=False, max_tasks=10, max_gib=1.0)
     assert isinstance(stream, TaskStream) and longer.built == 11  # read up to the bound, then no further
     stream.release(10)
-    assert stream[10] == 10 and longer.reads == 2 and list(stream.held) == [10]
+    assert stream[10] == 10 and longer.reads == 2 and list(stream.kept) == [10]
     marked = Counted()
     assert isinstance(read_tasks("h", marked, endless=True, max_tasks=10, max_gib=1.0), TaskStream)
     assert marked.built == 0
@@ -91,7 +91,7 @@ def test_a_stream_read_that_grows_memory_past_max_load_gib_is_one_line_naming_th
     small = TaskStream("small", Counted(size=256 * 1024), max_held=100_000, max_gib=0.03)
     assert small[99][0] == 99  # 25 MiB: within the bound
     small.release(100)
-    assert small[199][0] == 199 and len(small.held) == 100  # the next window's 25 MiB: the bound is per read
+    assert small[199][0] == 199 and small.held == 100  # the next window's 25 MiB: the bound is per read
 
 
 def test_the_orchestrators_memory_may_grow_by_max_memory_growth_gib_from_its_first_step():
@@ -160,7 +160,7 @@ async def run_steps(orchestrator, steps: int, stop_at: int | None = None) -> lis
     held = []
     for step in range(orchestrator.start_step() + 1, steps + 1):
         await orchestrator.step(step, start_next=step < steps)
-        held.append(len(orchestrator.per_env[0].held))
+        held.append(orchestrator.per_env[0].held)
         orchestrator.save_checkpoint(step)
         trainer_part = checkpoint_dir(orchestrator.output_dir, step) / "trainer"
         for folder in (trainer_part, weights_dir(orchestrator.output_dir, step)):

@@ -4,13 +4,12 @@ tests/integration/test_ckpt_full_disk.py."""
 
 import pytest
 from safetensors.torch import load_file
-from trainer_runs import config, losses
+from trainer_runs import config, losses, write_orchestrator_part
 
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
 from contracts.run_dir import checkpoint_dir, complete_checkpoints, weights_dir
-from orchestrator.loop.ckpt import data_state, save_state
-from trainer.ckpt import prune_checkpoints, save_checkpoint
+from trainer.ckpt import Checkpointer, prune_checkpoints
 from trainer.train import train
 
 QLORA = {"experimental": {"load_in_4bit": True, "lora": {"rank": 4}}}
@@ -27,7 +26,7 @@ def test_resumed_run_matches_an_uninterrupted_one(tmp_path, write_batches, tiny_
     with pytest.raises(TimeoutError, match="rollouts/step_3"):
         train(config(resumed, tiny_model_path, model))
     assert complete_checkpoints(resumed) == []  # the orchestrator's part is missing: not resumable yet
-    save_state(resumed, data_state(2, 8, 64, 0, [8]))
+    write_orchestrator_part(resumed, 2)
     assert complete_checkpoints(resumed) == [2]
     write_batches(resumed, steps=4)
     train(config(resumed, tiny_model_path, model, resume_step=-1))
@@ -45,13 +44,14 @@ def test_a_kill_right_after_a_checkpoint_keeps_the_steps_metrics(tmp_path, write
     """The step's metrics are written before its checkpoint: a run stopped just after the checkpoint of step 2 (as
     SIGTERM during a checkpoint can) and resumed from it has every step's record once (step 2's went missing)."""
     write_batches(tmp_path, steps=4)
-    save_state(tmp_path, data_state(2, 8, 64, 0, [8]))  # the orchestrator's part of step 2's checkpoint
+    write_orchestrator_part(tmp_path, 2)  # the orchestrator's part of step 2's checkpoint
+    save = Checkpointer.save
 
-    def stop_after(output_dir, step, *args):
-        save_checkpoint(output_dir, step, *args)
+    def stop_after(checkpointer, step):
+        save(checkpointer, step)
         raise SystemExit("stopped")
 
-    monkeypatch.setattr("trainer.train.save_checkpoint", stop_after)
+    monkeypatch.setattr(Checkpointer, "save", stop_after)
     with pytest.raises(SystemExit):
         train(config(tmp_path, tiny_model_path))
     monkeypatch.undo()
