@@ -13,9 +13,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from peft import PeftModel
-from torch import Tensor
-from transformers import PreTrainedModel
+from torch import Tensor, nn
 
 from contracts.errors import TridentError
 from contracts.weight_manifest import manifest_for, write_manifest
@@ -25,7 +23,7 @@ class ExportedWeights(NamedTuple):
     """A step's weights for inference, as rank 0 holds them once gathered."""
 
     tensors: dict[str, Tensor]  # full weights under the base model's names, or a LoRA adapter's
-    owner: PreTrainedModel | PeftModel  # the model whose ``save_pretrained`` writes them as files
+    owner: nn.Module  # the model whose ``save_pretrained`` writes them as files (HF's, or a peft model)
     dtype: torch.dtype | None  # full weights' dtype, which their config.json records; None: an adapter's
 
 

@@ -53,8 +53,8 @@ class ProcessGroupSender(MemorySender):
         return self.manifest(tensors)
 
     def wait(self) -> None:
-        """Block until the newest weights were taken by as many servers as the class says, at most ``timeout_s``;
-        raise if none took them or the store failed."""
+        """Block until the newest weights were taken by as many servers as expected (see the class), at most
+        ``timeout_s``; raise if none took them or the store failed."""
         if self.sequence:
             self._await_receivers()
         self.raise_error()

@@ -50,12 +50,14 @@ def test_a_gloo_session_is_received_over_one_group_and_weights_the_trainer_repla
         worker.load_weights("/w/step_2", second)
         assert [path for path, _ in worker.loads] == [None, None]
         assert same(worker.loads[0][1], TENSORS) and same(worker.loads[1][1], {n: t + 1 for n, t in TENSORS.items()})
+        sender.wait()  # the trainer has noted the receipt
         assert len(sender.groups) == 1  # the worker's one receiver, over the group made at its first ask
         answer = worker.load_weights("/w/step_1", first)  # the trainer holds the second now
         assert answer == {"gone": "the trainer has sent newer weights than 1 of its session"} and len(worker.loads) == 2
         worker.load_weights("/w/files", None)  # files between two broadcasts leave the session's receiver in place
         third = sender.offer(TENSORS)
         worker.load_weights("/w/step_3", third)
+        sender.wait()
         assert same(worker.loads[-1][1], TENSORS) and len(sender.groups) == 1
     finally:
         sender.close()
@@ -63,6 +65,7 @@ def test_a_gloo_session_is_received_over_one_group_and_weights_the_trainer_repla
     restarted = memory_sender("127.0.0.1", free_port(), timeout_s=30, backend="gloo", device=torch.device("cpu"))
     try:  # a new trainer session: the worker asks the new trainer, over a new group
         worker.load_weights("/w/step_4", restarted.offer(TENSORS))
+        restarted.wait()
         assert same(worker.loads[-1][1], TENSORS) and len(restarted.groups) == 1
     finally:
         restarted.close()
