@@ -24,8 +24,8 @@ is routed to), peak allocated and reserved memory and the device
 memory in use, against ``rl``'s memory plan for the same run, and the time to export weights (the adapter under
 LoRA, full weights otherwise). A last process pair hands a model's bf16 weights from one process to another as the
 trainer and the server's worker do on one device (``[weight_broadcast] backend = "shared"``: the trainer's
-``Sender`` writes them into a buffer the other process maps, by CUDA IPC on a GPU or in ``/dev/shm`` on the CPU, and
-that process copies them into its own tensors): the same-device weight handover, timed on both sides.
+``SharedBufferSender`` writes them into a buffer the other process maps, by CUDA IPC on a GPU or in ``/dev/shm`` on
+the CPU, and that process copies them into its own tensors): the same-device weight handover, timed on both sides.
 
 With ``--baseline-src`` every case runs twice, in alternating order, once importing ``trainer`` and ``rl`` from
 that folder (an older checkout's ``src``): old and new measured side by side on the same machine.
@@ -348,33 +348,34 @@ def handover_receive(manifests) -> None:
     buffer once, copy each step's tensors out of it into its own weights (allocated at the first), say so."""
     import torch
 
-    from contracts.broadcast import open_store, taken_key
-    from contracts.shared_weights import SharedBuffer
+    from contracts.weight_manifest import taken_key
+    from inference.transports.shared_buffer import SharedBufferReceiver
 
-    buffer = store = own = None
+    receiver = own = None
     while (manifest := manifests.get()) is not None:
         start = time.perf_counter()
-        if buffer is None:
-            buffer, store = SharedBuffer.attach(manifest["buffer"]), open_store(manifest)
-        tensors = buffer.read(manifest["tensors"])
+        if receiver is None:
+            receiver = SharedBufferReceiver(manifest)
+        tensors = receiver.read(manifest["tensors"])
         if own is None:
             own = {name: torch.empty_like(tensor) for name, tensor in tensors}
         for name, tensor in tensors:
             own[name].copy_(tensor)
         sync(next(iter(own.values())).device)
-        store.set(taken_key(manifest), f"{time.perf_counter() - start:.6f}")
+        receiver.store.set(taken_key(manifest), f"{time.perf_counter() - start:.6f}")
 
 
 def run_handover(shape: str) -> dict:
-    """The bf16 weights of ``shape`` handed from this process (the trainer's ``Sender``, ``backend = "shared"``)
-    to a second one (the worker's side) through the shared buffer, :data:`HANDOVERS` times."""
+    """The bf16 weights of ``shape`` handed from this process (the trainer's ``SharedBufferSender``, ``backend =
+    "shared"``) to a second one (the worker's side) through the shared buffer, :data:`HANDOVERS` times."""
     import socket
 
     import torch
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
-    from contracts.broadcast import Sender, taken_key
+    from contracts.weight_manifest import taken_key
+    from trainer.transports import memory_sender
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with device:
@@ -383,7 +384,7 @@ def run_handover(shape: str) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    sender = Sender("127.0.0.1", port, 600.0, "shared", device)
+    sender = memory_sender("127.0.0.1", port, 600.0, "shared", device)
     context = mp.get_context("spawn")
     manifests = context.Queue()
     receiver = context.Process(target=handover_receive, args=(manifests,))
@@ -391,7 +392,7 @@ def run_handover(shape: str) -> dict:
     write_s, take_s = [], []
     for _ in range(HANDOVERS):
         start = time.perf_counter()
-        manifest = sender.send(weights)  # after the previous weights were taken: written into the buffer
+        manifest = sender.offer(weights)  # after the previous weights were taken: written into the buffer
         write_s.append(time.perf_counter() - start)
         manifests.put(manifest)
         sender.wait()

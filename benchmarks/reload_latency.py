@@ -48,13 +48,14 @@ from common import (
 from torch import nn
 from transformers import AutoTokenizer
 
-from contracts.broadcast import Sender
 from contracts.inference_api import LOAD_ADAPTER, RELOAD_WEIGHTS, WeightsChange, WeightsRequest, auth_headers
 from contracts.run_dir import is_adapter, step_dirs
 from trainer.config import TrainerModelConfig
 from trainer.export import save_weights
 from trainer.parallel import World, close_world, init_world
 from trainer.train import build_model
+from trainer.transports import memory_sender
+from trainer.transports.base import WeightSender
 
 LORA_RANK = 8
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]  # the trainer's default target modules
@@ -99,7 +100,7 @@ def trainer_model(model_folder: Path, kind: str, world: World) -> nn.Module:
     return build_model(config, world, offload=False)
 
 
-def export(model: nn.Module, tokenizer, kind: str, folder: Path, sender: Sender) -> float:
+def export(model: nn.Module, tokenizer, kind: str, folder: Path, sender: WeightSender) -> float:
     """Write the weights of ``kind`` to ``folder`` with the trainer's export (through ``sender`` for the shared
     buffer); returns its seconds."""
     start = time.perf_counter()
@@ -150,7 +151,7 @@ def measure(server_url: str, reloads: int, work_dir: Path, world: World, broadca
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     timings: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in KINDS}
     warm_ups = list(KINDS)
-    sender = Sender("127.0.0.1", broadcast_port, REQUEST_TIMEOUT_S, "shared", torch.device("cpu"))
+    sender = memory_sender("127.0.0.1", broadcast_port, REQUEST_TIMEOUT_S, "shared", torch.device("cpu"))
     with httpx.Client(base_url=server_url, timeout=REQUEST_TIMEOUT_S, headers=auth_headers()) as http:
         for step, kind in enumerate([*warm_ups, *interleaved(reloads)], start=1):  # a new adapter name per step
             folder = work_dir / f"step_{step}"

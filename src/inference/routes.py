@@ -17,9 +17,9 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import State
 
 from contracts import inference_api as api
-from contracts.broadcast import read_manifest
 from contracts.run_dir import ADAPTER_CONFIG, is_adapter
 from contracts.shared_config import RunId
+from contracts.weight_manifest import read_manifest
 from inference.runs import Run, Runs
 from inference.security import check_full_weights, check_manifest, checked_weights_path
 
@@ -71,12 +71,9 @@ class WeightsRoutes:
         # Drop KV computed with the old weights; pause where the requests are, or once they have finished.
         await engine.pause_generation(mode="keep" if in_flight else "wait", clear_cache=True)
         try:
-            if manifest is not None:
-                received = await engine.collective_rpc("receive_weights", args=(manifest,))
-                if "gone" in received[0]:  # the trainer moved on: the orchestrator loads newer weights
-                    return JSONResponse({"error": f"{path}: {received[0]['gone']}"}, status_code=409)
-            else:
-                await engine.collective_rpc("reload_weights_from", args=(path,))
+            loaded = await engine.collective_rpc("load_weights", args=(path, manifest))
+            if "gone" in loaded[0]:  # the trainer moved on: the orchestrator loads newer weights
+                return JSONResponse({"error": f"{path}: {loaded[0]['gone']}"}, status_code=409)
             await engine.reset_prefix_cache()
             await engine.update_weight_version(str(step))
         except Exception as e:

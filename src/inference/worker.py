@@ -14,47 +14,22 @@ class WeightReloadExtension:
     """Mixed into vLLM's worker class; adds full-weight reloads, from files or the trainer's broadcast, that keep
     tied embeddings tied."""
 
-    def reload_weights_from(self, path: str) -> dict[str, Any]:
-        """Load HF safetensors weights from ``path`` into the running model, in place."""
+    def load_weights(self, path: str, manifest: dict | None = None) -> dict[str, Any]:
+        """Load the weights of the folder ``path`` into the running model, in place, through the receiver its
+        ``manifest`` picks (``inference.transports``; None: the folder's HF safetensors files), made at the first
+        manifest of each trainer session. ``{"gone": why}``, loading nothing, when the trainer holds newer weights
+        than these."""
+        from inference.transports import Receivers
+
         start = time.perf_counter()
-        self.reload_weights(weights_path=path, is_checkpoint_format=True)
+        receiver = self.__dict__.setdefault("_trident_receivers", Receivers()).pick(manifest)
+        weights = receiver.receive(path, manifest)
+        if weights is None:
+            return {"gone": f"the trainer has sent newer weights than {manifest['sequence']} of its session"}
+        self.reload_weights(**weights, is_checkpoint_format=True)
         self._loaded()
+        receiver.loaded(manifest)
         return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
-
-    def receive_weights(self, manifest: dict) -> dict[str, Any]:
-        """Receive the trainer's weights as ``manifest`` describes (``contracts.broadcast``): asked for and sent over
-        this worker's group with the trainer, made on the first call of each trainer session, or copied from its
-        shared buffer, after which the trainer hears that they were taken. Loads them in place; ``{"gone": why}``,
-        loading nothing, when the trainer holds newer weights than these."""
-        import torch
-
-        from contracts.broadcast import Receiver, open_store, taken_key
-        from contracts.shared_weights import SharedBuffer
-
-        start = time.perf_counter()
-        shared = manifest["backend"] == "shared"
-        if getattr(self, "_trident_session", None) != manifest["session"]:
-            if shared:
-                self._trident_buffer = SharedBuffer.attach(manifest["buffer"])
-                self._trident_store = open_store(manifest)
-            else:
-                self._trident_receiver = Receiver(manifest)
-            self._trident_session = manifest["session"]
-        if shared:
-            tensors = self._trident_buffer.read(manifest["tensors"])
-        else:
-            nccl = manifest["backend"] == "nccl"
-            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-            tensors = self._trident_receiver.receive(manifest, device)
-            if tensors is None:
-                return {"gone": f"the trainer has sent newer weights than {manifest['sequence']} of its session"}
-        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
-        self._loaded()
-        if shared:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # copied out before the trainer may overwrite the buffer
-            self._trident_store.set(taken_key(manifest), "1")
-        return {"tensors": len(tensors), "seconds": round(time.perf_counter() - start, 4)}
 
     def _loaded(self) -> None:
         """After new weights are in: tie the output layer to the embeddings again, pack a mixture of experts'

@@ -3,7 +3,6 @@ or merged in, with the probe that lets the server prove it loaded them."""
 
 import base64
 import io
-import json
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -19,10 +18,11 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from contracts.atomic_io import atomic_dir
-from contracts.broadcast import Sender, write_manifest
 from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
+from trainer.transports.base import ExportedWeights, WeightSender
+from trainer.transports.files import FileSender
 from trainer.vision import is_vision_language, model_processor, save_processor, unwrapped
 
 
@@ -183,33 +183,29 @@ def save_weights(
     tokenizer: PreTrainedTokenizerBase,
     folder: Path,
     export: LoraExport = "merged",
-    sender: Sender | None = None,
+    sender: WeightSender | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> None:
     """Write weights for inference to ``folder`` atomically, ``STABLE`` last; every rank calls it, rank 0 writes.
 
-    Full training writes HF-format weights in ``dtype`` (the compute dtype: what the server runs). A LoRA model
-    writes its adapter merged into the base weights (``export = "merged"``: full weights any server can load) or
+    Full training exports HF-format weights in ``dtype`` (the compute dtype: what the server runs). A LoRA model
+    exports its adapter merged into the base weights (``export = "merged"``: full weights any server can load) or
     the adapter alone (``"adapter"``: peft's format, for a server that swaps adapters; only the adapter is
-    gathered). With a ``sender`` (rank 0's end of the weight broadcast) the folder holds the broadcast's manifest
-    instead of full weights, and the weights are sent in the background (after the previous weights were received;
-    a shared buffer holds them before the folder is stable). The probe's logprobs under these weights go with them,
-    so that whoever loads them can check it serves exactly these weights.
+    gathered). ``sender`` (rank 0's end of a weight transport, ``trainer.transports``; None: files) hands them over
+    and writes into the folder what the server loads them from: the weight files, or the manifest of weights sent
+    from memory (in the background, after the previous weights were received; a shared buffer holds them before the
+    folder is stable). The probe's logprobs under these weights go with them, so that whoever loads them can check
+    it serves exactly these weights.
     """
     adapter = isinstance(model, PeftModel) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
     probe = make_probe(model, tokenizer)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
-    if sender is not None:  # once the server took the previous weights, these become the newest
-        manifest = sender.send(weights)
+    sender = FileSender() if sender is None else sender
+    sender.send(ExportedWeights(weights, owner, None if adapter else dtype))  # memory: once the previous were taken
     with atomic_dir(folder) as tmp:
-        if sender is not None:
-            write_manifest(tmp, manifest)
-        else:
-            owner.save_pretrained(tmp, state_dict=weights)  # a PeftModel saves its adapter's weights only
-            if not adapter:
-                set_config_dtype(tmp, dtype)
+        sender.write(tmp)
         tokenizer.save_pretrained(tmp)
         save_processor(model, tmp)
         write_probe(tmp, probe)
@@ -224,11 +220,3 @@ def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tupl
         merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r, expert_adapters(model))
         return base, {name: tensor.to(dtype) for name, tensor in untied(merged, base).items()}
     return model, untied(gather_weights(model, dtype), model)
-
-
-def set_config_dtype(folder: Path, dtype: torch.dtype) -> None:
-    """Record ``dtype`` as the weights' dtype in ``folder``'s config.json (a server's ``dtype = auto`` reads it)."""
-    path = Path(folder) / "config.json"
-    config = json.loads(path.read_text())
-    config["dtype"] = str(dtype).removeprefix("torch.")
-    path.write_text(json.dumps(config, indent=2) + "\n")

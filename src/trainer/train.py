@@ -14,7 +14,6 @@ from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
-from contracts.broadcast import Sender
 from contracts.checkpoint import checkpoint_due
 from contracts.errors import TridentError
 from contracts.metrics import MetricsWriter
@@ -40,6 +39,8 @@ from trainer.parallel import (
 )
 from trainer.plan import reshards_after_forward
 from trainer.rules import check_trainer_model
+from trainer.transports import memory_sender
+from trainer.transports.base import MemorySender
 
 logger = logging.getLogger("trainer")
 
@@ -280,13 +281,13 @@ def train(config: TrainerConfig) -> None:
         close_world()
 
 
-def weight_sender(config: TrainerConfig, world: World) -> Sender | None:
+def weight_sender(config: TrainerConfig, world: World) -> MemorySender | None:
     """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on; closed when the trainer
     exits (a shared buffer's ``/dev/shm`` file goes)."""
     broadcast = config.weight_broadcast
     if broadcast is None or not world.is_main:
         return None
-    sender = Sender(
+    sender = memory_sender(
         broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device, broadcast.receivers
     )
     atexit.register(sender.close)

@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from contracts.broadcast import read_manifest
 from contracts.metrics import read_metrics
+from contracts.weight_manifest import read_manifest
 
 ROOT = Path(__file__).parents[2]
 DEBUG = ROOT / "configs" / "debug" / "rl"

@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from contracts.broadcast import Sender
 from contracts.metrics import read_metrics
 from contracts.run_dir import PROBE_TEXT
 from trainer.config import LoraConfig
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import add_lora
+from trainer.transports import memory_sender
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_moe_weights_reach_the_server_and_it_serves_exactly_them(moe_server, tin
         save_weights(model, tokenizer, folder)  # an adapter exported merged: full weights
         assert servers.reload_and_probe(url, MOE, folder, step) < 1e-4
         return
-    sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu"))  # the trainer's end
+    sender = memory_sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu"))  # the trainer's end
     try:
         save_weights(model, tokenizer, folder, sender=sender)  # sent in the background, a manifest in the folder
         assert not list(folder.glob("*.safetensors"))

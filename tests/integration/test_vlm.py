@@ -41,7 +41,6 @@ from rollouts import build_samples
 from test_multiturn import forced
 from transformers import AutoProcessor, AutoTokenizer
 
-from contracts.broadcast import Sender
 from contracts.errors import TridentError
 from contracts.images import placeholder_runs, store_image
 from contracts.inference_api import GENERATE, adapter_name, token_weight_steps
@@ -58,6 +57,7 @@ from tools.tiny_model import built_model_path
 from trainer.config import LoraConfig, TrainerModelConfig
 from trainer.export import probe_logprobs, save_weights
 from trainer.model import add_lora, load_model, packed_logprobs
+from trainer.transports import memory_sender
 
 pytestmark = pytest.mark.slow
 
@@ -214,7 +214,7 @@ def test_vlm_weights_reach_the_server_and_it_serves_exactly_them(server, vlm_pat
         model = vlm(vlm_path, seed=step)
     token_ids, expected = transformers_logprobs(model, vlm_path)
     assert gap(expected, transformers_logprobs(vlm(vlm_path), vlm_path)[1]) > 0.1  # the base model's are others
-    sender = Sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu")) if path == "shared" else None
+    sender = memory_sender("127.0.0.1", broadcast_port, 120, path, torch.device("cpu")) if path == "shared" else None
     try:
         save_weights(model, tokenizer, folder, sender=sender)  # shared: sent in the background, a manifest here
         assert servers.reload_and_probe(url, VLM, folder, step) < 1e-4

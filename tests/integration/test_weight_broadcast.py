@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.broadcast import read_manifest
 from contracts.metrics import read_metrics
+from contracts.weight_manifest import read_manifest
 
 pytestmark = pytest.mark.slow
 

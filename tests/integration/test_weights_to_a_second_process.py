@@ -1,7 +1,7 @@
 """Weights reaching a second process on the CPU, as the trainer hands them to an inference server: over gloo (the
 weight broadcast: each tensor arrives in the manifest's order with its values, shape and dtype, two steps over one
 group) and through shared memory (``backend = "shared"``: a buffer in /dev/shm that the second process maps; the
-trainer's Sender writes each step's weights into it and waits until the receiver says it took them). What needs no
+trainer's sender writes each step's weights into it and waits until the receiver says it took them). What needs no
 second process is checked in tests/unit/contracts/test_broadcast.py and tests/unit/contracts/test_shared_weights.py."""
 
 import multiprocessing
@@ -9,24 +9,18 @@ import multiprocessing
 import torch
 from weight_tensors import TENSORS
 
-from contracts.broadcast import (
-    Sender,
-    manifest_for,
-    open_group,
-    open_store,
-    read_manifest,
-    receive,
-    send,
-    taken_key,
-    write_manifest,
-)
-from contracts.shared_weights import SHM_DIR, SharedBuffer, layout
+from contracts.weight_manifest import SHM_DIR, layout, manifest_for, read_manifest, write_manifest
+from contracts.weight_wire import RECEIVER_RANK, TRAINER_RANK, pair_group
+from inference.transports.process_group import receive_over
+from inference.transports.shared_buffer import SharedBufferReceiver
+from trainer.transports import memory_sender
+from trainer.transports.process_group import send_over
 
 
 def receiver(manifest: dict, out) -> None:
-    group = open_group(manifest, 1, "server")
+    group = pair_group(manifest, RECEIVER_RANK, "server")
     for _ in range(2):  # two steps over one group, as the server receives every step of a trainer session
-        out.put([(name, tensor.clone()) for name, tensor in receive(group, manifest, torch.device("cpu"))])
+        out.put([(name, tensor.clone()) for name, tensor in receive_over(group, manifest, torch.device("cpu"))])
 
 
 def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tmp_path, free_port):
@@ -43,11 +37,12 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
     out = context.Queue()
     process = context.Process(target=receiver, args=(read_manifest(tmp_path), out))
     process.start()
-    hosted = open_store(manifest, hosting=True)  # the trainer hosts the store; the groups have their own connections
-    group = open_group(manifest, 0, "server")
+    trainer = memory_sender("127.0.0.1", manifest["port"], 60, "gloo", torch.device("cpu"))
+    hosted = trainer.host_store()  # the trainer hosts the store; the groups have their own connections
+    group = pair_group(manifest, TRAINER_RANK, "server")
     for step in range(2):
         sent = {name: t + step for name, t in tensors.items()}
-        send(group, sent, torch.device("cpu"))
+        send_over(group, sent, torch.device("cpu"))
         received = out.get(timeout=60)
         assert [name for name, _ in received] == list(sent)
         for (_, got), want in zip(received, sent.values(), strict=True):
@@ -58,10 +53,10 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
 
 
 def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_taken(tmp_path, free_port):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=60, backend="shared", device=torch.device("cpu"))
+    sender = memory_sender("127.0.0.1", free_port(), timeout_s=60, backend="shared", device=torch.device("cpu"))
     context = multiprocessing.get_context("spawn")
     inbox, outbox = context.Queue(), context.Queue()
-    manifest = sender.send(TENSORS)  # the first step: the buffer is made and holds the weights on return
+    manifest = sender.offer(TENSORS)  # the first step: the buffer is made and holds the weights on return
     write_manifest(tmp_path, manifest)
     assert read_manifest(tmp_path) == manifest  # valid JSON of the shared kind, as the server reads it
     shm_file = SHM_DIR / f"trident-weights-{sender.address['session']}"
@@ -72,7 +67,7 @@ def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_tak
     process.start()
     for step in range(2):
         if step:
-            manifest = sender.send({name: t + step for name, t in TENSORS.items()})  # waits for step 0's taking
+            manifest = sender.offer({name: t + step for name, t in TENSORS.items()})  # waits for step 0's taking
             assert manifest["sequence"] == 2
         inbox.put(manifest)
         received = outbox.get(timeout=60)
@@ -88,11 +83,10 @@ def test_each_step_reaches_a_second_process_and_the_sender_waits_until_it_is_tak
 
 def relay(manifest: dict, steps: int, inbox, outbox) -> None:
     """The server's worker, as inference.worker does it: attach once, copy each step's tensors out, say so."""
-    buffer = SharedBuffer.attach(manifest["buffer"])
-    store = open_store(manifest)
+    receiver = SharedBufferReceiver(manifest)
     for _ in range(steps):
         manifest = inbox.get(timeout=60)
         outbox.put(
-            [(name, str(tensor.dtype), tensor.float().tolist()) for name, tensor in buffer.read(manifest["tensors"])]
+            [(name, str(tensor.dtype), tensor.float().tolist()) for name, tensor in receiver.read(manifest["tensors"])]
         )
-        store.set(taken_key(manifest), "1")
+        receiver.loaded(manifest)

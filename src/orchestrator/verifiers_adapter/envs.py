@@ -191,7 +191,8 @@ def at_server(ctx: vf.ModelContext, base_url: str, model: str) -> vf.ModelContex
 def trace_branches(trace: vf.Trace, images: EpisodeImages | None = None) -> list[Branch]:
     """Each trainable branch of ``trace`` as a :class:`~orchestrator.batching.rollout.Branch`, straight from the
     server's tokens, with its routes (:func:`_branch_routes`), its tokens' weights steps
-    (:func:`_branch_weight_steps`) and, when ``images`` is given, its images stored there (:func:`_branch_images`; None: none read).
+    (:func:`_branch_weight_steps`) and, when ``images`` is given, its images stored there (:func:`_branch_images`;
+    None: none read).
 
     Forked branches share message nodes; a sampled node is trained once, in the first branch holding it.
     """

@@ -11,16 +11,19 @@ import threading
 import pytest
 import torch
 
-from contracts.broadcast import Receiver, Sender, manifest_for, open_store
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
+from contracts.weight_manifest import manifest_for
+from contracts.weight_wire import connect_store
+from inference.transports.process_group import ProcessGroupReceiver
 from trainer.config import TrainerConfig
+from trainer.transports import memory_sender
 
 
 def test_a_broadcast_nobody_receives_fails_naming_the_timeout(free_port):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=1, backend="auto", device=torch.device("cpu"))
+    sender = memory_sender("127.0.0.1", free_port(), timeout_s=1, backend="auto", device=torch.device("cpu"))
     assert sender.address["backend"] == "gloo"  # no GPU: gloo
-    sender.send({"w": torch.zeros(2)})  # in the background: training goes on
+    sender.offer({"w": torch.zeros(2)})  # in the background: training goes on
     with pytest.raises(TridentError, match=r"did not receive the weights within weight_broadcast.timeout_s = 1s"):
         sender.wait()  # before the next weights are written
     sender.close()
@@ -28,20 +31,20 @@ def test_a_broadcast_nobody_receives_fails_naming_the_timeout(free_port):
 
 def test_the_store_listens_on_the_host_it_is_given_only(free_port):
     port = free_port()
-    store = open_store(manifest_for({}, "127.0.0.1", port, "s", "gloo", timeout_s=5), hosting=True)
+    store = memory_sender("127.0.0.1", port, timeout_s=5, backend="gloo", device=torch.device("cpu")).host_store()
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(ConnectionRefusedError):  # another address of this machine: nothing listens there
         socket.create_connection(("127.0.0.2", port), timeout=5)
     store.set("k", "v")
-    joined = open_store(manifest_for({}, "127.0.0.1", port, "s", "gloo", timeout_s=5))
+    joined = connect_store(manifest_for({}, "127.0.0.1", port, "s", "gloo", timeout_s=5))
     assert joined.get("k") == b"v"
 
 
 def test_a_store_port_already_taken_fails_the_send_in_one_line(free_port):
     taken = socket.create_server(("127.0.0.1", free_port()))
-    sender = Sender("127.0.0.1", taken.getsockname()[1], timeout_s=5, backend="gloo", device=torch.device("cpu"))
+    sender = memory_sender("127.0.0.1", taken.getsockname()[1], timeout_s=5, backend="gloo", device=torch.device("cpu"))
     with pytest.raises(TridentError, match=r"weight broadcast \(gloo, store 127.0.0.1:\d+\) failed: .*in use"):
-        sender.send({"w": torch.zeros(2)})
+        sender.offer({"w": torch.zeros(2)})
     taken.close()
 
 
@@ -53,13 +56,13 @@ def test_broadcast_sends_full_weights_only():
     assert merged.weight_broadcast.port == 29510
 
 
-def take(manifest: dict, receivers: list[Receiver]) -> list[list | None]:
+def take(manifest: dict, receivers: list[ProcessGroupReceiver]) -> list[list | None]:
     """What each of ``receivers`` gets when asked to load ``manifest``'s weights, all at once (as the orchestrator
     reloads every server), as lists of (name, values)."""
     got: list = [None] * len(receivers)
 
     def one(i: int) -> None:
-        tensors = receivers[i].receive(manifest, torch.device("cpu"))
+        tensors = receivers[i].take(manifest, torch.device("cpu"))
         got[i] = None if tensors is None else [(name, tensor.tolist()) for name, tensor in tensors]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(receivers))]
@@ -71,39 +74,43 @@ def take(manifest: dict, receivers: list[Receiver]) -> list[list | None]:
 
 
 def test_every_receiver_gets_the_newest_weights_and_the_next_send_waits_until_all_took_them(free_port):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=30, backend="gloo", device=torch.device("cpu"), receivers=2)
-    first = sender.send({"w": torch.zeros(2), "b": torch.ones(1)})
+    sender = memory_sender(
+        "127.0.0.1", free_port(), timeout_s=30, backend="gloo", device=torch.device("cpu"), receivers=2
+    )
+    first = sender.offer({"w": torch.zeros(2), "b": torch.ones(1)})
     assert first["sequence"] == 1 and first["tensors"] == [["w", [2], "float32"], ["b", [1], "float32"]]
-    receivers = [Receiver(first), Receiver(first)]
+    receivers = [ProcessGroupReceiver(first), ProcessGroupReceiver(first)]
     assert take(first, receivers) == [[("w", [0.0, 0.0]), ("b", [1.0])]] * 2
     sender.wait()  # both took the first: returns at once
     assert sender.takers == {receiver.name for receiver in receivers}
-    second = sender.send({"w": torch.full((2,), 2.0), "b": torch.ones(1)})
+    second = sender.offer({"w": torch.full((2,), 2.0), "b": torch.ones(1)})
     assert second["sequence"] == 2 and sender.receivers == 2
     assert take(second, receivers) == [[("w", [2.0, 2.0]), ("b", [1.0])]] * 2  # over the groups made at first
     # a server restarted on its base model asks for weights the trainer no longer holds: told so, nothing sent
-    assert take(first, [Receiver(first)]) == [None]
+    assert take(first, [ProcessGroupReceiver(first)]) == [None]
     sender.close()
 
 
 def test_a_receiver_that_stops_asking_is_waited_for_once_and_counts_again_when_it_takes_weights(free_port, caplog):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=5, backend="gloo", device=torch.device("cpu"), receivers=2)
-    manifest = sender.send({"w": torch.zeros(2)})
-    staying = Receiver(manifest)
-    assert take(manifest, [staying, Receiver(manifest)]) != [None, None]
-    manifest = sender.send({"w": torch.ones(2)})
+    sender = memory_sender(
+        "127.0.0.1", free_port(), timeout_s=5, backend="gloo", device=torch.device("cpu"), receivers=2
+    )
+    manifest = sender.offer({"w": torch.zeros(2)})
+    staying = ProcessGroupReceiver(manifest)
+    assert take(manifest, [staying, ProcessGroupReceiver(manifest)]) != [None, None]
+    manifest = sender.offer({"w": torch.ones(2)})
     assert take(manifest, [staying]) == [[("w", [1.0, 1.0])]]  # the other server died
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        manifest = sender.send({"w": torch.ones(2)})  # waits timeout_s for the dead one, then goes on
+        manifest = sender.offer({"w": torch.ones(2)})  # waits timeout_s for the dead one, then goes on
     assert "weight broadcast: 1 of 2 inference servers took weights 2 within weight_broadcast.timeout_s = 5s" in (
         caplog.text
     )
     assert sender.receivers == 1  # no longer waited for
-    back = Receiver(manifest)  # restarted: a new worker asks for the weights the trainer holds
+    back = ProcessGroupReceiver(manifest)  # restarted: a new worker asks for the weights the trainer holds
     assert take(manifest, [staying, back]) == [[("w", [1.0, 1.0])]] * 2
     with sender.changed:  # the trainer's sending threads note each receipt just after the receiver has it
         assert sender.changed.wait_for(lambda: len(sender.takers) == 2, timeout=30)
-    sender.send({"w": torch.zeros(2)})
+    sender.offer({"w": torch.zeros(2)})
     assert sender.receivers == 2  # it counts again
     sender.close()
 

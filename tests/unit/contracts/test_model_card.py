@@ -6,9 +6,9 @@ from pathlib import Path
 
 SRC = Path(__file__).parents[3] / "src"
 CARD = Path("contracts/model_card.py")
-# a module that writes a model's config.json, and reads no fact from it: the trainer's export (it records the dtype of
-# the weights it wrote)
-WRITERS = {Path("trainer/export.py")}
+# a module that writes a model's config.json, and reads no fact from it: the trainer's file transport (it records the
+# dtype of the weights it wrote)
+WRITERS = {Path("trainer/transports/files.py")}
 
 
 def docstrings(tree: ast.AST) -> set[int]:

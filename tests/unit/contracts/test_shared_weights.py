@@ -1,5 +1,5 @@
 """The shared-memory weight handover (``backend = "shared"``) on the CPU: a buffer in /dev/shm that a second
-process maps; the trainer's Sender writes each step's weights into it and waits until the receiver says it took
+process maps; the trainer's sender writes each step's weights into it and waits until the receiver says it took
 them. Here: the buffer's layout, a timeout when nobody takes the weights, and what a worker attaches to; a second
 process taking each step is checked in tests/integration/test_weights_to_a_second_process.py."""
 
@@ -9,9 +9,12 @@ import pytest
 import torch
 from weight_tensors import TENSORS
 
-from contracts.broadcast import MANIFEST, Sender
 from contracts.errors import TridentError
-from contracts.shared_weights import ALIGN, SHM_DIR, SharedBuffer, layout
+from contracts.weight_manifest import ALIGN, MANIFEST, SHM_DIR, layout
+from contracts.weight_wire import buffer_views
+from inference.transports.shared_buffer import attach
+from trainer.transports import memory_sender
+from trainer.transports.shared_buffer import SharedBuffer
 
 
 def test_layout_aligns_every_tensor_and_sizes_the_buffer():
@@ -23,10 +26,10 @@ def test_layout_aligns_every_tensor_and_sizes_the_buffer():
 
 
 def test_weights_nobody_takes_fail_the_next_write_naming_the_timeout(free_port):
-    sender = Sender("127.0.0.1", free_port(), timeout_s=1, backend="shared", device=torch.device("cpu"))
-    sender.send(TENSORS)
+    sender = memory_sender("127.0.0.1", free_port(), timeout_s=1, backend="shared", device=torch.device("cpu"))
+    sender.offer(TENSORS)
     with pytest.raises(TridentError, match=r"did not receive the weights within weight_broadcast.timeout_s = 1s"):
-        sender.send(TENSORS)  # the server never took the first
+        sender.offer(TENSORS)  # the server never took the first
     sender.close()
 
 
@@ -35,15 +38,14 @@ def test_a_worker_attaches_to_trident_buffers_only(tmp_path):
                    {"kind": "shm", "path": str(SHM_DIR / "trident-weights-../../x"), "nbytes": 4},
                    {"kind": "file", "path": str(tmp_path / MANIFEST), "nbytes": 4}):  # fmt: skip
         with pytest.raises(ValueError, match="not a shared weights buffer"):
-            SharedBuffer.attach(handle)
+            attach(handle)
     buffer = SharedBuffer.create(2 * ALIGN, torch.device("cpu"), "0" * 32)
     try:
         wrong_size = dict(buffer.handle, nbytes=ALIGN)
         with pytest.raises(ValueError, match=f"no shared weights buffer of {ALIGN} bytes there"):
-            SharedBuffer.attach(wrong_size)
-        attached = SharedBuffer.attach(buffer.handle)
+            attach(wrong_size)
         with pytest.raises(ValueError, match="lies outside a 512-byte buffer"):
-            attached.read([["w", [1000], "float32", 0]])  # a manifest asking for more than the buffer holds
+            buffer_views(attach(buffer.handle), [["w", [1000], "float32", 0]])  # more than the buffer holds
     finally:
         buffer.close()
 

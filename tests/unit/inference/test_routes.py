@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
-from contracts.broadcast import write_manifest
 from contracts.inference_api import adapter_name
 from contracts.run_dir import ADAPTER_CONFIG, mark_stable
+from contracts.weight_manifest import read_manifest, write_manifest
 from inference.adapters import Adapters
 from inference.routes import WeightsRoutes, token_id_logprobs, training_client_answer
 from inference.runs import Runs
@@ -179,12 +179,14 @@ def test_reload_weights_swaps_paused_and_retires_the_adapters(root):
     client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})
     client.post("/load_adapter", json={"path": str(root / "step_3"), "step": 3})
     engine.calls.clear()
+    engine.keywords.clear()
     response = client.post("/reload_weights", json={"path": str(root / "full" / "step_2"), "step": 2})
     assert response.status_code == 200
     assert [c[0] for c in engine.calls] == [
         "pause_generation", "collective_rpc", "reset_prefix_cache", "update_weight_version", "resume_generation"
     ]  # fmt: skip
-    assert engine.calls[1] == ("collective_rpc", "reload_weights_from")
+    assert engine.calls[1] == ("collective_rpc", "load_weights")
+    assert engine.keywords[1] == ("collective_rpc", {"args": (str(root / "full" / "step_2"), None)})  # files
     # both named adapters were trained on the old base weights
     assert adapters.calls[-2:] == [("retire", adapter_name(1)), ("retire", adapter_name(3))]
     assert adapters.lora_requests == {}
@@ -239,7 +241,7 @@ def test_reset_weights_serves_the_base_model_again_so_a_new_run_can_reuse_the_se
     client.post("/reload_weights", json={"path": str(root / "full" / "step_2"), "step": 2})  # an earlier run's weights
     engine.calls.clear()
     assert client.post("/reset_weights").status_code == 200
-    assert engine.calls[0][0] == "pause_generation" and ("collective_rpc", "reload_weights_from") in engine.calls
+    assert engine.calls[0][0] == "pause_generation" and ("collective_rpc", {"args": (BASE, None)}) in engine.keywords
     assert ("update_weight_version", "0") in engine.calls
     assert client.get("/weights").json() == base
 
@@ -294,9 +296,11 @@ def test_a_broadcast_manifest_is_received_only_through_the_configured_store_and_
         response = client.post("/reload_weights", json={"path": path, "step": 1})
         assert response.status_code == status and reason in response.text, (path, response.text)
     assert engine.calls == []  # nothing paused, nothing received
-    response = client.post("/reload_weights", json={"path": manifest_folder(root / "step_1"), "step": 1})
+    path = manifest_folder(root / "step_1")
+    response = client.post("/reload_weights", json={"path": path, "step": 1})
     assert response.status_code == 200, response.text
-    assert engine.calls[1][:2] == ("collective_rpc", "receive_weights")
+    assert engine.calls[1] == ("collective_rpc", "load_weights")
+    assert engine.keywords[1] == ("collective_rpc", {"args": (path, read_manifest(path))})
 
 
 def test_broadcast_weights_the_trainer_no_longer_holds_are_a_409_and_nothing_changes(tmp_path, served_model):
