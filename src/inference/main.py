@@ -8,11 +8,12 @@ from contracts.metrics import setup_logging
 from contracts.run_spec import load_config
 from inference.config import InferenceConfig
 from inference.security import api_key_for
-from inference.server import serve, vllm_argv
 
 
 def main() -> None:
     config, _ = load_config(InferenceConfig, "inference")  # with the run spec rl wrote to its output dir, if any
+    from inference.server import serve, vllm_argv  # torch: imported once the config is good
+
     watch_launcher()
     setup_logging("inference", config.log.level)
     with exit_on_user_error("inference"):

@@ -12,7 +12,7 @@ copied as it is; the scores are logged and written to ``output_dir/metrics/eval.
 import asyncio
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
@@ -23,11 +23,10 @@ from contracts.metrics import MetricsWriter, setup_logging
 from contracts.progress import Progress
 from contracts.run_dir import is_stable, step_of
 from orchestrator.config import EvalRunConfig, InfraConfig
-from orchestrator.loop.evaluation import Evaluation
 from orchestrator.loop.gc_tuning import tune_gc
-from orchestrator.loop.groups import connect
-from orchestrator.serving.servers import Servers
-from orchestrator.verifiers_adapter.patches import install_patches
+
+if TYPE_CHECKING:  # verifiers and torch: imported once the config is good
+    from orchestrator.serving.servers import Servers
 
 logger = logging.getLogger("orchestrator")
 
@@ -51,11 +50,11 @@ def weights_step(folder: Path) -> int:
     return step
 
 
-def urls(servers: Servers) -> str:
+def urls(servers: "Servers") -> str:
     return ", ".join(server.url for server in servers.servers)
 
 
-async def served(servers: Servers) -> Served:
+async def served(servers: "Servers") -> Served:
     """What every server serves (requests name it from now on); a TridentError when they serve different weights."""
     answers = [await server.client.served() for server in servers.servers]
     for server, answer in zip(servers.servers, answers, strict=True):
@@ -65,7 +64,7 @@ async def served(servers: Servers) -> Served:
     return answers[0]
 
 
-async def serve_weights(servers: Servers, config: EvalCliConfig) -> Served:
+async def serve_weights(servers: "Servers", config: EvalCliConfig) -> Served:
     """Make the servers serve what eval scores, changing what they serve only as ``config`` allows; what they
     serve then."""
     if config.reset:
@@ -88,6 +87,9 @@ async def serve_weights(servers: Servers, config: EvalCliConfig) -> Served:
 async def evaluate(config: EvalCliConfig) -> dict:
     """Serve the model or weights to score, evaluate them once, and return the scores' record. Only the evaluation
     part runs: no training orchestrator, no batch, no weights but what ``config`` names."""
+    from orchestrator.loop.evaluation import Evaluation
+    from orchestrator.loop.groups import connect
+
     if config.weights is not None:
         weights_step(config.weights)  # before touching any server
     groups = connect(config, InfraConfig(), config.eval.rollouts_per_example)
@@ -109,6 +111,8 @@ async def evaluate(config: EvalCliConfig) -> dict:
 
 def main() -> None:
     config = run_cli(EvalCliConfig, "eval")
+    from orchestrator.verifiers_adapter.patches import install_patches
+
     setup_logging("eval", config.log.level)
     install_patches()
     with exit_on_user_error("eval"):

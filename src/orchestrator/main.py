@@ -8,12 +8,13 @@ from contracts.metrics import setup_logging
 from contracts.run_spec import load_config
 from orchestrator.config import OrchestratorConfig
 from orchestrator.loop.gc_tuning import tune_gc
-from orchestrator.loop.run import Orchestrator
-from orchestrator.verifiers_adapter.patches import install_patches
 
 
 def main() -> None:
     config, _ = load_config(OrchestratorConfig, "orchestrator")  # with the run spec rl wrote to its output dir, if any
+    from orchestrator.loop.run import Orchestrator  # verifiers and torch: imported once the config is good
+    from orchestrator.verifiers_adapter.patches import install_patches
+
     watch_launcher()
     stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)

@@ -15,13 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from matplotlib.figure import Figure  # Figure alone draws with Agg and leaves pyplot's global state alone
-from matplotlib.ticker import MaxNLocator
-
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.metrics import read_metrics, setup_logging
 from contracts.run_dir import metrics_path
-from tools.report import write_report
 
 PROCESSES = ("trainer", "orchestrator", "eval")  # metrics/<name>.jsonl
 LINE_STYLES = ("-", "--", ":", "-.")  # one per key of a plot; colours tell the runs apart
@@ -173,6 +169,9 @@ def series_label(run: RunMetrics, key: str, several_runs: bool, several_keys: bo
 
 def draw(spec: PlotSpec, runs: list[RunMetrics], out_dir: Path) -> Plot | None:
     """Write ``<out_dir>/<spec.name>.png``; None (nothing written) when no run has any of its keys."""
+    from matplotlib.figure import Figure  # alone it draws with Agg and leaves pyplot's global state alone
+    from matplotlib.ticker import MaxNLocator
+
     figure = Figure(figsize=(8, 4), dpi=100)
     axes = figure.add_subplot()
     drawn = {}
@@ -207,6 +206,8 @@ def write_plots(runs: list[RunMetrics], out_dir: Path) -> list[Plot]:
 def plot_runs(output_dirs: Sequence[Path], out_dir: Path | None = None) -> Path:
     """Plots of the runs in ``output_dirs`` (a sweep's folder: its runs, :func:`runs_in`) and their ``report.html``
     in ``out_dir`` (default: the first folder's ``plots/``); returns the report's path."""
+    from tools.report import write_report  # reads rollout batches with torch: imported once the arguments are good
+
     if not output_dirs:
         raise TridentError("no output_dir given: name at least one run's output_dir")
     runs = load_runs([run for folder in output_dirs for run in runs_in(folder)])

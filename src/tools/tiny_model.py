@@ -27,6 +27,7 @@ Configs name them by id; :mod:`contracts.model_path` holds the ids and where eac
 its folder. ``rl`` and the tests build the ones they name first; by hand: ``uv run --no-sync build-tiny-model [ID]``.
 """
 
+import argparse
 import logging
 import random
 import sys
@@ -260,9 +261,20 @@ def built_model_path(name: str) -> str:
     return ModelCard.of(name).path
 
 
+def parse_args() -> argparse.Namespace:
+    """``sys.argv``'s tiny model id (``--help`` prints the usage and exits)."""
+    parser = argparse.ArgumentParser(
+        prog="build-tiny-model", description=f"Build a tiny model (default {TINY_MODEL_ID}) and print its folder."
+    )
+    choices = ", ".join(TINY_MODEL_IDS)
+    parser.add_argument("id", nargs="?", default=TINY_MODEL_ID, metavar="ID", help=f"one of {choices}")
+    return parser.parse_args()
+
+
 def main() -> None:
     """``uv run build-tiny-model [ID]``: build a tiny model (default ``trident/tiny-qwen3``) and print its folder."""
+    args = parse_args()
     try:
-        print(build_tiny_model(sys.argv[1] if len(sys.argv) > 1 else TINY_MODEL_ID))
+        print(build_tiny_model(args.id))
     except TridentError as e:
         sys.exit(f"build-tiny-model: {e}")

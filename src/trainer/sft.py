@@ -1,4 +1,4 @@
-"""``uv run sft @ sft.toml``: supervised fine-tuning on chat transcripts, loss on assistant turns only.
+"""Supervised fine-tuning on chat transcripts, loss on assistant turns only.
 
 Shares the trainer's model building (FSDP2, dtype, LoRA, activation checkpointing), packed forward pass, optimizer
 schedule and weights layout, so ``output_dir/weights/step_N`` can be the ``[model] name`` an RL run starts from.
@@ -17,8 +17,6 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from contracts.config import run_cli
-from contracts.errors import exit_on_user_error
 from contracts.metrics import MetricsWriter
 from contracts.model_card import ModelCard
 from contracts.protocol import MicroBatch, Sample, pack_samples
@@ -28,7 +26,7 @@ from trainer.config import SFTConfig
 from trainer.export import save_weights
 from trainer.model import packed_logprobs
 from trainer.optim import build_optimizer, clip_gradients
-from trainer.parallel import World, close_world, init_world, rank_share, setup_rank_logging, sum_over_ranks
+from trainer.parallel import World, close_world, init_world, rank_share, sum_over_ranks
 from trainer.sft_data import load_samples, stream_samples
 from trainer.train import build_model, warn_on_compile_setting
 
@@ -147,14 +145,3 @@ def run_sft(config: SFTConfig, world: World) -> None:
     if metrics:
         metrics.close()
     logger.info(f"wrote {weights_dir(config.output_dir, num_steps)}")
-
-
-def main() -> None:
-    config = run_cli(SFTConfig, "sft")
-    setup_rank_logging("sft", config.log.level)
-    with exit_on_user_error("sft"):
-        train_sft(config)
-
-
-if __name__ == "__main__":
-    main()

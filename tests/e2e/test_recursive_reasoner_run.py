@@ -49,7 +49,7 @@ def teach_plans(folder: Path) -> Path:
     data = folder / "planner.jsonl"
     folder.mkdir()
     write_jsonl(data, rows)
-    argv = [sys.executable, "-m", "trainer.sft", "--model.name", "trident/tiny-qwen3", "--data.path", str(data),
+    argv = [sys.executable, "-m", "trainer.sft_main", "--model.name", "trident/tiny-qwen3", "--data.path", str(data),
             "--output-dir", str(folder / "sft"), "--max-steps", str(SFT_STEPS), "--optim.lr", "3e-3",
             "--seq-len", "1024"]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}  # more threads on a busy 2-core machine run several times slower

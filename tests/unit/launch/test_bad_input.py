@@ -89,7 +89,7 @@ def test_lora_adapters_on_a_mixture_of_experts_served_on_the_cpu_are_refused_bef
 @pytest.mark.parametrize(
     ("module", "command"),
     [("launch.main", "rl"), ("trainer.main", "trainer"), ("orchestrator.main", "orchestrator"),
-     ("inference.main", "inference"), ("orchestrator.eval_main", "eval"), ("trainer.sft", "sft")],
+     ("inference.main", "inference"), ("orchestrator.eval_main", "eval"), ("trainer.sft_main", "sft")],
 )  # fmt: skip
 def test_every_command_has_a_help(module, command, monkeypatch, capsys):
     """Each console script's ``main``, as ``uv run COMMAND --help`` (``-h`` for rl) calls it: usage, exit 0."""

@@ -18,8 +18,9 @@ from contracts.run_dir import is_stable, weights_dir
 from tools.tiny_model import built_model_path
 from trainer.config import SFTConfig, TrainerModelConfig
 from trainer.parallel import close_world, init_world
-from trainer.sft import accumulate_gradients, main, step_batches_of, train_sft
+from trainer.sft import accumulate_gradients, step_batches_of, train_sft
 from trainer.sft_data import SFTDataError, conversation_samples, load_samples, stream_samples
+from trainer.sft_main import main
 from trainer.train import build_model
 
 CONVERSATION = [
