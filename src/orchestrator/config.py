@@ -25,7 +25,6 @@ from contracts.shared_config import (
     StrictModel,
     WandbSection,
 )
-from orchestrator.tasks.sampler import prompts_per_env
 
 MaxConcurrent = Annotated[
     int | None,
@@ -58,6 +57,18 @@ def known_renderer_name(name: str) -> str:
         examples = ", ".join(sorted({"auto", "default", *(f.renderer for f in FAMILIES.values())}))
         raise ValueError(f"unknown renderer {name!r}; e.g. {examples}, or another name renderers knows") from None
     return name
+
+
+def prompts_per_env(shares: list[float], batch_size: int) -> list[int]:
+    """How many of a batch's ``batch_size`` prompts each environment gives: in proportion to its share, the
+    remaining prompts going to the largest remainders (earlier environments first on ties)."""
+    total = sum(shares)
+    exact = [batch_size * share / total for share in shares]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(shares)), key=lambda i: counts[i] - exact[i])
+    for i in by_remainder[: batch_size - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 class OrchestratorModelConfig(ModelConfig):

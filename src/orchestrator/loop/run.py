@@ -28,7 +28,7 @@ from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.batching.rollout import Rollout
-from orchestrator.config import OrchestratorConfig
+from orchestrator.config import OrchestratorConfig, prompts_per_env
 from orchestrator.loop.ckpt import Checkpointer
 from orchestrator.loop.evaluation import Evaluation
 from orchestrator.loop.groups import busiest_share, connect
@@ -41,7 +41,7 @@ from orchestrator.serving.run_share import ShareMeter
 from orchestrator.serving.servers import NoServer
 from orchestrator.serving.weight_sync import WeightSync
 from orchestrator.tasks.difficulty_pool import DifficultyPool
-from orchestrator.tasks.sampler import TaskFeed, TaskSampler, prompts_per_env
+from orchestrator.tasks.sampler import TaskFeed, TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 

@@ -25,18 +25,6 @@ from orchestrator.tasks.stream import Tasks
 logger = logging.getLogger("orchestrator")
 
 
-def prompts_per_env(shares: list[float], batch_size: int) -> list[int]:
-    """How many of a batch's ``batch_size`` prompts each environment gives: in proportion to its share, the
-    remaining prompts going to the largest remainders (earlier environments first on ties)."""
-    total = sum(shares)
-    exact = [batch_size * share / total for share in shares]
-    counts = [int(x) for x in exact]
-    by_remainder = sorted(range(len(shares)), key=lambda i: counts[i] - exact[i])
-    for i in by_remainder[: batch_size - sum(counts)]:
-        counts[i] += 1
-    return counts
-
-
 def draw(weights: Sequence[float], k: int, rng: random.Random, exclude: Collection[int] = ()) -> list[int]:
     """``k`` indices of ``weights`` (all > 0) drawn without replacement, each in proportion to its weight among those
     not yet drawn (Efraimidis and Spirakis' keys ``u ** (1 / w)``: the same as ``k`` draws one after another), leaving

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from contracts.errors import TridentError
-from orchestrator.config import EnvConfig, OrchestratorConfig
-from orchestrator.tasks.sampler import StepTasks, TaskOrder, prompts_per_env
+from orchestrator.config import EnvConfig, OrchestratorConfig, prompts_per_env
+from orchestrator.tasks.sampler import StepTasks, TaskOrder
 from orchestrator.verifiers_adapter.envs import load_env
 
 

@@ -123,3 +123,10 @@ def test_only_the_verifiers_adapter_imports_the_libraries_it_wraps():
             if target.split(".")[0] in ADAPTED_LIBRARIES and not in_adapter(module_name(path)):
                 wrong.append(f"{path.relative_to(SRC)}:{line} imports {target}")
     assert wrong == []
+
+
+def test_the_orchestrators_config_imports_no_orchestrator_logic():
+    """``orchestrator/config.py`` describes the run; the parts that act on it import it, never the other way."""
+    config = SRC / "orchestrator" / "config.py"
+    wrong = [f"line {line}: {target}" for line, target in imported(config) if target.split(".")[0] == "orchestrator"]
+    assert wrong == []
