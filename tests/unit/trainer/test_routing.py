@@ -2,12 +2,14 @@
 the load-balancing loss and the router metrics, on trident/tiny-qwen3-moe and small random MoEs."""
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, read_batch, write_batch
@@ -244,3 +246,40 @@ def test_replay_holds_in_layers_recomputed_for_activation_checkpointing(moe_path
             packed_logprobs(model, micro_batch, 1.0).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[1], grads[0], atol=1e-6) and torch.allclose(grads[2], grads[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "norm_topk_prob"])
+def test_replay_mixes_the_forced_experts_with_the_routers_probabilities_at_them(normalize):
+    """One hand-made MoE layer (4 experts, top-2) whose router's logits are its input: under replay its experts are
+    handed the router's softmax probabilities at the forced experts (renormalised under ``norm_topk_prob``), not the
+    router's own top-k weights."""
+    config = Qwen3MoeConfig(hidden_size=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=2,
+                            norm_topk_prob=normalize)  # fmt: skip
+    layer = torch.nn.Module()
+    layer.mlp = Qwen3MoeSparseMoeBlock(config)
+    layer.mlp.gate.weight.data = torch.eye(4)  # router logits = the hidden state
+    torch.nn.init.normal_(layer.mlp.experts.gate_up_proj)
+    torch.nn.init.normal_(layer.mlp.experts.down_proj)
+    handed = []
+    layer.mlp.experts.register_forward_pre_hook(lambda module, args: handed.append(args[1:]))
+    routers = Routers(torch.nn.ModuleList([layer]), MoeConfig(), torch.device("cpu"))
+    logits = torch.tensor([[3.0, 1.0, 0.5, -1.0], [0.0, 2.0, -2.0, 1.5]])  # the router's own top-2: (0, 1), (1, 3)
+    forced = torch.tensor([[[2, 3]], [[3, 0]]], dtype=torch.uint8)  # tokens × layers × k
+
+    with routers.micro_batch(forced, measure=False):
+        layer.mlp(logits[None])
+    experts, weights = handed[0]
+    assert torch.equal(experts, forced[:, 0].long())
+    # by hand: softmax(logits)[t, e] = exp(logits[t, e]) / Σ_e' exp(logits[t, e']), at the forced experts in their order
+    e = math.exp
+    totals = (e(3) + e(1) + e(0.5) + e(-1), e(0) + e(2) + e(-2) + e(1.5))
+    expected = torch.tensor([[e(0.5) / totals[0], e(-1) / totals[0]], [e(1.5) / totals[1], e(0) / totals[1]]])
+    if normalize:
+        expected = torch.tensor([[e(0.5), e(-1)], [e(1.5), e(0)]]) / torch.tensor([[e(0.5) + e(-1)], [e(1.5) + e(0)]])
+    torch.testing.assert_close(weights, expected)
+
+    with routers.micro_batch(None, measure=False):  # without replay: the router's own top-2 and their weights
+        layer.mlp(logits[None])
+    own_experts, own_weights = handed[1]
+    assert own_experts.tolist() == [[0, 1], [1, 3]]
+    assert not torch.allclose(own_weights, expected, atol=1e-3)  # so keeping them under replay would fail above
