@@ -1,12 +1,14 @@
 """Activation offload (``[model.ac] offload``): a checkpointed layer's input waits for the backward pass in host
 memory. Through the trainer (FSDP2 on one rank), two steps with offload train exactly as without, in full training and
-under LoRA; the checkpoint torch runs for each such layer holds a host tensor. On a GPU (marked): the layer inputs
+under LoRA; the checkpoint torch runs for each such layer holds a host tensor, and what it saves for an input on a
+(fake) CUDA device is a host copy, not the input. On a GPU (marked): the layer inputs
 leave the device, which holds less at the forward pass's end."""
 
 import json
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from contracts.protocol import MicroBatch, Sample
 from trainer import model as trainer_model
@@ -48,6 +50,20 @@ def test_each_checkpointed_layer_hands_torchs_checkpoint_a_host_copy_of_its_inpu
     monkeypatch.setattr(trainer_model, "checkpoint", recording)
     packed_logprobs(model, micro_batch(), temperature=1.0).sum().backward()
     assert held[:1] == [torch.device("cpu")]  # layer 0's input (the scoring head checkpoints its chunks after it)
+
+
+def test_torchs_checkpoint_saves_a_host_copy_of_a_device_input_not_the_input():
+    """What torch's checkpoint saves for the recomputation (seen by saved-tensor hooks around the call) is a host
+    copy of the layer's input, not the input. The input sits on a fake CUDA device (a FakeTensor, no GPU needed): on
+    the CPU a real tensor's host copy is the tensor itself, so only another device can tell a copy from none."""
+    saved = []
+    with FakeTensorMode():
+        hidden = torch.empty(800, 64, device="cuda", requires_grad=True) * 1  # a layer's input, made on the device
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            output = checkpoint_from_host(lambda h, scale: h.sin() * scale, hidden, 2.0)
+    assert [(t.device, t.shape, t.dtype) for t in saved] == [(torch.device("cpu"), hidden.shape, hidden.dtype)]
+    assert saved[0] is not hidden
+    assert output.device == hidden.device  # the function computed on the device, from the host copy moved back
 
 
 def micro_batch() -> MicroBatch:
