@@ -1,11 +1,16 @@
-"""Context parallelism's pieces on one process: how a row is split, which logged entropies each shard computes, how
-the heads are split (with key and value heads repeated where the group's size does not divide them), and what is
-refused. The all-to-alls and the whole step on two ranks: tests/integration/test_context_parallel_two_ranks.py."""
+"""Context parallelism's pieces: how a row is split, which logged entropies each shard computes, how the heads are
+split (with key and value heads repeated where the group's size does not divide them), what is refused; and on a real
+gloo group of two forked ranks, the all-to-alls (each rank's share of the heads for the whole row where the docstring
+says, the way back its inverse, backward the reverse) and the row's score sum (the ranks' scores added, the identity
+backward). The whole step on two ranks: tests/integration/test_context_parallel_two_ranks.py."""
 
 import re
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 import torch.nn.functional as F
 from pydantic import ValidationError
 
@@ -13,7 +18,7 @@ from contracts.errors import TridentError
 from tools.tiny_model import built_model_path
 from trainer.compilation import compiles
 from trainer.config import ParallelConfig, SFTConfig, TrainerConfig
-from trainer.context_parallel import divisible_kv, shard_of
+from trainer.context_parallel import divisible_kv, heads_to_tokens, scores_of_the_row, shard_of, tokens_to_heads
 from trainer.parallel import World
 from trainer.scoring import logged_entropy_rows
 from trainer.train import check_start
@@ -85,3 +90,65 @@ def test_configs_refuse_context_parallelism_where_it_does_not_apply():
     with pytest.raises(ValidationError, match="context parallelism is the RL trainer's"):
         SFTConfig(model={"parallel": {"cp": 2}}, data={"path": "x.jsonl"})
     assert not compiles("auto", torch.device("cuda"), torch.bfloat16, cp=2)  # not compiled yet under cp
+
+
+RANKS, HEADS, SHARD, DIM = 2, 4, 3, 2
+
+
+def shard_input(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s ``[1, heads, shard, dim]`` input, each entry naming itself: 1000·rank + 100·head + 10·token
+    + dim (token counted within the shard)."""
+    head, token, dim = torch.meshgrid(torch.arange(HEADS), torch.arange(SHARD), torch.arange(DIM), indexing="ij")
+    return (1000 * rank + 100 * head + 10 * token + dim)[None].float()
+
+
+def check_all_to_alls(rank: int, group: dist.ProcessGroup) -> None:
+    x = shard_input(rank).requires_grad_()
+    by_heads = tokens_to_heads(x, group)
+    # naively: the whole row (the ranks' shards in rank order along the tokens), rank r's r-th group of heads
+    whole_row = torch.cat([shard_input(r) for r in range(RANKS)], dim=2)
+    per_rank = HEADS // RANKS
+    torch.testing.assert_close(by_heads, whole_row[:, rank * per_rank : (rank + 1) * per_rank], rtol=0, atol=0)
+    # the way back, from attention's output layout [1, tokens, heads, dim]: this rank's tokens with every head
+    back = heads_to_tokens(by_heads.transpose(1, 2), group)
+    torch.testing.assert_close(back, x.transpose(1, 2), rtol=0, atol=0)
+    # backward: the all-to-all moves each entry to one place, so the gradient of Σ over ranks of ⟨y, y.detach()⟩
+    # (each rank's y = tokens_to_heads of its x) at each rank's x is x itself
+    (by_heads * by_heads.detach()).sum().backward()
+    torch.testing.assert_close(x.grad, x.detach(), rtol=0, atol=0)
+    x.grad = None
+    (back * back.detach()).sum().backward()  # and there and back again: the same
+    torch.testing.assert_close(x.grad, x.detach(), rtol=0, atol=0)
+
+
+def check_score_sum(rank: int, group: dist.ProcessGroup) -> None:
+    row = 2 * SHARD
+    own = torch.zeros(row)
+    own[rank * SHARD : (rank + 1) * SHARD] = torch.arange(SHARD) + 10.0 * (rank + 1)  # its positions, zeros elsewhere
+    scores = own.clone().requires_grad_()
+    summed = scores_of_the_row(scores, group)
+    expected = torch.zeros(row)
+    for r in range(RANKS):  # naively: every rank's own positions
+        expected[r * SHARD : (r + 1) * SHARD] = torch.arange(SHARD) + 10.0 * (r + 1)
+    torch.testing.assert_close(summed, expected, rtol=0, atol=0)
+    assert torch.equal(scores.detach(), own)  # the input is left as it was
+    weights = torch.arange(row, dtype=torch.float) + 1
+    (summed * weights).sum().backward()
+    torch.testing.assert_close(scores.grad, weights, rtol=0, atol=0)  # identity: not summed over the ranks
+
+
+def rank_main(rank: int, store: str) -> None:
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=60)  # a rank left waiting on one that failed gives up (the test stops both sooner)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=RANKS, timeout=timeout)
+    try:
+        check_all_to_alls(rank, dist.group.WORLD)
+        check_score_sum(rank, dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_all_to_alls_and_the_score_sum_on_two_gloo_ranks(tmp_path):
+    """Two forked processes (torch and this module already imported: a second or two), one gloo group."""
+    mp.start_processes(rank_main, args=(str(tmp_path / "store"),), nprocs=RANKS, start_method="fork")
+    # a rank's failed check raises here, with its traceback
