@@ -82,9 +82,9 @@ def varlen_on_the_cpu() -> Iterator[None]:
         attention.varlen_attn, attention.VARLEN_DTYPES, trainer_model.packing = saved
 
 
-def one_step(config: TrainerConfig, world: World) -> tuple[dict, dict, dict]:
+def one_step(config: TrainerConfig, world: World) -> tuple[dict, dict, dict, dict]:
     """Step 1 of ``config``'s run: its loss and statistics (summed over the ranks), each parameter's gradient in
-    full, and the weights for inference after the optimizer step."""
+    full, and the weights for inference before and after the optimizer step."""
     torch.manual_seed(config.seed)  # every build starts from the same adapter
     model = build_model(config.model, world, offload=False)
     optimizer, _ = build_optimizer(model, config.optim, config.max_steps)
@@ -94,14 +94,16 @@ def one_step(config: TrainerConfig, world: World) -> tuple[dict, dict, dict]:
     totals = sum_over_ranks({name: value.item() for name, value in sums.items()}, world.device)
     gradients = {name: p.grad.full_tensor() for name, p in model.named_parameters() if p.grad is not None}
     clip_gradients(model, config.optim.max_norm)
+    before = full_weights(model, torch.float32)[1]
     optimizer.step()
-    return totals, gradients, full_weights(model, torch.float32)[1]
+    return totals, gradients, before, full_weights(model, torch.float32)[1]
 
 
 def compare_steps(config: TrainerConfig, worlds: dict[int, World]) -> dict:
     """Step 1 with cp = 1 and cp = 2: the statistics of each, and per tensor the largest gradient and the largest
-    difference between the two runs' gradients and weights after the step."""
-    (totals_1, gradients_1, weights_1), (totals_2, gradients_2, weights_2) = (
+    change of the weights in the cp = 1 step, and the largest difference between the two runs' gradients and weights
+    after the step."""
+    (totals_1, gradients_1, before, weights_1), (totals_2, gradients_2, _, weights_2) = (
         one_step(
             config.model_copy(update={"model": config.model.model_copy(update={"parallel": ParallelConfig(cp=cp)})}),
             world,
@@ -114,6 +116,7 @@ def compare_steps(config: TrainerConfig, worlds: dict[int, World]) -> dict:
         "gradient_difference": {
             name: (gradients_1[name] - gradients_2[name]).abs().max().item() for name in gradients_1 | gradients_2
         },  # fmt: skip
+        "update": {name: (weights_1[name] - before[name]).abs().max().item() for name in weights_1},
         "weight_difference": {
             name: (weights_1[name] - weights_2[name]).abs().max().item() for name in weights_1 | weights_2
         },  # fmt: skip

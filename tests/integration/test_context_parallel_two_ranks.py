@@ -1,6 +1,6 @@
 """Context parallelism on two gloo ranks (one torchrun launch of tests/context_parallel_ranks.py): each micro-batch's
 tokens split over both ranks (cp = 2) give the loss, statistics, gradients and updated weights of each rank holding
-whole micro-batches (cp = 1), in full training and under LoRA with activation checkpointing, on packed rows with
+whole micro-batches (cp = 1; gradients and weights per tensor, relative to its own scale), in full training and under LoRA with activation checkpointing, on packed rows with
 samples longer and shorter than a shard; with per-sample SDPA (the CPU's attention) and with one varlen call per
 layer (a GPU's, its kernel replaced by the documented stand-in); and a resumed cp = 2 run equals an uninterrupted
 one."""
@@ -42,11 +42,22 @@ def test_split_micro_batches_give_the_loss_statistics_and_gradients_of_whole_one
     if training == "lora":  # the correction acted, the truncation kept most sampled tokens
         assert whole["corrected_tokens"] > 0 and "reference_kl" in whole
         assert whole["outside_kept_tokens"] < whole["entropy_tokens"] / 2
-    assert step["gradient_difference"].keys() == step["gradient"].keys()
-    assert max(step["gradient_difference"].values()) < 1e-5
-    # every trained tensor got a gradient (under LoRA its B matrices: A's is 0 at the first step, as B is 0)
-    assert min(value for name, value in step["gradient"].items() if "lora_A" not in name) > 1e-6
-    assert max(step["weight_difference"].values()) < 1e-5
+    # per tensor, relative to its own scale: the largest gradient difference over the tensor's largest gradient
+    # (measured on two gloo ranks, worst of the three: 3.1e-7, float32 rounding; largest absolute 7.5e-9), and the
+    # largest weight difference after the step over the step's largest change of that tensor (worst: 8.0e-4, full
+    # training's embeddings, where Adam's first step lr·g/(|g| + 1e-8) magnifies rounding in gradients near 1e-8;
+    # 3.4e-6 under LoRA)
+    gradient, difference = step["gradient"], step["gradient_difference"]
+    assert difference.keys() == gradient.keys()
+    for name, largest in gradient.items():
+        if "lora_A" in name:  # 0 at the first step (B is 0), in both runs
+            assert largest == 0 and difference[name] == 0, name
+        else:  # every other trained tensor got a gradient (the smallest largest one: 4.5e-4)
+            assert largest > 1e-4 and difference[name] / largest < 1e-6, (name, largest, difference[name])
+    update, weight_difference = step["update"], step["weight_difference"]
+    assert weight_difference.keys() == update.keys()
+    for name, change in update.items():  # weights the step leaves (frozen under LoRA) must be left in both runs
+        assert weight_difference[name] <= 2e-3 * change, (name, change, weight_difference[name])
 
 
 @pytest.mark.slow
