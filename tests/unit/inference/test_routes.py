@@ -58,8 +58,10 @@ class FakeEngine:
 
 
 class FakeModels:
-    """vLLM's registry of served adapter names, as :class:`Adapters` uses it; ``calls`` records loads and
-    unloads in order. A folder under ``broken/`` fails to load as vLLM's does."""
+    """vLLM's registry of served adapter names (``OpenAIServingModels``), as :class:`Adapters` uses it; ``calls``
+    records loads and unloads in order. As vLLM's does, it refuses a name already served (400: it never overwrites
+    one; :data:`VLLM_REFUSES_A_NAME_TWICE`) and a name it does not serve (404), and gives each adapter loaded its
+    own engine id and keeps its path. A folder under ``broken/`` fails to load as vLLM's does."""
 
     def __init__(self):
         self.calls = []
@@ -67,15 +69,48 @@ class FakeModels:
         self.next_id = 1
 
     async def load_lora_adapter(self, request):
+        if request.lora_name in self.lora_requests and not request.load_inplace:
+            message = f"The lora adapter '{request.lora_name}' has already been loaded."
+            return ErrorResponse(error=ErrorInfo(message=message, type="InvalidUserInput", code=400))
         if "broken" in Path(request.lora_path).parts:
             return ErrorResponse(error=ErrorInfo(message="not a peft adapter", type="BadRequestError", code=400))
-        self.lora_requests[request.lora_name] = SimpleNamespace(lora_int_id=self.next_id)
+        self.lora_requests[request.lora_name] = SimpleNamespace(lora_int_id=self.next_id, lora_path=request.lora_path)
         self.next_id += 1
         self.calls.append(("load", request.lora_name))
 
     async def unload_lora_adapter(self, request):
+        if request.lora_name not in self.lora_requests:
+            message = f"The lora adapter '{request.lora_name}' cannot be found."
+            return ErrorResponse(error=ErrorInfo(message=message, type="NotFoundError", code=404))
         del self.lora_requests[request.lora_name]
         self.calls.append(("retire", request.lora_name))
+
+
+# The checks in the installed vLLM's OpenAIServingModels that FakeModels does as it does (read from its source, not
+# imported: importing it costs about 8 s of CPU)
+VLLM_REFUSES_A_NAME_TWICE = "if not request.load_inplace and request.lora_name in self.lora_requests:"
+VLLM_REFUSES_AN_UNKNOWN_NAME = "if request.lora_name not in self.lora_requests:"
+
+
+def test_the_fake_registry_refuses_names_as_vllms_does():
+    import asyncio
+    import importlib.util
+
+    from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
+
+    vllm = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+    source = (vllm / "entrypoints" / "openai" / "models" / "serving.py").read_text()
+    assert VLLM_REFUSES_A_NAME_TWICE in source and VLLM_REFUSES_AN_UNKNOWN_NAME in source
+    models = FakeModels()
+
+    async def calls():
+        load = LoadLoRAAdapterRequest(lora_name="a/lora-step-1", lora_path="/a/step_1")
+        assert await models.load_lora_adapter(load) is None
+        again = await models.load_lora_adapter(load.model_copy(update={"lora_path": "/b/step_1"}))
+        assert again.error.code == 400 and models.lora_requests["a/lora-step-1"].lora_path == "/a/step_1"
+        assert (await models.unload_lora_adapter(UnloadLoRAAdapterRequest(lora_name="b/lora-step-1"))).error.code == 404
+
+    asyncio.run(calls())
 
 
 BASE = "/models/base"  # the model the fake server started with
@@ -344,8 +379,8 @@ def test_vllms_routes_reach_the_training_client_in_the_form_it_reads():
 
 @pytest.fixture
 def runs_root(root):
-    """:func:`root`, and adapter folders a/step_1..3 and b/step_1..2 of the named runs a and b."""
-    for name in ["a/step_1", "a/step_2", "a/step_3", "b/step_1", "b/step_2", "c/step_1", "d/step_1"]:
+    """:func:`root`, and adapter folders a/step_1..3, b/step_1..3, c/step_1 and d/step_1 of the named runs a to d."""
+    for name in ["a/step_1", "a/step_2", "a/step_3", "b/step_1", "b/step_2", "b/step_3", "c/step_1", "d/step_1"]:
         (root / name).mkdir(parents=True)
         (root / name / ADAPTER_CONFIG).write_text("{}")
         mark_stable(root / name)
@@ -380,6 +415,32 @@ def test_named_runs_load_and_retire_only_their_own_adapters_and_leave_the_engine
     assert shares["a"] | {"waited_s": 0} == {"step": 3, "path": str(runs_root / "a" / "step_3"),
                                              "adapter": adapter_name(3, "a"), "in_flight": 0, "limit": 8,
                                              "waiting": 0, "waited_s": 0, "requests": 0}  # fmt: skip
+
+
+def test_two_runs_adapters_at_the_same_step_are_served_apart_under_their_names_on_a_registry_like_vllms(runs_root):
+    """The names are the ones clients send as ``model``, written out (not made by ``adapter_name``); the registry
+    refuses a name loaded twice, as vLLM's does, so two runs at the same step sharing a name could not both load."""
+    client, _, models = weights_app(runs_root)
+    for step, run in [(1, None), (1, "a"), (1, "b"), (2, "a"), (2, "b")]:
+        response = load(client, runs_root, step, run)
+        assert response.status_code == 200, response.text
+    for run, name in [("a", "a/lora-step-3"), ("b", "b/lora-step-3")]:  # each retires its own step 1
+        assert load(client, runs_root, 3, run).json()["adapter"] == name
+    served = {name: request.lora_path for name, request in models.lora_requests.items()}
+    assert served == {
+        "lora-step-1": str(runs_root / "step_1"),
+        "a/lora-step-2": str(runs_root / "a" / "step_2"),
+        "a/lora-step-3": str(runs_root / "a" / "step_3"),
+        "b/lora-step-2": str(runs_root / "b" / "step_2"),
+        "b/lora-step-3": str(runs_root / "b" / "step_3"),
+    }
+    assert len({request.lora_int_id for request in models.lora_requests.values()}) == 5  # five adapters in the engine
+    assert client.get("/weights").json()["adapter"] == "lora-step-1"
+    assert [client.get("/weights", params={"run": run}).json()["adapter"] for run in "ab"] == [
+        "a/lora-step-3", "b/lora-step-3"
+    ]  # fmt: skip
+    assert client.post("/release_run", json={"run": "a"}).status_code == 200
+    assert set(models.lora_requests) == {"lora-step-1", "b/lora-step-2", "b/lora-step-3"}
 
 
 def test_full_weights_cannot_share_a_server(runs_root):

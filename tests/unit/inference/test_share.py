@@ -25,15 +25,24 @@ def test_a_requests_run_is_its_header_or_its_adapters(headers, body, expected):
 
 
 class Engine:
-    """An ASGI app standing in for vLLM's routes: each request (JSON ``{"id"}``) is answered in two chunks, the
-    second once the test lets it go (``finish``); ``started`` lists the requests in the order they came in."""
+    """An ASGI app standing in for vLLM's routes: each request (JSON ``{"id"}``, or an OpenAI chat request whose
+    message is its id) is answered in two chunks, the second once the test lets it go (``finish``); ``started`` lists
+    the requests in the order they came in; ``bodies`` and ``headers``, what each sent (the body read whole, in as
+    many chunks as it came)."""
 
     def __init__(self):
         self.started: list[str] = []
         self.release: dict[str, asyncio.Event] = {}
+        self.bodies: dict[str, dict] = {}
+        self.headers: dict[str, list[tuple[bytes, bytes]]] = {}
 
     async def __call__(self, scope, receive, send):
-        request = json.loads((await receive())["body"])["id"]
+        chunks = [await receive()]
+        while chunks[-1].get("more_body", False):
+            chunks.append(await receive())
+        body = json.loads(b"".join(chunk["body"] for chunk in chunks))
+        request = body["id"] if "id" in body else body["messages"][0]["content"]
+        self.bodies[request], self.headers[request] = body, scope["headers"]
         self.started.append(request)
         self.release[request] = asyncio.Event()
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -49,6 +58,15 @@ class Engine:
 async def settle() -> None:
     for _ in range(20):
         await asyncio.sleep(0)
+
+
+async def until(condition) -> None:
+    """Let the event loop run until ``condition()`` holds (a request through an HTTP client takes more turns)."""
+    for _ in range(10_000):
+        if condition():
+            break
+        await asyncio.sleep(0)
+    await settle()
 
 
 class Server:
@@ -187,5 +205,54 @@ def test_a_run_is_evicted_only_once_idle_with_nothing_in_flight():
         assert await server.runs.evict_idle() == []  # 39 s since its request ended
         now[0] = 122.0
         assert await server.runs.evict_idle() == ["a"] and server.runs.shares() == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_names_its_run_only_in_the_adapter_it_asks_for_counts_in_that_runs_share():
+    """As a plain OpenAI client sends it (the openai package, over HTTP to the ASGI app): the run is named only in
+    ``model``, no run header, the body in chunks; the runs have loaded their adapters (``/load_adapter``)."""
+    import httpx
+    import openai
+
+    async def scenario():
+        server = Server(slots=2)
+        for run in ["a", "b"]:
+            server.runs.for_adapter(run)  # as /load_adapter does
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=server.app))
+        client = openai.AsyncOpenAI(base_url="http://server/v1", api_key="key", http_client=http, max_retries=0)
+
+        replies = []
+
+        def arrived() -> int:
+            return len(server.engine.started) + sum(share.waiting for share in server.runs.shares().values())
+
+        async def ask(request: str, model: str) -> None:
+            """Send ``request`` asking for ``model``, and let it arrive (started, or waiting for its share)."""
+            create = client.chat.completions.with_raw_response.create
+            messages = [{"role": "user", "content": request}]
+            count = arrived()
+            replies.append(asyncio.ensure_future(create(model=model, messages=messages, max_tokens=4, stream=False)))
+            await until(lambda: arrived() > count)
+
+        for request in ["b0", "b1", "b2"]:
+            await ask(request, "b/lora-step-3")
+        assert server.share("b") == (2, 2, 1) and server.engine.started == ["b0", "b1"]
+        assert server.engine.bodies["b0"]["model"] == "b/lora-step-3"  # the body read for the share went on whole
+        assert not any(key == RUN_HEADER.lower().encode() for key, _ in server.engine.headers["b0"])
+        await ask("a0", "a/lora-step-3")
+        for request in ["u0", "u1", "u2"]:
+            await ask(request, "trident/tiny-qwen3")  # the base model: no run's share
+        assert server.share("a") == (1, 1, 0) and server.share("b") == (2, 1, 1)
+        assert server.engine.started == ["b0", "b1", "a0", "u0", "u1", "u2"]
+        await server.engine.finish("b0")
+        assert server.share("b") == (1, 1, 1) and server.engine.started[-1] == "u2"  # over its share now: b2 waits
+        await server.engine.finish("b1")
+        await until(lambda: server.engine.started[-1] == "b2")
+        assert server.share("b") == (1, 1, 0)
+        for request in ["b2", "a0", "u0", "u1", "u2"]:
+            await server.engine.finish(request)
+        await asyncio.gather(*replies)
+        assert server.runs.shares()["b"].requests == 3 and server.runs.shares()["a"].requests == 1
 
     asyncio.run(scenario())

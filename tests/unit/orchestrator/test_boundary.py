@@ -11,44 +11,26 @@ from pathlib import Path
 from orchestrator_parts import ADAPTED_LIBRARIES, in_adapter, orchestrator_modules, rollout_core
 
 SRC = Path(__file__).parents[3] / "src"
+PATCH_SNAPSHOT = Path(__file__).parents[2] / "patch_snapshot.py"
 IMPORTS = """
 import importlib, json, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)
 print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 """
-PATCHES = """
-import importlib, json, sys
-import pydantic._internal._fields, renderers.base, verifiers.v1.clients.train, verifiers.v1.rollout
-import verifiers.v1.runtimes.subprocess
-
-def patched():
-    return {
-        "Rollout.open": verifiers.v1.rollout.Rollout.open,
-        "TrainClient.get_response": verifiers.v1.clients.train.TrainClient.get_response,
-        "SubprocessRuntime.run_background": verifiers.v1.runtimes.subprocess.SubprocessRuntime.run_background,
-        "build_async_openai": verifiers.v1.clients.train.build_async_openai,
-        "load_tokenizer": renderers.base.load_tokenizer,
-        "takes_validated_data_argument": pydantic._internal._fields.takes_validated_data_argument,
-        "trident_in_process": sys.modules.get("trident_in_process"),
-        "trident_judge": sys.modules.get("trident_judge"),
-    }
-
-before = patched()
-for name in sys.argv[1:]:
-    importlib.import_module(name)
-imported = patched()
-from orchestrator.verifiers_adapter.patches import install_patches
-install_patches()
-installed = patched()
-install_patches()
-again = patched()
-print(json.dumps({
-    "changed by importing the adapter": [key for key in before if imported[key] is not before[key]],
-    "left as they were by install_patches": [key for key in before if installed[key] is before[key]],
-    "changed by installing again": [key for key in before if again[key] is not installed[key]],
-}))
-"""
+# What install_patches() changes, each as "module:attribute" (a class's attribute as "module:Class.attribute"): the
+# whole set, checked against every attribute of every module loaded, and of every class one defines (patch_snapshot.py)
+PATCHED = {
+    "sys.modules:trident_in_process",  # verifiers imports a harness or judge plugin by the module its id names
+    "sys.modules:trident_judge",
+    "verifiers.v1.rollout:Rollout.open",
+    "verifiers.v1.runtimes.subprocess:SubprocessRuntime.run_background",
+    "verifiers.v1.clients.train:TrainClient.get_response",
+    "verifiers.v1.clients.train:build_async_openai",
+    "renderers.base:load_tokenizer",
+    "renderers.client:_parse_completion_logprobs",
+    "pydantic._internal._fields:takes_validated_data_argument",
+}
 
 
 def run_python(script: str, args: list[str]):
@@ -69,14 +51,18 @@ def test_importing_the_rollout_core_loads_no_library_the_adapter_wraps():
     assert "torch" in loaded and ADAPTED_LIBRARIES.isdisjoint(loaded)
 
 
-def test_importing_the_adapter_patches_nothing_until_install_patches_and_installing_twice_changes_nothing():
+def test_install_patches_changes_exactly_the_patches_listed_and_importing_or_installing_again_changes_nothing():
+    """A patch installed without its entry in PATCHED, or an entry whose patch is not installed, fails; so does a
+    patch applied by importing the adapter (the modules patched are loaded first, so theirs would show)."""
     adapter = [name for name in orchestrator_modules() if in_adapter(name)]
     assert "orchestrator.verifiers_adapter.envs" in adapter
-    assert run_python(PATCHES, adapter) == {
-        "changed by importing the adapter": [],
-        "left as they were by install_patches": [],
-        "changed by installing again": [],
+    changes = run_python(PATCH_SNAPSHOT.read_text(), [json.dumps(sorted(PATCHED)), *adapter])
+    installed = set(changes.pop("changed by install_patches"))
+    assert {"installed, not in PATCHED": installed - PATCHED, "in PATCHED, not installed": PATCHED - installed} == {
+        "installed, not in PATCHED": set(),
+        "in PATCHED, not installed": set(),
     }
+    assert changes == {"changed by importing the adapter": [], "changed by installing again": []}
 
 
 def test_no_orchestrator_module_acts_on_another_object_at_import():

@@ -1,0 +1,178 @@
+"""Plant known bugs one at a time in a copy of the repository and check that the unit tests named for each catch it.
+
+    uv run --no-sync python scripts/plant_bugs.py [--only NAME ...] [--no-baseline]
+
+Each entry of ``PLANTED`` is a bug the tests once let through (issue 55): a file, the exact text to replace (found
+exactly once), the bugged text, and the unit tests that must fail with it. For each, the files git would commit
+(tracked, and untracked files not ignored, as they are in the working tree) are copied into a temporary folder, the
+one edit is applied there, and the named tests run there with this checkout's ``.venv`` python, the copy's ``src/``
+(and its editable environments) first on ``PYTHONPATH``. First, unless ``--no-baseline``, the tests of every bug run
+once on an unplanted copy: a test that fails without a bug catches nothing. Prints a table; exits 1 if a bug
+survives, an edit no longer applies, a run errs, or the baseline fails.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PER_RUN_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class PlantedBug:
+    name: str
+    file: str  # relative to the repository's root
+    old: str  # the exact text replaced: found exactly once in ``file``
+    new: str  # the bugged text
+    tests: list[str]  # pytest node ids (files or file::test) that must fail with the bug
+
+
+PLANTED = [
+    PlantedBug(
+        name="weight-steps patch not installed",
+        file="src/orchestrator/verifiers_adapter/patches.py",
+        old="    renderers.client._parse_completion_logprobs = weight_steps.parse_completion_logprobs\n",
+        new="    # renderers.client._parse_completion_logprobs = weight_steps.parse_completion_logprobs\n",
+        tests=[
+            "tests/unit/orchestrator/test_boundary.py::"
+            "test_install_patches_changes_exactly_the_patches_listed_and_importing_or_installing_again_changes_nothing"
+        ],
+    ),
+    PlantedBug(
+        name="fair share ignores the body without a run header",
+        file="src/inference/share.py",
+        old="        if run is None and self.runs.named():  # no header: the request may name a run's adapter "
+        "(read its body)\n            body, receive = await read_body(receive)\n            run = model_run(body)\n",
+        new="",
+        tests=["tests/unit/inference/test_share.py"],
+    ),
+    PlantedBug(
+        name="adapter_name ignores the run",
+        file="src/contracts/inference_api.py",
+        old='    return f"lora-step-{step}" if run is None else f"{run}/lora-step-{step}"\n',
+        new='    return f"lora-step-{step}"\n',
+        tests=[
+            "tests/unit/inference/test_routes.py::"
+            "test_two_runs_adapters_at_the_same_step_are_served_apart_under_their_names_on_a_registry_like_vllms",
+            "tests/unit/inference/test_routes.py::"
+            "test_named_runs_load_and_retire_only_their_own_adapters_and_leave_the_engines_label_alone",
+        ],
+    ),
+]
+
+
+class PlantError(Exception):
+    """A planted bug's edit that no longer applies."""
+
+
+def apply_edit(text: str, old: str, new: str, where: str) -> str:
+    """``text`` with its one occurrence of ``old`` replaced by ``new``; a :class:`PlantError` naming ``where`` when
+    ``old`` is absent or occurs more than once."""
+    count = text.count(old) if old else 0
+    if count != 1:
+        found = "not found" if count == 0 else f"found {count} times"
+        raise PlantError(f"{where}: the text to replace is {found} (it must occur exactly once): {old!r}")
+    return text.replace(old, new)
+
+
+def repository_files(root: Path) -> list[str]:
+    """The files git would commit in ``root``: tracked ones still there, and untracked ones not ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    return sorted({name for name in listed if name and (root / name).is_file()})
+
+
+def copy_repository(root: Path, files: list[str], into: Path) -> None:
+    for name in files:
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, into / name)
+
+
+def python_path(root: Path, copy: Path) -> str:
+    """``PYTHONPATH`` for a run in ``copy``: its ``src/``, then the copy's side of each folder of ``root`` that the
+    virtual environment's editable installs put on the path (the environments), so that none is read from ``root``."""
+    paths = [copy / "src"]
+    for pth in sorted((root / ".venv").glob("lib/python*/site-packages/*.pth")):
+        for line in pth.read_text().splitlines():
+            folder = Path(line.strip())
+            if folder.is_absolute() and folder.is_relative_to(root) and copy / folder.relative_to(root) not in paths:
+                paths.append(copy / folder.relative_to(root))
+    return os.pathsep.join(str(path) for path in paths)
+
+
+def run_tests(root: Path, copy: Path, tests: list[str]) -> tuple[int, str]:
+    """pytest's exit status and output for ``tests``, run in ``copy``."""
+    python = root / ".venv" / "bin" / "python"
+    env = os.environ | {"PYTHONPATH": python_path(root, copy)}
+    command = [str(python if python.exists() else sys.executable), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(
+            [*command, *tests], cwd=copy, env=env, capture_output=True, text=True, timeout=PER_RUN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {PER_RUN_TIMEOUT_S} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def check(root: Path, files: list[str], bug: PlantedBug | None, tests: list[str]) -> tuple[str, str]:
+    """Copy the repository, plant ``bug`` (None: nothing), run ``tests``: (outcome, pytest's output tail)."""
+    with tempfile.TemporaryDirectory(prefix="plant-") as folder:
+        copy = Path(folder)
+        copy_repository(root, files, copy)
+        if bug is not None:
+            try:
+                path = copy / bug.file
+                path.write_text(apply_edit(path.read_text(), bug.old, bug.new, bug.file))
+            except (PlantError, FileNotFoundError) as error:
+                return "edit does not apply", str(error)
+        status, output = run_tests(root, copy, tests)
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    if bug is None:
+        return ("passed" if status == 0 else f"failed (pytest exit {status})"), tail
+    return {0: "SURVIVED", 1: "caught"}.get(status, f"error (pytest exit {status})"), tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="plant only these bugs (by name)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run of the tests without a bug")
+    args = parser.parse_args(argv)
+    bugs = [bug for bug in PLANTED if not args.only or bug.name in args.only]
+    if args.only and len(bugs) != len(args.only):
+        parser.error(f"no planted bug named {sorted(set(args.only) - {bug.name for bug in bugs})}")
+    files = repository_files(ROOT)
+    rows, failed = [], False
+    if not args.no_baseline:
+        tests = list(dict.fromkeys(test for bug in bugs for test in bug.tests))
+        start = time.monotonic()
+        outcome, tail = check(ROOT, files, None, tests)
+        rows.append(("(no bug: the tests of every bug)", outcome, time.monotonic() - start))
+        if outcome != "passed":
+            failed = True
+            print(f"without a bug planted the tests fail:\n{tail}\n", flush=True)
+    for bug in bugs:
+        start = time.monotonic()
+        outcome, tail = check(ROOT, files, bug, bug.tests)
+        rows.append((bug.name, outcome, time.monotonic() - start))
+        print(f"{bug.name}: {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
+        if outcome != "caught":
+            failed = True
+            print(f"  {bug.file}; tests {' '.join(bug.tests)}\n{tail}\n", flush=True)
+    width = max(len(name) for name, _, _ in rows)
+    print(f"\n{'planted bug':<{width}}  {'outcome':<24}  seconds")
+    for name, outcome, seconds in rows:
+        print(f"{name:<{width}}  {outcome:<24}  {seconds:7.0f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
