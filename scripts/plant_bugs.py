@@ -65,6 +65,35 @@ PLANTED = [
             "test_named_runs_load_and_retire_only_their_own_adapters_and_leave_the_engines_label_alone",
         ],
     ),
+    PlantedBug(
+        name="routing replay keeps the router's own top-k weights",
+        file="src/trainer/moe/routing.py",
+        old="            weights = replayed_weights(router_logits, experts, router.norm_topk_prob).to(weights.dtype)\n",
+        new="            weights = weights\n",
+        tests=["tests/unit/trainer/test_routing.py"],
+    ),
+    PlantedBug(
+        name="activation offload makes no host copy",
+        file="src/trainer/model.py",
+        old='    held = hidden.to("cpu", non_blocking=device.type == "cuda")\n',
+        new="    held = hidden\n",
+        tests=["tests/unit/trainer/test_activation_offload.py"],
+    ),
+    PlantedBug(
+        name="context parallelism's all-to-all sends head groups to the wrong ranks",
+        file="src/trainer/context_parallel.py",
+        old="    sent = x[0].reshape(cp, heads // cp, shard, dim).contiguous()  "
+        "# the r-th group of heads goes to rank r\n",
+        new="    sent = x[0].reshape(cp, heads // cp, shard, dim).flip(0).contiguous()\n",
+        tests=["tests/unit/trainer/test_context_parallel.py"],
+    ),
+    PlantedBug(
+        name="context parallelism's score sum sums gradients over the ranks too",
+        file="src/trainer/context_parallel.py",
+        old="    return _SumOverGroup.apply(scores, group)\n",
+        new="    return torch.distributed.nn.functional.all_reduce(scores, group=group)\n",
+        tests=["tests/unit/trainer/test_context_parallel.py"],
+    ),
 ]
 
 
