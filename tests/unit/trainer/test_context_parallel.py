@@ -149,6 +149,7 @@ def rank_main(rank: int, store: str) -> None:
 
 
 def test_the_all_to_alls_and_the_score_sum_on_two_gloo_ranks(tmp_path):
-    """Two forked processes (torch and this module already imported: a second or two), one gloo group."""
-    mp.start_processes(rank_main, args=(str(tmp_path / "store"),), nprocs=RANKS, start_method="fork")
+    """Two spawned processes, one gloo group. Not forked: a fork of a session that has run a backward pass (the other
+    trainer tests) cannot run autograd ("Unable to handle autograd's threading in combination with fork")."""
+    mp.start_processes(rank_main, args=(str(tmp_path / "store"),), nprocs=RANKS, start_method="spawn")
     # a rank's failed check raises here, with its traceback
