@@ -22,7 +22,6 @@ FULL_DISK_RUN = """
 import json, sys
 from pathlib import Path
 from trainer_runs import write_orchestrator_part
-from orchestrator.loop.ckpt import data_state, save_state
 from trainer.ckpt import CheckpointError
 from trainer.config import TrainerConfig
 from trainer.train import train

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
 import inference.main
+import inference.server
 from contracts.errors import TridentError
 from contracts.inference_api import is_loopback
 from contracts.run_dir import mark_stable
@@ -48,7 +49,7 @@ def test_server_refuses_to_start_reachable_without_a_key(monkeypatch, caplog):
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     monkeypatch.setattr(sys, "argv", ["inference", "--host", "0.0.0.0"])
     monkeypatch.setattr(inference.main, "setup_logging", lambda *args: None)
-    monkeypatch.setattr(inference.main, "serve", lambda *args: pytest.fail("the server started"))
+    monkeypatch.setattr(inference.server, "serve", lambda *args: pytest.fail("the server started"))
     with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as e:
         inference.main.main()
     assert e.value.code == 1
