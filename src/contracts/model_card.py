@@ -42,8 +42,8 @@ def resolve_model_path(name: str) -> str:
         return name
     path = tiny_model_path(name)
     if not is_model_folder(path):
-        raise TridentError(f"model {name!r} is not built yet: run `uv run --no-sync build-tiny-model {name}` "
-                           "(rl builds it before it starts the processes)")  # fmt: skip
+        raise TridentError(f"model {name!r} is not built yet: a process started alone needs it built first, with "
+                           f"`uv run --no-sync build-tiny-model {name}` (rl builds it itself)")  # fmt: skip
     return str(path)
 
 

@@ -21,6 +21,7 @@ from contracts.progress import Activity, read_progress
 from contracts.run_dir import clear_run_state, configs_dir, logs_dir, resume_step
 from contracts.run_spec import RunSpec, write_run_spec
 from launch.preflight import (
+    build_tiny_models,
     check_adapters_servable,
     check_env_datasets,
     check_envs_installed,
@@ -39,7 +40,6 @@ from launch.preflight import (
 from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.rl_config import (
     RLConfig,
-    process_configs,
     resolve_shared,
     servers,
     settle_run_spec,
@@ -56,7 +56,6 @@ from launch.supervise import (
     stop_on_signals,
     write_plots_or_warn,
 )
-from tools.tiny_model import built_model_path
 
 logger = logging.getLogger("rl")
 
@@ -216,13 +215,6 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0
-
-
-def build_tiny_models(config: RLConfig) -> None:
-    """Build the tiny models the processes will load that are not built yet (:mod:`tools.tiny_model`): a process
-    started on one that is not would stop at once."""
-    for sub in process_configs(config).values():
-        built_model_path(sub.model.name)
 
 
 def run(config: RLConfig) -> int:

@@ -1,4 +1,5 @@
-"""What ``rl`` checks and claims before it starts anything: the output dir, the server's port, the GPUs."""
+"""What ``rl`` checks, claims and builds before it starts anything: the output dir, the server's port, the GPUs, the
+tiny models its processes load."""
 
 import fcntl
 import importlib.util
@@ -16,7 +17,8 @@ from contracts.inference_api import is_loopback
 from contracts.model_card import ModelCard
 from inference.plan import adapters_refused
 from launch.memory_plan import MemoryPlan, plan_memory
-from launch.rl_config import RLConfig, servers, trainer_ranks
+from launch.rl_config import RLConfig, process_configs, servers, trainer_ranks
+from tools.tiny_model import built_model_path
 from trainer.rules import check_lora_targets as trainer_lora_targets
 
 logger = logging.getLogger("rl")
@@ -50,6 +52,13 @@ def check_env_datasets(config: RLConfig) -> None:
                 check_found(path)
             except DatasetError as e:
                 raise TridentError(f"{where}.args.{key}: environment {env.id!r}: {e}") from None
+
+
+def build_tiny_models(config: RLConfig) -> None:
+    """Build the tiny models the processes will load that are not built yet (:mod:`tools.tiny_model`): a process
+    started on one that is not would stop at once. A run and a sweep call it before anything reads a model's card."""
+    for sub in process_configs(config).values():
+        built_model_path(sub.model.name)
 
 
 def check_model(name: str) -> None:

@@ -34,7 +34,7 @@ from contracts.run_spec import served_lora_rank
 from contracts.shared_config import is_run_id
 from inference.config import InferenceConfig
 from launch.memory_plan import MemoryPlan, plan_memory
-from launch.preflight import check_port_free, gpu_memory_gib, lock_output_dir, placement_env
+from launch.preflight import build_tiny_models, check_port_free, gpu_memory_gib, lock_output_dir, placement_env
 from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec, started_urls
 from launch.supervise import (
@@ -232,6 +232,7 @@ def plan_sweep(argv: list[str]) -> tuple[SweepPlan, RLConfig]:
     given_rank = given_lora.max_rank if given_lora and "max_rank" in given_lora.model_fields_set else None
     on_gpu = gpu_memory_gib(config) is not None
     config = resolve_shared(config, on_gpu)
+    build_tiny_models(config)  # the run spec reads the model's card; the server and the runs load it
     settle_run_spec(config)
     if len(servers(config)) > 1:
         raise ConfigError("--inference-servers: a sweep starts one inference server; leave it out")

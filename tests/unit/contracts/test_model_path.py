@@ -44,8 +44,8 @@ def test_a_process_alone_on_a_tiny_model_not_built_stops_in_one_line(tmp_path, m
         load_config(InferenceConfig, "inference", ["--model.name", "trident/tiny-llama3"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (
-        "error: model 'trident/tiny-llama3' is not built yet: run `uv run --no-sync build-tiny-model "
-        "trident/tiny-llama3` (rl builds it before it starts the processes)\n"
+        "error: model 'trident/tiny-llama3' is not built yet: a process started alone needs it built first, with "
+        "`uv run --no-sync build-tiny-model trident/tiny-llama3` (rl builds it itself)\n"
     )
     assert not tiny_model_path("trident/tiny-llama3").exists()  # nothing was built behind the user's back
 

@@ -12,14 +12,6 @@ from launch.main import main
 from launch.supervise import STOP_SIGNALS, stop_on_signals
 
 
-@pytest.fixture
-def saved_handlers():
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
 def test_once_the_run_is_over_rl_ignores_stop_signals(monkeypatch, saved_handlers, tmp_path):
     def stopped_run(config):
         stop_on_signals()  # as run() does while its processes run

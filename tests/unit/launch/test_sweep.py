@@ -4,7 +4,6 @@ run's ``rl`` command line, the server the runs share, what a sweep refuses, its 
 tests/integration/test_sweep_supervision.py."""
 
 import re
-import signal
 
 import pytest
 from debug_configs import FILES
@@ -17,7 +16,6 @@ from launch.launcher import server_lines, step_line
 from launch.main import main
 from launch.memory_plan import plan_memory
 from launch.rl_config import RLConfig, resolve_shared
-from launch.supervise import STOP_SIGNALS
 from launch.sweep import (
     CONSOLE_LINE,
     RunOutcome,
@@ -30,15 +28,6 @@ from launch.sweep import (
 
 LORA = ["--trainer.model.experimental.lora.rank", "8"]
 LRS = ["--sweep", "trainer.optim.lr=[1e-5,3e-5,1e-4]"]
-
-
-@pytest.fixture
-def saved_handlers():
-    """rl's main ignores stop signals once it is done: give this process its handlers back."""
-    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
 
 
 def sweep_of(tmp_path, *extra: str):
