@@ -94,6 +94,13 @@ PLANTED = [
         new="    return torch.distributed.nn.functional.all_reduce(scores, group=group)\n",
         tests=["tests/unit/trainer/test_context_parallel.py"],
     ),
+    PlantedBug(
+        name="the probe's default tolerance lets a stale layer or expert through (0.05, as it was)",
+        file="src/contracts/run_dir.py",
+        old="PROBE_TOLERANCE = 1e-4\nPROBE_TOLERANCE_BF16 = 5e-3\n",
+        new="PROBE_TOLERANCE = 0.05\nPROBE_TOLERANCE_BF16 = 0.05\n",
+        tests=["tests/unit/trainer/test_probe_tolerance.py"],
+    ),
 ]
 
 

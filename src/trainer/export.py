@@ -131,15 +131,23 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int], **i
     """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode; a
     vision-language model sees ``images`` too (its processor's other outputs: ``pixel_values``, ``image_grid_thw``,
     ``mm_token_type_ids``)."""
+    return _logprobs_computed(model, token_ids, **images)[0]
+
+
+def _logprobs_computed(
+    model: PreTrainedModel | PeftModel, token_ids: list[int], **images: Tensor
+) -> tuple[list[float], torch.dtype]:
+    """:func:`probe_logprobs`, and the dtype the model computed its logits in."""
     was_training = model.training
     model.eval()
     with torch.no_grad():
         device = compute_device(model)
         ids = torch.tensor(token_ids, device=device)
         images = {name: tensor.to(device) for name, tensor in images.items()}
-        logprobs = torch.log_softmax(model(input_ids=ids[None], **images).logits[0, :-1].float(), -1)
+        logits = model(input_ids=ids[None], **images).logits[0, :-1]
+        logprobs = torch.log_softmax(logits.float(), -1)
     model.train(was_training)
-    return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()]
+    return [0.0, *logprobs.gather(1, ids[1:, None])[:, 0].tolist()], logits.dtype
 
 
 def probe_image() -> bytes:
@@ -153,23 +161,35 @@ def probe_image() -> bytes:
     return buffer.getvalue()
 
 
-def make_probe(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> Probe:
-    """The probe under ``model``'s weights: its logprobs of :data:`~contracts.run_dir.PROBE_TEXT`; a
-    vision-language model's (Qwen-VL layout) shown :func:`probe_image` first, through its own processor, so that
-    a server still serving other vision weights fails the probe too."""
+def make_probe(
+    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype = torch.float32
+) -> Probe:
+    """The probe under ``model``'s weights, exported in ``dtype``: its logprobs of
+    :data:`~contracts.run_dir.PROBE_TEXT`; a vision-language model's (Qwen-VL layout) shown :func:`probe_image`
+    first, through its own processor, so that a server still serving other vision weights fails the probe too. Its
+    ``dtype`` (which sets its default tolerance) is float32 only if the model computed it and the server computes in
+    float32."""
     base = unwrapped(model)
     if not is_vision_language(base.config):
         token_ids = tokenizer.encode(PROBE_TEXT)
-        return Probe(token_ids, probe_logprobs(model, token_ids), base_in_4bit=is_4bit(model))
+        logprobs, computed = _logprobs_computed(model, token_ids)
+        return Probe(token_ids, logprobs, is_4bit(model), dtype=_probe_dtype(computed, dtype))
     processor = model_processor(base.name_or_path)
     text = f"{processor.vision_start_token}{processor.image_token}{processor.vision_end_token}{PROBE_TEXT}"
     png = probe_image()
     inputs = processor(images=[Image.open(io.BytesIO(png)).convert("RGB")], text=[text], return_tensors="pt")
     token_ids = inputs["input_ids"][0].tolist()
     images = {name: tensor for name, tensor in inputs.items() if name not in ("input_ids", "attention_mask")}
-    logprobs = probe_logprobs(model, token_ids, **images)
+    logprobs, computed = _logprobs_computed(model, token_ids, **images)
     image = f"data:image/png;base64,{base64.b64encode(png).decode('ascii')}"
-    return Probe(token_ids, logprobs, is_4bit(model), image, processor.tokenizer.encode(text))
+    return Probe(
+        token_ids, logprobs, is_4bit(model), image, processor.tokenizer.encode(text), _probe_dtype(computed, dtype)
+    )
+
+
+def _probe_dtype(computed: torch.dtype, exported: torch.dtype) -> str:
+    """The less precise of the trainer's and the server's dtype, by name."""
+    return str(exported if computed == torch.float32 else computed).removeprefix("torch.")
 
 
 def is_4bit(model: PreTrainedModel | PeftModel) -> bool:
@@ -199,7 +219,7 @@ def save_weights(
     """
     adapter = isinstance(model, PeftModel) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
-    probe = make_probe(model, tokenizer)
+    probe = make_probe(model, tokenizer, dtype)
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     sender = FileSender() if sender is None else sender

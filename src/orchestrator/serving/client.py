@@ -162,20 +162,18 @@ class InferenceClient:
         if probe is None:
             return None
         tolerance = probe.tolerance if tolerance is None else tolerance
-        served = await self.prompt_logprobs(probe.token_ids, probe.image, probe.prompt_ids)
-        expected = probe.logprobs
-        gap = sum(abs(a - b) for a, b in zip(served[1:], expected[1:], strict=True)) / max(len(expected) - 1, 1)
+        gap = probe.gap(await self.prompt_logprobs(probe.token_ids, probe.image, probe.prompt_ids))
         if gap > tolerance:
-            quantized = (
-                " (or, as the trainer's base was 4-bit, by the quantization error, which grows with how peaked the "
-                "model is: if so, set client.probe_tolerance above the gap)"
+            rounding = (
+                "as the trainer's base was 4-bit, by the quantization error"
                 if probe.base_in_4bit
-                else ""
+                else f"as the probe is {probe.dtype or 'bfloat16'}, by its rounding"
             )
             raise TridentError(
                 f"after reloading weights step {step}, the server's logprobs of the probe differ from the trainer's "
-                f"by {gap:.4f} on average (tolerance client.probe_tolerance = {tolerance}): the server does not "
-                f"serve the weights in {path}{quantized}"
+                f"by {gap:.3g} on average (tolerance client.probe_tolerance = {tolerance}): the server does not "
+                f"serve the weights in {path} (or, {rounding}, which grows with how peaked the model is: if a "
+                "correct reload's gap is that large, set client.probe_tolerance above it)"
             )
         return gap
 

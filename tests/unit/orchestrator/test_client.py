@@ -23,25 +23,43 @@ def test_wait_ready_says_it_is_still_waiting_until_the_server_answers(caplog):
     assert messages[-1].startswith("inference server ready after")
 
 
-def test_the_probe_tolerance_defaults_to_the_probes_own_wider_for_a_4bit_trainer_base(tmp_path):
+def test_the_probe_tolerance_defaults_to_the_probes_own_by_its_dtype_wider_for_a_4bit_trainer_base(tmp_path):
     """A server whose logprobs of the probe are 0.07 off the trainer's: within the default for weights trained on a
-    4-bit base (QLoRA, 0.1), beyond the default for any other (0.05) and beyond a tolerance the user set."""
+    4-bit base (QLoRA, 0.1), beyond the default for a bfloat16 probe (or one that does not say its dtype: 5e-3) and
+    a float32 one (1e-4), and beyond a tolerance the user set; 5e-4 off passes a bfloat16 probe, fails a float32."""
     token_ids, trained = [5, 6, 7, 8], [0.0, -1.0, -2.0, -3.0]
-    offset = [{str(t): {"logprob": lp + 0.07}} for t, lp in zip(token_ids[1:], trained[1:], strict=True)]
-    served = {"prompt_logprobs": [None, *offset]}
+    offset = {"value": 0.07}
+
+    def served(request: httpx.Request) -> httpx.Response:
+        logprobs = [
+            {str(t): {"logprob": lp + offset["value"]}} for t, lp in zip(token_ids[1:], trained[1:], strict=True)
+        ]
+        return httpx.Response(200, json={"prompt_logprobs": [None, *logprobs]})
+
     client = InferenceClient("http://server", timeout_s=1)
-    client.http = httpx.AsyncClient(
-        base_url="http://server", transport=httpx.MockTransport(lambda request: httpx.Response(200, json=served))
-    )
-    for name, in_4bit in (("qlora", True), ("lora", False)):
+    client.http = httpx.AsyncClient(base_url="http://server", transport=httpx.MockTransport(served))
+    probes = {
+        "qlora": Probe(token_ids, trained, base_in_4bit=True),
+        "bf16": Probe(token_ids, trained, dtype="bfloat16"),
+        "unsaid": Probe(token_ids, trained),
+        "fp32": Probe(token_ids, trained, dtype="float32"),
+    }
+    for name, probe in probes.items():
         (tmp_path / name).mkdir()
-        write_probe(tmp_path / name, Probe(token_ids, trained, base_in_4bit=in_4bit))
+        write_probe(tmp_path / name, probe)
 
     assert asyncio.run(client.check_probe(tmp_path / "qlora", 1, tolerance=None)) == pytest.approx(0.07)
-    with pytest.raises(TridentError, match=r"by 0\.0700 on average \(tolerance client.probe_tolerance = 0.05\)"):
-        asyncio.run(client.check_probe(tmp_path / "lora", 1, tolerance=None))
+    for name, default in (("bf16", "0.005"), ("unsaid", "0.005"), ("fp32", "0.0001")):
+        with pytest.raises(
+            TridentError, match=rf"by 0\.07 on average \(tolerance client.probe_tolerance = {default}\)"
+        ):
+            asyncio.run(client.check_probe(tmp_path / name, 1, tolerance=None))
     with pytest.raises(TridentError, match=r"= 0.06\): .* quantization error, .*set client.probe_tolerance above"):
         asyncio.run(client.check_probe(tmp_path / "qlora", 1, tolerance=0.06))
+    offset["value"] = 5e-4
+    assert asyncio.run(client.check_probe(tmp_path / "bf16", 1, tolerance=None)) == pytest.approx(5e-4)
+    with pytest.raises(TridentError, match=r"by 0\.0005 on average \(tolerance client.probe_tolerance = 0.0001\)"):
+        asyncio.run(client.check_probe(tmp_path / "fp32", 1, tolerance=None))
 
 
 def test_an_image_probe_goes_with_its_image_and_must_come_back_expanded_as_the_trainers_processor_did(tmp_path):
