@@ -4,6 +4,7 @@ servers, the workloads, benchmark smoke runs). The shared server is started as s
 it, so it boots while the unit tests run; on two workers (tests/parallel.py), each starts its own at first use."""
 
 import asyncio
+import compileall
 import importlib
 import logging
 import os
@@ -27,13 +28,17 @@ from tools.tiny_model import build_tiny_model, built_model_path
 # automatic binding would put the compute of every one of them on the same core; unbound, the kernel spreads them.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
+SRC = Path(__file__).parents[1] / "src"
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
 
 
 def pytest_configure(config):
     """Build the tiny model before any test starts a process on it (as ``rl`` does; a process alone would stop on a
-    model not built). Under pytest-xdist the controller builds it before it starts the workers."""
+    model not built). Under pytest-xdist the controller builds it before it starts the workers. Write the bytecode of
+    ``src/`` first, as ``uv sync --compile-bytecode`` does for the installed packages: where PYTHONDONTWRITEBYTECODE
+    is set, every process the suite starts would compile the project's modules anew."""
+    compileall.compile_dir(SRC, quiet=1)
     build_tiny_model(TINY_MODEL_ID)
 
 
