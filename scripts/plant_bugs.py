@@ -101,6 +101,26 @@ PLANTED = [
         new="PROBE_TOLERANCE = 0.05\nPROBE_TOLERANCE_BF16 = 0.05\n",
         tests=["tests/unit/trainer/test_probe_tolerance.py"],
     ),
+    PlantedBug(
+        name="failed rollouts counted by their raw first line (issue 56)",
+        file="src/orchestrator/batching/causes.py",
+        old="    key = error_cause(error)\n",
+        new="    return (error.strip().splitlines() or [''])[0]\n",
+        tests=[
+            "tests/unit/orchestrator/test_no_sample.py::"
+            "test_one_cause_with_per_rollout_text_counts_once_and_names_the_real_cause"
+        ],
+    ),
+    PlantedBug(
+        name="failed rollouts not kept in the run (issue 56)",
+        file="src/orchestrator/loop/run.py",
+        old="        write_failed_rollouts(self.output_dir, step, groups)  # before anything may stop the run\n",
+        new="",
+        tests=[
+            "tests/unit/orchestrator/test_faults.py::"
+            "test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment_and_keeps_them"
+        ],
+    ),
 ]
 
 

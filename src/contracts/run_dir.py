@@ -14,6 +14,7 @@ Under ``output_dir``::
     logs/{rl,trainer,orchestrator,inference}.log
     configs/{trainer,orchestrator,inference}.toml   the resolved configs ``rl`` started the processes with
     metrics/{trainer,orchestrator}.jsonl   one JSON object per step (and sample_rollouts.jsonl, eval.jsonl)
+    metrics/failed_rollouts.jsonl   one JSON object per failed rollout (:data:`FAILED_ROLLOUT_KEYS`)
     progress/{trainer,orchestrator}.json   what each process is doing now, for the console
     images/<sha256>             each image the rollouts showed the model, once, named by its bytes' hash
 
@@ -94,6 +95,18 @@ def configs_dir(output_dir: Path) -> Path:
 
 def metrics_path(output_dir: Path, process: str) -> Path:
     return Path(output_dir) / "metrics" / f"{process}.jsonl"
+
+
+FAILED_ROLLOUTS = "failed_rollouts"  # metrics/failed_rollouts.jsonl, written by the orchestrator every step
+FAILED_ROLLOUT_KEYS = {  # each record's keys: what they hold
+    "step": "the step whose rollouts it is",
+    "env": "the environment's id",
+    "task": "the task's id",
+    "seat": "the environment's agent that played it",
+    "cause": "the cause its error is counted under: one line, per-rollout text normalised away",
+    "error": "its error in full, as the environment or the adapter gave it",
+    "lost": "whether it failed with an infrastructure error after its retries (its group was left out)",
+}
 
 
 def progress_dir(output_dir: Path) -> Path:

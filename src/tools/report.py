@@ -1,5 +1,5 @@
-"""``report.html``: one page with a run's plots, its resolved configs and its last sample rollouts; for several runs
-(a sweep's) a table comparing them first.
+"""``report.html``: one page with a run's plots, its resolved configs, its failed rollouts by cause and its last sample
+rollouts; for several runs (a sweep's) a table comparing them first.
 
 A sample rollout's completion shows the tokens the trainer trained on (loss mask True) highlighted when the step's
 batch (``rollouts/step_N/``) is still on disk (the trainer keeps the batches of the steps shown): the row is
@@ -18,6 +18,7 @@ from pathlib import Path
 from contracts.metrics import read_metrics
 from contracts.protocol import REPORTED_SAMPLE_STEPS
 from contracts.run_dir import configs_dir, rollouts_dir
+from tools.failures import by_cause, read_failures, where
 from tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
 logger = logging.getLogger("tools.report")
@@ -52,7 +53,7 @@ def write_report(out_dir: Path, runs: list[tuple[str, Path]], images: list[Path]
         parts += comparison_table(runs)
     for name, output_dir in runs:
         parts += [f"<h2>Run {html.escape(name)}</h2>", f"<p class='meta'>{html.escape(str(output_dir))}</p>"]
-        parts += config_sections(output_dir) + rollout_sections(output_dir)
+        parts += config_sections(output_dir) + failure_sections(output_dir) + rollout_sections(output_dir)
     parts.append("</body></html>\n")
     path = out_dir / "report.html"
     path.write_text("\n".join(parts), encoding="utf-8")
@@ -95,6 +96,28 @@ def config_sections(output_dir: Path) -> list[str]:
         parts.append(f"<details><summary>{html.escape(path.name)}</summary><pre>{html.escape(text)}</pre></details>")
     if len(parts) == 1:
         parts.append(f"<p>No configs in {html.escape(str(configs_dir(output_dir)))}.</p>")
+    return parts
+
+
+def failure_sections(output_dir: Path) -> list[str]:
+    """The run's failed rollouts (``metrics/failed_rollouts.jsonl``), counted by cause over the whole run: each cause
+    with its count, the steps it met, and the first one's full error; nothing where none failed."""
+    records = read_failures(output_dir)
+    if not records:
+        return []
+    causes = by_cause(records)
+    parts = [f"<h3>Failed rollouts</h3><p>{len(records)} failed rollouts, {len(causes)} causes</p>",
+             "<table><tr><th>rollouts</th><th>cause</th><th>steps</th></tr>"]  # fmt: skip
+    for group in causes:
+        steps = f"{group.steps[0]}..{group.steps[-1]}" if len(group.steps) > 1 else "".join(map(str, group.steps))
+        cells = [str(group.count), group.cause, steps]
+        parts.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
+    parts.append("</table>")
+    for group in causes:
+        parts.append(
+            f"<details><summary>{html.escape(group.cause)}: the first, {html.escape(where(group.first))}</summary>"
+            f"<pre>{html.escape(str(group.first.get('error', '')))}</pre></details>"
+        )
     return parts
 
 

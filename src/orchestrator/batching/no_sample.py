@@ -1,13 +1,16 @@
 """Why a rollout trains nothing. Each rollout of a step that gives the batch no trainable token gets one reason, the
 first of :data:`REASONS` that applies; the step's metrics count them (``no_sample/<reason>``, docs/metrics.md) and,
-when no rollout of the step trains, its error names them with their counts and most common error.
+when no rollout of the step trains, its error names them with their counts and most common causes
+(:mod:`~orchestrator.batching.causes`).
 """
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
-from contracts.errors import first_line
 from contracts.protocol import Sample
+from contracts.run_dir import FAILED_ROLLOUTS, metrics_path
+from orchestrator.batching.causes import causes
 from orchestrator.batching.rollout import Rollout
 
 REASONS = {  # reason: how the step's error says it ({seq_len} filled in)
@@ -18,7 +21,7 @@ REASONS = {  # reason: how the step's error says it ({seq_len} filled in)
     "truncated_masked": "truncated and masked (mask_truncated_completions)",
     "no_trainable_token": "with no trainable token",
 }
-ERROR_CHARS = 200  # of an error's first line, quoted in the step's error
+SHOWN_CAUSES = 3  # the step's error names the most common causes of a reason's rollouts, this many at most
 
 
 @dataclass
@@ -47,18 +50,6 @@ def untrained_reason(rollout: Rollout, samples: list[Sample] | None, seq_len: in
     return "no_trainable_token"
 
 
-def error_type(error: str | None) -> str:
-    """The type an error text starts with (``"InterceptionError: unauthorized"``: ``InterceptionError``), as the
-    verifiers adapter writes them; ``other`` for a text that names none."""
-    head = (error or "").split(":", 1)[0].strip()
-    return head if head.isidentifier() else "other"
-
-
-def error_line(error: str) -> str:
-    """An error's first line, cut to :data:`ERROR_CHARS`."""
-    return first_line(error, ERROR_CHARS)
-
-
 def no_sample_metrics(untrained: list[Untrained]) -> dict[str, int]:
     """``no_sample/<reason>`` for every reason but ``failed`` (``failed_rollouts`` counts those): rollouts of the
     step that trained nothing, by why."""
@@ -67,32 +58,35 @@ def no_sample_metrics(untrained: list[Untrained]) -> dict[str, int]:
 
 
 def no_sample_error(step: int, untrained: list[Untrained], seq_len: int) -> str:
-    """The error of step ``step``, where no rollout trained: :func:`untrained_summary` of why."""
-    return f"step {step}: no rollout produced a training sample: {untrained_summary(untrained, seq_len)}"
+    """The error of step ``step``, where no rollout trained: :func:`untrained_summary` of why, and where failed
+    rollouts' full errors are."""
+    summary = untrained_summary(untrained, seq_len)
+    if any(u.reason in ("failed", "lost") for u in untrained):
+        summary += f"; each failed rollout's full error is in the run's {metrics_path(Path(), FAILED_ROLLOUTS)}"
+    return f"step {step}: no rollout produced a training sample: {summary}"
 
 
 def untrained_summary(untrained: list[Untrained], seq_len: int) -> str:
-    """Each reason of ``untrained`` with its count and its rollouts' most common error (how many had it, where the
-    first was) or, for rollouts with no trainable token, how many made no model call; in :data:`REASONS`' order."""
+    """Each reason of ``untrained`` with its count and its rollouts' most common error causes
+    (:func:`~orchestrator.batching.causes.causes`: each with how many had it and where the first was; at most
+    :data:`SHOWN_CAUSES`, the rest counted) or, for rollouts with no trainable token, how many made no model call; in
+    :data:`REASONS`' order."""
     parts = []
     for reason, words in REASONS.items():
         rollouts = [u.rollout for u in untrained if u.reason == reason]
         if rollouts:
-            causes = _causes(rollouts, reason)
-            parts.append(f"{len(rollouts)} {words.format(seq_len=seq_len)}" + (f" ({causes})" if causes else ""))
+            said = _causes(rollouts, reason)
+            parts.append(f"{len(rollouts)} {words.format(seq_len=seq_len)}" + (f" ({said})" if said else ""))
     return ", ".join(parts)
 
 
 def _causes(rollouts: list[Rollout], reason: str) -> str:
-    errors = Counter(error_line(r.error) for r in rollouts if r.error)
-    causes = []
-    if errors:
-        ((text, count),) = errors.most_common(1)
-        first = next(r for r in rollouts if r.error and error_line(r.error) == text)
-        causes.append(f"{text} ×{count}, first in environment {first.env!r} (task {first.task})")
-        if count < errors.total():
-            causes.append(f"{errors.total() - count} with other errors")
+    found = causes(rollouts)
+    said = [f"{c.text} ×{c.count}, first in environment {c.first.env!r} (task {c.first.task})"
+            for c in found[:SHOWN_CAUSES]]  # fmt: skip
+    if rest := found[SHOWN_CAUSES:]:
+        said.append(f"{sum(c.count for c in rest)} with {len(rest)} other causes")
     silent = sum(r.turns == 0 for r in rollouts)
     if reason == "no_trainable_token" and silent:
-        causes.append(f"{silent} made no model call")
-    return "; ".join(causes)
+        said.append(f"{silent} made no model call")
+    return "; ".join(said)

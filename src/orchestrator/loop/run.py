@@ -9,7 +9,6 @@ batch, from the groups).
 import asyncio
 import logging
 import time
-from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import replace
 
@@ -24,6 +23,7 @@ from contracts.progress import HEARTBEAT_S, Progress
 from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batching.batch import assemble_batch
+from orchestrator.batching.causes import causes
 from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
@@ -34,6 +34,7 @@ from orchestrator.loop.evaluation import Evaluation
 from orchestrator.loop.groups import busiest_share, connect
 from orchestrator.loop.refill import pool_results, refill_metrics
 from orchestrator.loop.schedule import StepSchedule
+from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from orchestrator.metrics.memory import StepMemory
 from orchestrator.metrics.sample_rollouts import sample_rows
 from orchestrator.metrics.stats import advantage_metrics, env_metrics, rollout_metrics, token_staleness_metrics
@@ -124,6 +125,7 @@ class Orchestrator:
         started, slots = await self.schedule.sample(step, start_next)
         weight_step, start = started.weight_step, started.start
         groups = [slot.group for slot in slots]
+        write_failed_rollouts(self.output_dir, step, groups)  # before anything may stop the run
         check_lost(step, groups, self.config.infra.max_lost_groups)
         zero_truncated, refill = self.config.zero_truncated_completions, self.config.filter.refill
         if self.pool is not None:
@@ -140,8 +142,9 @@ class Orchestrator:
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
                                self.config.mask_truncated_completions, zero_truncated)  # fmt: skip
         groups, rewards, samples = batch.groups, batch.rewards, batch.samples
-        for error, count in Counter(f"environment {r.env!r}: {r.error}" for r in batch.failed).items():
-            logger.warning(f"step {step}: {count} rollouts failed in {error}")
+        for env in dict.fromkeys(r.env for r in batch.failed):
+            for cause in causes([r for r in batch.failed if r.env == env]):
+                logger.warning(f"step {step}: {cause.count} rollouts failed in environment {env!r}: {cause.text}")
         unlogged = [u for u in batch.untrained if u.reason not in ("failed", "lost")]  # those are logged apart
         if unlogged:
             summary = untrained_summary(unlogged, self.config.seq_len)

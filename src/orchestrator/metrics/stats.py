@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from contracts.protocol import Sample
 from orchestrator.batching.advantage import uniform_groups
-from orchestrator.batching.no_sample import error_type
+from orchestrator.batching.causes import error_type
 from orchestrator.batching.rollout import Rollout
 
 
@@ -40,7 +40,7 @@ def rollout_metrics(groups: list[list[Rollout]], rewards: list[list[float]], gen
     ``metric/<name>`` each environment metric's mean over the rollouts that report it; ``seat/<seat>/*`` each seat's
     (:func:`seat_metrics`), when the rollouts hold several seats.
     ``failed/<type>`` counts the failed rollouts by their error's type
-    (:func:`~orchestrator.batching.no_sample.error_type`).
+    (:func:`~orchestrator.batching.causes.error_type`).
     Lengths are in tokens, one value per sample (a rollout split into several samples gives
     several); the completion runs from the first trained token to the end, tool results included.
     """

@@ -16,6 +16,7 @@ from rollouts import group, sampled
 
 import orchestrator.loop.groups as groups_module
 from contracts.errors import TridentError
+from contracts.metrics import read_metrics
 from contracts.run_dir import rollouts_dir
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.config import EnvConfig, OrchestratorConfig
@@ -141,14 +142,19 @@ def orchestrator(tmp_path, broken_tasks: list[str], batch_size: int = 1) -> Orch
     return orch
 
 
-def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment(tmp_path):
+def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment_and_keeps_them(tmp_path):
     with pytest.raises(TridentError) as error:
         asyncio.run(orchestrator(tmp_path, broken_tasks=["t0", "t1"]).step(1))
+    setup_error = "TaskError: task setup: RuntimeError: the task's data volume is not mounted"
     assert re.fullmatch(
-        r"step 1: no rollout produced a training sample: 2 failed \(TaskError: task setup: RuntimeError: the task's "
-        rf"data volume is not mounted ×2, first in environment '{ENV_ID}' \(task t[01]\)\)",
+        rf"step 1: no rollout produced a training sample: 2 failed \({setup_error} ×2, first in environment "
+        rf"'{ENV_ID}' \(task t[01]\)\); each failed rollout's full error is in the run's metrics/failed_rollouts.jsonl",
         str(error.value),
     )
+    kept = read_metrics(tmp_path, "failed_rollouts")  # written although the step stopped the run
+    assert [(r["step"], r["env"], r["seat"], r["error"], r["lost"]) for r in kept] == [
+        (1, ENV_ID, "agent", setup_error, False)
+    ] * 2 and len({r["task"] for r in kept}) == 1  # one task, two rollouts
 
 
 class Unauthorized(PolicyHandler):
@@ -168,7 +174,7 @@ def test_model_calls_refused_as_unauthorized_are_failed_rollouts_named_in_the_st
         assemble_batch(1, [rollouts], 0, seq_len=1024)
     assert str(error.value) == (
         f"step 1: no rollout produced a training sample: 2 failed ({unauthorized} ×2, first in environment "
-        f"'{ENV_ID}' (task t0))"
+        f"'{ENV_ID}' (task t0)); each failed rollout's full error is in the run's metrics/failed_rollouts.jsonl"
     )
     assert rollout_metrics([rollouts], [[0.0, 0.0]], 1.0)["failed/ProviderError"] == 2
 
@@ -192,7 +198,9 @@ def test_a_step_with_some_failed_rollouts_trains_on_the_others_and_logs_the_erro
 def test_a_step_that_trains_logs_and_counts_the_rollouts_that_trained_nothing(tmp_path, caplog, monkeypatch):
     orch = orchestrator(tmp_path, broken_tasks=[], batch_size=2)
 
-    async def one_task_samples_nothing(env, task, n, ctx, limit, output_dir):  # t1's rollouts finish without a model call
+    async def one_task_samples_nothing(
+        env, task, n, ctx, limit, output_dir
+    ):  # t1's rollouts finish without a model call
         if task.data.id == "t1":
             return group([0.0] * n, env=ENV_ID, task="t1")
         return group(range(n), sampled([1, 2, 3], 1, [-0.5, -0.5]), env=ENV_ID, task="t0")

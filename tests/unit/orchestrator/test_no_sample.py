@@ -1,17 +1,18 @@
 """Why a rollout trains nothing: each reason provoked with hand-made rollouts, the step's error naming it with its
-count and most common error, and the step's metrics counting it when other rollouts train."""
+count and most common causes, and the step's metrics counting it when other rollouts train."""
 
 import pytest
 from rollouts import masked, rollout, sampled
 
 from contracts.errors import TridentError
 from orchestrator.batching.batch import assemble_batch
-from orchestrator.batching.no_sample import error_line, error_type, no_sample_metrics
+from orchestrator.batching.no_sample import no_sample_metrics
 from orchestrator.config import AdvantageConfig
 
 TRAINS = sampled([1, 2, 3], 1, [-1.0, -1.0])  # a prompt token, then two sampled: 3 tokens
 LONG = sampled([1] * 20, 1, [-1.0] * 19)  # longer than the seq_len of 16 used here
 PREFIX = "step 3: no rollout produced a training sample: "
+KEPT = "; each failed rollout's full error is in the run's metrics/failed_rollouts.jsonl"
 
 
 def step_error(groups, seq_len: int = 16, **options) -> str:
@@ -20,7 +21,7 @@ def step_error(groups, seq_len: int = 16, **options) -> str:
     return str(error.value)
 
 
-def test_failed_rollouts_are_counted_with_their_most_common_error_and_where_it_was_first():
+def test_failed_rollouts_are_counted_by_cause_each_with_where_it_was_first():
     unauthorized = "ProviderError: Error code: 401 - unauthorized"
     groups = [
         [rollout(0.0, ok=False, error="TaskError: no data", env="code", task="t0"),
@@ -30,7 +31,38 @@ def test_failed_rollouts_are_counted_with_their_most_common_error_and_where_it_w
     ]  # fmt: skip
     assert step_error(groups) == (
         PREFIX + "4 failed (ProviderError: Error code: 401 - unauthorized ×3, first in environment 'code' (task t1); "
-        "1 with other errors)"
+        "TaskError: no data ×1, first in environment 'code' (task t0))" + KEPT
+    )
+
+
+def failing(errors: list[str]) -> list:
+    return [rollout(0.0, ok=False, error=error, env="swe", task=str(i)) for i, error in enumerate(errors)]
+
+
+def test_one_cause_with_per_rollout_text_counts_once_and_names_the_real_cause():
+    # the issue's run: 64 rollouts, each cloning into its own temporary folder; counted by first line, it read
+    # "×1 …; 63 with other errors", and the cut first line dropped git's error
+    git = "fatal: could not read Username for 'https://github.com': No such device or address"
+    one_line = failing([f"HarnessError: git clone failed in /tmp/tmp{i:08x}: {git}" for i in range(64)])
+    assert step_error([one_line]) == (
+        PREFIX + f"64 failed (HarnessError: git clone failed in /tmp/tmp00000000: {git} ×64, first in environment "
+        "'swe' (task 0))" + KEPT
+    )
+    git = "fatal: unable to access 'https://github.com/o/r.git/': Could not resolve host"
+    cloning = failing([f"HarnessError: harness 'bash' exited 128: Cloning into '/tmp/tmp{i:08x}/repo'...\n{git} "
+                       f"(after {i / 10}s)\n" for i in range(64)])  # fmt: skip
+    assert step_error([cloning]) == (
+        PREFIX + f"64 failed (HarnessError: {git} (after 0.0s) ×64, first in environment 'swe' (task 0))" + KEPT
+    )
+
+
+def test_the_step_error_names_three_causes_and_counts_the_rest():
+    errors = ["TaskError: a", "TaskError: b", "TaskError: b", "TaskError: c", "TaskError: d", "TaskError: e"]
+    failed = [rollout(0.0, ok=False, error=e, env="code", task=f"t{i}") for i, e in enumerate(errors)]
+    assert step_error([failed]) == (
+        PREFIX + "6 failed (TaskError: b ×2, first in environment 'code' (task t1); TaskError: a ×1, first in "
+        "environment 'code' (task t0); TaskError: c ×1, first in environment 'code' (task t3); 2 with 2 other causes)"
+        + KEPT
     )
 
 
@@ -38,7 +70,7 @@ def test_groups_lost_to_infrastructure_errors():
     lost = [rollout(0.0, ok=False, error="SandboxError: gone", lost=True, env="code", task="t4"), rollout(1.0, TRAINS)]
     assert step_error([lost]) == (
         PREFIX + "2 in groups lost to infrastructure errors (SandboxError: gone ×1, first in environment 'code' "
-        "(task t4))"
+        "(task t4))" + KEPT
     )
 
 
@@ -71,7 +103,7 @@ def test_tied_groups_left_out_with_the_other_reasons_in_order():
     error = step_error([tied, split], advantage=AdvantageConfig(drop_uniform_groups=True))
     assert error == (
         PREFIX + "1 failed (boom ×1, first in environment 'code' (task t9)), 2 in groups whose rewards all tie "
-        "(advantage.drop_uniform_groups or filter.refill), 1 longer than seq_len = 16"
+        "(advantage.drop_uniform_groups or filter.refill), 1 longer than seq_len = 16" + KEPT
     )
 
 
@@ -101,12 +133,3 @@ def test_a_rollout_with_one_trained_sample_trains():
     forked = rollout(1.0, LONG, TRAINS)  # its first branch too long, its second fits
     batch = assemble_batch(1, [[forked, rollout(0.0, TRAINS)]], 0, seq_len=16)
     assert batch.untrained == [] and batch.overlong == 1
-
-
-def test_error_types_and_first_lines():
-    assert error_type("InterceptionError: unauthorized request") == "InterceptionError"
-    assert error_type("APIConnectionError") == "APIConnectionError"
-    assert error_type("the environment returned no trace of a trainable agent") == "other"
-    assert error_type(None) == "other"
-    assert error_line("TaskError: a\nTraceback ...") == "TaskError: a"
-    assert error_line("x" * 500) == "x" * 199 + "…"

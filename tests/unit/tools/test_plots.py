@@ -10,10 +10,12 @@ import pytest
 from fake_runs import STEPS, fake_reported_run, fake_run
 from matplotlib.figure import Figure
 from matplotlib.image import imread
+from rollouts import rollout
 
 from contracts.metrics import MetricsWriter
 from contracts.run_dir import configs_dir
 from launch.supervise import write_plots_or_warn
+from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from tools.plots import draw, eval_spec, load_run, plot_runs, seats_spec, write_plots
 from tools.report import write_report
 
@@ -144,7 +146,22 @@ def test_report_without_a_tokenizer_shows_the_text(reported_run):
     (configs_dir(run) / "orchestrator.toml").unlink()  # no model name: nothing to decode tokens with
     page = write_report(run, [("run", run)], []).read_text()
     assert "<mark class='trained'>I" not in page and "I will compute 6 x 7." in page
-    assert "No metrics to plot yet." in page
+    assert "No metrics to plot yet." in page and "Failed rollouts" not in page  # none failed: no section
+
+
+def test_report_counts_failed_rollouts_by_cause_with_the_first_full_error(tmp_path):
+    run = fake_run(tmp_path / "run", 0.1)
+    git = "HarnessError: exited 128: Cloning into '/tmp/tmp{}/repo'...\nfatal: repository <r> not found\n"
+    for step in (2, 3):
+        failed = [rollout(0.0, ok=False, error=git.format(f"{step}{i}"), env="swe", task=f"t{i}") for i in range(2)]
+        write_failed_rollouts(run, step, [failed, [rollout(0.0, ok=False, error="TaskError: no data", env="swe")]])
+    page = write_report(run, [("run", run)], []).read_text()
+    section = page[page.index("<h3>Failed rollouts</h3>") :]
+    assert "<p>6 failed rollouts, 2 causes</p>" in section
+    assert "<td>4</td><td>HarnessError: fatal: repository &lt;r&gt; not found</td><td>2..3</td>" in section
+    assert "<td>2</td><td>TaskError: no data</td><td>2..3</td>" in section
+    first = html.escape(git.format("20"))
+    assert f"the first, step 2 · env swe · task t0</summary><pre>{first}</pre>" in section  # in full, escaped
 
 
 def test_rl_writes_the_report_and_only_warns_when_it_cannot(runs, tmp_path, caplog):

@@ -8,12 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rollouts import rollout
 from script_modules import load_script
 from transformers import AutoTokenizer
 
 from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
 from contracts.sampling import Truncation
+from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
 TOOLS = [
@@ -476,6 +478,26 @@ def test_inspect_rollouts_shows_the_conversation(tmp_path, samples, tiny_model_p
         assert expected in out
     assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--sample", "9"]) == 2
     assert "out of range" in capsys.readouterr().err
+
+
+def test_inspect_rollouts_shows_the_steps_failed_rollouts_by_cause(tmp_path, samples, tiny_model_path, capsys):
+    write_step(tmp_path, baseline(samples), tiny_model_path, step=1)
+    traceback = 'HarnessError: exited 1: Traceback (most recent call last):\n  File "/tmp/tmp{}/run.py", line 3\n'
+    traceback += "ModuleNotFoundError: No module named 'nltk'"
+    failed = [
+        rollout(0.0, ok=False, error=traceback.format(i), env="wiki", task=f"t{i}", seat="agent") for i in range(3)
+    ]
+    write_failed_rollouts(tmp_path, 1, [failed, [rollout(0.0, ok=False, error="TaskError: no data", env="wiki")]])
+    write_failed_rollouts(tmp_path, 2, [failed[:2]])  # the step stopped the run: no batch
+    inspect_rollouts = load_script("inspect_rollouts")
+    assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--step", "1", "--sample", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "4 failed rollouts, 2 causes" in out and "sample 0" in out
+    assert "3 × HarnessError: ModuleNotFoundError: No module named 'nltk'" in out and "1 × TaskError: no data" in out
+    assert "first: step 1 · env wiki · task t0 · seat agent" in out and traceback.format(0) in out  # in full
+    assert inspect_rollouts.main(["--output-dir", str(tmp_path)]) == 0  # the newest step: its failures alone
+    out = capsys.readouterr().out
+    assert "step 2: no batch to show" in out and "2 × HarnessError: ModuleNotFoundError" in out
 
 
 def test_both_tools_show_the_sampling_truncation_the_trainer_replays(
