@@ -14,8 +14,24 @@ def first_line(text: str, limit: int | None = None) -> str:
     return line if limit is None or len(line) <= limit else line[: limit - 1] + "…"
 
 
+def error_line(error: BaseException, limit: int = 400) -> str:
+    """``error`` as one line: its type, then the lines of its message that hold a letter or digit (a banner's rules of
+    asterisks and blank lines dropped), joined, cut to ``limit`` characters with an ellipsis."""
+    words = [line.strip() for line in str(error).splitlines() if any(c.isalnum() for c in line)]
+    line = f"{type(error).__name__}: {' '.join(words)}" if words else type(error).__name__
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 class TridentError(Exception):
     """A failure whose message says what went wrong and what to check; shown without a traceback."""
+
+
+def user_error_line(process: str, log_lines: list[str]) -> str | None:
+    """The last line of ``log_lines`` (a process's log) where :func:`exit_on_user_error` said why ``process`` failed,
+    from its message on; None where it said none (the process crashed, or was killed)."""
+    mark = f" {process} ERROR {process} failed: "  # setup_logging's format, then exit_on_user_error's message
+    found = next((line for line in reversed(log_lines) if mark in line), None)
+    return None if found is None else found[found.index(mark) + len(f" {process} ERROR ") :]
 
 
 @contextmanager

@@ -24,8 +24,8 @@ class InferenceModelConfig(ModelConfig):
         int,
         Field(ge=0, description="Images one prompt (all turns of a conversation so far) may hold, for a "
                                 "vision-language model (vLLM's --limit-mm-per-prompt; videos: none). No effect on a "
-                                "text model."),
-    ] = 4  # fmt: skip
+                                "text model. 8 holds verifiers' multi-turn VLM example (up to 6)."),
+    ] = 8  # fmt: skip
     chat_family: ChatFamilyName = "auto"
     tool_call_parser: Annotated[
         str,

@@ -248,8 +248,26 @@ def training_client_answer(data: Any, start: int, adapter_step: int | None = Non
     return adapter_weight_versions(verifiers_routes(token_id_logprobs(data), start), adapter_step)
 
 
-def patch_generate_route(app: FastAPI) -> bool:
-    """Wrap ``POST /inference/v1/generate`` so its logprobs and routes are in the form the training client reads."""
+def prompt_images(request: Any) -> int:
+    """How many images a ``/inference/v1/generate`` request's prompt holds: its raw ``content_parts`` or its
+    processed features' images."""
+    if request.content_parts:
+        return sum(str(part.get("type", "")).startswith("image") for part in request.content_parts)
+    return len(request.features.mm_hashes.get("image", [])) if request.features else 0
+
+
+def too_many_images(images: int, max_images: int) -> JSONResponse:
+    """The answer (400, in vLLM's error form) to a prompt of ``images`` images, over ``max_images``: what to raise,
+    and to what (vLLM's own answer names neither)."""
+    message = (f"this prompt holds {images} images, over the server's [model] max_images_per_prompt = {max_images} "
+               f"(inference config): raise it to {images} or more")  # fmt: skip
+    error = {"message": message, "type": "BadRequestError", "param": "image", "code": 400}
+    return JSONResponse({"error": error}, status_code=400)
+
+
+def patch_generate_route(app: FastAPI, max_images: int | None = None) -> bool:
+    """Wrap ``POST /inference/v1/generate`` so its logprobs and routes are in the form the training client reads, and
+    a prompt of more than ``max_images`` images (None: no limit of ours) is refused naming the key that sets it."""
     from vllm.entrypoints.scale_out.token_in_token_out.protocol import GenerateRequest
     from vllm.entrypoints.serve.utils.api_utils import validate_json_request
 
@@ -267,6 +285,8 @@ def patch_generate_route(app: FastAPI) -> bool:
     original = routes[index].endpoint
 
     async def generate(request: GenerateRequest, raw_request: Request):
+        if max_images is not None and (images := prompt_images(request)) > max_images:
+            return too_many_images(images, max_images)
         response = await original(request, raw_request)
         start = request.sampling_params.routed_experts_prompt_start
         step = api.adapter_step(request.model)

@@ -132,7 +132,8 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     broadcast = config.weight_broadcast
     store = (broadcast.host, broadcast.port) if broadcast is not None else None
     app.include_router(WeightsRoutes(config.weights_root, base_path, store).router)
-    if not patch_generate_route(app):
+    card = ModelCard.of(config.model.name)
+    if not patch_generate_route(app, config.model.max_images_per_prompt if card.vision_language else None):
         raise RuntimeError("vLLM has no /inference/v1/generate route to patch")
     await init_app_state(engine_client, app.state, args, supported_tasks)
     await engine_client.update_weight_version("0")  # vLLM labels each sampled token with it: the base model is step 0

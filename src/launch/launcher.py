@@ -50,6 +50,7 @@ from launch.rl_config import (
 from launch.supervise import (
     WaitNotice,
     child_env,
+    failure_message,
     keep_stopping,
     log_tail,
     log_to_file,
@@ -209,9 +210,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         print_new_steps()
     if failed is not None:
         child = children[failed]
-        logger.error(
-            f"{failed} exited with code {child.poll()}; last lines of {child.log_path}:\n{log_tail(child.log_path)}"
-        )
+        logger.error(failure_message(failed, child.poll(), child.log_path))
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from contracts.errors import user_error_line
 from contracts.lifeline import launcher_env
 
 logger = logging.getLogger("rl")
@@ -59,6 +60,18 @@ def log_tail(path: Path, lines: int = 15) -> str:
     except OSError:
         return "  (no log)"
     return "\n".join(f"  | {line}" for line in text)
+
+
+def failure_message(name: str, code: int | None, log_path: Path) -> str:
+    """Why process ``name`` exited with ``code``: the one line it gave for a user's error (what
+    :func:`~contracts.errors.exit_on_user_error` logged) and where its log is, else its log's last lines."""
+    try:
+        cause = user_error_line(name, log_path.read_text(errors="replace").splitlines())
+    except OSError:
+        cause = None
+    if cause is not None:
+        return f"{name} exited with code {code}: {cause} (its log: {log_path})"
+    return f"{name} exited with code {code}; last lines of {log_path}:\n{log_tail(log_path)}"
 
 
 def log_to_file(path: Path) -> None:

@@ -45,6 +45,7 @@ from orchestrator.tasks.difficulty_pool import DifficultyPool
 from orchestrator.tasks.sampler import TaskFeed, TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
+from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
 
 logger = logging.getLogger("orchestrator")
 CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up
@@ -62,6 +63,7 @@ class Orchestrator:
                     f"env.{i}: environment {config.env[i].id!r} has no tasks (with args {config.env[i].args})"
                 )
             check_judged(config.env[i], f"env.{i}", tasks[0])
+            check_model_sees_images(config.env[i].id, f"env.{i}", tasks[0], config.model.name)
         sizes = [tasks.size for tasks in self.per_env]
         pool = config.difficulty_pool
         self.pool = DifficultyPool(sizes, pool.ema, pool.min_weight) if pool else None

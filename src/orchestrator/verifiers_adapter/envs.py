@@ -21,7 +21,7 @@ from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.utils.generic import concrete_type
 from verifiers.v1.utils.loaders import default_harness_id, environment_class
 
-from contracts.errors import TridentError
+from contracts.errors import TridentError, error_line
 from contracts.inference_api import API_KEY_ENV
 from contracts.model_card import ModelCard
 from orchestrator.batching.images import EpisodeImages, sample_images
@@ -70,9 +70,9 @@ def load_env(env: EnvConfig) -> vf.Env:
         )
     try:
         if env.runtime in ("auto", "subprocess"):
-            with dataset_errors_named(env.id):  # a taskset may read its dataset when built, or at its first task
+            with dataset_errors_named(env.id):  # a taskset may read its dataset when built
                 loaded = _construct(env, harness, vf.SubprocessConfig())
-                need = container_need(loaded, harness) if env.runtime == "auto" else None
+            need = container_need(loaded, harness, first_task(loaded)) if env.runtime == "auto" else None
             if need is None:
                 _configs[loaded] = env
                 return loaded
@@ -126,12 +126,25 @@ def load_tasks(env: vf.Env, limit: int) -> list:
     return list(itertools.islice(open_tasks(env), limit))
 
 
+def first_task(env: vf.Env):
+    """``env``'s first task (:func:`open_tasks`), or None where its taskset yields none."""
+    return next(open_tasks(env), None)
+
+
 def open_tasks(env: vf.Env) -> Iterator:
     """``env``'s tasks, read lazily from a fresh ``load()`` through verifiers' read path (each task's ``idx`` its
-    position, the taskset config's ``system_prompt`` applied); a dataset that cannot be read
-    (:class:`dataset_rows.DatasetError`, naming the file, row or hub id) is one line naming the environment."""
-    with dataset_errors_named(env.config.taskset.id):
-        yield from env.taskset
+    position, the taskset config's ``system_prompt`` applied). A dataset that cannot be read
+    (:class:`dataset_rows.DatasetError`, naming the file, row or hub id), or any other exception ``load()`` raises,
+    is one line naming the environment; the exception's traceback goes to the log."""
+    env_id = env.config.taskset.id
+    with dataset_errors_named(env_id):
+        try:
+            yield from env.taskset
+        except (DatasetError, TridentError):
+            raise
+        except Exception as e:
+            logger.warning(f"environment {env_id!r}: its taskset's load() raised", exc_info=True)
+            raise TridentError(f"environment {env_id!r}: loading its tasks failed: {error_line(e)}") from None
 
 
 def tasks_of(env: vf.Env) -> Tasks:

@@ -3,8 +3,8 @@
 verifiers runs an agent's program in a runtime: a local subprocess, or a container (docker, podman) or remote
 sandbox. Trident runs it as a local subprocess unless the environment needs a container, which verifiers
 states in three ways: the harness or the task class declares ``NEEDS_CONTAINER``, or a task names an image
-(``TaskData.image``; the first task is checked, a later one naming an image fails its rollouts with verifiers'
-own message). Such an environment gets docker, else podman, where its daemon answers; where neither does,
+(``TaskData.image``; the first task, read at start, is checked, a later one naming an image fails its rollouts with
+verifiers' own message). Such an environment gets docker, else podman, where its daemon answers; where neither does,
 loading it fails with one line. ``[[env]] runtime`` names the runtime instead of "auto".
 """
 
@@ -20,14 +20,14 @@ CONTAINER_RUNTIMES = {"docker": vf.DockerConfig, "podman": vf.PodmanConfig}
 INFO_TIMEOUT_S = 20.0  # `docker info` waits on its daemon
 
 
-def container_need(env: vf.Env, harness_id: str) -> str | None:
-    """Why the loaded environment ``env`` (its agents on ``harness_id``) needs a container, or None."""
+def container_need(env: vf.Env, harness_id: str, first: vf.Task | None) -> str | None:
+    """Why the loaded environment ``env`` (its agents on ``harness_id``, its first task ``first``: None for none)
+    needs a container, or None."""
     if harness_class(harness_id).NEEDS_CONTAINER:
         return f"its harness {harness_id!r} declares NEEDS_CONTAINER"
     task_cls = type(env.taskset).task_type()
     if task_cls.NEEDS_CONTAINER:
         return f"its task class {task_cls.__name__} declares NEEDS_CONTAINER"
-    first = next(iter(env.taskset), None)
     if first is not None and first.data.image is not None:
         return f"its tasks name an image ({first.data.image!r})"
     return None

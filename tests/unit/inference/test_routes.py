@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from safetensors.torch import save_file
@@ -521,3 +521,26 @@ def test_a_run_that_sent_nothing_for_the_idle_timeout_is_evicted(runs_root):
     now[0] = 149.0
     load(client, runs_root, 1, "c")
     assert set(client.get("/runs").json()) == {"b", "c"}
+
+
+def test_a_prompt_over_the_image_limit_is_refused_naming_the_key_and_the_count_it_needs():
+    from contracts.inference_api import GENERATE
+    from inference.routes import patch_generate_route
+
+    app = FastAPI()
+
+    @app.post(GENERATE)
+    async def generate(request: dict, raw_request: Request):  # vLLM's own route: answers whatever reaches it
+        return JSONResponse({"choices": []})
+
+    assert patch_generate_route(app, max_images=4)
+    image = {"type": "image_url", "url": "data:image/png;base64,AAAA"}
+    client = TestClient(app)
+    over = client.post(GENERATE, json={"token_ids": [1, 2], "sampling_params": {}, "content_parts": [image] * 6})
+    assert over.status_code == 400
+    assert over.json()["error"]["message"] == (
+        "this prompt holds 6 images, over the server's [model] max_images_per_prompt = 4 (inference config): raise "
+        "it to 6 or more"
+    )
+    within = client.post(GENERATE, json={"token_ids": [1, 2], "sampling_params": {}, "content_parts": [image] * 4})
+    assert within.status_code == 200

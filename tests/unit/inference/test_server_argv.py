@@ -65,7 +65,7 @@ def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tin
         return argv[argv.index(flag) + 1]
 
     argv = vllm_argv(InferenceConfig(model={"name": vision_language_path}))
-    assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 4, "video": 0}
+    assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 8, "video": 0}
     argv = vllm_argv(InferenceConfig(model={"name": vision_language_path, "max_images_per_prompt": 1}))
     assert json.loads(option(argv, "--limit-mm-per-prompt")) == {"image": 1, "video": 0}
     if not torch.cuda.is_available():  # a processed-image cache sized for a CPU shared with the trainer
