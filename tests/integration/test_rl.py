@@ -148,9 +148,11 @@ def test_failing_process_stops_the_run(tmp_path, inference_server):
     server = ("--orchestrator.client.base-url", inference_server)
     result = run_rl(tmp_path, "--orchestrator.env", env, *server, timeout=300, inference=False)
     assert result.returncode == 1
-    # the failure names the process, its exit code, its log, and shows the log's last lines
-    assert f"orchestrator exited with code 1; last lines of {tmp_path / 'logs' / 'orchestrator.log'}" in result.stderr
-    assert "environment 'reverse-text' rejects its args: no_such_arg" in result.stderr
+    # the failure names the process, its exit code, the one line it gave and its log
+    assert (
+        "orchestrator exited with code 1: orchestrator failed: environment 'reverse-text' rejects its args: "
+        f"no_such_arg (its log: {tmp_path / 'logs' / 'orchestrator.log'})"
+    ) in result.stderr
     assert_process_groups_gone(started_pids(tmp_path))
 
 
