@@ -151,7 +151,8 @@ def test_failing_process_stops_the_run(tmp_path, inference_server):
     # the failure names the process, its exit code, the one line it gave and its log
     assert (
         "orchestrator exited with code 1: orchestrator failed: environment 'reverse-text' rejects its args: "
-        f"no_such_arg (its log: {tmp_path / 'logs' / 'orchestrator.log'})"
+        "no_such_arg: Extra inputs are not permitted (its log: "
+        f"{tmp_path / 'logs' / 'orchestrator.log'})"
     ) in result.stderr
     assert_process_groups_gone(started_pids(tmp_path))
 
