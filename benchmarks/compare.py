@@ -89,8 +89,8 @@ def _lookup(result: dict, dotted: str):
 
 
 def moved(recorded: Reading, new: Reading, tolerance: float) -> str:
-    """``"up"`` or ``"down"`` where ``new``'s value left the recorded spread (with one repetition recorded, the recorded value
-    ± ``tolerance`` as a fraction), else "within"."""
+    """``"up"`` or ``"down"`` where ``new``'s value left the recorded spread (with one repetition recorded, the
+    recorded value ± ``tolerance`` as a fraction), else ``"within"``."""
     low, high = recorded.low, recorded.high
     if recorded.repetitions == 1:
         low, high = recorded.value * (1 - tolerance), recorded.value * (1 + tolerance)
