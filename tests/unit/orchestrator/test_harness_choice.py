@@ -5,6 +5,7 @@ model is rendered by each harness against a fake model server: verifiers' chat p
 from the source its harness hands the runtime (the subprocess runtime would fetch its packages with ``uv``)."""
 
 import asyncio
+import importlib
 import json
 import sys
 import tomllib
@@ -124,7 +125,7 @@ def trident_environments() -> list[str]:
     ids = []
     for pyproject in sorted(REPO.glob("environments/*/pyproject.toml")):
         name = tomllib.loads(pyproject.read_text())["project"]["name"]
-        module = __import__(name.replace("-", "_"))
+        module = importlib.import_module(name.replace("-", "_"))
         if any(isinstance(getattr(module, n), type) and issubclass(getattr(module, n), vf.Taskset)
                for n in module.__all__):  # fmt: skip
             ids.append(name)
@@ -132,7 +133,7 @@ def trident_environments() -> list[str]:
 
 
 def config_environments() -> set[tuple[str, str]]:
-    """Each ``[[env]]`` / ``[[eval.env]]`` table of configs/, as (file, id), with the harness it names."""
+    """Each ``[[env]]`` / ``[[eval.env]]`` table of configs/ that leaves ``harness`` at "auto", as (file, id)."""
     found = set()
 
     def walk(node, path: Path):
