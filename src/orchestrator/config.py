@@ -305,9 +305,10 @@ class EnvConfig(StrictModel):
     harness: Annotated[
         str,
         Field(
-            description="Harness of the environment's agents: 'auto' (the one the taskset's package declares, else "
-            "'trident'), 'trident' (Trident's in-process chat loop: function tools and MCP toolsets), or a "
-            "verifiers harness id (its program runs per rollout). Tokens come from the server's replies either way."
+            description="Harness of the environment's agents: 'auto' (what verifiers runs: the one the taskset's "
+            "package declares, else verifiers' 'bash'), 'trident' (Trident's in-process chat loop: function tools "
+            "and MCP toolsets), or a verifiers harness id (its program runs per rollout). Tokens come from the "
+            "server's replies either way."
         ),
     ] = "auto"
     runtime: Annotated[

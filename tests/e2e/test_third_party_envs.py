@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import harness_for, load_env, model_context, run_group
+from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
 
@@ -70,7 +71,7 @@ def test_both_scopes_of_mcp_tools_reach_the_model_and_answer_as_prompt(user_env_
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path)
     chat = ChatFormat.from_tokenizer(tokenizer)
-    for rollout in rollouts(EnvConfig(id="notes-env", max_turns=4), ctx, n=3):
+    for rollout in rollouts(EnvConfig(id="notes-env", harness="trident", max_turns=4), ctx, n=3):
         assert rollout.ok, rollout.error
         branch = rollout.branches[0]
         ids, mask, logprobs = branch.token_ids, branch.loss_mask, branch.logprobs
@@ -121,7 +122,7 @@ def test_a_remote_mcp_server_by_url_serves_its_tools_and_its_absence_fails_the_r
     url, server = running_dictionary
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     ctx = forced_tool_calls(tokenizer, inference_server, tiny_model_path, FORCED_DEFINE_CALL)
-    env = EnvConfig(id="notes-env", args={"dictionary_url": url}, max_turns=6)
+    env = EnvConfig(id="notes-env", args={"dictionary_url": url}, harness="trident", max_turns=6)
     defined = []
     for rollout in rollouts(env, ctx, n=2):
         assert rollout.ok, rollout.error
@@ -156,7 +157,8 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
     user_env_installed, inference_server, tiny_model_path
 ):
     assert harness_for(EnvConfig(id="echo-twice")) == "echo-twice"  # declared by the package: kept
-    assert harness_for(EnvConfig(id="echo-twice", harness="trident")) == harness_for(EnvConfig(id="notes-env"))
+    assert harness_for(EnvConfig(id="echo-twice", harness="trident")) == HARNESS_ID
+    assert harness_for(EnvConfig(id="notes-env")) == "bash"  # declares none: verifiers' default
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     ctx = model_context(OrchestratorConfig(client={"base_url": inference_server}, sampling={"max_tokens": 8}),
                         tiny_model_path)  # fmt: skip
@@ -174,7 +176,7 @@ def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int
     2 rollouts a step (4 rollouts, not the debug configs' batch) and without their held-out evaluation, its rollouts
     run by the orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
-    env = [{"id": "notes-env", "max_turns": 2}]
+    env = [{"id": "notes-env", "harness": "trident", "max_turns": 2}]
     return [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import verifiers.v1 as vf
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 ENV_ID = "flaky-tools"  # verifiers imports the taskset of this id as module flaky_tools: this one
 
 
@@ -35,7 +37,7 @@ class FlakyTaskset(vf.Taskset[FlakyTask, vf.TasksetConfig]):
         yield FlakyTask(vf.TaskData(id="t0", prompt="Say hi."), self.config.task)
 
 
-__all__ = ["FlakyTaskset"]
+__all__ = ["InProcessHarness", "FlakyTaskset"]
 
 
 def crashes(start: int) -> bool:

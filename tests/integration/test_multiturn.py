@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,7 @@ class ToolTaskset(vf.Taskset[ToolTask, ToolTaskConfig]):
         yield ToolTask(ToolData(id="count", prompt=prompt, max_turns=self.config.max_turns, user=user))
 
 
-__all__ = ["ToolTaskset"]
+__all__ = ["InProcessHarness", "ToolTaskset"]
 
 FORCED_TOOL_CALL = '<tool_call>\n\\{"name": "char_count", "arguments": \\{"s": "[a-z]{1,6}"\\}\\}\n</tool_call>'
 

@@ -50,6 +50,7 @@ from contracts.run_dir import PROBE_TEXT, complete_checkpoints, images_dir, roll
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.serving.client import InferenceClient
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.rollout_check import check_step, open_step, rollout_steps
 from tools.rollout_view import summary_line
@@ -359,7 +360,7 @@ class ImageTaskset(vf.Taskset[ImageTask, ImageTaskConfig]):
         yield ImageTask(ImageData(id="colour", prompt=prompt, **MODES[self.config.mode]))
 
 
-__all__ = ["ImageTaskset"]
+__all__ = ["InProcessHarness", "ImageTaskset"]
 
 
 @pytest.fixture

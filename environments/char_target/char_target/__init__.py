@@ -8,6 +8,8 @@ import random
 
 import verifiers.v1 as vf
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 WORDS = "apple river stone cloud music paper light green quiet north window garden".split()
 
 
@@ -46,4 +48,4 @@ class CharTargetTaskset(vf.Taskset[CharTargetTask, CharTargetConfig]):
             yield CharTargetTask(data, self.config.task)
 
 
-__all__ = ["CharTargetTaskset", "target_share"]
+__all__ = ["InProcessHarness", "CharTargetTaskset", "target_share"]

@@ -24,6 +24,7 @@ from customer_service import rewards
 from customer_service.scenarios import GOAL_KINDS, GoalKind, Scenario, generate_scenarios
 from customer_service.store import Store, replay
 from customer_service.transcript import agent_replies, tool_calls
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 
 TOOLS = [f"customer_service.tools:{name}" for name in ("lookup_order", "issue_refund", "update_address")]
 CUSTOMERS = {
@@ -153,4 +154,10 @@ class CustomerServiceTaskset(vf.Taskset[CustomerServiceTask, CustomerServiceConf
         return with_reward_weights(config.task, weights)
 
 
-__all__ = ["CustomerServiceConfig", "CustomerServiceData", "CustomerServiceTask", "CustomerServiceTaskset"]
+__all__ = [
+    "InProcessHarness",
+    "CustomerServiceConfig",
+    "CustomerServiceData",
+    "CustomerServiceTask",
+    "CustomerServiceTaskset",
+]

@@ -10,6 +10,8 @@ import random
 
 import verifiers.v1 as vf
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 TOPICS = "apple river stone cloud music paper light green quiet north window garden".split()
 
 
@@ -71,4 +73,4 @@ class DigitDuelEnv(vf.Env[DigitDuelConfig]):
             trace.record_reward("win", float((mine > other) - (mine < other)))
 
 
-__all__ = ["DigitDuelEnv", "DigitDuelTaskset", "digits"]
+__all__ = ["InProcessHarness", "DigitDuelEnv", "DigitDuelTaskset", "digits"]

@@ -21,6 +21,7 @@ from reward_weights import with_reward_weights
 from gsm8k_calc.answers import is_correct, parse_final_answer
 from gsm8k_calc.problems import Problem, generate_problems, load_gsm8k
 from gsm8k_calc.tools import CalculatorError, calculator, evaluate
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 
 CALCULATOR = "gsm8k_calc.tools:calculator"
 DEFAULT_NUM_EXAMPLES = 1024
@@ -136,6 +137,7 @@ class Gsm8kCalcTaskset(vf.Taskset[Gsm8kCalcTask, Gsm8kCalcConfig]):
 
 
 __all__ = [
+    "InProcessHarness",
     "Gsm8kCalcTaskset",
     "calculator",
     "calculator_expressions",

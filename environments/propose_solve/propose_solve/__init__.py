@@ -17,6 +17,8 @@ import verifiers.v1 as vf
 from puzzle_stream import sum_reward
 from pydantic import Field
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 PROBLEM = re.compile(r"(\d+)\s*\+\s*(\d+)")
 
 
@@ -99,4 +101,4 @@ class ProposeSolveEnv(vf.Env[ProposeSolveEnvConfig]):
         proposal.record_metric("valid_problem", float(valid))
 
 
-__all__ = ["ProposeSolveEnv", "ProposeSolveTaskset", "balance", "problem_in"]
+__all__ = ["InProcessHarness", "ProposeSolveEnv", "ProposeSolveTaskset", "balance", "problem_in"]

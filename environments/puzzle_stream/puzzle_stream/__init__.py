@@ -11,6 +11,8 @@ import re
 
 import verifiers.v1 as vf
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 
 def sum_reward(reply: str, answer: str) -> float:
     """1 when the reply's last number is ``answer``; else half the share of ``answer``'s digits found in the reply."""
@@ -50,4 +52,4 @@ class PuzzleStreamTaskset(vf.Taskset[PuzzleTask, PuzzleStreamConfig]):
             yield PuzzleTask(PuzzleData(id=f"puzzle-{i}", prompt=prompt, answer=str(sum(terms))), self.config.task)
 
 
-__all__ = ["PuzzleStreamTaskset", "sum_reward"]
+__all__ = ["InProcessHarness", "PuzzleStreamTaskset", "sum_reward"]

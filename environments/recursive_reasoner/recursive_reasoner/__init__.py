@@ -28,6 +28,7 @@ from gsm8k_calc.problems import Problem, generate_problems, load_gsm8k
 from pydantic import Field
 from reward_weights import with_reward_weights
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from recursive_reasoner.independence import independence_measure
 from recursive_reasoner.outcome import Outcome, evaluate
 from recursive_reasoner.worker import WorkerSettings, server_worker
@@ -212,4 +213,10 @@ class RecursiveReasonerTaskset(vf.Taskset[RecursiveReasonerTask, RecursiveReason
         return with_reward_weights(config.task, weights)
 
 
-__all__ = ["RecursiveReasonerConfig", "RecursiveReasonerData", "RecursiveReasonerTask", "RecursiveReasonerTaskset"]
+__all__ = [
+    "InProcessHarness",
+    "RecursiveReasonerConfig",
+    "RecursiveReasonerData",
+    "RecursiveReasonerTask",
+    "RecursiveReasonerTaskset",
+]

@@ -5,6 +5,8 @@ import random
 
 import verifiers.v1 as vf
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 WORDS = (
     "time river stone cloud music paper light green quiet north window garden tiger orbit maple "
     "silver candle rocket forest planet bridge winter summer copper violet"
@@ -45,4 +47,4 @@ class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):
             yield ReverseTextTask(ReverseTextData(id=f"reverse-text-{i}", prompt=prompt, text=text), self.config.task)
 
 
-__all__ = ["ReverseTextTaskset", "similarity"]
+__all__ = ["InProcessHarness", "ReverseTextTaskset", "similarity"]

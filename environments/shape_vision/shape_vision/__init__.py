@@ -28,6 +28,7 @@ import verifiers.v1 as vf
 from pydantic import Field
 from verifiers.v1.utils.image import image_data_url
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from shape_vision.answers import answer_set_share, answer_words, first_answer
 from shape_vision.scenes import COLOURS, GRID, Shape, draw, random_shapes
 
@@ -134,4 +135,13 @@ class ShapeVisionTaskset(vf.Taskset[ShapeVisionTask, ShapeVisionConfig]):
             yield ShapeVisionTask(data, config.task)
 
 
-__all__ = ["ShapeVisionTaskset", "answer_set_share", "answer_words", "draw", "first_answer", "look", "look_again"]
+__all__ = [
+    "InProcessHarness",
+    "ShapeVisionTaskset",
+    "answer_set_share",
+    "answer_words",
+    "draw",
+    "first_answer",
+    "look",
+    "look_again",
+]

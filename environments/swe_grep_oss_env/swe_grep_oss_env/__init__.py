@@ -29,6 +29,7 @@ from dataset_rows import TasksetDataset
 from pydantic import Field
 from reward_weights import with_reward_weights
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from swe_grep_oss_env import rewards, swebench, synthetic
 from swe_grep_oss_env.tools import REPO_DIR
 
@@ -202,4 +203,4 @@ class SweGrepTaskset(vf.Taskset[SweGrepTask, SweGrepConfig]):
         return with_reward_weights(config.task, weights)
 
 
-__all__ = ["SweGrepConfig", "SweGrepData", "SweGrepTask", "SweGrepTaskset"]
+__all__ = ["InProcessHarness", "SweGrepConfig", "SweGrepData", "SweGrepTask", "SweGrepTaskset"]

@@ -19,7 +19,7 @@ from dataset_rows import DatasetError
 from pydantic import ValidationError
 from verifiers.v1.configs.agent import agent_config_fields
 from verifiers.v1.utils.generic import concrete_type
-from verifiers.v1.utils.loaders import default_harness_id, environment_class
+from verifiers.v1.utils.loaders import default_harness_id, environment_class, harness_class
 
 from contracts.errors import TridentError, error_line
 from contracts.inference_api import API_KEY_ENV
@@ -29,7 +29,7 @@ from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.serving.client import run_headers
 from orchestrator.tasks.stream import Tasks, read_tasks
-from orchestrator.verifiers_adapter.harness import HARNESS_ID
+from orchestrator.verifiers_adapter.harness import HARNESS_ID, InProcessHarness
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from orchestrator.verifiers_adapter.renderer import renderer_config
@@ -41,17 +41,17 @@ logger = logging.getLogger("orchestrator")
 Env = vf.Env
 ModelContext = vf.ModelContext
 IMAGE_PLACEHOLDER = 1  # the marker of an image placeholder token in renderers' mm_token_type_id_map
-VERIFIERS_DEFAULT_HARNESS = "bash"  # what verifiers runs for a taskset that declares no harness
 _configs: weakref.WeakKeyDictionary[vf.Env, EnvConfig] = weakref.WeakKeyDictionary()  # what load_env loaded
 
 
 def harness_for(env: EnvConfig) -> str:
-    """The harness id each agent of ``env`` runs: ``env.harness``, or for "auto" the harness the taskset's package
-    declares, else Trident's in-process one (in place of verifiers' default, "bash": a subprocess per rollout)."""
+    """The harness id each agent of ``env`` runs: ``env.harness`` ("trident": Trident's in-process one), or for "auto"
+    what verifiers itself would run: the harness the taskset's package declares (a ``vf.Harness`` subclass in its
+    ``__all__``; Trident's own environments declare the in-process one), else verifiers' default, "bash"."""
     if env.harness != "auto":
         return HARNESS_ID if env.harness == "trident" else env.harness
     declared = default_harness_id(env.id)
-    return declared if declared != VERIFIERS_DEFAULT_HARNESS else HARNESS_ID
+    return HARNESS_ID if harness_class(declared) is InProcessHarness else declared
 
 
 def load_env(env: EnvConfig) -> vf.Env:
@@ -62,12 +62,6 @@ def load_env(env: EnvConfig) -> vf.Env:
     (:func:`~orchestrator.verifiers_adapter.judge.with_judge`). Every model call still reaches the server through
     verifiers' training client, so tokens are the server's whatever harness runs."""
     harness = harness_for(env)
-    if env.harness == "auto" and harness == HARNESS_ID:
-        logger.info(
-            f"environment {env.id!r} declares no harness: its agents run Trident's in-process harness "
-            f"({HARNESS_ID!r}) in place of verifiers' default ({VERIFIERS_DEFAULT_HARNESS!r}; [[env]] harness = "
-            f'"{VERIFIERS_DEFAULT_HARNESS}" keeps it)'
-        )
     try:
         if env.runtime in ("auto", "subprocess"):
             with dataset_errors_named(env.id):  # a taskset may read its dataset when built

@@ -22,6 +22,8 @@ from verifiers.v1.graph import MessageNode
 from verifiers.v1.trace import AgentInfo, TraceTask
 from verifiers.v1.types import AssistantMessage, ToolCall, UserMessage
 
+from orchestrator.verifiers_adapter.harness import InProcessHarness
+
 # --- the generator
 
 
@@ -122,12 +124,13 @@ def test_taskset_builds_tasks_with_the_harness_fields_without_writing_repositori
     ]
 
 
-def test_exactly_one_taskset_is_exported():
+def test_exactly_one_taskset_is_exported_with_the_harness_it_is_written_for():
     exported = [getattr(swe_grep_oss_env, name) for name in swe_grep_oss_env.__all__]
     assert [cls for cls in exported if isinstance(cls, type) and issubclass(cls, vf.Taskset)] == [
         swe_grep_oss_env.SweGrepTaskset
     ]
-    assert not [cls for cls in exported if isinstance(cls, type) and issubclass(cls, (vf.Harness, vf.Env))]
+    assert [cls for cls in exported if isinstance(cls, type) and issubclass(cls, vf.Harness)] == [InProcessHarness]
+    assert not [cls for cls in exported if isinstance(cls, type) and issubclass(cls, vf.Env)]
 
 
 def test_setup_writes_the_generated_repository(tmp_path):

@@ -15,6 +15,7 @@ from launch.supervise import failure_message
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.envs import first_task, load_env
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
 from tools.tiny_model import built_model_path
 
@@ -51,7 +52,7 @@ class ErrorsTaskset(vf.Taskset[ErrorsTask, ErrorsTasksetConfig]):
         yield ErrorsTask(vf.TaskData(id="t0", prompt=prompt), self.config.task)
 
 
-__all__ = ["ErrorsTaskset"]
+__all__ = ["InProcessHarness", "ErrorsTaskset"]
 
 
 def test_a_taskset_whose_load_raises_stops_the_start_with_one_line_and_its_traceback_in_the_log(tmp_path, caplog):

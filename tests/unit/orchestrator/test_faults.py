@@ -23,6 +23,7 @@ from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.loop.run import Orchestrator
 from orchestrator.metrics.stats import rollout_metrics
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group, to_rollouts
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
 
@@ -64,7 +65,7 @@ class FaultTaskset(vf.Taskset[FaultTask, FaultConfig]):
             yield FaultTask(data, self.config.task)
 
 
-__all__ = ["FaultTaskset"]
+__all__ = ["InProcessHarness", "FaultTaskset"]
 
 
 def test_a_task_whose_setup_raises_gives_failed_rollouts_with_its_error():

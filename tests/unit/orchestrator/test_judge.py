@@ -23,6 +23,7 @@ from orchestrator.config import EnvConfig, EvalConfig, JudgeConfig, Orchestrator
 from orchestrator.loop.evaluation import load_eval_sets
 from orchestrator.loop.run import Orchestrator
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.judge import JudgeError, check_judged, constraint, parse_score
 from orchestrator.verifiers_adapter.limits import RolloutLimits
 from tools.tiny_model import built_model_path
@@ -43,7 +44,7 @@ class UnconfiguredTaskset(vf.Taskset[UnconfiguredTask, vf.TasksetConfig]):
         yield UnconfiguredTask(vf.TaskData(id="t0", prompt="Say hi."))  # not self.config.task: no judge reaches it
 
 
-__all__ = ["UnconfiguredTaskset"]
+__all__ = ["InProcessHarness", "UnconfiguredTaskset"]
 
 
 class PolicyAndJudge(FakePolicy):

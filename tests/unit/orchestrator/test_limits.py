@@ -16,6 +16,7 @@ from contracts.errors import TridentError
 from orchestrator.batching.infra import check_lost
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import InfraConfig, OrchestratorConfig
+from orchestrator.verifiers_adapter.harness import InProcessHarness
 from orchestrator.verifiers_adapter.limits import (
     RolloutLimits,
     default_setups,
@@ -54,7 +55,7 @@ class SlowSetupTaskset(vf.Taskset[SlowSetupTask, vf.TasksetConfig]):
         yield SlowSetupTask(SlowSetupData(id="t0", prompt="Say hi."), self.config.task)
 
 
-__all__ = ["SlowSetupTaskset"]
+__all__ = ["InProcessHarness", "SlowSetupTaskset"]
 
 
 def most_at_once(intervals: list[tuple[float, float]]) -> int:

@@ -1,8 +1,6 @@
 """verifiers' runtimes as verifiers defines them: an environment that needs a container gets docker or podman where
-its daemon answers, one line where not; one that does not runs its agents as local subprocesses; and the harness
-that replaces verifiers' default is named in the log."""
+its daemon answers, one line where not; one that does not runs its agents as local subprocesses."""
 
-import logging
 import os
 import stat
 import sys
@@ -112,15 +110,3 @@ def test_a_named_runtime_is_used_or_refused(machine):
     assert agent_runtime(load_env(EnvConfig(id=ENV_ID, runtime="podman"))) == "podman"
     # an image needs a container: verifiers refuses it per rollout under a subprocess named by the user
     assert agent_runtime(load_env(EnvConfig(id=ENV_ID, args={"kind": "image"}, runtime="subprocess"))) == "subprocess"
-
-
-def test_the_harness_that_replaces_verifiers_default_is_named_in_the_log(caplog):
-    with caplog.at_level(logging.INFO, logger="orchestrator"):
-        load_env(EnvConfig(id=ENV_ID))
-        replaced = [r.getMessage() for r in caplog.records if "declares no harness" in r.getMessage()]
-        caplog.clear()
-        env = load_env(EnvConfig(id=ENV_ID, harness="bash"))
-        kept = [r.getMessage() for r in caplog.records if "declares no harness" in r.getMessage()]
-    assert len(replaced) == 1 and "'trident-in-process'" in replaced[0] and "'bash'" in replaced[0]
-    assert kept == []
-    assert env.config.agent.harness.id == "bash"
