@@ -40,6 +40,7 @@ from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec,
 from launch.supervise import (
     WaitNotice,
     child_env,
+    failure_message,
     keep_stopping,
     log_tail,
     log_to_file,
@@ -488,10 +489,7 @@ def ended(run_id: str, child: Child, outcome: RunOutcome, exit_code: int) -> Non
     if exit_code == 0:
         logger.info(f"run {run_id} finished: {outcome.describe()}")
     else:
-        logger.error(
-            f"run {run_id} failed with exit code {exit_code} (the other runs go on); last lines of "
-            f"{child.log_path}:\n{log_tail(child.log_path)}"
-        )
+        logger.error(failure_message(f"run {run_id}", exit_code, child.log_path, "rl"))  # the other runs go on
 
 
 def run_sweep(plan: SweepPlan, dry_run: bool) -> int:
