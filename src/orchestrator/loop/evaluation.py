@@ -20,6 +20,7 @@ from orchestrator.config import EvalConfig
 from orchestrator.loop.groups import GroupRunner, track
 from orchestrator.verifiers_adapter.envs import Env, load_env, load_tasks
 from orchestrator.verifiers_adapter.judge import check_judged
+from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
 
 logger = logging.getLogger("orchestrator")
 
@@ -33,9 +34,10 @@ class EvalSet:
     tasks: list
 
 
-def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
+def load_eval_sets(config: EvalConfig, model: str) -> list[EvalSet]:
     """Each ``[[eval.env]]`` with its first ``num_examples`` tasks, named by its id (``<id>.<i>`` for an id that
-    more than one table uses)."""
+    more than one table uses); refused at once (a TridentError) where its first task needs a judge it lacks or shows
+    images to ``model``, a text model."""
     ids = [env.id for env in config.env]
     sets = []
     for i, env_config in enumerate(config.env):
@@ -43,6 +45,7 @@ def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
         tasks = load_tasks(env, config.num_examples)
         if tasks:
             check_judged(env_config, f"eval.env.{i}", tasks[0])
+            check_model_sees_images(env_config.id, f"eval.env.{i}", tasks[0], model)
         name = env_config.id if ids.count(env_config.id) == 1 else f"{env_config.id}.{i}"
         sets.append(EvalSet(name, env, tasks))
     return sets
@@ -75,12 +78,14 @@ def _scores(prefix: str, groups: list[list[Rollout]], pass_reward: float) -> dic
 
 
 class Evaluation:
-    """Evaluations of the served weights on ``config``'s held-out sets (none without ``config``), sampled with
-    ``groups``; their records go to ``metrics`` (``metrics/eval.jsonl``), what runs to ``progress``."""
+    """Evaluations of the served weights (of ``model``) on ``config``'s held-out sets (none without ``config``),
+    sampled with ``groups``; their records go to ``metrics`` (``metrics/eval.jsonl``), what runs to ``progress``."""
 
-    def __init__(self, config: EvalConfig | None, groups: GroupRunner, metrics: MetricsWriter, progress: Progress):
+    def __init__(
+        self, config: EvalConfig | None, model: str, groups: GroupRunner, metrics: MetricsWriter, progress: Progress
+    ):
         self.config = config
-        self.sets = load_eval_sets(config) if config else []
+        self.sets = load_eval_sets(config, model) if config else []
         self.groups, self.metrics, self.progress = groups, metrics, progress
         self.running: tuple[int, asyncio.Task] | None = None  # the weights step in evaluation, and its evaluation
         self.next_due = 0  # the weights step from which the next evaluation is due
