@@ -18,6 +18,7 @@ from contracts.progress import Progress
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EvalConfig
 from orchestrator.loop.groups import GroupRunner, track
+from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from orchestrator.verifiers_adapter.envs import Env, load_env, load_tasks
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
@@ -92,12 +93,14 @@ class Evaluation:
 
     async def evaluate(self, weight_step: int) -> dict:
         """Score the served weights (``weight_step``) on every held-out task, k rollouts each; log the scores and
-        return their record."""
+        return their record. Its failed rollouts go to ``metrics/failed_rollouts.jsonl``, marked as an evaluation's."""
         start = time.perf_counter()
         k = self.config.rollouts_per_example
         runs = [[asyncio.ensure_future(self.groups.run(s.env, task, k)) for task in s.tasks] for s in self.sets]
         track(self.progress, f"evaluating weights step {weight_step}", [run for set_runs in runs for run in set_runs])
         groups = await asyncio.gather(*(asyncio.gather(*set_runs) for set_runs in runs))
+        every_group = [group for set_groups in groups for group in set_groups]
+        write_failed_rollouts(self.metrics.output_dir, weight_step, every_group, evaluation=True)
         scores = {}
         for eval_set, set_groups in zip(self.sets, groups, strict=True):
             scores |= eval_scores(eval_set.name, set_groups, self.config.pass_reward)
