@@ -132,6 +132,16 @@ PLANTED = [
         ],
     ),
     PlantedBug(
+        name="a taskset's chained load() error named without its first cause (issue 56)",
+        file="src/contracts/errors.py",
+        old='    cause = _message_line(root) if root is not error else ""\n',
+        new='    cause = ""\n',
+        tests=[
+            "tests/unit/orchestrator/test_env_errors.py::"
+            "test_a_taskset_whose_load_raises_stops_the_start_with_one_line_and_its_traceback_in_the_log"
+        ],
+    ),
+    PlantedBug(
         name="an evaluation's failed rollouts not kept (issue 56)",
         file="src/orchestrator/loop/evaluation.py",
         old="        write_failed_rollouts(self.metrics.output_dir, weight_step, every_group, evaluation=True)\n",

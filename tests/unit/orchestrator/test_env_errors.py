@@ -36,7 +36,8 @@ IMAGE = vf.ImageUrlContentPart(image_url=vf.ImageUrlSource(url="data:image/png;b
 
 
 class ErrorsTasksetConfig(vf.TasksetConfig):
-    shows: str = "nothing"  # "nothing": load() raises; "images": a prompt of two images
+    shows: str = "nothing"  # "nothing": load() raises; "chained": raises another while handling it; "images": a
+    # prompt of two images
 
 
 class ErrorsTask(vf.Task[vf.TaskData, vf.State, vf.TaskConfig]):
@@ -49,6 +50,11 @@ class ErrorsTaskset(vf.Taskset[ErrorsTask, ErrorsTasksetConfig]):
     def load(self):
         if self.config.shows == "nothing":
             raise LookupError(NLTK_BANNER)
+        if self.config.shows == "chained":  # as a library that wraps what it could not do
+            try:
+                raise LookupError(NLTK_BANNER)
+            except LookupError as e:
+                raise RuntimeError("could not load the tokenizer 'punkt'") from e
         prompt = [vf.UserMessage(content=[vf.TextContentPart(text="How many shapes?"), IMAGE, IMAGE])]
         yield ErrorsTask(vf.TaskData(id="t0", prompt=prompt), self.config.task)
 
@@ -66,6 +72,14 @@ def test_a_taskset_whose_load_raises_stops_the_start_with_one_line_and_its_trace
     assert str(error.value) == f"environment {ENV_ID!r}: loading its tasks failed: {cause}"
     (record,) = [r for r in caplog.records if r.exc_info]
     assert record.exc_info[0] is LookupError and "load()" in record.getMessage()
+    chained = {"id": ENV_ID, "args": {"shows": "chained"}}
+    with pytest.raises(TridentError) as error:  # the chain's first exception is the real cause: named too
+        Orchestrator(OrchestratorConfig(output_dir=tmp_path, env=[chained]))
+    assert str(error.value) == (
+        f"environment {ENV_ID!r}: loading its tasks failed: RuntimeError: could not load the tokenizer 'punkt' (from "
+        "LookupError: Resource punkt not found. Please use the NLTK Downloader to obtain the resource: >>> import "
+        "nltk >>> nltk.download('punkt'))"
+    )
 
 
 def test_rl_shows_the_line_a_process_failed_with_not_the_end_of_its_log(tmp_path):
