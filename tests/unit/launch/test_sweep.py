@@ -28,6 +28,7 @@ from launch.sweep import (
     split_sweep,
     sweep_axes,
     variants,
+    wait_for_server,
 )
 
 LORA = ["--trainer.model.experimental.lora.rank", "8"]
@@ -296,3 +297,15 @@ def test_a_failed_run_shows_the_one_line_its_rl_gave_not_the_end_of_its_log(tmp_
     caplog.clear()
     ended("lr=1e-05", SimpleNamespace(log_path=run_log), RunOutcome(status="running"), 1)
     assert caplog.messages[0].endswith("  |   KeyError: 'x'")
+
+
+def test_a_server_that_fails_to_start_shows_its_one_line(tmp_path, caplog):
+    log = tmp_path / "inference.log"
+    cause = "[model] max_images_per_prompt = 0: expected at least 1"
+    log.write_text(f"12:00:01 inference ERROR inference failed: {cause}\n" + "12:00:02 inference INFO bye\n" * 20)
+    server = SimpleNamespace(log_path=log, poll=lambda: 1)
+    with caplog.at_level(logging.ERROR, logger="rl"):
+        assert not wait_for_server(server, "http://127.0.0.1:9", 30.0)
+    assert caplog.messages == [
+        f"before it was up, inference exited with code 1: inference failed: {cause} (its log: {log})"
+    ]
