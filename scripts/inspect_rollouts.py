@@ -2,9 +2,10 @@
 
     uv run scripts/inspect_rollouts.py [--output-dir outputs] [--step N] [--sample I] [--model NAME] [--limit K]
 
-Trained tokens are shown bold in their role's colour. The step's failed rollouts follow, counted by cause, each
-cause with its first full error (``metrics/failed_rollouts.jsonl``); a step that wrote no batch (every rollout
-failed, and the run stopped) shows those alone. The default step is the newest with either. Exit status 2 when
+Trained tokens are shown bold in their role's colour. The step's failed rollouts follow (and those of the evaluation
+of weights step N, apart), counted by cause, each cause with its first full error and traceback
+(``metrics/failed_rollouts.jsonl``); a step that wrote no batch (every rollout failed, and the run stopped) shows those
+alone. The default step is the newest with either. Exit status 2 when
 there is neither.
 """
 

@@ -121,6 +121,36 @@ PLANTED = [
             "test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment_and_keeps_them"
         ],
     ),
+    PlantedBug(
+        name="failed rollouts kept without verifiers' traceback (issue 56)",
+        file="src/orchestrator/verifiers_adapter/envs.py",
+        old="        traceback=_traceback_text(trace.last_error or episode.last_error),\n",
+        new="",
+        tests=[
+            "tests/unit/orchestrator/test_faults.py::"
+            "test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_environment_and_keeps_them"
+        ],
+    ),
+    PlantedBug(
+        name="a taskset's chained load() error named without its first cause (issue 56)",
+        file="src/contracts/errors.py",
+        old='    cause = _message_line(root) if root is not error else ""\n',
+        new='    cause = ""\n',
+        tests=[
+            "tests/unit/orchestrator/test_env_errors.py::"
+            "test_a_taskset_whose_load_raises_stops_the_start_with_one_line_and_its_traceback_in_the_log"
+        ],
+    ),
+    PlantedBug(
+        name="an evaluation's failed rollouts not kept (issue 56)",
+        file="src/orchestrator/loop/evaluation.py",
+        old="        write_failed_rollouts(self.metrics.output_dir, weight_step, every_group, evaluation=True)\n",
+        new="",
+        tests=[
+            "tests/unit/orchestrator/test_failed_rollouts.py::"
+            "test_an_evaluations_failed_rollouts_are_kept_marked_as_its_with_their_tracebacks"
+        ],
+    ),
 ]
 
 

@@ -16,9 +16,34 @@ def first_line(text: str, limit: int | None = None) -> str:
 
 def error_line(error: BaseException, limit: int = 400) -> str:
     """``error`` as one line: its type, then the lines of its message that hold a letter or digit (a banner's rules of
-    asterisks and blank lines dropped), joined, cut to ``limit`` characters with an ellipsis."""
+    asterisks and blank lines dropped), joined; where it was raised from another (``raise ... from``, or while
+    handling one), the chain's first, its real cause, after it: ``RuntimeError: no corpus (from LookupError: Resource
+    punkt not found.)``. Cut to ``limit`` characters with an ellipsis, the cause to half of them."""
+    line, root = _message_line(error), root_cause(error)
+    cause = _message_line(root) if root is not error else ""
+    if not cause or (cause.partition(": ")[2] or cause) in line:  # no chain, or the outer message quotes its cause
+        return _cut(line, limit)
+    cause = f" (from {_cut(cause, limit // 2)})"
+    return _cut(line, limit - len(cause)) + cause
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The first exception of ``error``'s chain: following ``__cause__``, else the ``__context__`` it was raised in."""
+    seen = {id(error)}
+    while (earlier := error.__cause__ or (None if error.__suppress_context__ else error.__context__)) is not None:
+        if id(earlier) in seen:
+            break
+        seen.add(id(earlier))
+        error = earlier
+    return error
+
+
+def _message_line(error: BaseException) -> str:
     words = [line.strip() for line in str(error).splitlines() if any(c.isalnum() for c in line)]
-    line = f"{type(error).__name__}: {' '.join(words)}" if words else type(error).__name__
+    return f"{type(error).__name__}: {' '.join(words)}" if words else type(error).__name__
+
+
+def _cut(line: str, limit: int) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 

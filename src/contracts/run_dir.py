@@ -105,6 +105,8 @@ FAILED_ROLLOUT_KEYS = {  # each record's keys: what they hold
     "seat": "the environment's agent that played it",
     "cause": "the cause its error is counted under: one line, per-rollout text normalised away",
     "error": "its error in full, as the environment or the adapter gave it",
+    "traceback": "its error's traceback where it has one (verifiers' record of it, or the adapter's), else null",
+    "eval": "whether it is an evaluation's rollout ([[eval.env]]; its step is then the weights step evaluated)",
     "lost": "whether it failed with an infrastructure error after its retries (its group was left out)",
 }
 

@@ -3,6 +3,7 @@ while they run, what it shows while it waits, its log file, and the end of its r
 
 import logging
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -62,16 +63,27 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(f"  | {line}" for line in text)
 
 
-def failure_message(name: str, code: int | None, log_path: Path) -> str:
-    """Why process ``name`` exited with ``code``: the one line it gave for a user's error (what
-    :func:`~contracts.errors.exit_on_user_error` logged) and where its log is, else its log's last lines."""
+def failure_message(name: str, code: int | None, log_path: Path, logger_name: str | None = None) -> str:
+    """Why process ``name`` exited with ``code``: the one line it gave (:func:`failure_line`; its log's lines logged
+    as ``logger_name``, ``name`` by default) and where its log is, else its log's last lines."""
     try:
-        cause = user_error_line(name, log_path.read_text(errors="replace").splitlines())
+        cause = failure_line(logger_name or name, log_path.read_text(errors="replace").splitlines())
     except OSError:
         cause = None
     if cause is not None:
         return f"{name} exited with code {code}: {cause} (its log: {log_path})"
     return f"{name} exited with code {code}; last lines of {log_path}:\n{log_tail(log_path)}"
+
+
+def failure_line(process: str, log_lines: list[str]) -> str | None:
+    """The one line ``process`` gave for its failure in ``log_lines``: its user error
+    (:func:`~contracts.errors.user_error_line`) or, for a supervisor (an ``rl`` run of a sweep), the one-line
+    :func:`failure_message` it logged for its failed child; None where it gave neither."""
+    cause = user_error_line(process, log_lines)
+    if cause is not None:
+        return cause
+    mark = re.compile(rf" {re.escape(process)} ERROR (\S+ exited with code -?\d+: .*)")
+    return next((found[1] for line in reversed(log_lines) if (found := mark.search(line))), None)
 
 
 def log_to_file(path: Path) -> None:

@@ -40,8 +40,8 @@ from launch.rl_config import RLConfig, resolve_shared, servers, settle_run_spec,
 from launch.supervise import (
     WaitNotice,
     child_env,
+    failure_message,
     keep_stopping,
-    log_tail,
     log_to_file,
     stop_on_signals,
     write_plots_or_warn,
@@ -427,7 +427,8 @@ def supervise_sweep(
 
 
 def wait_for_server(server: Child, url: str, every_s: float) -> bool:
-    """Wait until the server answers ``/health``; False (logged, with its log's end) when it exits first."""
+    """Wait until the server answers ``/health``; False (logged: :func:`~launch.supervise.failure_message`) when it
+    exits first."""
     start = time.perf_counter()
     with WaitNotice(every_s) as notice:
         while server.poll() is None:
@@ -440,10 +441,7 @@ def wait_for_server(server: Child, url: str, every_s: float) -> bool:
             if notice.due(time.perf_counter() - start):
                 notice.show(f"starting the inference server at {url} ({time.perf_counter() - start:.0f}s)")
             time.sleep(0.5)
-    logger.error(
-        f"the inference server exited with code {server.poll()} before it was up; last lines of {server.log_path}:\n"
-        f"{log_tail(server.log_path)}"
-    )
+    logger.error(f"before it was up, {failure_message('inference', server.poll(), server.log_path)}")
     return False
 
 
@@ -468,10 +466,7 @@ def watch_runs(
                 if exit_code is not None:
                     ended(run_id, child, outcomes[run_id], exit_code)
             if server.poll() is not None:
-                logger.error(
-                    f"the inference server exited with code {server.poll()}: stopping the runs; last lines of "
-                    f"{server.log_path}:\n{log_tail(server.log_path)}"
-                )
+                logger.error(f"stopping the runs: {failure_message('inference', server.poll(), server.log_path)}")
                 return 1
             if notice.due(time.perf_counter() - last):
                 running = [run_id for run_id, outcome in outcomes.items() if outcome.status == "running"]
@@ -488,10 +483,7 @@ def ended(run_id: str, child: Child, outcome: RunOutcome, exit_code: int) -> Non
     if exit_code == 0:
         logger.info(f"run {run_id} finished: {outcome.describe()}")
     else:
-        logger.error(
-            f"run {run_id} failed with exit code {exit_code} (the other runs go on); last lines of "
-            f"{child.log_path}:\n{log_tail(child.log_path)}"
-        )
+        logger.error(failure_message(f"run {run_id}", exit_code, child.log_path, "rl"))  # the other runs go on
 
 
 def run_sweep(plan: SweepPlan, dry_run: bool) -> int:

@@ -95,7 +95,7 @@ async def evaluate(config: EvalCliConfig) -> dict:
     groups = connect(config, InfraConfig(), config.eval.rollouts_per_example)
     metrics = MetricsWriter(config.output_dir, "orchestrator")
     # no progress file: that is for rl's console, and a run's orchestrator writes its own
-    evaluation = Evaluation(config.eval, groups, metrics, Progress(None, "eval"))
+    evaluation = Evaluation(config.eval, config.model.name, groups, metrics, Progress(None, "eval"))
     servers = groups.servers
     try:
         await servers.wait_ready(config.client.server_timeout_s)

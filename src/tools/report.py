@@ -18,7 +18,7 @@ from pathlib import Path
 from contracts.metrics import read_metrics
 from contracts.protocol import REPORTED_SAMPLE_STEPS
 from contracts.run_dir import configs_dir, rollouts_dir
-from tools.failures import by_cause, read_failures, where
+from tools.failures import by_cause, full_error, read_failures, where
 from tools.rollout_check import RolloutReadError, SampleRecord, load_tokenizer, read_step
 
 logger = logging.getLogger("tools.report")
@@ -100,8 +100,9 @@ def config_sections(output_dir: Path) -> list[str]:
 
 
 def failure_sections(output_dir: Path) -> list[str]:
-    """The run's failed rollouts (``metrics/failed_rollouts.jsonl``), counted by cause over the whole run: each cause
-    with its count, the steps it met, and the first one's full error; nothing where none failed."""
+    """The run's failed rollouts (``metrics/failed_rollouts.jsonl``), counted by cause over the whole run (its
+    evaluations' apart): each cause with its count, the steps it met, and the first one's full error and traceback;
+    nothing where none failed."""
     records = read_failures(output_dir)
     if not records:
         return []
@@ -110,13 +111,13 @@ def failure_sections(output_dir: Path) -> list[str]:
              "<table><tr><th>rollouts</th><th>cause</th><th>steps</th></tr>"]  # fmt: skip
     for group in causes:
         steps = f"{group.steps[0]}..{group.steps[-1]}" if len(group.steps) > 1 else "".join(map(str, group.steps))
-        cells = [str(group.count), group.cause, steps]
+        cells = [str(group.count), group.label, steps]
         parts.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
     parts.append("</table>")
     for group in causes:
         parts.append(
-            f"<details><summary>{html.escape(group.cause)}: the first, {html.escape(where(group.first))}</summary>"
-            f"<pre>{html.escape(str(group.first.get('error', '')))}</pre></details>"
+            f"<details><summary>{html.escape(group.label)}: the first, {html.escape(where(group.first))}</summary>"
+            f"<pre>{html.escape(full_error(group.first))}</pre></details>"
         )
     return parts
 

@@ -37,6 +37,7 @@ class Rollout:
     ok: bool
     truncated: bool = False  # a model call stopped at max_tokens
     error: str | None = None  # "<Type>: <message>", e.g. "TaskError: ...": the metrics count failed rollouts by type
+    traceback: str | None = None  # the error's traceback where it has one (kept in metrics/failed_rollouts.jsonl)
     rewards: dict[str, float] = field(default_factory=dict)  # score of each reward function
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's metrics (not rewards)
     turns: int = 0  # model calls

@@ -18,8 +18,10 @@ from contracts.progress import Progress
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import EvalConfig
 from orchestrator.loop.groups import GroupRunner, track
+from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from orchestrator.verifiers_adapter.envs import Env, load_env, load_tasks
 from orchestrator.verifiers_adapter.judge import check_judged
+from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
 
 logger = logging.getLogger("orchestrator")
 
@@ -33,9 +35,10 @@ class EvalSet:
     tasks: list
 
 
-def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
+def load_eval_sets(config: EvalConfig, model: str) -> list[EvalSet]:
     """Each ``[[eval.env]]`` with its first ``num_examples`` tasks, named by its id (``<id>.<i>`` for an id that
-    more than one table uses)."""
+    more than one table uses); refused at once (a TridentError) where its first task needs a judge it lacks or shows
+    images to ``model``, a text model."""
     ids = [env.id for env in config.env]
     sets = []
     for i, env_config in enumerate(config.env):
@@ -43,6 +46,7 @@ def load_eval_sets(config: EvalConfig) -> list[EvalSet]:
         tasks = load_tasks(env, config.num_examples)
         if tasks:
             check_judged(env_config, f"eval.env.{i}", tasks[0])
+            check_model_sees_images(env_config.id, f"eval.env.{i}", tasks[0], model)
         name = env_config.id if ids.count(env_config.id) == 1 else f"{env_config.id}.{i}"
         sets.append(EvalSet(name, env, tasks))
     return sets
@@ -75,24 +79,28 @@ def _scores(prefix: str, groups: list[list[Rollout]], pass_reward: float) -> dic
 
 
 class Evaluation:
-    """Evaluations of the served weights on ``config``'s held-out sets (none without ``config``), sampled with
-    ``groups``; their records go to ``metrics`` (``metrics/eval.jsonl``), what runs to ``progress``."""
+    """Evaluations of the served weights (of ``model``) on ``config``'s held-out sets (none without ``config``),
+    sampled with ``groups``; their records go to ``metrics`` (``metrics/eval.jsonl``), what runs to ``progress``."""
 
-    def __init__(self, config: EvalConfig | None, groups: GroupRunner, metrics: MetricsWriter, progress: Progress):
+    def __init__(
+        self, config: EvalConfig | None, model: str, groups: GroupRunner, metrics: MetricsWriter, progress: Progress
+    ):
         self.config = config
-        self.sets = load_eval_sets(config) if config else []
+        self.sets = load_eval_sets(config, model) if config else []
         self.groups, self.metrics, self.progress = groups, metrics, progress
         self.running: tuple[int, asyncio.Task] | None = None  # the weights step in evaluation, and its evaluation
         self.next_due = 0  # the weights step from which the next evaluation is due
 
     async def evaluate(self, weight_step: int) -> dict:
         """Score the served weights (``weight_step``) on every held-out task, k rollouts each; log the scores and
-        return their record."""
+        return their record. Its failed rollouts go to ``metrics/failed_rollouts.jsonl``, marked as an evaluation's."""
         start = time.perf_counter()
         k = self.config.rollouts_per_example
         runs = [[asyncio.ensure_future(self.groups.run(s.env, task, k)) for task in s.tasks] for s in self.sets]
         track(self.progress, f"evaluating weights step {weight_step}", [run for set_runs in runs for run in set_runs])
         groups = await asyncio.gather(*(asyncio.gather(*set_runs) for set_runs in runs))
+        every_group = [group for set_groups in groups for group in set_groups]
+        write_failed_rollouts(self.metrics.output_dir, weight_step, every_group, evaluation=True)
         scores = {}
         for eval_set, set_groups in zip(self.sets, groups, strict=True):
             scores |= eval_scores(eval_set.name, set_groups, self.config.pass_reward)

@@ -86,7 +86,7 @@ class Orchestrator:
         self.image_pad = self.tokenizer.convert_tokens_to_ids(image_pad) if image_pad else None
         self.metrics = MetricsWriter(self.output_dir, "orchestrator", config.wandb)
         self.progress = Progress(self.output_dir, "orchestrator")
-        self.evaluation = Evaluation(config.eval, self.groups, self.metrics, self.progress)
+        self.evaluation = Evaluation(config.eval, config.model.name, self.groups, self.metrics, self.progress)
         client = config.client
         self.weights = WeightSync(self.output_dir, self.servers, self.progress, config.weights_timeout_s,
                                   client.probe_tolerance, self.evaluation.finish,

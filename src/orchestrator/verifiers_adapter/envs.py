@@ -7,6 +7,7 @@ import functools
 import itertools
 import logging
 import os
+import traceback
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -295,6 +296,11 @@ def _error_text(error: vf.Error | None) -> str | None:
     return f"{error.type}: {error.message}" if error is not None else None
 
 
+def _traceback_text(error: vf.Error | None) -> str | None:
+    """The traceback verifiers recorded with ``error`` (none for a provider's error, whose message says it all)."""
+    return error.traceback if error is not None else None
+
+
 def task_id(data: vf.TaskData) -> str:
     """The task's id, or its index in the taskset when it has none."""
     return str(data.id if data.id is not None else data.idx)
@@ -323,6 +329,7 @@ def to_rollouts(
         if not traces:
             error = _error_text(episode.last_error) or f"the environment returned no trace of seat {name!r}"
             rollouts.append(Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task, seat=name,
+                                    traceback=_traceback_text(episode.last_error),
                                     lost=is_infra(episode.last_error)))  # fmt: skip
         rollouts += [_trace_rollout(trace, episode, env_id, task, model, images) for trace in traces]
     return rollouts
@@ -341,6 +348,7 @@ def _trace_rollout(
         truncated=any(call.finish_reason == "length" for call in trace.calls),
         error=_error_text(trace.last_error or episode.last_error)
         or ("TimeoutError: the rollout timed out ([[env]] timeout_s)" if trace.is_timeout else None),
+        traceback=_traceback_text(trace.last_error or episode.last_error),
         rewards={name: r.score for name, r in trace.rewards.items() if r is not None},
         metrics={name: value for name, value in trace.metrics.items() if value is not None},
         turns=len(trace.calls),
@@ -374,9 +382,9 @@ async def run_group(
                     return to_rollouts(await env.run_slot(slot, ctx), env_id, seat_names, ctx.model, output_dir)
             except Exception as e:  # verifiers records the environment's own faults; anything else lands here
                 logger.debug(f"rollout of {env_id!r} raised", exc_info=True)
-                error = f"{type(e).__name__}: {e}"
-                return [Rollout(reward=0.0, branches=[], ok=False, error=error, env=env_id, task=task_id(task.data),
-                                seat=name) for name in seat_names]  # fmt: skip
+                error, trace = f"{type(e).__name__}: {e}", "".join(traceback.format_exception(e))
+                return [Rollout(reward=0.0, branches=[], ok=False, error=error, traceback=trace, env=env_id,
+                                task=task_id(task.data), seat=name) for name in seat_names]  # fmt: skip
 
     announced: set[int] = set()  # the retry rounds of this group said in the log: one line each
 

@@ -3,7 +3,9 @@ run's ``rl`` command line, the server the runs share, what a sweep refuses, its 
 (``rl --run-id``) refused without LoRA. Its supervision of real processes (a run failing, SIGTERM) is checked in
 tests/integration/test_sweep_supervision.py."""
 
+import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 from debug_configs import FILES
@@ -16,14 +18,17 @@ from launch.launcher import server_lines, step_line
 from launch.main import main
 from launch.memory_plan import plan_memory
 from launch.rl_config import RLConfig, resolve_shared
+from launch.supervise import failure_message
 from launch.sweep import (
     CONSOLE_LINE,
     RunOutcome,
+    ended,
     plan_sweep,
     run_ids,
     split_sweep,
     sweep_axes,
     variants,
+    wait_for_server,
 )
 
 LORA = ["--trainer.model.experimental.lora.rank", "8"]
@@ -272,3 +277,35 @@ def test_rl_refuses_a_full_weight_sweep_in_one_line_and_exit_code_2(tmp_path, ca
         "(trainer.model.experimental.lora with export = 'adapter'); full weights cannot share a server\n"
     )
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_failed_run_shows_the_one_line_its_rl_gave_not_the_end_of_its_log(tmp_path, caplog):
+    orchestrator_log = tmp_path / "orchestrator.log"
+    cause = "environment 'x': loading its tasks failed: LookupError: Resource punkt not found."
+    orchestrator_log.write_text(f"12:00:01 orchestrator ERROR orchestrator failed: {cause}\n")
+    rl_line = failure_message("orchestrator", 1, orchestrator_log)  # as the run's rl logs it
+    run_log = tmp_path / "lr=1e-05.log"
+    run_log.write_text(f"12:00:02 rl ERROR {rl_line}\n" + "12:00:03 rl INFO stopping the processes\n" * 20)
+    with caplog.at_level(logging.ERROR, logger="rl"):
+        ended("lr=1e-05", SimpleNamespace(log_path=run_log), outcome := RunOutcome(status="running"), 1)
+    assert outcome.status == "failed"
+    assert caplog.messages == [
+        f"run lr=1e-05 exited with code 1: orchestrator exited with code 1: orchestrator failed: {cause} (its log: "
+        f"{orchestrator_log}) (its log: {run_log})"
+    ]
+    run_log.write_text("Traceback (most recent call last):\n  KeyError: 'x'\n")  # rl crashed: no line of its own
+    caplog.clear()
+    ended("lr=1e-05", SimpleNamespace(log_path=run_log), RunOutcome(status="running"), 1)
+    assert caplog.messages[0].endswith("  |   KeyError: 'x'")
+
+
+def test_a_server_that_fails_to_start_shows_its_one_line(tmp_path, caplog):
+    log = tmp_path / "inference.log"
+    cause = "[model] max_images_per_prompt = 0: expected at least 1"
+    log.write_text(f"12:00:01 inference ERROR inference failed: {cause}\n" + "12:00:02 inference INFO bye\n" * 20)
+    server = SimpleNamespace(log_path=log, poll=lambda: 1)
+    with caplog.at_level(logging.ERROR, logger="rl"):
+        assert not wait_for_server(server, "http://127.0.0.1:9", 30.0)
+    assert caplog.messages == [
+        f"before it was up, inference exited with code 1: inference failed: {cause} (its log: {log})"
+    ]

@@ -1,9 +1,16 @@
-"""Each step's failed rollouts are kept in the run, each with its full error, where it was and its cause."""
+"""Each step's failed rollouts, and each evaluation's, are kept in the run, each with its full error and traceback,
+where it was and its cause."""
 
-from rollouts import TWO_SAMPLED, rollout
+import asyncio
 
-from contracts.metrics import read_metrics
+from rollouts import ONE_SAMPLED, TWO_SAMPLED, rollout
+
+from contracts.metrics import MetricsWriter, read_metrics
+from contracts.model_path import TINY_MODEL_ID
+from contracts.progress import Progress
 from contracts.run_dir import FAILED_ROLLOUT_KEYS, clear_run_state
+from orchestrator.config import EvalConfig
+from orchestrator.loop.evaluation import Evaluation
 from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 
 TRACEBACK = (
@@ -34,3 +41,23 @@ def test_a_resumed_run_keeps_the_failures_of_the_steps_it_keeps(tmp_path):
         write_failed_rollouts(tmp_path, step, [[failed(f"TaskError: step {step}", "t0")]])
     clear_run_state(tmp_path, resume_from=2)
     assert [r["step"] for r in read_metrics(tmp_path, "failed_rollouts")] == [1, 2]
+
+
+class FailingGroups:
+    """Runs an evaluation's groups: each task's first rollout fails with a traceback, the others score 1."""
+
+    async def run(self, env, task, k: int):
+        error = rollout(0.0, ok=False, error="TaskError: no answer", traceback=TRACEBACK, env="char-target", task="t0")
+        return [error, *(rollout(1.0, ONE_SAMPLED) for _ in range(k - 1))]
+
+
+def test_an_evaluations_failed_rollouts_are_kept_marked_as_its_with_their_tracebacks(tmp_path):
+    held_out = EvalConfig(env=[{"id": "char-target"}], num_examples=2, rollouts_per_example=2)
+    metrics = MetricsWriter(tmp_path, "orchestrator")
+    evaluation = Evaluation(held_out, TINY_MODEL_ID, FailingGroups(), metrics, Progress(None, "eval"))
+    assert asyncio.run(evaluation.evaluate(4))["eval/char-target/failed"] == 2
+    write_failed_rollouts(tmp_path, 5, [[failed("TaskError: step 5", "t0", traceback=TRACEBACK)]])  # training's
+    records = read_metrics(tmp_path, "failed_rollouts")
+    assert [(r["step"], r["eval"], r["env"], r["traceback"]) for r in records] == [
+        (4, True, "char-target", TRACEBACK), (4, True, "char-target", TRACEBACK), (5, False, "wiki", TRACEBACK)
+    ]  # fmt: skip

@@ -124,6 +124,7 @@ def test_a_rollout_that_raises_is_a_failed_rollout(monkeypatch):
     task = next(iter(env.taskset.load()))
     (rollout,) = asyncio.run(run_group(env, task, 1, None, RolloutLimits.of(1)))
     assert not rollout.ok and rollout.error == "KeyError: 'trace'" and rollout.env == ENV_ID
+    assert 'raise KeyError("trace")' in rollout.traceback and rollout.traceback.endswith("KeyError: 'trace'\n")
 
 
 def orchestrator(tmp_path, broken_tasks: list[str], batch_size: int = 1) -> Orchestrator:
@@ -156,6 +157,8 @@ def test_a_step_where_every_rollout_failed_stops_with_one_line_naming_the_enviro
     assert [(r["step"], r["env"], r["seat"], r["error"], r["lost"]) for r in kept] == [
         (1, ENV_ID, "agent", setup_error, False)
     ] * 2 and len({r["task"] for r in kept}) == 1  # one task, two rollouts
+    for record in kept:  # with the traceback verifiers recorded: the task's line that raised, in its setup()
+        assert 'raise RuntimeError("the task\'s data volume is not mounted")' in record["traceback"]
 
 
 class Unauthorized(PolicyHandler):

@@ -269,4 +269,4 @@ def test_judge_settings_that_cannot_work_are_refused_in_one_line(tmp_path):
         Orchestrator(OrchestratorConfig(output_dir=tmp_path, env=[{"id": ENV_ID, "judge": {}}]))
     held_out = EvalConfig(env=[{"id": "reverse-text"}, {"id": "reverse-text", "judge": {"name": "similarity"}}])
     with pytest.raises(TridentError, match=r"^eval\.env\.1\.judge\.name = 'similarity' is a reward"):
-        load_eval_sets(held_out)
+        load_eval_sets(held_out, TINY_MODEL_ID)

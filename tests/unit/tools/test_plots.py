@@ -152,16 +152,22 @@ def test_report_without_a_tokenizer_shows_the_text(reported_run):
 def test_report_counts_failed_rollouts_by_cause_with_the_first_full_error(tmp_path):
     run = fake_run(tmp_path / "run", 0.1)
     git = "HarnessError: exited 128: Cloning into '/tmp/tmp{}/repo'...\nfatal: repository <r> not found\n"
+    stack = 'Traceback (most recent call last):\n  File "<harness>", line 1\nHarnessError: exited 128'
     for step in (2, 3):
-        failed = [rollout(0.0, ok=False, error=git.format(f"{step}{i}"), env="swe", task=f"t{i}") for i in range(2)]
+        failed = [rollout(0.0, ok=False, error=git.format(f"{step}{i}"), env="swe", task=f"t{i}", traceback=stack)
+                  for i in range(2)]  # fmt: skip
         write_failed_rollouts(run, step, [failed, [rollout(0.0, ok=False, error="TaskError: no data", env="swe")]])
+    held_out = rollout(0.0, ok=False, error="TaskError: no data", env="swe-eval", task="e0")
+    write_failed_rollouts(run, 2, [[held_out]], evaluation=True)
     page = write_report(run, [("run", run)], []).read_text()
     section = page[page.index("<h3>Failed rollouts</h3>") :]
-    assert "<p>6 failed rollouts, 2 causes</p>" in section
+    assert "<p>7 failed rollouts, 3 causes</p>" in section
     assert "<td>4</td><td>HarnessError: fatal: repository &lt;r&gt; not found</td><td>2..3</td>" in section
     assert "<td>2</td><td>TaskError: no data</td><td>2..3</td>" in section
-    first = html.escape(git.format("20"))
+    assert "<td>1</td><td>TaskError: no data (in evaluation)</td><td>2</td>" in section  # an evaluation's, apart
+    first = html.escape(f"{git.format('20').rstrip()}\n{stack}")
     assert f"the first, step 2 · env swe · task t0</summary><pre>{first}</pre>" in section  # in full, escaped
+    assert "the first, evaluation of weights step 2 · env swe-eval · task e0</summary>" in section
 
 
 def test_rl_writes_the_report_and_only_warns_when_it_cannot(runs, tmp_path, caplog):

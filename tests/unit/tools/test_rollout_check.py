@@ -487,14 +487,20 @@ def test_inspect_rollouts_shows_the_steps_failed_rollouts_by_cause(tmp_path, sam
     failed = [
         rollout(0.0, ok=False, error=traceback.format(i), env="wiki", task=f"t{i}", seat="agent") for i in range(3)
     ]
+    stack = 'Traceback (most recent call last):\n  File "harness.py", line 9, in run\nHarnessError: exited 1'
+    failed[0].traceback = stack
+    no_data = rollout(0.0, ok=False, error="TaskError: no data", env="wiki", task="t9", traceback="Traceback: (eval)")
     write_failed_rollouts(tmp_path, 1, [failed, [rollout(0.0, ok=False, error="TaskError: no data", env="wiki")]])
+    write_failed_rollouts(tmp_path, 1, [[no_data]], evaluation=True)  # weights step 1's evaluation
     write_failed_rollouts(tmp_path, 2, [failed[:2]])  # the step stopped the run: no batch
     inspect_rollouts = load_script("inspect_rollouts")
     assert inspect_rollouts.main(["--output-dir", str(tmp_path), "--step", "1", "--sample", "0"]) == 0
     out = capsys.readouterr().out
-    assert "4 failed rollouts, 2 causes" in out and "sample 0" in out
-    assert "3 × HarnessError: ModuleNotFoundError: No module named 'nltk'" in out and "1 × TaskError: no data" in out
-    assert "first: step 1 · env wiki · task t0 · seat agent" in out and traceback.format(0) in out  # in full
+    assert "5 failed rollouts, 3 causes" in out and "sample 0" in out
+    assert "3 × HarnessError: ModuleNotFoundError: No module named 'nltk'" in out and "1 × TaskError: no data\n" in out
+    assert "first: step 1 · env wiki · task t0 · seat agent" in out and f"{traceback.format(0)}\n{stack}" in out
+    assert "1 × TaskError: no data (in evaluation)" in out and "first: evaluation of weights step 1 · env wiki" in out
+    assert "Traceback: (eval)" in out  # each cause's first in full, with its traceback
     assert inspect_rollouts.main(["--output-dir", str(tmp_path)]) == 0  # the newest step: its failures alone
     out = capsys.readouterr().out
     assert "step 2: no batch to show" in out and "2 × HarnessError: ModuleNotFoundError" in out
