@@ -46,6 +46,32 @@ PLANTED = [
         ],
     ),
     PlantedBug(
+        name="libraries' loggers quiet at debug too (issue 56)",
+        file="src/contracts/metrics.py",
+        old='    quiet = logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING\n',
+        new="    quiet = logging.WARNING\n",
+        tests=["tests/unit/contracts/test_process_logging.py"],
+    ),
+    PlantedBug(
+        name="verifiers' CLI advice left as it is (issue 56)",
+        file="src/orchestrator/verifiers_adapter/patches.py",
+        old="    advice.install_advice_filter()\n",
+        new="",
+        tests=[
+            "tests/unit/orchestrator/test_runtimes.py::test_verifiers_warning_about_the_subprocess_runtime_names_trident_keys"
+        ],
+    ),
+    PlantedBug(
+        name="an environment shadowing a built-in one goes unnamed (issue 56)",
+        file="src/launch/preflight.py",
+        old='        warn_if_shadowed(f"orchestrator.env.{i}.id", env.id, spec)\n',
+        new="",
+        tests=[
+            "tests/unit/launch/test_preflight.py::"
+            "test_an_environment_shadowing_a_built_in_one_is_named_once_with_both_places"
+        ],
+    ),
+    PlantedBug(
         name="fair share ignores the body without a run header",
         file="src/inference/share.py",
         old="        if run is None and self.runs.named():  # no header: the request may name a run's adapter "

@@ -112,8 +112,26 @@ def write_summary(output_dir: Path, status: str, wall_s: float) -> Path:
     return path
 
 
+# Libraries whose INFO lines (one per request, file lock or download; httpx2: each MCP tool call, with its signed URL)
+# would bury the one line per step: at WARNING unless the process logs at DEBUG.
+THIRD_PARTY_LOGGERS = (
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "httpcore2",
+    "urllib3",
+    "aiohttp.access",
+    "datasets",
+    "huggingface_hub",
+    "filelock",
+    "mcp",
+    "verifiers",
+)
+
+
 def setup_logging(process: str, level: str = "INFO") -> None:
-    """Log lines to stderr, prefixed with time and process; ``rl`` sends them to ``logs/<process>.log``."""
+    """Log lines to stderr, prefixed with time and process; ``rl`` sends them to ``logs/<process>.log``. The
+    :data:`THIRD_PARTY_LOGGERS` log warnings only, unless ``level`` is "debug"."""
     logging.basicConfig(
         level=level.upper(),
         stream=sys.stderr,
@@ -121,6 +139,6 @@ def setup_logging(process: str, level: str = "INFO") -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
-    # Per-request lines from HTTP clients, servers and verifiers would bury the one line per step.
-    for noisy in ("httpx", "aiohttp.access", "verifiers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet = logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)

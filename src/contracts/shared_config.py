@@ -78,7 +78,11 @@ def is_run_id(text: str | None) -> bool:
 
 class LogConfig(StrictModel):
     level: Annotated[
-        Literal["debug", "info", "warning", "error"], Field(description="Least severe log lines written.")
+        Literal["debug", "info", "warning", "error"],
+        Field(
+            description="Least severe log lines written. Libraries' (httpx, mcp, verifiers, ...): warnings only, "
+            "unless debug."
+        ),
     ] = "info"
 
 

@@ -2,6 +2,7 @@
 tiny models its processes load."""
 
 import fcntl
+import importlib.machinery
 import importlib.util
 import json
 import logging
@@ -22,17 +23,34 @@ from tools.tiny_model import built_model_path
 from trainer.rules import check_lora_targets as trainer_lora_targets
 
 logger = logging.getLogger("rl")
+BUILT_IN_ENVS = Path(__file__).parents[2] / "environments"  # Trident's own, in its checkout
 
 
 def check_envs_installed(config: RLConfig) -> None:
-    """Every ``[[env]] id`` names an installed package (verifiers imports ``gsm8k-calc`` as ``gsm8k_calc``)."""
+    """Every ``[[env]] id`` names an installed package (verifiers imports ``gsm8k-calc`` as ``gsm8k_calc``); one
+    that another package shadows is named (:func:`warn_if_shadowed`)."""
     for i, env in enumerate(config.orchestrator.env):
         module = env.id.split("/")[-1].split("@")[0].replace("-", "_").lower()
-        if importlib.util.find_spec(module) is None:
+        spec = importlib.util.find_spec(module)
+        if spec is None:
             raise TridentError(
                 f"orchestrator.env.{i}.id: environment {env.id!r} is not installed (no module {module!r}); "
                 "see docs/environments.md for the ones that ship and how to add one"
             )
+        warn_if_shadowed(f"orchestrator.env.{i}.id", env.id, spec)
+
+
+def warn_if_shadowed(where: str, env_id: str, spec: importlib.machinery.ModuleSpec) -> None:
+    """One warning, naming both places, where the module ``env_id`` loads (``spec``) is not Trident's own environment
+    of that name in ``environments/`` but an installed package with the same module name. Not refused: installing,
+    say, verifiers' own reverse-text example is how to run it unchanged."""
+    built_in = (BUILT_IN_ENVS / spec.name / spec.name).resolve()
+    loaded = Path(next(iter(spec.submodule_search_locations or []), None) or spec.origin).resolve()  # folder or file
+    if built_in.is_dir() and loaded != built_in:
+        logger.warning(
+            f"{where}: environment {env_id!r} loads module {spec.name!r} from {loaded}, not Trident's built-in "
+            f"{built_in}: an installed package of that name shadows it (uninstall it to run the built-in)"
+        )
 
 
 def check_env_datasets(config: RLConfig) -> None:

@@ -30,6 +30,7 @@ from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.config import EnvConfig, EvalRunConfig, OrchestratorConfig
 from orchestrator.serving.client import run_headers
 from orchestrator.tasks.stream import Tasks, read_tasks
+from orchestrator.verifiers_adapter.advice import held_warnings, release
 from orchestrator.verifiers_adapter.harness import HARNESS_ID, InProcessHarness
 from orchestrator.verifiers_adapter.judge import judging_rollouts_of, with_judge
 from orchestrator.verifiers_adapter.limits import RolloutLimits
@@ -65,10 +66,13 @@ def load_env(env: EnvConfig) -> vf.Env:
     harness = harness_for(env)
     try:
         if env.runtime in ("auto", "subprocess"):
-            with dataset_errors_named(env.id):  # a taskset may read its dataset when built
+            # a taskset may read its dataset when built; verifiers' warnings about the subprocess runtime stand only
+            # if the environment runs in it
+            with dataset_errors_named(env.id), held_warnings() as warnings:
                 loaded = _construct(env, harness, vf.SubprocessConfig())
             need = container_need(loaded, harness, first_task(loaded)) if env.runtime == "auto" else None
             if need is None:
+                release(warnings)
                 _configs[loaded] = env
                 return loaded
         else:

@@ -17,7 +17,15 @@ from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.rollout import Rollout as VerifiersRollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
-from orchestrator.verifiers_adapter import harness, judge, limits, pydantic_defaults, tokenizer_memo, weight_steps
+from orchestrator.verifiers_adapter import (
+    advice,
+    harness,
+    judge,
+    limits,
+    pydantic_defaults,
+    tokenizer_memo,
+    weight_steps,
+)
 from orchestrator.verifiers_adapter.generate_transport import GenerateTransport
 
 
@@ -38,3 +46,5 @@ def install_patches() -> None:
     renderers.client._parse_completion_logprobs = weight_steps.parse_completion_logprobs
     # pydantic_defaults: verifiers' rollout graph is built with model_construct on every turn
     _fields.takes_validated_data_argument = pydantic_defaults.takes_validated_data_argument
+    # advice: verifiers' warnings name Trident's [[env]] keys, not its own CLI's flags
+    advice.install_advice_filter()

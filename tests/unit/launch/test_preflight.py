@@ -145,3 +145,20 @@ def test_the_weight_broadcast_feeds_every_server_and_a_shared_buffer_one():
     with pytest.raises(ConfigError, match=r"^weight_broadcast.backend = 'shared' hands the weights to one server, "
                                           r"receivers = 2: use 'gloo'"):  # fmt: skip
         resolved("--inference-servers", "2", *broadcast, "--trainer.weight-broadcast.backend", "shared")
+
+
+def test_an_environment_shadowing_a_built_in_one_is_named_once_with_both_places(tmp_path, monkeypatch, caplog):
+    config = parse_config(RLConfig, ["--orchestrator.env", '[{"id": "reverse-text"}]'])
+    built_in = DEBUG.parents[2] / "environments" / "reverse_text" / "reverse_text"
+    monkeypatch.delitem(sys.modules, "reverse_text", raising=False)  # find_spec answers from here once imported
+    with caplog.at_level("WARNING", logger="rl"):
+        check_envs_installed(config)
+        assert caplog.records == []  # the built-in itself
+        (tmp_path / "reverse_text").mkdir()
+        (tmp_path / "reverse_text" / "__init__.py").write_text("")
+        monkeypatch.syspath_prepend(tmp_path)  # an installed package of the same module name, first on the path
+        check_envs_installed(config)
+    (warning,) = caplog.records
+    assert warning.levelname == "WARNING" and "orchestrator.env.0.id: environment 'reverse-text'" in warning.message
+    shadow = (tmp_path / "reverse_text").resolve()
+    assert f"from {shadow}, not Trident's built-in {built_in.resolve()}:" in warning.message

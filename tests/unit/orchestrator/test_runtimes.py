@@ -1,6 +1,8 @@
 """verifiers' runtimes as verifiers defines them: an environment that needs a container gets docker or podman where
-its daemon answers, one line where not; one that does not runs its agents as local subprocesses."""
+its daemon answers, one line where not; one that does not runs its agents as local subprocesses; verifiers' warnings
+name Trident's keys, and none about the subprocess runtime is left for an environment that does not run in it."""
 
+import logging
 import os
 import stat
 import sys
@@ -110,3 +112,32 @@ def test_a_named_runtime_is_used_or_refused(machine):
     assert agent_runtime(load_env(EnvConfig(id=ENV_ID, runtime="podman"))) == "podman"
     # an image needs a container: verifiers refuses it per rollout under a subprocess named by the user
     assert agent_runtime(load_env(EnvConfig(id=ENV_ID, args={"kind": "image"}, runtime="subprocess"))) == "subprocess"
+
+
+def subprocess_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "subprocess runtime" in r.getMessage()]
+
+
+def test_verifiers_warning_about_the_subprocess_runtime_names_trident_keys(caplog):
+    with caplog.at_level(logging.WARNING):
+        load_env(EnvConfig(id=ENV_ID, harness="bash"))  # bash executes code: verifiers warns about running it locally
+    (warning,) = subprocess_warnings(caplog)
+    assert "Harness 'bash' is running in the subprocess runtime" in warning
+    assert '[[env]] runtime = "docker"' in warning and "--env." not in warning
+
+
+def test_verifiers_subprocess_warning_is_dropped_for_a_refused_environment(machine, monkeypatch, caplog):
+    monkeypatch.setattr(ContainerTaskset, "task_type", classmethod(lambda cls: ContainerTask))
+    with caplog.at_level(logging.WARNING), pytest.raises(TridentError, match="needs a container runtime"):
+        load_env(EnvConfig(id=ENV_ID, harness="bash", args={"kind": "needs"}))
+    assert subprocess_warnings(caplog) == []
+
+
+def test_verifiers_taskset_flags_read_as_env_args(caplog):
+    harbor = logging.getLogger("verifiers.v1.tasksets.harbor.taskset")  # its message, as verifiers 0.4.0 logs it
+    with caplog.at_level(logging.WARNING):
+        harbor.warning(
+            "%s: asks for a separate verifier; grading in the agent's box anyway (--taskset.ignore-separate-verifier)",
+            "task-7",
+        )
+    assert caplog.records[-1].getMessage().endswith("anyway ([[env]] args.ignore_separate_verifier)")
