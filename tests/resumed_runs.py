@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from contracts.config import parse_config
-from contracts.run_dir import checkpoint_dir, mark_stable, rollouts_dir, weights_dir
+from contracts.run_dir import checkpoint_dir, configs_dir, mark_stable, rollouts_dir, weights_dir
 from orchestrator.config import OrchestratorConfig, prompts_per_env
 from orchestrator.tasks.sampler import TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, task_id, tasks_of
@@ -40,7 +40,7 @@ async def run_steps(orchestrator, steps: int, stop_at: int | None = None) -> lis
 
 def run_config(output_dir: Path) -> OrchestratorConfig:
     """The orchestrator config ``rl`` resolved and wrote for the run in ``output_dir``."""
-    return parse_config(OrchestratorConfig, ["@", str(output_dir / "configs" / "orchestrator.toml")])
+    return parse_config(OrchestratorConfig, ["@", str(configs_dir(output_dir) / "orchestrator.toml")])
 
 
 def uninterrupted_tasks(config: OrchestratorConfig, steps: range) -> dict[int, list[str]]:

@@ -2,7 +2,6 @@
 ``rl``, killed mid-run and resumed: every step draws the tasks an uninterrupted run draws, and the orchestrator's
 memory stays flat."""
 
-import json
 import os
 import re
 import signal
@@ -10,6 +9,7 @@ import subprocess
 
 import pytest
 from procs import run_processes, wait_gone
+from resumed_runs import batch_tasks
 from rl_runs import DEBUG, ROOT, rl_argv, wait_for
 
 from contracts.metrics import read_metrics
@@ -20,12 +20,6 @@ pytestmark = pytest.mark.slow
 
 STEPS, PROMPTS, ATTEMPTS = 20, 4, 2  # ATTEMPTS: stream.toml's [filter] max_attempts
 KILL_AFTER = 9  # trained steps: the newest complete checkpoint is step 8's (interval 2), or a later one
-
-
-def batch_tasks(output_dir, step: int) -> list[str]:
-    """The task of each sample of step ``step``'s batch."""
-    batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
-    return [sample["task"] for sample in batch["samples"]]
 
 
 def drawable(step: int) -> list[set[str]]:

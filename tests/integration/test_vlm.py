@@ -36,6 +36,7 @@ import servers
 import torch
 import verifiers.v1 as vf
 from PIL import Image, ImageDraw
+from resumed_runs import batch_tasks, run_config, uninterrupted_tasks
 from rl_runs import ROOT, rl_argv, started_pids, wait_for
 from rollouts import build_samples
 from test_multiturn import forced
@@ -499,8 +500,13 @@ def test_the_debug_vlm_run_learns_and_resumes_exactly_after_a_kill(debug_vlm_run
     assert [r["step"] for r in read_metrics(output_dir, "trainer")] == list(range(1, STEPS + 1))
     orchestrator = read_metrics(output_dir, "orchestrator")
     assert [r["step"] for r in orchestrator] == list(range(1, STEPS + 1))
-    orchestrator_log = (output_dir / "logs" / "orchestrator.log").read_text()
-    assert f"resuming after step {last}: prompts from task {last * BATCH_SIZE} on" in orchestrator_log
+    # the tasks of each kept batch (the newest 8 steps: those after the resume) are the ones an uninterrupted run
+    # draws, computed here from the run's config with the orchestrator's sampler (a failed rollout gives no sample)
+    kept = rollout_steps(output_dir)
+    reference = uninterrupted_tasks(run_config(output_dir), range(1, STEPS + 1))
+    assert all(len(reference[step]) == BATCH_SIZE for step in kept)
+    for step in kept:
+        assert set(batch_tasks(output_dir, step)) == set(reference[step]), step
     # it learned the answer's form: the last 5 steps' mean over the first 5's
     rewards = [r["reward/answer_set"] for r in orchestrator]
     assert statistics.mean(rewards[-5:]) - statistics.mean(rewards[:5]) > REWARD_GAIN, rewards

@@ -3,7 +3,8 @@ import json
 import random
 
 import pytest
-from resumed_runs import batch_tasks, run_steps, uninterrupted_tasks
+from debug_configs import FILES
+from resumed_runs import batch_tasks, run_config, run_steps, uninterrupted_tasks
 from rollouts import ONE_SAMPLED, group
 from trainer_runs import write_orchestrator_part
 
@@ -11,7 +12,7 @@ import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoints
-from launch.launcher import resume_point
+from launch.launcher import resume_point, run
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.loop.ckpt import Checkpointer, read_state
@@ -173,3 +174,14 @@ def test_a_stopped_run_resumes_drawing_each_step_the_tasks_its_config_gives(tmp_
     asyncio.run(run_steps(on_weights_server(resumed)[0], steps))
     for step, tasks in uninterrupted_tasks(config, range(1, steps + 1)).items():
         assert sorted(batch_tasks(tmp_path, step)) == sorted(tasks * rollouts), step
+
+
+def test_the_reference_reads_the_config_rl_wrote_for_the_run(tmp_path):
+    """``rl --dry-run`` of the debug run writes the orchestrator's resolved config; the reference drawn from it is
+    the one drawn from the config rl resolved in memory."""
+    config = resolve_shared(parse_config(RLConfig, [*FILES, "--output-dir", str(tmp_path), "--dry-run"]))
+    assert run(config) == 0
+    assert run_config(tmp_path) == config.orchestrator
+    assert uninterrupted_tasks(run_config(tmp_path), range(1, 3)) == uninterrupted_tasks(
+        config.orchestrator, range(1, 3)
+    )
