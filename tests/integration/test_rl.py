@@ -169,16 +169,19 @@ def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals)
     return gone
 
 
-def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_server, free_port):
+def test_a_run_killed_and_stopped_every_way_resumes_training_each_step_once(tmp_path, inference_server, free_port):
     """One run, stopped in turn as processes die and as users and schedulers stop runs, through ``uv run``: SIGTERM
     to the whole process group while its own server starts; SIGKILL of the trainer, of the orchestrator and of the
     inference server, each at a random step (each time rl stops the whole run, exits 1 naming the process, and
     leaves no process group behind); Ctrl-C then SIGTERM during a checkpoint, while the orchestrator generates the
     next step (SIGKILL of rl itself, whose processes stop themselves, is test_stream_run's stop). After each,
-    ``--ckpt.resume-step -1`` continues from the newest complete checkpoint; in the end every step was trained once,
-    on the prompts an uninterrupted run would have used. The run refills tied groups and draws its tasks from a
-    difficulty pool (configs/debug/rl/filter.toml): each resume restores the pool saved. The session's server serves
-    it, but for the stages that start their own."""
+    ``--ckpt.resume-step -1`` continues from the newest complete checkpoint; in the end every step was trained once.
+    The run refills tied groups and draws its tasks from a difficulty pool (configs/debug/rl/filter.toml), so its draws
+    depend on the rewards: no reference is computed here, and where the last resume went on and the pool it restored
+    are the orchestrator's own log lines. That a resumed pool-and-refill run draws what an uninterrupted one does is
+    test_orchestrator_ckpt.py's test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved (the same
+    Orchestrator.step, a fake group runner). The session's server serves it, but for the stages that start their
+    own."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     steps, batch_size = 16, 4
@@ -255,7 +258,7 @@ def test_a_run_killed_and_stopped_every_way_resumes_exactly(tmp_path, inference_
     assert [
         line.split(" |")[0] for line in resumed.stdout.splitlines() if line.startswith("step ") and " | " in line
     ] == [f"step {i}/{steps}" for i in range(last + 1, steps + 1)], f"seed {seed}"
-    # each step trained exactly once across the runs, on the prompts an uninterrupted run would have used
+    # each step trained exactly once across the runs; the orchestrator says it went on after the checkpoint's step
     assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == list(range(1, steps + 1)), f"seed {seed}"
     assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(1, steps + 1)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
