@@ -495,7 +495,7 @@ def debug_vlm_run(vlm_server) -> tuple[Path, int]:
     httpx.post(f"{url}/reset_weights", timeout=300).raise_for_status()
 
 
-def test_the_debug_vlm_run_learns_and_resumes_exactly_after_a_kill(debug_vlm_run):
+def test_the_debug_vlm_run_learns_and_resumes_on_the_prompts_of_an_uninterrupted_run(debug_vlm_run):
     output_dir, last = debug_vlm_run
     # each step trained exactly once across the two runs, on the prompts an uninterrupted run would have used
     assert [r["step"] for r in read_metrics(output_dir, "trainer")] == list(range(1, STEPS + 1))
