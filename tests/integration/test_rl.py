@@ -17,6 +17,7 @@ import httpx
 import pytest
 import tomli_w
 from procs import group_running, run_processes, wait_gone
+from resumed_runs import assert_drawn, batch_tasks, drawable_tasks, run_config
 from rl_runs import DEBUG, ROOT, rl_argv, started_pids, wait_for
 
 from contracts.metrics import eval_line, read_metrics
@@ -180,18 +181,19 @@ def test_a_run_killed_and_stopped_every_way_resumes_training_each_step_once(tmp_
     next step (SIGKILL of rl itself, whose processes stop themselves, is test_stream_run's stop). After each,
     ``--ckpt.resume-step -1`` continues from the newest complete checkpoint; in the end every step was trained once.
     The run refills tied groups and draws its tasks from a difficulty pool (configs/debug/rl/filter.toml), so its draws
-    depend on the rewards: no reference is computed here, and where the last resume went on and the pool it restored
-    are the orchestrator's own log lines. That a resumed pool-and-refill run draws what an uninterrupted one does is
-    test_orchestrator_ckpt.py's test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved (the same
-    Orchestrator.step, a fake group runner). The session's server serves it, but for the stages that start their
-    own."""
+    depend on the rewards: the first two steps after the last resume are checked against the places the
+    orchestrator's sampler draws with the checkpoint's pool (computed here, no second run); for the later steps and
+    the restored pool there are only the orchestrator's own log lines. That a resumed pool-and-refill run draws what
+    an uninterrupted one does is test_orchestrator_ckpt.py's
+    test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved (the same Orchestrator.step, a fake group
+    runner). The session's server serves it, but for the stages that start their own."""
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     steps, batch_size = 16, 4
     # small steps (4 prompts x 2 rollouts): the test is about stopping and resuming
     flags = ["@", str(DEBUG / "filter.toml"), "--max-steps", str(steps), "--ckpt.interval", "2",
              "--orchestrator.batch-size", str(batch_size), "--orchestrator.rollouts-per-example", "2",
-             "--no-orchestrator.eval"]  # fmt: skip
+             "--no-orchestrator.eval", "--trainer.keep-rollouts", str(steps)]  # fmt: skip
     uv_rl = [shutil.which("uv"), "run", "--no-sync", "rl", *rl_argv(tmp_path, *flags, inference=False)[3:]]
     session_server = ["--orchestrator.client.base-url", inference_server]
     own_server = ["--inference", "@", str(DEBUG / "infer.toml"), "--inference.port", str(free_port())]
@@ -256,6 +258,11 @@ def test_a_run_killed_and_stopped_every_way_resumes_training_each_step_once(tmp_
 
     last = complete_checkpoints(tmp_path)[-1]
     pool = read_state(tmp_path, last)["difficulty_pool"]  # what the last resume must start from
+    # its first two steps' places, as an uninterrupted run draws them: a step's pool weights count the results of the
+    # steps before the one before it, so the checkpoint's pool fixes both
+    places = {
+        step: drawable_tasks(run_config(tmp_path), step, pool) for step in range(last + 1, min(last + 2, steps) + 1)
+    }
     resumed = subprocess.run([*uv_rl, *session_server, *resume], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert resumed.returncode == 0, f"seed {seed}: {resumed.stdout + resumed.stderr}"
     assert [
@@ -266,6 +273,11 @@ def test_a_run_killed_and_stopped_every_way_resumes_training_each_step_once(tmp_
     assert [r["step"] for r in read_metrics(tmp_path, "orchestrator")] == list(range(1, steps + 1)), f"seed {seed}"
     orchestrator_log = (tmp_path / "logs" / "orchestrator.log").read_text()
     assert f"resuming after step {last}: prompts from task {last * batch_size} on" in orchestrator_log
+    # the first resumed steps' batches: each place's task is its own or one of its refill replacements, drawn by the
+    # orchestrator's sampler with the checkpoint's pool in this process (catches a resume one step late; an
+    # unrestored pool where its draw differs: test_orchestrator_ckpt's pool test holds the whole run)
+    for step, drawable in places.items():
+        assert_drawn(batch_tasks(tmp_path, step), drawable, rollouts=2)
     rated = sum(map(len, pool["pass_rates"]))
     assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
     metrics = read_metrics(tmp_path, "orchestrator")

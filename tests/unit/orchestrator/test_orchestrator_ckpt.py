@@ -4,7 +4,7 @@ import random
 
 import pytest
 from debug_configs import FILES
-from resumed_runs import batch_tasks, run_config, run_steps, uninterrupted_tasks
+from resumed_runs import assert_drawn, batch_tasks, drawable_tasks, run_config, run_steps, uninterrupted_tasks
 from rollouts import ONE_SAMPLED, group
 from trainer_runs import write_orchestrator_part
 
@@ -135,6 +135,10 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
     asyncio.run(run_steps(resumed, steps))
     for step in range(5, steps + 1):  # the same tasks (and replacements) as the uninterrupted run drew
         assert batch_tasks(tmp_path / "stopped", step) == batch_tasks(tmp_path / "whole", step)
+        # and, without the other run, each place's task is its own or a replacement the sampler draws with the pool
+        # the checkpoint of the step before holds (what test_rl checks of its run's first resumed step)
+        places = drawable_tasks(resumed.config, step, read_state(tmp_path / "stopped", step - 1)["difficulty_pool"])
+        assert_drawn(batch_tasks(tmp_path / "stopped", step), places, rollouts=3)
     assert resumed.pool.state_dict() == whole.pool.state_dict()
     fresh = build(tmp_path / "fresh")  # an empty pool draws other tasks: the restore is what made them the same
     assert fresh.tasks.step_tasks(5).tasks != whole.tasks.step_tasks(5).tasks
