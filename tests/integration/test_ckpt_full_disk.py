@@ -74,7 +74,8 @@ def test_a_full_disk_at_a_checkpoint_fails_in_one_line_and_the_run_resumes_exact
     assert "step_2/trainer/STABLE" in results["left"] and "step_2/trainer/__0_0.distcp" in results["left"]
     assert "step_4/trainer/STABLE" in results["resumed"]
     # resumed from step 2 after the failure: the same losses and weights as a run never stopped
-    assert losses(full)[3] == pytest.approx(losses(whole)[3], rel=1e-6)
+    for step in (3, 4):  # the steps trained after the resume
+        assert losses(full)[step] == pytest.approx(losses(whole)[step], rel=1e-6), step
     expected, got = (load_file(weights_dir(run, 4) / "model.safetensors") for run in (whole, full))
     for name in expected:
         assert (expected[name] - got[name]).abs().max() < 1e-6, name

@@ -2,7 +2,6 @@
 ``rl``, killed mid-run and resumed: every step draws the tasks an uninterrupted run draws, and the orchestrator's
 memory stays flat."""
 
-import json
 import os
 import re
 import signal
@@ -10,30 +9,16 @@ import subprocess
 
 import pytest
 from procs import run_processes, wait_gone
+from resumed_runs import assert_drawn, batch_tasks, drawable_tasks, run_config
 from rl_runs import DEBUG, ROOT, rl_argv, wait_for
 
 from contracts.metrics import read_metrics
 from contracts.run_dir import complete_checkpoints
-from orchestrator.tasks.sampler import TaskSampler
 
 pytestmark = pytest.mark.slow
 
 STEPS, PROMPTS, ATTEMPTS = 20, 4, 2  # ATTEMPTS: stream.toml's [filter] max_attempts
 KILL_AFTER = 9  # trained steps: the newest complete checkpoint is step 8's (interval 2), or a later one
-
-
-def batch_tasks(output_dir, step: int) -> list[str]:
-    """The task of each sample of step ``step``'s batch."""
-    batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
-    return [sample["task"] for sample in batch["samples"]]
-
-
-def drawable(step: int) -> list[set[str]]:
-    """Each place of step ``step``'s batch: the tasks that may fill it, as an uninterrupted run draws them (a pure
-    function of the seed and the step): its own task, or its one refill replacement."""
-    tasks = TaskSampler([None], [PROMPTS], seed=0, attempts=ATTEMPTS).step_tasks(step)
-    places = [(tasks.tasks[slot][1], tasks.replacement(slot, 1, [])[1]) for slot in range(PROMPTS)]
-    return [{f"puzzle-{own}", f"puzzle-{replacement}"} for own, replacement in places]
 
 
 def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_with_flat_memory(
@@ -77,12 +62,11 @@ def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_wit
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))  # each step trained once
     assert [r["step"] for r in orchestrator] == list(range(1, STEPS + 1))
     tasks |= {step: batch_tasks(tmp_path, step) for step in range(last + 1, STEPS + 1)}
+    config = run_config(tmp_path)
     for step, drawn in tasks.items():
-        places = drawable(step)
-        # each task in the batch fills one place (a group of 2 rollouts, one sample each), at most one task a place
-        assert all(drawn.count(task) == 2 for task in drawn), (step, drawn)
-        assert all(len(place & set(drawn)) <= 1 for place in places), (step, drawn)
-        assert set(drawn) <= set.union(*places), (step, drawn, places)
+        # each task in the batch fills one place (a group of 2 rollouts, one sample each) with its own task or its one
+        # refill replacement, as the orchestrator's sampler draws them for an uninterrupted run of the run's config
+        assert_drawn(drawn, drawable_tasks(config, step), rollouts=2)
 
     # memory: the stream holds at most the next step's window (and the one after it while steps overlap); the
     # orchestrator's resident memory after each step of the resumed run stays within 128 MiB of its second step's

@@ -1,15 +1,18 @@
 import asyncio
 import json
+import random
 
 import pytest
+from debug_configs import FILES
+from resumed_runs import assert_drawn, batch_tasks, drawable_tasks, run_config, run_steps, uninterrupted_tasks
 from rollouts import ONE_SAMPLED, group
 from trainer_runs import write_orchestrator_part
 
 import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
-from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoints, mark_stable, weights_dir
-from launch.launcher import resume_point
+from contracts.run_dir import checkpoint_dir, clear_run_state, complete_checkpoints
+from launch.launcher import resume_point, run
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.loop.ckpt import Checkpointer, read_state
@@ -119,38 +122,70 @@ def test_a_stopped_run_resumes_with_the_difficulty_pool_exactly_as_saved(tmp_pat
         )  # fmt: skip
         return on_weights_server(config)[0]
 
-    async def run(orchestrator, stop_at=steps):
-        """Its steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint
-        after each (the trainer's part and weights faked); it stops right after the checkpoint of ``stop_at``."""
-        for step in range(orchestrator.start_step() + 1, steps + 1):
-            await orchestrator.step(step, start_next=step < steps)
-            orchestrator.save_checkpoint(step)
-            for folder in (
-                checkpoint_dir(orchestrator.output_dir, step) / "trainer",
-                weights_dir(orchestrator.output_dir, step),
-            ):
-                folder.mkdir(parents=True, exist_ok=True)
-                mark_stable(folder)
-            if step == stop_at:
-                return
-
-    def batch_tasks(output_dir, step):
-        batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
-        return [sample["task"] for sample in batch["samples"]]
-
     whole = build(tmp_path / "whole")
-    asyncio.run(run(whole))
+    asyncio.run(run_steps(whole, steps))
     stopped = build(tmp_path / "stopped")
-    asyncio.run(run(stopped, stop_at=4))
+    asyncio.run(run_steps(stopped, steps, stop_at=4))
     saved = read_state(tmp_path / "stopped", 4)["difficulty_pool"]
     assert saved == read_state(tmp_path / "whole", 4)["difficulty_pool"]  # the same run up to the stop
     assert len(saved["pass_rates"][0]) > 4  # tasks seen and rated: the draws depend on them
     del stopped
 
     resumed = build(tmp_path / "stopped", resume_step=-1)
-    asyncio.run(run(resumed))
+    asyncio.run(run_steps(resumed, steps))
     for step in range(5, steps + 1):  # the same tasks (and replacements) as the uninterrupted run drew
         assert batch_tasks(tmp_path / "stopped", step) == batch_tasks(tmp_path / "whole", step)
+        # and, without the other run, each place's task is its own or a replacement the sampler draws with the pool
+        # the checkpoint of the step before holds (what test_rl checks of its run's first resumed step)
+        places = drawable_tasks(resumed.config, step, read_state(tmp_path / "stopped", step - 1)["difficulty_pool"])
+        assert_drawn(batch_tasks(tmp_path / "stopped", step), places, rollouts=3)
     assert resumed.pool.state_dict() == whole.pool.state_dict()
     fresh = build(tmp_path / "fresh")  # an empty pool draws other tasks: the restore is what made them the same
     assert fresh.tasks.step_tasks(5).tasks != whole.tasks.step_tasks(5).tasks
+
+
+def test_the_uninterrupted_draw_is_each_steps_slice_of_the_seeded_shuffle():
+    """The reference resumed runs are checked against (tests/resumed_runs.py), against a naive computation: step N
+    takes the N-th 4 of the 30 tasks shuffled with the seed, wrapping around (30 is not a multiple of 4)."""
+    config = OrchestratorConfig(env=[{"id": "char-target", "args": {"num_examples": 30}}], batch_size=4, seed=5)
+    order = list(range(30))
+    random.Random(5).shuffle(order)
+    expected = {
+        step: [f"char-target-{order[i % 30]}" for i in range((step - 1) * 4, step * 4)] for step in range(1, 10)
+    }
+    assert uninterrupted_tasks(config, range(1, 10)) == expected
+    with pytest.raises(ValueError, match="refill and the difficulty pool draw by the rewards"):
+        uninterrupted_tasks(config.model_copy(update={"difficulty_pool": {"ema": 0.5}}), range(1, 2))
+
+
+def test_a_stopped_run_resumes_drawing_each_step_the_tasks_its_config_gives(tmp_path, monkeypatch, on_weights_server):
+    """A run stopped after the checkpoint of step 2 and resumed: each step's batch holds, for each rollout, the tasks
+    the orchestrator's sampler gives that step from the run's config alone (tests/resumed_runs.py, no second run),
+    those of the resumed steps included."""
+    steps, rollouts = 5, 3
+
+    async def run_group(env, task, n, ctx, limits, output_dir):
+        return group([0.0, 1.0, 1.0], ONE_SAMPLED, task=task.data.id)
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    config = OrchestratorConfig(
+        output_dir=tmp_path, env=[{"id": "char-target", "args": {"num_examples": 30}}], batch_size=4,
+        rollouts_per_example=rollouts, max_steps=steps, async_level=1, sample_rollouts_every=0, seed=7,
+        ckpt={"interval": 1, "keep": None},
+    )  # fmt: skip
+    asyncio.run(run_steps(on_weights_server(config)[0], steps, stop_at=2))
+    resumed = config.model_copy(update={"ckpt": config.ckpt.model_copy(update={"resume_step": -1})})
+    asyncio.run(run_steps(on_weights_server(resumed)[0], steps))
+    for step, tasks in uninterrupted_tasks(config, range(1, steps + 1)).items():
+        assert sorted(batch_tasks(tmp_path, step)) == sorted(tasks * rollouts), step
+
+
+def test_the_reference_reads_the_config_rl_wrote_for_the_run(tmp_path):
+    """``rl --dry-run`` of the debug run writes the orchestrator's resolved config; the reference drawn from it is
+    the one drawn from the config rl resolved in memory."""
+    config = resolve_shared(parse_config(RLConfig, [*FILES, "--output-dir", str(tmp_path), "--dry-run"]))
+    assert run(config) == 0
+    assert run_config(tmp_path) == config.orchestrator
+    assert uninterrupted_tasks(run_config(tmp_path), range(1, 3)) == uninterrupted_tasks(
+        config.orchestrator, range(1, 3)
+    )

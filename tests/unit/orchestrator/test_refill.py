@@ -2,9 +2,9 @@
 batch is full of groups that teach something, or a place's attempts run out (counted)."""
 
 import asyncio
-import json
 
 import pytest
+from resumed_runs import batch_tasks
 from rollouts import TWO_SAMPLED, group
 
 import orchestrator.loop.groups as groups_module
@@ -34,11 +34,6 @@ def config(tmp_path, **settings) -> OrchestratorConfig:
     return OrchestratorConfig(output_dir=tmp_path, env=[{"id": "char-target", "args": {"num_examples": TASKS}}],
                               batch_size=4, rollouts_per_example=2, max_steps=2, sample_rollouts_every=0,
                               **settings)  # fmt: skip
-
-
-def batch_tasks(tmp_path, step: int) -> list[str]:
-    batch = json.loads((tmp_path / "rollouts" / f"step_{step}" / "batch.json").read_text())
-    return [sample["task"] for sample in batch["samples"]]
 
 
 def test_groups_with_no_reward_variance_are_replaced_until_the_batch_is_full(tmp_path, monkeypatch, on_weights_server):

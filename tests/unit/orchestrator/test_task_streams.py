@@ -9,13 +9,14 @@ import re
 import pytest
 from debug_configs import DEBUG, FILES
 from fake_policy import counting_server
+from resumed_runs import batch_tasks, run_steps
 from rollouts import ONE_SAMPLED, group
 
 import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.metrics import read_metrics
-from contracts.run_dir import checkpoint_dir, mark_stable, weights_dir
+from contracts.run_dir import checkpoint_dir
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.metrics.memory import StepMemory
@@ -151,29 +152,6 @@ def test_the_pool_draws_a_stream_by_weight_from_a_window_and_forgets_the_tasks_b
 def stream_config(output_dir, args: dict | None = None, **settings) -> OrchestratorConfig:
     return OrchestratorConfig(output_dir=output_dir, env=[{"id": "puzzle-stream", "args": args or {}}], batch_size=2,
                               rollouts_per_example=2, async_level=1, sample_rollouts_every=0, **settings)  # fmt: skip
-
-
-async def run_steps(orchestrator, steps: int, stop_at: int | None = None) -> list[int]:
-    """Steps as Orchestrator.run runs them (the next step's groups start in this one's tail), a checkpoint after
-    each (the trainer's part and weights faked), until ``stop_at``; the tasks the stream held after each step (before
-    its checkpoint, which reads the task the next step goes on from)."""
-    held = []
-    for step in range(orchestrator.start_step() + 1, steps + 1):
-        await orchestrator.step(step, start_next=step < steps)
-        held.append(orchestrator.per_env[0].held)
-        orchestrator.save_checkpoint(step)
-        trainer_part = checkpoint_dir(orchestrator.output_dir, step) / "trainer"
-        for folder in (trainer_part, weights_dir(orchestrator.output_dir, step)):
-            folder.mkdir(parents=True, exist_ok=True)
-            mark_stable(folder)
-        if step == stop_at:
-            break
-    return held
-
-
-def batch_tasks(output_dir, step: int) -> list[str]:
-    batch = json.loads((output_dir / "rollouts" / f"step_{step}" / "batch.json").read_text())
-    return [sample["task"] for sample in batch["samples"]]
 
 
 def test_the_endless_puzzle_stream_runs_through_the_rollout_path_holding_a_bounded_number_of_tasks(
