@@ -8,7 +8,9 @@ changes nothing.
 """
 
 import sys
+from collections.abc import Sequence
 
+import datasets
 import renderers.base
 import renderers.client
 from pydantic._internal import _fields
@@ -17,12 +19,22 @@ from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.rollout import Rollout as VerifiersRollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
-from orchestrator.verifiers_adapter import harness, judge, limits, pydantic_defaults, tokenizer_memo, weight_steps
+from orchestrator.config import LocalDataset
+from orchestrator.verifiers_adapter import (
+    harness,
+    judge,
+    limits,
+    local_datasets,
+    pydantic_defaults,
+    tokenizer_memo,
+    weight_steps,
+)
 from orchestrator.verifiers_adapter.generate_transport import GenerateTransport
 
 
-def install_patches() -> None:
-    """Apply Trident's patches to verifiers, renderers and pydantic in this process (see each module named)."""
+def install_patches(local_data: Sequence[LocalDataset] = ()) -> None:
+    """Apply Trident's patches to verifiers, renderers, datasets and pydantic in this process (see each module
+    named), environments' hub datasets read from ``local_data`` (the config's ``[[datasets]]``)."""
     # verifiers imports a harness or judge plugin as the top-level module its id names
     sys.modules.setdefault(harness.HARNESS_ID.replace("-", "_"), harness)
     sys.modules.setdefault(judge.JUDGE_ID.replace("-", "_"), judge)
@@ -38,3 +50,6 @@ def install_patches() -> None:
     renderers.client._parse_completion_logprobs = weight_steps.parse_completion_logprobs
     # pydantic_defaults: verifiers' rollout graph is built with model_construct on every turn
     _fields.takes_validated_data_argument = pydantic_defaults.takes_validated_data_argument
+    # local_datasets: environments' own load_dataset calls read the local data [[datasets]] maps their hub ids to
+    datasets.load_dataset = local_datasets.load_dataset
+    local_datasets.set_local_datasets(local_data)
