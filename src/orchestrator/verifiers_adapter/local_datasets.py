@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import datasets
 import huggingface_hub.constants
 from dataset_rows import HUB_ID, DatasetError
+from datasets.naming import camelcase_to_snakecase
 
 from contracts.errors import error_line
 from orchestrator.config import LOCAL_DATA_SUFFIXES, LocalDataset
@@ -48,7 +49,7 @@ def load_dataset(*args, **kwargs):
         return _hub_load_dataset(*args, **kwargs)
     name, split, revision = call.get("name"), call.get("split"), call.get("revision")
     if entry := local_entry(path, name, split, revision):
-        return load_local(entry, split, call.get("streaming", False))
+        return load_local(entry, name, split, call.get("streaming", False))
     if datasets.config.HF_HUB_OFFLINE or not hub_reachable():
         with offline():  # a cached copy still loads; none fails in a moment
             try:
@@ -89,9 +90,10 @@ def local_entry(hub_id: str, name: str | None, split, revision) -> LocalDataset 
     return None
 
 
-def load_local(entry: LocalDataset, split, streaming: bool):
-    """``entry``'s local data, as ``datasets.load_dataset`` gives it for ``split`` (None: every split, a
-    ``DatasetDict``); a :class:`DatasetError` naming the entry where it cannot be read."""
+def load_local(entry: LocalDataset, name: str | None, split, streaming: bool):
+    """``entry``'s local data, as ``datasets.load_dataset`` gives it for config ``name`` (read from a cache; other
+    data is one config) and ``split`` (None: every split, a ``DatasetDict``); a :class:`DatasetError` naming the
+    entry where it cannot be read."""
     path = entry.path
     try:
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
@@ -101,7 +103,7 @@ def load_local(entry: LocalDataset, split, streaming: bool):
             return saved.to_iterable_dataset() if streaming and isinstance(saved, datasets.Dataset) else saved
         if path.is_dir() and _caches(path, entry.id):
             with offline():
-                return _hub_load_dataset(entry.id, entry.name, split=split, revision=entry.revision,
+                return _hub_load_dataset(entry.id, name, split=split, revision=entry.revision,
                                          cache_dir=str(path), streaming=streaming)  # fmt: skip
         if entry.split is None and path.is_dir():  # split by its files' names, as datasets reads a hub folder
             return _hub_load_dataset(str(path), split=split, streaming=streaming)
@@ -116,7 +118,7 @@ def load_local(entry: LocalDataset, split, streaming: bool):
         while e.__cause__ is not None:  # "An error occurred while generating the dataset": the cause says which
             e = e.__cause__
         raise DatasetError(
-            f'[[datasets]] id = "{entry.id}" path = "{path}": cannot be read{_which(None, split)} ({error_line(e)})'
+            f'[[datasets]] id = "{entry.id}" path = "{path}"{_which(name, split)}: cannot be read ({error_line(e)})'
         ) from None
 
 
@@ -135,9 +137,10 @@ def _data_files(folder: Path) -> list[Path]:
 
 
 def _caches(folder: Path, hub_id: str) -> bool:
-    """Whether ``folder`` is an HF datasets cache holding ``hub_id`` (``datasets``' or the hub's layout)."""
-    layouts = (hub_id.replace("/", "___"), f"datasets--{hub_id.replace('/', '--')}")
-    return any((folder / layout).is_dir() for layout in layouts)
+    """Whether ``folder`` is an HF datasets cache (a ``cache_dir``) holding ``hub_id``: ``<org>___<name>/``, the
+    name in datasets' snake case."""
+    *org, name = hub_id.split("/")
+    return (folder / "___".join([*org, camelcase_to_snakecase(name)])).is_dir()
 
 
 def _split_name(split) -> str | None:

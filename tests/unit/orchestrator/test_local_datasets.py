@@ -10,6 +10,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from datasets.arrow_writer import ArrowWriter
 from pydantic import ValidationError
 
 from contracts.errors import TridentError
@@ -75,6 +76,38 @@ def test_hub_ids_mapped_to_local_rows_load_them_split_by_split(offline_machine, 
         assert [t.data.prompt.split("\n\n")[-1] for t in loaded] == [q for q, _ in rows]
 
 
+def write_hf_cache(root: Path, hub_id: str, config: str, splits: dict[str, list[dict]]) -> None:
+    """``splits`` as ``datasets`` leaves a hub dataset in its cache after a download: ``<org>___<name>/<config>/
+    <version>/<hash>/``, an arrow file per split and the dataset's info."""
+    name = hub_id.split("/")[-1]
+    folder = root / hub_id.replace("/", "___") / config / "0.0.0" / "0123abcd"
+    folder.mkdir(parents=True)
+    infos = []
+    for split, rows in splits.items():
+        table = datasets.Dataset.from_list(rows)
+        with ArrowWriter(path=str(folder / f"{name}-{split}.arrow"), features=table.features) as writer:
+            writer.write_table(table.data.table)
+            count, size = writer.finalize()
+        infos.append(datasets.SplitInfo(name=split, num_bytes=size, num_examples=count, dataset_name=name))
+    splits_info = datasets.SplitDict.from_split_dict(infos, dataset_name=name)
+    datasets.DatasetInfo(features=table.features, config_name=config, dataset_name=name, splits=splits_info)\
+        .write_to_directory(str(folder))  # fmt: skip
+
+
+def test_an_hf_datasets_cache_serves_as_local_data_and_as_the_cache_an_unreachable_hub_falls_back_on(
+    offline_machine, tmp_path, monkeypatch
+):
+    rows = {split: [{"question": q, "answer": a} for q, a in pairs] for split, pairs in GSM8K_ROWS.items()}
+    write_hf_cache(tmp_path / "copied-cache", GSM8K_ID, "main", rows)
+    socratic = {split: [{"question": "Why?", "answer": "Because.\n#### 0"}] for split in rows}
+    write_hf_cache(tmp_path / "copied-cache", GSM8K_ID, "socratic", socratic)  # another config of the same id
+    install_patches([LocalDataset(id=GSM8K_ID, path=tmp_path / "copied-cache")])
+    assert [t.data.answer for t in tasks("hub-gsm8k", split="test")] == ["24", "25"]
+    install_patches()  # unmapped: the hub cannot be reached, and datasets' own cache has it
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "copied-cache"))
+    assert [t.data.answer for t in tasks("hub-gsm8k", split="train")] == ["7"]
+
+
 def test_without_local_data_an_unreachable_hub_fails_at_once_in_one_line_naming_env_id_and_option(offline_machine):
     install_patches()
     for env_id, args, hub_id in [("hub-reverse-text", {}, REVERSE_ID), ("hub-gsm8k", {"split": "test"}, GSM8K_ID)]:
@@ -122,7 +155,8 @@ def test_bad_local_data_is_one_line_naming_the_key_and_value(offline_machine, tm
     line = str(failed.value)
     assert "\n" not in line
     assert line.startswith(
-        f'environment \'hub-gsm8k\': [[datasets]] id = "{GSM8K_ID}" path = "{broken}": cannot be read'
+        f"environment 'hub-gsm8k': [[datasets]] id = \"{GSM8K_ID}\" path = \"{broken}\" (config 'main', split "
+        "'test'): cannot be read"
     )
 
 
