@@ -3,6 +3,7 @@ failing at once in one line. The environments are shaped as verifiers' reverse-t
 (tests/e2e/user_envs/hub_reverse_text, hub_gsm8k): their ``load_dataset("<hub id>", ...)`` calls are theirs,
 unchanged; the rows are made here."""
 
+import itertools
 import json
 import socket
 import time
@@ -22,6 +23,7 @@ from orchestrator.verifiers_adapter.patches import install_patches
 USER_ENVS = Path(__file__).parents[2] / "e2e" / "user_envs"  # packages as outside users write them
 
 REVERSE_ID, GSM8K_ID = "PrimeIntellect/Reverse-Text-RL", "openai/gsm8k"
+SAVED_ID = "someone/reverse-text-saved"  # reverse-text's dataset_name arg pointed at another id, saved by save_to_disk
 REVERSE_ROWS = {"train": ["abc", "hello"], "test": ["stressed", "drawer", "lager"]}
 GSM8K_ROWS = {
     "train": [("Tom has 3 apples and buys 4 more. How many?", "3 + 4 = 7\n#### 7")],
@@ -43,12 +45,17 @@ def offline_machine(monkeypatch, tmp_path):
 
 @pytest.fixture
 def local_rows(tmp_path):
-    """The rows, written as a user would: reverse-text's as a folder split by file name (train.jsonl, test.jsonl),
-    gsm8k's each split alone, train as parquet and test as JSON Lines."""
+    """The rows, written as a user would: reverse-text's as a folder split by file name (train.jsonl, test.jsonl) and
+    as a DatasetDict written by save_to_disk, gsm8k's each split alone, train as parquet and test as JSON Lines."""
     folder = tmp_path / "reverse"
     folder.mkdir()
     for split, prompts in REVERSE_ROWS.items():
         (folder / f"{split}.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    saved = tmp_path / "reverse-saved"
+    by_split = {split: [{"prompt": p} for p in prompts] for split, prompts in REVERSE_ROWS.items()}
+    datasets.DatasetDict({split: datasets.Dataset.from_list(rows) for split, rows in by_split.items()}).save_to_disk(
+        str(saved)
+    )
     train = tmp_path / "gsm8k-train.parquet"
     rows = [{"question": q, "answer": a} for q, a in GSM8K_ROWS["train"]]
     datasets.Dataset.from_list(rows).to_parquet(str(train))
@@ -56,6 +63,7 @@ def local_rows(tmp_path):
     test.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in GSM8K_ROWS["test"]))
     return [
         LocalDataset(id=REVERSE_ID, path=folder),
+        LocalDataset(id=SAVED_ID, path=saved),
         LocalDataset(id=GSM8K_ID, name="main", split="train", path=train),
         LocalDataset(id=GSM8K_ID, name="main", split="test", path=test),
     ]
@@ -67,8 +75,8 @@ def tasks(env_id: str, **args) -> list:
 
 def test_hub_ids_mapped_to_local_rows_load_them_split_by_split(offline_machine, local_rows):
     install_patches(local_rows)
-    for split, prompts in REVERSE_ROWS.items():
-        loaded = tasks("hub-reverse-text", dataset_split=split)
+    for (split, prompts), dataset_name in itertools.product(REVERSE_ROWS.items(), [REVERSE_ID, SAVED_ID]):
+        loaded = tasks("hub-reverse-text", dataset_name=dataset_name, dataset_split=split)
         assert [(t.data.prompt, t.data.answer) for t in loaded] == [(p, p[::-1]) for p in prompts]
     for split, rows in GSM8K_ROWS.items():
         loaded = tasks("hub-gsm8k", split=split)
@@ -121,16 +129,23 @@ def test_without_local_data_an_unreachable_hub_fails_at_once_in_one_line_naming_
 
 
 def test_a_mapped_id_without_the_split_asked_is_one_line_not_a_trip_to_the_hub(offline_machine, local_rows):
-    install_patches(local_rows[1:2])  # gsm8k's train split alone
+    install_patches(local_rows[2:3])  # gsm8k's train split alone
     with pytest.raises(TridentError, match=r"^environment 'hub-gsm8k': hub dataset 'openai/gsm8k' \(config 'main', "
                                            r"split 'test'\) has no local data: \[\[datasets\]\] maps it only for "
                                            r"\(config 'main', split 'train'\)$"):  # fmt: skip
         tasks("hub-gsm8k", split="test")
 
 
+def test_the_most_specific_table_of_an_id_serves_each_call(offline_machine, local_rows):
+    every_split, test_split = local_rows[2].model_copy(update={"split": None}), local_rows[3]
+    install_patches([every_split, test_split])  # the table for any split first
+    assert [t.data.answer for t in tasks("hub-gsm8k", split="test")] == ["24", "25"]  # the test split's own file
+    assert [t.data.answer for t in tasks("hub-gsm8k", split="train")] == ["7"]  # the other table's file
+
+
 def test_unmapped_calls_pass_through_untouched(offline_machine, local_rows, monkeypatch):
     install_patches(local_rows)
-    rows = local_rows[2].path
+    rows = local_rows[3].path
     assert datasets.load_dataset("json", data_files=str(rows), split="train")["answer"][1] == "50 / 2 = 25\n#### 25"
     calls = []
     monkeypatch.setattr(local_datasets, "hub_reachable", lambda: True)
