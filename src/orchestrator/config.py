@@ -366,7 +366,8 @@ class EnvConfig(StrictModel):
     ] = 8.0
 
 
-LOCAL_DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".arrow")  # files [[datasets]] path may name
+LOCAL_DATA_READERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+"""The files a ``[[datasets]]`` path may name, by suffix, and the ``datasets`` reader of each."""
 
 
 class LocalDataset(StrictModel):
@@ -400,9 +401,9 @@ class LocalDataset(StrictModel):
     def _readable(cls, path: Path) -> Path:
         if not path.expanduser().exists():
             raise ValueError(f"{str(path)!r}: no such file or folder")
-        if path.expanduser().is_file() and path.suffix not in LOCAL_DATA_SUFFIXES:
+        if path.expanduser().is_file() and path.suffix not in LOCAL_DATA_READERS:
             raise ValueError(f"{str(path)!r}: cannot read a {path.suffix or 'suffix-less'} file (expected "
-                             f"{'/'.join(LOCAL_DATA_SUFFIXES)})")  # fmt: skip
+                             f"{'/'.join(LOCAL_DATA_READERS)})")  # fmt: skip
         return path.expanduser()
 
 

@@ -21,14 +21,13 @@ from urllib.parse import urlsplit
 
 import datasets
 import huggingface_hub.constants
-from dataset_rows import HUB_ID, DatasetError
+from dataset_rows import HUB_ID, DatasetError, hidden
 from datasets.naming import camelcase_to_snakecase
 
 from contracts.errors import error_line
-from orchestrator.config import LOCAL_DATA_SUFFIXES, LocalDataset
+from orchestrator.config import LOCAL_DATA_READERS, LocalDataset
 
 DOCS = "docs/environments.md#air-gapped-clusters"
-READERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 PROBE_TIMEOUT_S = 3.0  # a hub that does not accept a connection within this is taken as unreachable
 _hub_load_dataset = datasets.load_dataset  # datasets' own, read when this module was imported
 _signature = inspect.signature(_hub_load_dataset)
@@ -108,7 +107,7 @@ def load_local(entry: LocalDataset, name: str | None, split, streaming: bool):
         if entry.split is None and path.is_dir():  # split by its files' names, as datasets reads a hub folder
             return _hub_load_dataset(str(path), split=split, streaming=streaming)
         files = [path] if path.is_file() else _data_files(path)
-        builder = READERS[files[0].suffix]
+        builder = LOCAL_DATA_READERS[files[0].suffix]
         rows_of = entry.split or _split_name(split) or "train"
         return _hub_load_dataset(builder, data_files={rows_of: [str(f) for f in files]}, split=split,
                                  streaming=streaming)  # fmt: skip
@@ -125,13 +124,11 @@ def load_local(entry: LocalDataset, name: str | None, split, streaming: bool):
 def _data_files(folder: Path) -> list[Path]:
     """The data files of ``folder`` (hidden ones left out), all of one format."""
     files = sorted(
-        f
-        for f in folder.rglob("*")
-        if f.suffix in LOCAL_DATA_SUFFIXES and f.is_file() and not any(p.startswith(".") for p in f.parts)
+        f for f in folder.rglob("*") if f.suffix in LOCAL_DATA_READERS and f.is_file() and not hidden(f, folder)
     )
     if not files:
-        raise DatasetError(f"{folder}: no {'/'.join(LOCAL_DATA_SUFFIXES)} files in the folder")
-    if len({READERS[f.suffix] for f in files}) > 1:
+        raise DatasetError(f"{folder}: no {'/'.join(LOCAL_DATA_READERS)} files in the folder")
+    if len({LOCAL_DATA_READERS[f.suffix] for f in files}) > 1:
         raise DatasetError(f"{folder}: files of several formats ({', '.join(sorted({f.suffix for f in files}))})")
     return files
 

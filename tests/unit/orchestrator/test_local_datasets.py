@@ -143,6 +143,16 @@ def test_the_most_specific_table_of_an_id_serves_each_call(offline_machine, loca
     assert [t.data.answer for t in tasks("hub-gsm8k", split="train")] == ["7"]  # the other table's file
 
 
+def test_a_folder_of_one_splits_files_is_read_in_order_without_its_hidden_ones(offline_machine, tmp_path):
+    folder = tmp_path / ".shared" / "gsm8k-test"  # under a dotted folder, as ~/.cache is
+    (folder / ".cache").mkdir(parents=True)
+    for i, (question, answer) in enumerate(GSM8K_ROWS["test"]):
+        (folder / f"part-{i}.jsonl").write_text(json.dumps({"question": question, "answer": answer}) + "\n")
+    (folder / ".cache" / "stale.jsonl").write_text(json.dumps({"question": "Old?", "answer": "#### 1"}) + "\n")
+    install_patches([LocalDataset(id=GSM8K_ID, name="main", split="test", path=folder)])
+    assert [t.data.answer for t in tasks("hub-gsm8k", split="test")] == ["24", "25"]
+
+
 def test_unmapped_calls_pass_through_untouched(offline_machine, local_rows, monkeypatch):
     install_patches(local_rows)
     rows = local_rows[3].path
