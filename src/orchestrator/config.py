@@ -367,6 +367,67 @@ class EnvConfig(StrictModel):
     ] = 8.0
 
 
+LOCAL_DATA_READERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+"""The files a ``[[datasets]]`` path may name, by suffix, and the ``datasets`` reader of each."""
+
+
+class LocalDataset(StrictModel):
+    """Local data for a hub dataset that environments load in their own code (``load_dataset("<id>", ...)``), for
+    machines without the hub: docs/environments.md#air-gapped-clusters."""
+
+    id: Annotated[
+        str, Field(min_length=1, description="The hub dataset id the environment loads, e.g. 'openai/gsm8k'.")
+    ]
+    name: Annotated[
+        str | None, Field(description="Only for this configuration (subset), e.g. 'main'. Absent: any.")
+    ] = None
+    split: Annotated[
+        str | None,
+        Field(description="Only for this split, e.g. 'train': path then holds that split's rows alone (a file or "
+                          "a folder of files). Absent: any split, a file serving whichever is asked, a folder "
+                          "split by its files' names as on the hub (train.jsonl, test.jsonl, data/test-*.parquet)."),
+    ] = None  # fmt: skip
+    revision: Annotated[
+        str | None, Field(description="Only for this revision (branch, tag or commit). Absent: any.")
+    ] = None
+    path: Annotated[
+        Path,
+        Field(description="A .json/.jsonl/.parquet/.csv/.arrow file, a folder of them, a folder written by "
+                          "save_to_disk, or an HF datasets cache holding the dataset (its cache_dir, read offline). "
+                          "Relative paths start at the working directory."),
+    ]  # fmt: skip
+
+    @field_validator("path")
+    @classmethod
+    def _readable(cls, path: Path) -> Path:
+        if not path.expanduser().exists():
+            raise ValueError(f"{str(path)!r}: no such file or folder")
+        if path.expanduser().is_file() and path.suffix not in LOCAL_DATA_READERS:
+            raise ValueError(f"{str(path)!r}: cannot read a {path.suffix or 'suffix-less'} file (expected "
+                             f"{'/'.join(LOCAL_DATA_READERS)})")  # fmt: skip
+        return path.expanduser()
+
+
+def _one_entry_each(entries: list[LocalDataset]) -> list[LocalDataset]:
+    """``entries``, refused where two map the same id, name, split and revision."""
+    seen: dict[tuple, int] = {}
+    for i, entry in enumerate(entries):
+        key = (entry.id, entry.name, entry.split, entry.revision)
+        if key in seen:
+            raise ValueError(f"entries {seen[key]} and {i} both map {entry.id!r} (same name, split and revision)")
+        seen[key] = i
+    return entries
+
+
+LocalDatasets = Annotated[
+    list[LocalDataset],
+    AfterValidator(_one_entry_each),
+    Field(description="Local data for hub datasets that environments load in their own code ([[datasets]] tables: "
+                      "id, and optionally name, split, revision; path): their load_dataset calls read it instead of "
+                      "the hub, unchanged. Unlisted ids go to the hub."),
+]  # fmt: skip
+
+
 class EvalConfig(StrictModel):
     """Held-out evaluation during training: the base model's (step 0), every ``interval`` steps', and the final
     weights' scores, on the run's servers while training goes on."""
@@ -525,6 +586,7 @@ class OrchestratorConfig(BaseConfig):
         EnvConfig(id="reverse-text")
     ]
     client: ClientConfig = ClientConfig()
+    datasets: LocalDatasets = []
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     output_dir: OutputDir = Path("outputs")
     max_steps: MaxSteps = 20
@@ -659,6 +721,7 @@ class EvalRunConfig(BaseConfig):
     client: ClientConfig = ClientConfig()
     sampling: SamplingConfig = SamplingConfig()
     eval: EvalConfig
+    datasets: LocalDatasets = []
     weights: Annotated[
         Path | None,
         Field(description="A run's weights/step_N folder (full weights or a LoRA adapter) to load into the server "

@@ -114,7 +114,7 @@ def main() -> None:
     from orchestrator.verifiers_adapter.patches import install_patches
 
     setup_logging("eval", config.log.level)
-    install_patches()
+    install_patches(config.datasets)
     with exit_on_user_error("eval"):
         tune_gc()
         asyncio.run(evaluate(config))

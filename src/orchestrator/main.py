@@ -18,7 +18,7 @@ def main() -> None:
     watch_launcher()
     stop_descendants_on_exit()  # verifiers' tool servers and harness programs run in sessions of their own
     setup_logging("orchestrator", config.log.level)
-    install_patches()
+    install_patches(config.datasets)
     with exit_on_user_error("orchestrator"):
         orchestrator = Orchestrator(config)
         tune_gc()

@@ -1,8 +1,10 @@
 """Environments as outside users bring them. A taskset written from verifiers' documentation
 (``user_envs/notes_env``) whose tools are ``vf.Toolset`` classes verifiers serves over MCP (one server per rollout,
 one shared by the taskset, or one already running, by URL): its tools reach the model through Trident's harness,
-their results come back as prompt, and ``rl`` trains on it. And verifiers' own ``user-sim`` environment, where a
-model-played user talks to the policy."""
+their results come back as prompt, and ``rl`` trains on it, beside environments shaped as verifiers' reverse-text
+and gsm8k examples (``user_envs/hub_reverse_text``, ``hub_gsm8k``) whose own hub ``load_dataset`` calls read local
+rows through ``[[datasets]]``. And verifiers' own ``user-sim`` environment, where a model-played user talks to the
+policy."""
 
 import asyncio
 import dataclasses
@@ -171,31 +173,59 @@ def test_a_taskset_that_brings_its_own_harness_runs_on_it_with_the_servers_token
         assert report.errors == [] and report.role_counts()["assistant"]["trainable"] == sum(mask) > 0
 
 
-def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int = 1) -> list[str]:
-    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout) against ``server``, at 2 prompts ×
-    2 rollouts a step (4 rollouts, not the debug configs' batch) and without their held-out evaluation, its rollouts
-    run by the orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
+def notes_env_rl(server: str, output_dir: Path, steps: int, rollout_workers: int = 1, also: tuple = (),
+                 datasets: tuple = ()) -> list[str]:  # fmt: skip
+    """``rl`` on the debug configs with notes-env (MCP tool servers per rollout), and the ``also`` [[env]] tables
+    with the ``datasets`` [[datasets]] ones, against ``server``, at one prompt per environment (at least 2) × 2
+    rollouts a step (not the debug configs' batch) and without their held-out evaluation, its rollouts run by the
+    orchestrator or by ``rollout_workers`` worker processes (which then start the tool servers)."""
     configs = ROOT / "configs" / "debug" / "rl"
-    env = [{"id": "notes-env", "harness": "trident", "max_turns": 2}]
+    env = [{"id": "notes-env", "harness": "trident", "max_turns": 2}, *also]
     return [sys.executable, "-m", "launch.main", "--no-plots", "--trainer", "@", str(configs / "train.toml"),
             "--orchestrator", "@", str(configs / "orch.toml"), "--orchestrator.client.base-url", server,
             "--max-steps", str(steps), "--output-dir", str(output_dir), "--orchestrator.env", json.dumps(env),
-            "--orchestrator.batch-size", "2", "--orchestrator.rollouts-per-example", "2",
+            "--orchestrator.datasets", json.dumps(list(datasets)),
+            "--orchestrator.batch-size", str(max(2, len(env))), "--orchestrator.rollouts-per-example", "2",
             "--orchestrator.rollout-workers", str(rollout_workers), "--orchestrator.eval", "false"]  # fmt: skip
 
 
-def test_rl_trains_on_a_taskset_with_mcp_toolsets(user_env_installed, inference_server, tmp_path):
-    # one step: each rollout starts its notebook's tool server (seconds of imports each), the trainer trains on them
-    result = subprocess.run(notes_env_rl(inference_server, tmp_path, 1), capture_output=True, text=True, timeout=900,
-                            cwd=ROOT)  # fmt: skip
+def hub_examples_on_local_rows(folder: Path) -> tuple[list[dict], list[dict]]:
+    """[[env]] tables for the environments shaped as verifiers' reverse-text and gsm8k examples (their own
+    ``load_dataset("<hub id>", ...)`` calls), and [[datasets]] tables giving those ids local rows written here."""
+    folder.mkdir()
+    (folder / "reverse-train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("stressed", "live")))
+    (folder / "gsm8k-test.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}))
+    # they declare no harness (verifiers would run its bash harness, a uv-installed program per rollout): Trident's
+    envs = [{"id": "hub-reverse-text", "harness": "trident"},
+            {"id": "hub-gsm8k", "harness": "trident", "args": {"split": "test"}}]  # fmt: skip
+    datasets = [
+        {"id": "PrimeIntellect/Reverse-Text-RL", "split": "train", "path": str(folder / "reverse-train.jsonl")},
+        {"id": "openai/gsm8k", "name": "main", "split": "test", "path": str(folder / "gsm8k-test.jsonl")},
+    ]
+    return envs, datasets
+
+
+def test_rl_trains_on_a_taskset_with_mcp_toolsets_and_on_hub_dataset_examples_given_local_rows(
+    user_env_installed, inference_server, tmp_path
+):
+    """notes-env, and verifiers' reverse-text and gsm8k examples (their shape) reading local rows through
+    [[datasets]], through rl for two steps: each step trains on all three, and its samples' loss masks check out."""
+    envs, datasets = hub_examples_on_local_rows(tmp_path / "rows")
+    # each notes-env rollout starts its notebook's tool server (seconds of imports each)
+    command = notes_env_rl(inference_server, tmp_path / "run", 2, also=tuple(envs), datasets=tuple(datasets))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    orchestrator = read_metrics(tmp_path, "orchestrator")
-    assert [r["step"] for r in orchestrator] == [1] and all(r["failed_rollouts"] == 0 for r in orchestrator)
-    assert [r["step"] for r in read_metrics(tmp_path, "trainer")] == [1]
-    samples = json.loads((tmp_path / "rollouts" / "step_1" / "batch.json").read_text())["samples"]
-    assert {s["env"] for s in samples} == {"notes-env"} and all("looked_it_up" in s["rewards"] for s in samples)
-    report = check_step(*open_step(tmp_path, None, None))
-    assert [p for p in report.all_problems() if p.severity == "error"] == []
+    run = tmp_path / "run"
+    orchestrator = read_metrics(run, "orchestrator")
+    assert [r["step"] for r in orchestrator] == [1, 2] and all(r["failed_rollouts"] == 0 for r in orchestrator)
+    assert [r["step"] for r in read_metrics(run, "trainer")] == [1, 2]
+    for step in (1, 2):
+        samples = json.loads((run / "rollouts" / f"step_{step}" / "batch.json").read_text())["samples"]
+        assert {s["env"] for s in samples} == {"notes-env", "hub-reverse-text", "hub-gsm8k"}
+        reward = {"notes-env": "looked_it_up", "hub-reverse-text": "similarity", "hub-gsm8k": "correct"}
+        assert all(reward[s["env"]] in s["rewards"] for s in samples)
+        report = check_step(*open_step(run, step, None))
+        assert [p for p in report.all_problems() if p.severity == "error"] == []
 
 
 def tool_servers(launcher: int) -> list[int]:

@@ -109,8 +109,9 @@ def test_a_dataset_the_orchestrator_or_eval_cannot_read_is_one_line(tmp_path):
     argv = [sys.executable, "-m", "orchestrator.main", "@", str(orch), "--output-dir", str(tmp_path / "run")]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=offline)
     assert last_line_after_no_traceback(result).endswith(
-        "orchestrator failed: environment 'gsm8k-calc': hub dataset 'openai/gsm8k': cannot be read (ConnectionError: "
-        "Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled))"
+        "orchestrator failed: environment 'gsm8k-calc': hub dataset 'openai/gsm8k' (split 'train'): the hub "
+        "(https://huggingface.co) cannot be reached and no copy is cached; give it local data: [[datasets]] id = "
+        '"openai/gsm8k" path = "<file or folder>" (docs/environments.md#air-gapped-clusters)'
     )
     missing = tmp_path / "gsm8k.jsonl"
     argv = [sys.executable, "-m", "orchestrator.eval_main", "--eval.env", f'[{{"id": "gsm8k-calc", "args": '

@@ -229,6 +229,7 @@ async def serve(sock: socket.socket) -> None:
     """Run the groups the orchestrator sends over ``sock`` until it closes the connection."""
     reader, writer = await asyncio.open_connection(sock=sock)
     _, number, config, infra, model_path, workers = await receive(reader)
+    install_patches(config.datasets)  # the orchestrator's map of hub datasets to local data
     setup_logging(f"orchestrator-worker{number}", config.log.level)
     running: dict[int, asyncio.Task] = {}
 
@@ -265,7 +266,6 @@ async def serve(sock: socket.socket) -> None:
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the orchestrator decides
     stop_descendants_on_exit()  # the tool servers of this worker's rollouts
-    install_patches()
     asyncio.run(serve(socket.socket(fileno=int(sys.argv[1]))))
 
 

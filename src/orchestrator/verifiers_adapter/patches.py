@@ -8,7 +8,9 @@ changes nothing.
 """
 
 import sys
+from collections.abc import Sequence
 
+import datasets
 import renderers.base
 import renderers.client
 from pydantic._internal import _fields
@@ -17,11 +19,13 @@ from verifiers.v1.clients.train import TrainClient
 from verifiers.v1.rollout import Rollout as VerifiersRollout
 from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
+from orchestrator.config import LocalDataset
 from orchestrator.verifiers_adapter import (
     advice,
     harness,
     judge,
     limits,
+    local_datasets,
     pydantic_defaults,
     tokenizer_memo,
     weight_steps,
@@ -29,8 +33,9 @@ from orchestrator.verifiers_adapter import (
 from orchestrator.verifiers_adapter.generate_transport import GenerateTransport
 
 
-def install_patches() -> None:
-    """Apply Trident's patches to verifiers, renderers and pydantic in this process (see each module named)."""
+def install_patches(local_data: Sequence[LocalDataset] = ()) -> None:
+    """Apply Trident's patches to verifiers, renderers, datasets and pydantic in this process (see each module
+    named), environments' hub datasets read from ``local_data`` (the config's ``[[datasets]]``)."""
     # verifiers imports a harness or judge plugin as the top-level module its id names
     sys.modules.setdefault(harness.HARNESS_ID.replace("-", "_"), harness)
     sys.modules.setdefault(judge.JUDGE_ID.replace("-", "_"), judge)
@@ -48,3 +53,6 @@ def install_patches() -> None:
     _fields.takes_validated_data_argument = pydantic_defaults.takes_validated_data_argument
     # advice: verifiers' warnings name Trident's [[env]] keys, not its own CLI's flags
     advice.install_advice_filter()
+    # local_datasets: environments' own load_dataset calls read the local data [[datasets]] maps their hub ids to
+    datasets.load_dataset = local_datasets.load_dataset
+    local_datasets.set_local_datasets(local_data)

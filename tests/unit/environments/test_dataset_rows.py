@@ -113,9 +113,8 @@ def test_a_hub_id_goes_to_the_hub_and_an_unreachable_hub_is_one_clear_line(tmp_p
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DatasetError) as error:
         list(read_rows(DatasetSpec(path="trident-org/arithmetic", split="test")))
-    message = str(error.value)
-    assert message.startswith("hub dataset 'trident-org/arithmetic': cannot be read (ConnectionError: ")
-    assert "Hub" in message and "\n" not in message
+    message = str(error.value)  # datasets' reason, or where the orchestrator's patches are installed, theirs
+    assert message.startswith("hub dataset 'trident-org/arithmetic'") and "reach" in message and "\n" not in message
 
 
 def test_a_file_of_another_format_is_refused(tmp_path):

@@ -30,6 +30,7 @@ PATCHED = {
     "renderers.base:load_tokenizer",
     "renderers.client:_parse_completion_logprobs",
     "pydantic._internal._fields:takes_validated_data_argument",
+    "datasets:load_dataset",
 }
 
 
