@@ -197,8 +197,10 @@ def run_trident(bench: BenchmarkConfig, model: str, server: tuple[str, int | Non
 
 
 def trident_phases(output_dir: Path, warmup_steps: int) -> dict[str, float]:
-    """Where a step's time goes: the median seconds of each phase of both processes over the steady steps."""
-    phases = {"orchestrator": ORCHESTRATOR_PHASES, "trainer": TRAINER_PHASES}
+    """Where a step's time goes: the median seconds of each phase of both processes over the steady steps, and the
+    trainer's median tokens per step and per second of its train phase (train_s moves with the batch's tokens,
+    which move with what the model learned to sample: compare train phases across runs per token)."""
+    phases = {"orchestrator": ORCHESTRATOR_PHASES, "trainer": (*TRAINER_PHASES, "tokens", "tokens_per_s")}
     medians = {}
     for process, keys in phases.items():
         records = read_metrics(output_dir, process)[warmup_steps:]
@@ -384,7 +386,8 @@ def summary_table(result: dict) -> str:
     speed, cpu = result["trident_speedup_per_step"], result["trident_cpu_saving_per_step"]
     rows += [
         f"trident step phases (medians, last run): generate {phases['orchestrator_generate_s']:.2f} s, reload "
-        f"{phases['orchestrator_reload_s']:.2f} s, train {phases['trainer_train_s']:.2f} s, save "
+        f"{phases['orchestrator_reload_s']:.2f} s, train {phases['trainer_train_s']:.2f} s "
+        f"({phases['trainer_tokens']:.0f} tokens, {phases['trainer_tokens_per_s']:.0f} tokens/s), save "
         f"{phases['trainer_save_s']:.2f} s",
         f"trident speed-up per step (trl s/step / trident s/step): {speed['median']:.2f} "
         f"({speed['min']:.2f}-{speed['max']:.2f} over {len(speed['each'])} repetitions)",

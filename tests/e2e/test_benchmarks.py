@@ -120,6 +120,7 @@ def test_trl_grpo_smoke_run(benchmarks, inference_server, tmp_path):
         assert result[side]["rewards"] == run["rewards"] and result[side]["seconds_per_step"] == run["seconds_per_step"]
     trident = result["trident"]["runs"][0]
     assert trident["phases"]["orchestrator_generate_s"] > 0 and trident["phases"]["trainer_train_s"] > 0
+    assert trident["phases"]["trainer_tokens"] > 0 and trident["phases"]["trainer_tokens_per_s"] > 0
     assert result["server_start_s"] is None and not trident["server_cpu_counted"]  # the server was given
     assert result["trl"]["runs"][0]["threads"] == 1
     speedup = result["trident_speedup_per_step"]
