@@ -139,6 +139,6 @@ def setup_logging(process: str, level: str = "INFO") -> None:
         datefmt="%H:%M:%S",
         force=True,
     )
-    quiet = logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING
-    for name in THIRD_PARTY_LOGGERS:
-        logging.getLogger(name).setLevel(quiet)
+    for name in THIRD_PARTY_LOGGERS:  # never below what was set already (dataset_rows keeps datasets' at CRITICAL)
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.NOTSET if level.upper() == "DEBUG" else max(logger.level, logging.WARNING))

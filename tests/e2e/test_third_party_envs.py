@@ -195,9 +195,9 @@ def hub_examples_on_local_rows(folder: Path) -> tuple[list[dict], list[dict]]:
     folder.mkdir()
     (folder / "reverse-train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("stressed", "live")))
     (folder / "gsm8k-test.jsonl").write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"}))
-    # they declare no harness (verifiers would run its bash harness, a uv-installed program per rollout): Trident's
-    envs = [{"id": "hub-reverse-text", "harness": "trident"},
-            {"id": "hub-gsm8k", "harness": "trident", "args": {"split": "test"}}]  # fmt: skip
+    # neither declares a harness: reverse-text runs verifiers' default, bash (its chat program, installed by uv, one
+    # per rollout), as verifiers would run it; gsm8k Trident's in-process one, chosen by the user
+    envs = [{"id": "hub-reverse-text"}, {"id": "hub-gsm8k", "harness": "trident", "args": {"split": "test"}}]
     datasets = [
         {"id": "PrimeIntellect/Reverse-Text-RL", "split": "train", "path": str(folder / "reverse-train.jsonl")},
         {"id": "openai/gsm8k", "name": "main", "split": "test", "path": str(folder / "gsm8k-test.jsonl")},
@@ -209,7 +209,8 @@ def test_rl_trains_on_a_taskset_with_mcp_toolsets_and_on_hub_dataset_examples_gi
     user_env_installed, inference_server, tmp_path
 ):
     """notes-env, and verifiers' reverse-text and gsm8k examples (their shape) reading local rows through
-    [[datasets]], through rl for two steps: each step trains on all three, and its samples' loss masks check out."""
+    [[datasets]], through rl for two steps: each step trains on all three, and its samples' loss masks check out.
+    reverse-text runs under verifiers' own default harness, bash: its prompts offer the bash and edit tools."""
     envs, datasets = hub_examples_on_local_rows(tmp_path / "rows")
     # each notes-env rollout starts its notebook's tool server (seconds of imports each)
     command = notes_env_rl(inference_server, tmp_path / "run", 2, also=tuple(envs), datasets=tuple(datasets))
@@ -224,8 +225,13 @@ def test_rl_trains_on_a_taskset_with_mcp_toolsets_and_on_hub_dataset_examples_gi
         assert {s["env"] for s in samples} == {"notes-env", "hub-reverse-text", "hub-gsm8k"}
         reward = {"notes-env": "looked_it_up", "hub-reverse-text": "similarity", "hub-gsm8k": "correct"}
         assert all(reward[s["env"]] in s["rewards"] for s in samples)
-        report = check_step(*open_step(run, step, None))
+        rollouts, chat_format = open_step(run, step, None)
+        report = check_step(rollouts, chat_format)
         assert [p for p in report.all_problems() if p.severity == "error"] == []
+        for sample in rollouts.samples:  # the bash harness's system prompt and tools, only where it ran
+            text = chat_format.tokenizer.decode(sample.token_ids)
+            bash = "You are a coding agent" in text and '"name": "bash"' in text and '"name": "edit"' in text
+            assert bash == (sample.summary["env"] == "hub-reverse-text"), (sample.summary["env"], text[:2000])
 
 
 def tool_servers(launcher: int) -> list[int]:
