@@ -5,11 +5,11 @@
     uv run --no-sync python scripts/mutation_report.py loss --survivors   # after adding tests
 
 For each named module, mutmut (one worker) makes every small mutant of that one source file and runs only that
-module's own unit tests against each. It works in a scratch copy of src/ and tests/ (the checkout is left as it is)
-and writes the score (killed / total) and each surviving mutant's diff to benchmarks/results/mutation.json, under the
-module's name. ``--survivors`` reruns only the mutants that survived the module's last run (its source unchanged:
-tests added since cannot revive a killed mutant), which takes a minute where a whole run takes many.
-docs/mutation.md records the scores and why each survivor left is equivalent.
+module's own unit tests against each. It works in a scratch copy of src/, tests/, docs/ and configs/ (the checkout
+is left as it is) and writes the score (killed / total) and each surviving mutant's diff to
+benchmarks/results/mutation.json, under the module's name. ``--survivors`` reruns only the mutants that survived
+the module's last run (its source unchanged: tests added since cannot revive a killed mutant), which takes a minute
+where a whole run takes many. docs/mutation.md records the scores and why each survivor left is equivalent.
 """
 
 import argparse
@@ -46,6 +46,7 @@ MODULES = {
     "context_parallel": Core("src/trainer/context_parallel.py", ("tests/unit/trainer/test_context_parallel.py",)),
     "disk_protocol": Core("src/contracts/protocol.py", ("tests/unit/contracts/test_protocol.py",)),
 }
+ALSO_COPIED = ("docs", "configs")  # what some unit tests read beside src/ and tests/ (documented keys, configs)
 KILLED = {"killed", "timeout"}  # a mutant the tests stopped; every other status counts as survived
 
 
@@ -54,6 +55,7 @@ def mutmut_config(core: Core) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["src"]\n'
+        f"also_copy = {json.dumps(list(ALSO_COPIED))}\n"
         f'only_mutate = ["{core.source}"]\n'
         f"pytest_add_cli_args_test_selection = {json.dumps(list(core.tests))}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-o", "addopts="]\n'
@@ -61,8 +63,8 @@ def mutmut_config(core: Core) -> str:
 
 
 def scratch_copy(core: Core, folder: Path) -> None:
-    """src/, tests/ and pyproject.toml (with the module's mutmut table) copied into ``folder``."""
-    for name in ("src", "tests"):
+    """src/, tests/, what they read and pyproject.toml (with the module's mutmut table) copied into ``folder``."""
+    for name in ("src", "tests", *ALSO_COPIED):
         shutil.copytree(REPO / name, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
     (folder / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text() + mutmut_config(core))
 
