@@ -14,7 +14,6 @@ from torch import Tensor
 from contracts.sampling import Truncation
 
 
-@torch.no_grad()
 def kept_tokens(logits: Float[Tensor, "... vocab"], truncation: Truncation) -> Bool[Tensor, "... vocab"]:
     """Which tokens vLLM keeps, from logits already divided by the temperature.
 
@@ -24,6 +23,7 @@ def kept_tokens(logits: Float[Tensor, "... vocab"], truncation: Truncation) -> B
     stays). As vLLM's
     ``MinPLogitsProcessor`` and ``apply_top_k_top_p_pytorch`` compute them, so that boundaries agree to rounding.
     """
+    logits = logits.detach()  # a set of tokens: no gradient flows through it
     keep = torch.ones_like(logits, dtype=torch.bool)
     if truncation.banned:
         keep[..., list(truncation.banned)] = False

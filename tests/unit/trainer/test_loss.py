@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.config import LossConfig, OffPolicyCorrection
-from trainer.loss import policy_loss
+from trainer.loss import correction_weights, policy_loss
 
 
 def test_policy_loss_hand_computed():
@@ -48,6 +48,31 @@ def test_ppo_clip_higher_takes_the_pessimistic_term():
     loss.backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.0, -math.exp(-0.5) / 2]))
     assert metrics["bounded_tokens"].item() == 1
+
+
+def test_ppo_clip_lower_end_takes_the_pessimistic_term_of_a_negative_advantage():
+    # A = -2: ratio e^-0.5 = 0.61 is clipped up to 1 - 0.2 (no gradient); e^0.5 = 1.65 and 1 stay (the min is theirs)
+    logprobs = torch.tensor([0.0, -1.5, -0.5, -1.0], requires_grad=True)
+    inference = torch.tensor([0.0, -1.0, -1.0, -1.0])
+    advantages = torch.tensor([0.0, -2.0, -2.0, -2.0])
+    mask = torch.tensor([False, True, True, True])
+    config = LossConfig(bound="clip", clip_low=0.2, clip_high=0.28)
+    loss, metrics = policy_loss(logprobs, inference, advantages, mask, torch.tensor([4]), config, 3, 1)
+    assert math.isclose(loss.item(), (0.8 * 2 + math.exp(0.5) * 2 + 2) / 3, rel_tol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.0, math.exp(0.5) * 2 / 3, 2 / 3]))
+    assert metrics["bounded_tokens"].item() == 1  # the clipped one only, not the one at ratio 1
+
+
+def test_mask_range_is_closed():
+    # on policy every ratio is exactly 1: a range [1, 1] keeps them all
+    logprobs = torch.tensor([0.0, -1.0, -2.0])
+    config = LossConfig(bound="mask", mask_low=1.0, mask_high=1.0)
+    mask = torch.tensor([False, True, True])
+    advantages = torch.tensor([0.0, 1.0, 3.0])
+    loss, metrics = policy_loss(logprobs, logprobs, advantages, mask, torch.tensor([3]), config, 2, 1)
+    assert metrics["bounded_tokens"].item() == 0
+    assert math.isclose(loss.item(), -(1.0 + 3.0) / 2, rel_tol=1e-6)
 
 
 def test_sequence_ratio_and_sequence_normalization_gspo():
@@ -196,6 +221,8 @@ def test_token_truncated_importance_sampling():
     assert grad == pytest.approx([0.0, -math.exp(0.1) * 2 / 4, -2 / 4, math.exp(-1) / 4, 0.0], rel=1e-6)
     assert metrics["corrected_tokens"] == 2 and metrics["corrected_samples"] == 1  # the e and e^3 tokens
     assert metrics["bounded_tokens"] == 1
+    _, _, metrics = corrected_loss(TOKENS, correction="token_truncate", correction_high=5.0)
+    assert metrics["corrected_tokens"] == 1 and metrics["corrected_samples"] == 1  # one token corrects its sample
 
 
 def test_token_masked_importance_sampling():
@@ -204,6 +231,17 @@ def test_token_masked_importance_sampling():
     assert math.isclose(loss, -(math.exp(0.1) * 2) / 4, rel_tol=1e-6)  # masked tokens still count in N_tok = 4
     assert grad == pytest.approx([0.0, -math.exp(0.1) * 2 / 4, 0.0, 0.0, 0.0], rel=1e-6)
     assert metrics["corrected_tokens"] == 3 and metrics["corrected_samples"] == 1
+
+
+def test_correction_range_is_closed_and_truncates_from_below_too():
+    # weights exactly 0.5 and 2 lie inside [0.5, 2] and stay as they are; 0.25 lies below: truncated up to 0.5 or masked
+    log_ratio = torch.tensor([math.log(0.5), math.log(2.0), math.log(0.25)])
+    segment, tokens_per_sample = torch.zeros(3, dtype=torch.long), torch.tensor([3.0])
+    for action, below in (("truncate", 0.5), ("mask", 0.0)):
+        config = LossConfig(correction=f"token_{action}", correction_low=0.5, correction_high=2.0)
+        weights, outside = correction_weights(log_ratio, segment, tokens_per_sample, config)
+        assert outside.tolist() == [False, False, True]
+        assert weights.tolist() == pytest.approx([0.5, 2.0, below], rel=1e-6)
 
 
 def test_sequence_truncated_importance_sampling_uses_the_product():
@@ -293,3 +331,25 @@ def test_staleness_bounds_each_token_by_the_weights_that_sampled_it():
                                staleness=staleness)  # fmt: skip
     expected = -(math.exp(0.5) + math.exp(-0.5) + 1.0 + 1.0) / 4  # without the bound the stale tokens count too
     assert math.isclose(unbounded.item(), expected, rel_tol=1e-6)
+
+
+def test_a_token_exactly_max_token_staleness_old_is_kept_and_counted_stale():
+    logprobs = torch.zeros(5)
+    staleness = torch.tensor([0, 1, 1, 2, 0])  # one step stale: within max_token_staleness = 1, but stale
+    config = LossConfig(max_token_staleness=1)
+    mask = torch.ones(5, dtype=torch.bool)
+    _, metrics = policy_loss(logprobs, logprobs, torch.ones(5), mask, torch.tensor([5]), config, 5, 1,
+                             staleness=staleness)  # fmt: skip
+    assert (metrics["too_stale_tokens"].item(), metrics["stale_tokens"].item()) == (1, 3)
+    assert metrics["token_staleness"].item() == 4
+    assert metrics["bounded_tokens"].item() == 0 and metrics["mismatch_kl"].item() == 0  # the other metrics stay
+
+
+def test_entropy_metric_sums_over_the_entropy_mask_or_the_loss_tokens():
+    entropy = torch.tensor([5.0, 1.0, 2.0, 4.0])
+    logprobs = torch.zeros(4)
+    args = (logprobs, logprobs, torch.zeros(4), torch.tensor([False, True, True, False]), torch.tensor([4]))
+    _, metrics = policy_loss(*args, LossConfig(), 2, 1, entropy=entropy)
+    assert (metrics["entropy"].item(), metrics["entropy_tokens"].item()) == (3.0, 2)
+    _, metrics = policy_loss(*args, LossConfig(), 2, 1, entropy=entropy, entropy_mask=torch.tensor([1, 1, 0, 0]) > 0)
+    assert (metrics["entropy"].item(), metrics["entropy_tokens"].item()) == (6.0, 2)

@@ -8,7 +8,7 @@ import torch
 
 from contracts.sampling import Truncation
 from trainer.scoring import chunk_scores
-from trainer.truncation import kept_tokens
+from trainer.truncation import kept_tokens, truncated_logits
 
 # probabilities 0.5, 0.3, 0.15, 0.05 (at temperature 1)
 LOGITS = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
@@ -19,6 +19,7 @@ LOGITS = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
     [
         (Truncation(), [1, 1, 1, 1]),
         (Truncation(top_k=2), [1, 1, 0, 0]),
+        (Truncation(top_k=3), [1, 1, 1, 0]),
         (Truncation(top_p=0.8), [1, 1, 0, 0]),  # 0.5 + 0.3 reaches 0.8
         (Truncation(top_p=0.81), [1, 1, 1, 0]),
         (Truncation(top_p=0.1), [1, 0, 0, 0]),  # the likeliest always stays
@@ -31,10 +32,37 @@ LOGITS = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
         # banned first: min_p measures against the likeliest token left (0.3 when 0.5 is banned), top_k counts the rest
         (Truncation(banned=(0,), min_p=0.4), [0, 1, 1, 0]),  # 0.05 < 0.4 * 0.3 <= 0.15
         (Truncation(banned=(0,), top_k=1), [0, 1, 0, 0]),
+        (Truncation(min_p=0.7, top_k=2), [1, 0, 0, 0]),  # top_k keeps no more than min_p left
     ],
 )
 def test_kept_tokens_hand_computed(truncation, kept):
-    assert kept_tokens(LOGITS[None], truncation)[0].tolist() == [bool(k) for k in kept]
+    expected = [bool(k) for k in kept]
+    assert kept_tokens(LOGITS[None], truncation)[0].tolist() == expected
+    # positions laid out in two dimensions (sequences, tokens): the same set at each, over the vocabulary
+    assert kept_tokens(LOGITS.expand(2, 3, 4), truncation).tolist() == [[expected] * 3] * 2
+
+
+def test_each_position_keeps_its_own_set():
+    logits = torch.stack([LOGITS, torch.zeros(4)])  # likeliest 0.5, and a uniform 0.25 each
+    # min_p = 0.55 is against each position's own likeliest: 0.275 drops 0.15 and 0.05; 0.1375 drops nothing
+    assert kept_tokens(logits, Truncation(min_p=0.55)).int().tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+
+
+def test_min_p_keeps_a_token_exactly_at_its_threshold_and_no_truncation_keeps_every_token():
+    halves = torch.tensor([[0.0, -math.log(2), -math.log(4)]])  # probabilities 4/7, 2/7, 1/7, exactly halving
+    assert kept_tokens(halves, Truncation(min_p=0.5)).tolist() == [[True, True, False]]  # 2/7 >= 0.5 * 4/7
+    assert kept_tokens(torch.tensor([[0.0, -200.0]]), Truncation()).tolist() == [[True, True]]  # e^-200 is 0 in fp32
+
+
+def test_truncated_logits_keep_each_target_at_every_position():
+    logits = LOGITS.expand(2, 3, 4)
+    targets = torch.tensor([[3, 0, 3], [0, 3, 3]])
+    truncated, outside = truncated_logits(logits, targets, Truncation(top_k=1))  # keeps token 0
+    assert outside.tolist() == [[True, False, True], [False, True, True]]
+    assert torch.isfinite(truncated).int().tolist() == [
+        [[1, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 1]],
+        [[1, 0, 0, 0], [1, 0, 0, 1], [1, 0, 0, 1]],
+    ]
 
 
 def test_scores_are_those_of_the_truncated_renormalised_distribution():
