@@ -8,15 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock, Qwen3MoeTopKRouter
 
 from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, read_batch, write_batch
 from tools.tiny_model import built_model_path
 from trainer.config import MoeConfig, TrainerConfig, TrainerModelConfig
 from trainer.model import decoder_layers, load_model, packed_logprobs, use_packed_forward
-from trainer.moe.routing import Routers, balance_loss, moe_routers, replayed_weights
+from trainer.moe.routing import (
+    LayerRecord,
+    Routers,
+    balance_loss,
+    check_routes,
+    moe_routers,
+    replayed_weights,
+)
 from trainer.train import train
 
 MOE = "trident/tiny-qwen3-moe"
@@ -283,3 +291,116 @@ def test_replay_mixes_the_forced_experts_with_the_routers_probabilities_at_them(
     own_experts, own_weights = handed[1]
     assert own_experts.tolist() == [[0, 1], [1, 3]]
     assert not torch.allclose(own_weights, expected, atol=1e-3)  # so keeping them under replay would fail above
+
+
+def test_replayed_weights_of_a_bf16_router_are_computed_in_float32():
+    # normalised in float32, each weight is the float64 one rounded to bf16; in bf16 about 3 in 10 are off by an ulp
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 8, generator=generator).bfloat16()
+    experts = torch.randint(0, 8, (64, 2), generator=generator)
+    exact = torch.softmax(logits.double(), -1).gather(-1, experts)
+    exact = exact / exact.sum(-1, keepdim=True)
+    assert torch.equal(replayed_weights(logits, experts, normalize=True), exact.bfloat16())
+
+
+def test_balance_loss_of_a_bf16_router_is_computed_in_float32():
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 8, generator=generator).bfloat16()
+    experts = torch.randint(0, 8, (64, 2), generator=generator)
+    share = torch.bincount(experts.flatten(), minlength=8).double() / experts.numel()
+    exact = 8 * (share * torch.softmax(logits.double(), -1).mean(0)).sum()
+    # within 1e-7 of float64 (about 5e-4 off with the probabilities in bf16)
+    assert balance_loss(logits, experts).item() == pytest.approx(exact.item(), abs=1e-6)
+
+
+class Layer(nn.Module):
+    """A decoder layer as moe_routers sees it: its ``mlp``, with or without a router at ``mlp.gate``."""
+
+    def __init__(self, top_k: int | None):
+        super().__init__()
+        self.mlp = nn.Module()
+        if top_k is not None:
+            config = Qwen3MoeConfig(hidden_size=8, num_experts=4, num_experts_per_tok=top_k)
+            self.mlp.gate = Qwen3MoeTopKRouter(config)
+
+
+def test_a_dense_model_gets_no_router_hooks():
+    assert Routers.install(nn.ModuleList([Layer(None), Layer(None)]), MoeConfig(), torch.device("cpu")) is None
+
+
+def test_a_pass_outside_a_measured_micro_batch_adds_nothing_to_the_step():
+    layers = nn.ModuleList([Layer(1)])
+    routers = Routers.install(layers, MoeConfig(), torch.device("cpu"))
+    layers[0].mlp.gate.weight.requires_grad_()
+    layers[0].mlp.gate(torch.randn(3, 8))  # with gradient, outside micro_batch
+    routers.add_micro_batch()
+    with routers.micro_batch(None, measure=False):
+        layers[0].mlp.gate(torch.randn(3, 8))
+    routers.add_micro_batch()
+    assert routers.step_metrics()["router/load/0"] == [0, 0, 0, 0]
+
+
+def test_router_entropy_is_per_token_over_the_experts():
+    layers = nn.ModuleList([Layer(1)])
+    routers = Routers.install(layers, MoeConfig(), torch.device("cpu"))
+    layers[0].mlp.gate.weight.requires_grad_()  # zeros: the 4 experts equally likely for each of the 3 tokens
+    with routers.micro_batch(None, measure=True):
+        layers[0].mlp.gate(torch.randn(3, 8))
+    routers.add_micro_batch()
+    assert routers.step_metrics()["router/entropy"] == pytest.approx(math.log(4))
+
+
+def test_router_entropy_of_a_bf16_router_is_computed_in_float32():
+    layers = nn.ModuleList([Layer(2)]).bfloat16()
+    routers = Routers.install(layers, MoeConfig(), torch.device("cpu"))
+    gate = layers[0].mlp.gate
+    generator = torch.Generator().manual_seed(0)
+    gate.weight.data = torch.randn(4, 8, generator=generator).bfloat16()
+    gate.weight.requires_grad_()
+    hidden = torch.randn(16, 8, generator=generator).bfloat16()
+    with routers.micro_batch(None, measure=True):
+        gate(hidden)
+    routers.add_micro_batch()
+    logprobs = torch.log_softmax(torch.nn.functional.linear(hidden, gate.weight.detach()).double(), -1)
+    exact = -(logprobs.exp() * logprobs).sum(-1).mean()
+    assert routers.step_metrics()["router/entropy"] == pytest.approx(exact.item(), abs=1e-5)
+
+
+def record(counts: list[float], entropy: float) -> LayerRecord:
+    """A layer's record of ``sum(counts)`` tokens, each routed to one expert (top-1)."""
+    return LayerRecord(torch.zeros(int(sum(counts)), 1), torch.tensor(counts), torch.tensor(entropy), None)
+
+
+def test_step_metrics_add_up_the_micro_batches_hand_computed():
+    routers = Routers.install(nn.ModuleList([Layer(1), Layer(1)]), MoeConfig(), torch.device("cpu"))
+    for records in [
+        {0: record([2, 0, 0, 0], 1.0), 1: record([1, 1, 0, 0], 2.0)},  # 2 tokens
+        {0: record([0, 1, 0, 0], 0.5), 1: record([0, 0, 0, 1], 1.0)},  # 1 token
+    ]:
+        routers.records = records
+        routers.add_micro_batch()
+    metrics = routers.step_metrics()
+    assert metrics["router/load/0"] == pytest.approx([2 / 3, 1 / 3, 0, 0])
+    assert metrics["router/load/1"] == pytest.approx([1 / 3, 1 / 3, 0, 1 / 3])
+    assert metrics["router/imbalance_max"] == pytest.approx(8 / 3)  # the busiest expert's load × 4 experts
+    assert metrics["router/imbalance_mean"] == pytest.approx((8 / 3 + 4 / 3) / 2)
+    assert metrics["router/entropy"] == pytest.approx((1.5 / 3 + 3.0 / 3) / 2)  # per token, mean over layers
+    routers.start_step()  # a step of one token
+    routers.records = {0: record([0, 0, 1, 0], 0.7), 1: record([1, 0, 0, 0], 0.3)}
+    routers.add_micro_batch()
+    metrics = routers.step_metrics()
+    assert metrics["router/load/0"] == [0, 0, 1, 0] and metrics["router/imbalance_max"] == 4
+    assert metrics["router/entropy"] == pytest.approx(0.5)
+
+
+def test_routes_that_do_not_fit_the_model_are_refused_in_one_line():
+    check_routes(torch.zeros(5, 2, 2, dtype=torch.long) + 3, 2, 2, 4, "batch step_3")  # experts 0..3 fit
+    with pytest.raises(TridentError) as refused:
+        check_routes(torch.zeros(5, 3, 2, dtype=torch.long), 2, 2, 4, "batch step_3")
+    assert str(refused.value) == (
+        "batch step_3: routes of shape [5, 3, 2] do not fit the model's 2 layers × top-2 experts (replay the routes of "
+        "the model being trained)"
+    )
+    with pytest.raises(TridentError) as refused:
+        check_routes(torch.zeros(5, 2, 2, dtype=torch.long) + 4, 2, 2, 4, "batch step_3")
+    assert str(refused.value) == "batch step_3: routes name expert 4, the model has 4"
