@@ -48,8 +48,8 @@ PLANTED = [
     PlantedBug(
         name="libraries' loggers quiet at debug too (issue 56)",
         file="src/contracts/metrics.py",
-        old='    quiet = logging.NOTSET if level.upper() == "DEBUG" else logging.WARNING\n',
-        new="    quiet = logging.WARNING\n",
+        old='logger.setLevel(logging.NOTSET if level.upper() == "DEBUG" else max(logger.level, logging.WARNING))',
+        new="logger.setLevel(max(logger.level, logging.WARNING))",
         tests=["tests/unit/contracts/test_process_logging.py"],
     ),
     PlantedBug(
