@@ -279,7 +279,10 @@ def test_a_run_killed_and_stopped_every_way_resumes_training_each_step_once(tmp_
     for step, drawable in places.items():
         assert_drawn(batch_tasks(tmp_path, step), drawable, rollouts=2)
     rated = sum(map(len, pool["pass_rates"]))
-    assert rated > 0 and f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
+    assert f"difficulty pool restored: pass rates of {rated} tasks" in orchestrator_log
+    # a step's results count from two steps on: checkpoint 2 (the stops' random steps can leave it the newest) may
+    # hold none yet, its steps pending (CI of 42d4003 resumed from it last: "pass rates of 0 tasks")
+    assert rated > 0 or (last <= 2 and pool["pending"]), pool
     metrics = read_metrics(tmp_path, "orchestrator")
     assert all(r["refill/attempts_max"] <= 4 for r in metrics) and sum(r["refill/groups"] for r in metrics) > 0
     assert complete_checkpoints(tmp_path)[-1] == steps
