@@ -5,13 +5,11 @@ import base64
 import io
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
 from jaxtyping import Float
-from peft import PeftModel
-from peft.tuners.lora.layer import ParamWrapper
 from PIL import Image, ImageDraw
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
@@ -21,9 +19,13 @@ from contracts.atomic_io import atomic_dir
 from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
+from trainer.peft_model import is_peft
 from trainer.transports.base import ExportedWeights, WeightSender
 from trainer.transports.files import FileSender
 from trainer.vision import is_vision_language, model_processor, save_processor, unwrapped
+
+if TYPE_CHECKING:  # peft: imported only by a run with a LoRA adapter (trainer.peft_model)
+    from peft import PeftModel
 
 
 def gather_weights(model: nn.Module, dtype: torch.dtype | None = None, trainable_only: bool = False) -> dict:
@@ -64,12 +66,14 @@ class ExpertAdapter(NamedTuple):
     out_first: bool  # the weight is [experts, fan_out, fan_in] (else [experts, fan_in, fan_out])
 
 
-def expert_adapters(model: PeftModel) -> dict[str, ExpertAdapter]:
+def expert_adapters(model: "PeftModel") -> dict[str, ExpertAdapter]:
     """The adapter of each fused expert weight peft adapts in ``model``, by the weight's name in its state dict.
 
     peft nests one wrapper per adapted weight of a module (``experts`` adapts ``down_proj``, ``experts.base_layer``
     ``gate_up_proj``, the weights under ``experts.base_layer.base_layer``): which adapts which is the module's, not
     the names', to say."""
+    from peft.tuners.lora.layer import ParamWrapper
+
     adapters = {}
     for name, module in model.named_modules():
         if isinstance(module, ParamWrapper):
@@ -81,6 +85,8 @@ def expert_adapters(model: PeftModel) -> dict[str, ExpertAdapter]:
 
 def _depth(module: nn.Module) -> int:
     """How many peft parameter wrappers ``module`` nests, itself included."""
+    from peft.tuners.lora.layer import ParamWrapper
+
     return 1 + _depth(module.base_layer) if isinstance(module, ParamWrapper) else 0
 
 
@@ -127,7 +133,7 @@ def merge_lora(
     return merged
 
 
-def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int], **images: Tensor) -> list[float]:
+def probe_logprobs(model: "PreTrainedModel | PeftModel", token_ids: list[int], **images: Tensor) -> list[float]:
     """Logprob of each token given the ones before it (temperature 1; 0.0 at position 0), in eval mode; a
     vision-language model sees ``images`` too (its processor's other outputs: ``pixel_values``, ``image_grid_thw``,
     ``mm_token_type_ids``)."""
@@ -135,7 +141,7 @@ def probe_logprobs(model: PreTrainedModel | PeftModel, token_ids: list[int], **i
 
 
 def _logprobs_computed(
-    model: PreTrainedModel | PeftModel, token_ids: list[int], **images: Tensor
+    model: "PreTrainedModel | PeftModel", token_ids: list[int], **images: Tensor
 ) -> tuple[list[float], torch.dtype]:
     """:func:`probe_logprobs`, and the dtype the model computed its logits in."""
     was_training = model.training
@@ -162,7 +168,7 @@ def probe_image() -> bytes:
 
 
 def make_probe(
-    model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype = torch.float32
+    model: "PreTrainedModel | PeftModel", tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype = torch.float32
 ) -> Probe:
     """The probe under ``model``'s weights, exported in ``dtype``: its logprobs of
     :data:`~contracts.run_dir.PROBE_TEXT`; a vision-language model's (Qwen-VL layout) shown :func:`probe_image`
@@ -192,14 +198,14 @@ def _probe_dtype(computed: torch.dtype, exported: torch.dtype) -> str:
     return str(exported if computed == torch.float32 else computed).removeprefix("torch.")
 
 
-def is_4bit(model: PreTrainedModel | PeftModel) -> bool:
+def is_4bit(model: "PreTrainedModel | PeftModel") -> bool:
     """Whether the model's base was quantized to 4 bits as it loaded (QLoRA)."""
     quantization = getattr(model.config, "quantization_config", None)
     return quantization is not None and quantization.load_in_4bit
 
 
 def save_weights(
-    model: PreTrainedModel | PeftModel,
+    model: "PreTrainedModel | PeftModel",
     tokenizer: PreTrainedTokenizerBase,
     folder: Path,
     export: LoraExport = "merged",
@@ -217,7 +223,7 @@ def save_weights(
     folder is stable). The probe's logprobs under these weights go with them, so that whoever loads them can check
     it serves exactly these weights.
     """
-    adapter = isinstance(model, PeftModel) and export == "adapter"
+    adapter = is_peft(model) and export == "adapter"
     owner, weights = (model, gather_weights(model, trainable_only=True)) if adapter else full_weights(model, dtype)
     probe = make_probe(model, tokenizer, dtype)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -232,10 +238,10 @@ def save_weights(
         mark_stable(tmp)
 
 
-def full_weights(model: PreTrainedModel | PeftModel, dtype: torch.dtype) -> tuple[PreTrainedModel, dict]:
+def full_weights(model: "PreTrainedModel | PeftModel", dtype: torch.dtype) -> tuple[PreTrainedModel, dict]:
     """The model's full weights for inference in ``dtype``, under the base model's names (a LoRA adapter merged
     in, in float32, tied copies left out), and the model that saves them; every rank must call it."""
-    if isinstance(model, PeftModel):
+    if is_peft(model):
         lora, base = model.peft_config["default"], model.get_base_model()
         merged = merge_lora(gather_weights(model), lora.lora_alpha / lora.r, expert_adapters(model))
         return base, {name: tensor.to(dtype) for name, tensor in untied(merged, base).items()}

@@ -3,14 +3,12 @@
 import functools
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from jaxtyping import Bool, Float
-from peft import LoraConfig as PeftLoraConfig
-from peft import PeftModel, get_peft_model
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
@@ -32,10 +30,13 @@ from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
 from trainer.vision import configure_vision_tower, image_inputs, unwrapped, vision_tower_name
 
+if TYPE_CHECKING:  # peft: imported only by a run with a LoRA adapter (trainer.peft_model)
+    from peft import PeftModel
+
 
 def load_model(
     config: TrainerModelConfig, device: torch.device, compute_dtype: torch.dtype = torch.float32
-) -> PreTrainedModel | PeftModel:
+) -> "PreTrainedModel | PeftModel":
     """The policy in train mode, with LoRA and activation checkpointing as configured.
 
     What trains is float32 (the master weights). Under LoRA the frozen base is held in ``compute_dtype`` (the
@@ -103,7 +104,7 @@ def compute_device(model: nn.Module) -> torch.device:
     return device
 
 
-def decoder_layers(model: PreTrainedModel | PeftModel) -> nn.ModuleList:
+def decoder_layers(model: "PreTrainedModel | PeftModel") -> nn.ModuleList:
     """The transformer blocks of a decoder-only model, or of a vision-language model's language model (with or
     without a peft wrapper)."""
     return unwrapped(model).get_decoder().layers
@@ -146,7 +147,7 @@ def recompute_in_backward(module: nn.Module) -> None:
     module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)
 
 
-def add_lora(model: PreTrainedModel, lora: LoraConfig, train_vision: bool = False) -> PeftModel:
+def add_lora(model: PreTrainedModel, lora: LoraConfig, train_vision: bool = False) -> "PeftModel":
     """Freeze the model and wrap it with a trainable LoRA adapter (peft); a target that names nothing peft can adapt
     (a linear layer, or a fused expert weight, by its name or a dotted suffix of it) is a TridentError naming the
     model's linear layers.
@@ -169,6 +170,9 @@ def add_lora(model: PreTrainedModel, lora: LoraConfig, train_vision: bool = Fals
              for weight, tensor in module.named_parameters(recurse=False) if tensor.dim() == 3]  # fmt: skip
     weights = [t for t in lora.target_modules
                if any(_names(n, t) for n in fused) and not any(_names(n, t) for n in linears)]  # fmt: skip
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
     config = PeftLoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoTokenizer
 
@@ -37,6 +36,7 @@ from trainer.parallel import (
     shard_model,
     sum_over_ranks,
 )
+from trainer.peft_model import is_peft
 from trainer.plan import reshards_after_forward
 from trainer.rules import check_trainer_model
 from trainer.transports import memory_sender
@@ -106,7 +106,7 @@ class FrozenReference:
     def logprobs(self, micro_batch: MicroBatch, info: BatchInfo) -> Tensor:
         """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation)."""
         with torch.no_grad():
-            with self.model.disable_adapter() if isinstance(self.model, PeftModel) else nullcontext():
+            with self.model.disable_adapter() if is_peft(self.model) else nullcontext():
                 return packed_logprobs(
                     self.model,
                     micro_batch,
@@ -122,7 +122,7 @@ def frozen_reference(model: nn.Module, config: TrainerConfig, world: World) -> F
     """The KL penalty's reference (None when ``kl_coef`` is 0)."""
     if config.loss.kl_coef == 0:
         return None
-    if isinstance(model, PeftModel):
+    if is_peft(model):
         return FrozenReference(model, config.output_dir, world.cp_group)
     reference = build_model(config.model, world, config.optim.offload).requires_grad_(False).eval()
     return FrozenReference(reference, config.output_dir, world.cp_group)

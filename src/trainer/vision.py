@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 from jaxtyping import Float, Int
-from peft import PeftModel
 from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoProcessor, PretrainedConfig, PreTrainedModel
 
@@ -24,6 +23,7 @@ from contracts.errors import TridentError
 from contracts.images import load_image, placeholder_runs
 from contracts.protocol import BatchError, MicroBatch
 from trainer.config import VisionTower
+from trainer.peft_model import is_peft
 
 
 def is_vision_language(config: PretrainedConfig) -> bool:
@@ -33,7 +33,7 @@ def is_vision_language(config: PretrainedConfig) -> bool:
 
 def unwrapped(model: nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper (or the model itself)."""
-    return model.get_base_model() if isinstance(model, PeftModel) else model
+    return model.get_base_model() if is_peft(model) else model
 
 
 def vision_tower_name(model: nn.Module) -> str | None:
