@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from dataset_rows import DatasetSpec
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from contracts.config import BaseConfig
 from contracts.shared_config import (
@@ -19,6 +19,7 @@ from contracts.shared_config import (
     WandbSection,
     WeightBroadcastSection,
 )
+from trainer.custom_loss import import_custom_loss
 
 CheckpointedPart = Literal["layer", "mlp", "attention"]
 
@@ -278,10 +279,15 @@ class LossConfig(StrictModel):
         ),
     ] = "token"
     bound: Annotated[
-        Literal["mask", "clip"],
+        Literal["mask", "clip", "cispo", "sapo", "dppo"],
         Field(
             description="How the ratio is bounded: 'mask' drops tokens whose ratio leaves [mask_low, mask_high] "
-            "(IcePop); 'clip' is PPO's clipped objective with [1 - clip_low, 1 + clip_high] (DAPO's clip-higher)."
+            "(IcePop); 'clip' is PPO's clipped objective with [1 - clip_low, 1 + clip_high] (DAPO's clip-higher); "
+            "'cispo' weighs every token's log-probability gradient by its ratio clamped into [cispo_low, "
+            "cispo_high], held fixed (MiniMax-M1); 'sapo' gates the ratio softly, sigmoid(τ (ratio - 1)) · 4 / τ "
+            "with τ = sapo_temperature_pos or _neg by the advantage's sign (SAPO); 'dppo' drops tokens whose "
+            "probability rose by more than dppo_high (positive advantage) or fell by more than dppo_low (negative) "
+            "and adds dppo_kl_coef · log(ratio)² on every loss token (prime-rl's default loss)."
         ),
     ] = "mask"
     mask_low: Annotated[
@@ -292,6 +298,52 @@ class LossConfig(StrictModel):
     ] = 8.0
     clip_low: Annotated[float, Field(ge=0, lt=1, description="bound = 'clip': lower clip range (1 - clip_low).")] = 0.2
     clip_high: Annotated[float, Field(ge=0, description="bound = 'clip': upper clip range (1 + clip_high).")] = 0.28
+    cispo_low: Annotated[
+        float, Field(ge=0, le=1, description="bound = 'cispo': lower end of the fixed weight (0: none, MiniMax-M1's).")
+    ] = 0.0
+    cispo_high: Annotated[
+        float, Field(ge=1, description="bound = 'cispo': upper end of the fixed weight (TRL's ε_max for CISPO).")
+    ] = 5.0
+    sapo_temperature_pos: Annotated[
+        float, Field(gt=0, description="bound = 'sapo': the gate's temperature τ at a positive advantage.")
+    ] = 1.0
+    sapo_temperature_neg: Annotated[
+        float,
+        Field(gt=0, description="bound = 'sapo': the gate's temperature τ at a zero or negative advantage."),
+    ] = 1.05
+    dppo_low: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="bound = 'dppo': a token of negative advantage whose probability fell by more than this "
+            "(trainer's minus server's) gets no policy gradient.",
+        ),
+    ] = 0.2
+    dppo_high: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="bound = 'dppo': a token of positive advantage whose probability rose by more than this "
+            "gets no policy gradient.",
+        ),
+    ] = 0.2
+    dppo_kl_coef: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="bound = 'dppo': weight of the squared log ratio (trainer's over server's logprob) added at "
+            "every loss token, masked or not.",
+        ),
+    ] = 1e-3
+    custom: Annotated[
+        str | None,
+        Field(
+            description="A policy term of your own, 'package.module:function', in place of ratio and bound: called "
+            "with the keyword arguments logprobs, inference_logprobs, advantages, loss_mask and sample_lengths, it "
+            "returns the loss at each token (docs/losses.md); imported when the config is read. Absent: the built-in "
+            "term.",
+        ),
+    ] = None
     normalization: Annotated[
         Literal["token", "sequence", "constant"],
         Field(
@@ -320,7 +372,8 @@ class LossConfig(StrictModel):
             "by w, the trainer's over the server's probability of what was sampled, held fixed: per token "
             "('token_'), or per sample as the product over its loss tokens ('sequence_') or their geometric mean "
             "('geometric_'). '_truncate' clamps w into [correction_low, correction_high]; '_mask' gives the tokens "
-            "or samples whose w leaves that range no loss. bound = 'mask' still drops tokens; 'clip' is refused. "
+            "or samples whose w leaves that range no loss. bound = 'mask' still drops tokens; the other bounds are "
+            "refused. "
             "'none': the ratio is the weight."
         ),
     ] = "none"
@@ -340,14 +393,37 @@ class LossConfig(StrictModel):
         ),
     ] = None
 
+    @field_validator("custom")
+    @classmethod
+    def _custom_imports(cls, custom: str | None) -> str | None:
+        if custom is not None:
+            import_custom_loss(custom)
+        return custom
+
     @model_validator(mode="after")
-    def _correction_replaces_clipping(self):
-        if self.correction != "none" and self.bound == "clip":
+    def _one_policy_term(self):
+        if self.correction != "none" and self.bound != "mask":
             raise ValueError(
-                f"correction = '{self.correction}' replaces the ratio that bound = 'clip' would clip by its own "
-                "weight: use bound = 'mask' (or correction = 'none')"
+                f"correction = '{self.correction}' replaces the ratio that bound = '{self.bound}' would "
+                f"{BOUND_VERBS[self.bound]} by its own weight: use bound = 'mask' (or correction = 'none')"
             )
+        if self.bound == "dppo" and self.ratio == "sequence":
+            raise ValueError(
+                "bound = 'dppo' masks each token by its own probability change: use ratio = 'token' with it"
+            )
+        if self.custom is not None:
+            chosen = [
+                f"{key} = '{getattr(self, key)}'" for key, default in CUSTOM_REPLACES if getattr(self, key) != default
+            ]
+            if chosen:
+                raise ValueError(
+                    f"custom = '{self.custom}' computes the policy term itself: drop {' and '.join(chosen)}"
+                )
         return self
+
+
+BOUND_VERBS = {"clip": "clip", "cispo": "clip", "sapo": "gate", "dppo": "mask"}  # what each bound does to the ratio
+CUSTOM_REPLACES = (("ratio", "token"), ("bound", "mask"), ("correction", "none"))  # keys a custom term makes moot
 
 
 class TrainerConfig(BaseConfig):

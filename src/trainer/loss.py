@@ -7,6 +7,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from trainer.config import LossConfig
+from trainer.custom_loss import import_custom_loss
 
 
 def sample_segments(sample_lengths: Int[Tensor, " samples"]) -> Int[Tensor, " seq"]:
@@ -59,6 +60,57 @@ def mismatch_kl(
     return ((log_ratio.exp() - 1 - log_ratio) * loss_mask).sum()
 
 
+def cispo_term(
+    ratio: Float[Tensor, " seq"],
+    logprobs: Float[Tensor, " seq"],
+    advantages: Float[Tensor, " seq"],
+    loss_mask: Bool[Tensor, " seq"],
+    config: LossConfig,
+) -> tuple[Float[Tensor, " seq"], Bool[Tensor, " seq"]]:
+    """CISPO's policy term (MiniMax-M1, arXiv 2506.13585) at each token, and the loss tokens whose weight was
+    clipped. Naive equivalent: ``-sg(clamp(ratio, cispo_low, cispo_high)) * A * logprobs``: every loss token keeps a
+    gradient, ``-w * A * grad(logprobs)``, none is dropped. The defaults are MiniMax-M1's no lower end (0) and TRL's
+    ``epsilon_high = 5`` for ``loss_type = "cispo"`` (ScaleRL's ε_max) as the upper end."""
+    weight = ratio.detach().clamp(config.cispo_low, config.cispo_high)
+    clipped = loss_mask & ((ratio < config.cispo_low) | (ratio > config.cispo_high))
+    return -weight * advantages * logprobs * loss_mask, clipped
+
+
+def sapo_term(
+    ratio: Float[Tensor, " seq"], advantages: Float[Tensor, " seq"], loss_mask: Bool[Tensor, " seq"], config: LossConfig
+) -> Float[Tensor, " seq"]:
+    """SAPO's policy term (arXiv 2511.20347, TRL's ``loss_type = "sapo"``) at each token: the ratio through a soft
+    gate instead of a clip. Naive equivalent: ``-sigmoid(tau * (ratio - 1)) * 4 / tau * A`` with ``tau =
+    sapo_temperature_pos`` where ``A > 0``, else ``sapo_temperature_neg`` (defaults 1.0 and 1.05, the paper's and
+    TRL's). Its gradient, ``-4 s (1 - s) ratio A grad(logprobs)`` with ``s`` the sigmoid, is the plain one at ratio 1
+    and fades smoothly as the ratio leaves 1, faster for the larger temperature."""
+    temperature = torch.where(advantages > 0, config.sapo_temperature_pos, config.sapo_temperature_neg)
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
+    return -gate * advantages * loss_mask
+
+
+def dppo_term(
+    logprobs: Float[Tensor, " seq"],
+    inference_logprobs: Float[Tensor, " seq"],
+    advantages: Float[Tensor, " seq"],
+    loss_mask: Bool[Tensor, " seq"],
+    config: LossConfig,
+) -> tuple[Float[Tensor, " seq"], Bool[Tensor, " seq"]]:
+    """prime-rl's default policy term (DPPO's binary trust region by probability, arXiv 2602.04879, with Kimi K2.5's
+    squared-log-ratio term, arXiv 2602.02276) at each token, and the loss tokens it masked. Naive equivalent, with
+    ``d = exp(logprobs) - exp(inference_logprobs)`` (probabilities, not their ratio) and ``r = exp(logprobs -
+    inference_logprobs)``: ``-r * A * keep + dppo_kl_coef * log(r) ** 2``, where ``keep`` is false at ``A > 0, d >
+    dppo_high`` and at ``A < 0, d < -dppo_low``. The defaults (0.2, 0.2, 1e-3) are prime-rl's ``DefaultLossConfig``
+    (its ``adv_tau``, a factor on A, is left out: 1 there)."""
+    log_ratio = (logprobs - inference_logprobs) * loss_mask
+    change = logprobs.detach().exp() - inference_logprobs.exp()
+    masked = loss_mask & (
+        ((advantages > 0) & (change > config.dppo_high)) | ((advantages < 0) & (change < -config.dppo_low))
+    )
+    per_token = -log_ratio.exp() * advantages * (loss_mask & ~masked) + config.dppo_kl_coef * log_ratio**2
+    return per_token, masked
+
+
 def policy_loss(
     logprobs: Float[Tensor, " seq"],
     inference_logprobs: Float[Tensor, " seq"],
@@ -77,9 +129,14 @@ def policy_loss(
 
     ``ratio = exp(logprobs - inference_logprobs)`` per token, or per sample as the exp of its mean token log
     ratio (``config.ratio = "sequence"``, GSPO). Bounded by masking tokens whose ratio leaves
-    ``[mask_low, mask_high]`` (IcePop) or by PPO clipping to ``[1 - clip_low, 1 + clip_high]``. The normalizers
-    (``num_loss_tokens``, ``num_samples``) are the whole step's, so summing the micro-batches' losses gives the
-    step's loss however the batch was split. Returned metrics are sums over this micro-batch.
+    ``[mask_low, mask_high]`` (IcePop) or by PPO clipping to ``[1 - clip_low, 1 + clip_high]``; or, by
+    ``config.bound``, :func:`cispo_term`, :func:`sapo_term` or :func:`dppo_term` is the policy term. A user's function
+    named by ``config.custom`` replaces all of these: called by keyword with ``logprobs``, ``inference_logprobs``,
+    ``advantages``, ``loss_mask`` (the staleness bound applied) and ``sample_lengths``, it returns the policy term at
+    each token, counted at the loss tokens only. The normalizers (``num_loss_tokens``, ``num_samples``) are the whole
+    step's, so summing the micro-batches' losses gives the step's loss however the batch was split. Returned metrics
+    are sums over this micro-batch; ``bounded_tokens`` counts the loss tokens masked or clipped (left out with
+    ``sapo``, which does neither, and with a custom term).
 
     With an off-policy correction (``config.correction``) the policy term weighs each token by the fixed weight of
     :func:`correction_weights` instead of the ratio (``-w * A``, gradient ``-w * A * grad(logprobs)``); bound
@@ -122,13 +179,30 @@ def policy_loss(
         fixed_weight, corrected = correction_weights(token_log_ratio, segment, tokens_per_sample, config)
         corrected = corrected & loss_mask
         weight = fixed_weight * torch.exp(logprobs - logprobs.detach())  # its value; gradient: fixed_weight · ∇logp
-    if config.bound == "mask":
+    bounded = None  # the loss tokens masked or clipped, where the term has such
+    if config.custom is not None:
+        custom = import_custom_loss(config.custom)
+        per_token = custom(
+            logprobs=logprobs,
+            inference_logprobs=inference_logprobs,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            sample_lengths=sample_lengths,
+        )
+        per_token = per_token * loss_mask
+    elif config.bound == "mask":
         bounded = loss_mask & ((ratio < config.mask_low) | (ratio > config.mask_high))
         per_token = -weight * advantages * (loss_mask & ~bounded)
-    else:
+    elif config.bound == "clip":
         clipped = ratio.clamp(1 - config.clip_low, 1 + config.clip_high)
         bounded = loss_mask & (clipped * advantages < ratio * advantages)  # the clipped term is the minimum
         per_token = -torch.minimum(ratio * advantages, clipped * advantages) * loss_mask
+    elif config.bound == "cispo":
+        per_token, bounded = cispo_term(ratio, logprobs, advantages, loss_mask, config)
+    elif config.bound == "sapo":
+        per_token = sapo_term(ratio, advantages, loss_mask, config)
+    else:
+        per_token, bounded = dppo_term(logprobs, inference_logprobs, advantages, loss_mask, config)
     if config.entropy_coef > 0:
         per_token = per_token - config.entropy_coef * entropy * loss_mask
     if reference_logprobs is not None:
@@ -143,10 +217,8 @@ def policy_loss(
     else:
         loss = per_token.sum() / (num_samples * config.norm_length)
     with torch.no_grad():
-        metrics = {
-            "bounded_tokens": bounded.sum(),
-            "mismatch_kl": mismatch_kl(logprobs, inference_logprobs, loss_mask),
-        }
+        metrics = {} if bounded is None else {"bounded_tokens": bounded.sum()}
+        metrics["mismatch_kl"] = mismatch_kl(logprobs, inference_logprobs, loss_mask)
         if entropy is not None:
             entropy_mask = loss_mask if entropy_mask is None else entropy_mask
             metrics["entropy"] = (entropy * entropy_mask).sum()

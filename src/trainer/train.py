@@ -164,7 +164,8 @@ def train_step(
         "entropy": totals.pop("entropy") / max(entropy_tokens, 1),
     }
     metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
-    metrics["bounded_fraction"] = metrics.pop("bounded_tokens")  # share of tokens masked or clipped
+    if "bounded_tokens" in metrics:  # share of tokens masked or clipped (none such with sapo or a custom term)
+        metrics["bounded_fraction"] = metrics.pop("bounded_tokens")
     if "outside_kept_tokens" in metrics:  # with a truncation: share of tokens outside the trainer's kept set
         metrics["outside_kept_fraction"] = metrics.pop("outside_kept_tokens")
     metrics["token_staleness_mean"] = metrics.pop("token_staleness")  # steps, over the loss tokens

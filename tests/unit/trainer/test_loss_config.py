@@ -45,3 +45,63 @@ def test_bad_correction_values_name_their_key(flags, message):
     with pytest.raises(ConfigError, match=message) as error:
         parse_config(TrainerConfig, flags)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            '[loss]\nbound = "cispo"\ncorrection = "token_truncate"\n',
+            "loss: correction = 'token_truncate' replaces the ratio that bound = 'cispo' would clip by its own weight: "
+            "use bound = 'mask' (or correction = 'none')",
+        ),
+        (
+            '[loss]\nbound = "dppo"\nratio = "sequence"\n',
+            "loss: bound = 'dppo' masks each token by its own probability change: use ratio = 'token' with it",
+        ),
+        (
+            '[loss]\ncustom = "math:dist"\nbound = "sapo"\nratio = "sequence"\n',
+            None,  # math.dist takes no such arguments: the import path is refused first
+        ),
+    ],
+)
+def test_policy_terms_that_cannot_combine_are_refused_in_one_line(tmp_path, toml, message):
+    train = tmp_path / "train.toml"
+    train.write_text(toml)
+    with pytest.raises(ConfigError) as error:
+        parse_config(TrainerConfig, ["@", str(train)])
+    assert "\n" not in str(error.value)
+    if message is not None:
+        assert str(error.value) == f"{train}: {message}"
+
+
+def test_a_custom_term_replaces_ratio_bound_and_correction(tmp_path, monkeypatch):
+    arguments = "logprobs, inference_logprobs, advantages, loss_mask, sample_lengths"
+    (tmp_path / "my_term.py").write_text(f"def term({arguments}):\n    return -advantages * logprobs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert parse_config(TrainerConfig, ["--loss.custom", "my_term:term"]).loss.custom == "my_term:term"
+    with pytest.raises(ConfigError) as error:
+        parse_config(
+            TrainerConfig, ["--loss.custom", "my_term:term", "--loss.bound", "clip", "--loss.ratio", "sequence"]
+        )
+    assert str(error.value).endswith(
+        ": loss: custom = 'my_term:term' computes the policy term itself: drop ratio = 'sequence' and bound = 'clip'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("no_such_package.terms:term", "importing no_such_package.terms failed: ModuleNotFoundError: No module named"),
+        ("math:no_such_function", "math has no function no_such_function"),
+        ("math.sqrt", "not 'package.module:function'"),
+        ("math:sqrt", "sqrt must take the keyword arguments logprobs, inference_logprobs, advantages, loss_mask, "),
+    ],
+)
+def test_a_bad_custom_path_is_one_line_naming_the_key_and_value(tmp_path, path, reason):
+    train = tmp_path / "train.toml"
+    train.write_text(f'[loss]\ncustom = "{path}"\n')
+    with pytest.raises(ConfigError) as error:
+        parse_config(TrainerConfig, ["@", str(train)])
+    assert str(error.value).startswith(f"{train}: loss.custom: '{path}': ")
+    assert reason in str(error.value) and "\n" not in str(error.value)

@@ -71,6 +71,16 @@ def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_m
     assert record["bounded_fraction"] == pytest.approx(loss_tokens[4] / sum(loss_tokens))  # IcePop drops them too
 
 
+def test_a_soft_gate_trains_and_logs_no_bounded_share(tmp_path, random_samples, tiny_model_path):
+    samples = random_samples(4)
+    info = BatchInfo(1, len(samples), sum(len(s.token_ids) for s in samples), sum(sum(s.loss_mask) for s in samples),
+                     0.0, 1.0)  # fmt: skip
+    write_batch(tmp_path, info, [MicroBatch.pack(samples)])
+    (record,) = run(tmp_path, tiny_model_path, max_steps=1, loss={"bound": "sapo"})
+    assert set(record) == documented_trainer_keys() - OPTIONAL_METRICS - {"bounded_fraction"}  # SAPO masks nothing
+    assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
+
+
 def test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set(
     tmp_path, random_samples, tiny_model_path
 ):
