@@ -186,18 +186,18 @@ class AdvantageConfig(StrictModel):
     @model_validator(mode="after")
     def _one_normalizer(self):
         if self.mean_normalize and self.std_normalize:
-            raise ValueError("advantage.mean_normalize and advantage.std_normalize are both set: choose one divisor")
+            raise ValueError("mean_normalize and std_normalize are both set: choose one divisor")
         if self.baseline == "running":
             for key in ("mean_normalize", "std_normalize", "drop_uniform_groups"):
                 if getattr(self, key):
                     raise ValueError(
-                        f"advantage.{key} = true with advantage.baseline = 'running': it needs a group baseline "
+                        f"{key} = true with baseline = 'running': it needs a group baseline "
                         "('mean' or 'leave_one_out'); a running baseline has none"
                     )
             if self.baseline_groups != "task_seat":
                 raise ValueError(
-                    f"advantage.baseline_groups = {self.baseline_groups!r} with advantage.baseline = 'running': a "
-                    "running baseline is per environment and seat, never per group"
+                    f"baseline_groups = {self.baseline_groups!r} with baseline = 'running': a running baseline is "
+                    "per environment and seat, never per group"
                 )
         return self
 

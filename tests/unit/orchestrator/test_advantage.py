@@ -97,7 +97,7 @@ def test_mean_normalize_divides_the_centred_reward_by_the_group_mean_as_maxrl():
 
 
 def test_mean_and_std_normalize_are_refused_together():
-    with pytest.raises(ValueError, match="advantage.mean_normalize and advantage.std_normalize are both set"):
+    with pytest.raises(ValueError, match="mean_normalize and std_normalize are both set"):
         AdvantageConfig(mean_normalize=True, std_normalize=True)
 
 

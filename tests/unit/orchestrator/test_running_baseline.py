@@ -117,9 +117,12 @@ def test_a_resumed_orchestrator_writes_the_advantages_of_an_uninterrupted_one(tm
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"baseline": "running", "drop_uniform_groups": True}, "advantage.drop_uniform_groups = true with"),
-        ({"baseline": "running", "mean_normalize": True}, "advantage.mean_normalize = true with"),
-        ({"baseline": "running", "baseline_groups": "episode_seat"}, "advantage.baseline_groups = 'episode_seat'"),
+        ({"baseline": "running", "drop_uniform_groups": True}, "drop_uniform_groups = true with baseline = 'running'"),
+        ({"baseline": "running", "mean_normalize": True}, "mean_normalize = true with baseline = 'running'"),
+        (
+            {"baseline": "running", "baseline_groups": "episode_seat"},
+            "baseline_groups = 'episode_seat' with baseline = 'running'",
+        ),
     ],
 )
 def test_a_running_baseline_refuses_what_needs_a_group(settings, message):
