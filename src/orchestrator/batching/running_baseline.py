@@ -38,6 +38,10 @@ class RunningBaselines:
                     self.baselines[key] = self.decay * baseline + (1 - self.decay) * reward
         return advantages
 
+    def metrics(self) -> dict[str, float]:
+        """Each environment seat's baseline now, as ``running_baseline/<env>/<seat>``."""
+        return {f"running_baseline/{env}/{seat}": b for (env, seat), b in self.baselines.items()}
+
     def state_dict(self) -> dict[str, Any]:
         return {STATE_KEY: [{"env": env, "seat": seat, "baseline": b} for (env, seat), b in self.baselines.items()]}
 

@@ -164,6 +164,7 @@ class Orchestrator:
             **infra,
             **(refill_metrics(slots, zero_truncated, advantage.baseline_groups) if refill else {}),
             **advantage_metrics(samples),
+            **(self.running.metrics() if self.running else {}),
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,
             **no_sample_metrics(batch.untrained),

@@ -9,6 +9,7 @@ from resumed_runs import run_steps
 from rollouts import ONE_SAMPLED, build_samples, rollout
 
 import orchestrator.loop.groups as groups_module
+from contracts.metrics import read_metrics
 from contracts.run_dir import rollouts_dir
 from orchestrator.batching.running_baseline import RunningBaselines
 from orchestrator.config import AdvantageConfig, OrchestratorConfig
@@ -110,6 +111,11 @@ def test_a_resumed_orchestrator_writes_the_advantages_of_an_uninterrupted_one(tm
     asyncio.run(run_steps(build(tmp_path / "stopped", resume_step=-1), steps))
     for step in range(4, steps + 1):
         assert advantages(tmp_path / "stopped", step) == advantages(tmp_path / "whole", step), step
+    saved = read_state(tmp_path / "stopped", steps)["running_baselines"]
+    logged = read_metrics(tmp_path / "stopped", "orchestrator")[-1]  # the last step's, after the resume
+    assert {k: v for k, v in logged.items() if k.startswith("running_baseline/")} == {
+        f"running_baseline/{entry['env']}/{entry['seat']}": entry["baseline"] for entry in saved
+    } and len(saved) == 2
     # the baselines the restore gave matter: not one of step 4's advantages is the bare reward
     assert all(advantage != reward for _, _, reward, advantage in advantages(tmp_path / "whole", 4))
 
