@@ -150,10 +150,14 @@ BaselineGroups = Literal["task_seat", "episode_seat", "task"]  # which of a task
 
 
 class AdvantageConfig(StrictModel):
+    """How rewards become advantages (docs/losses.md#advantages-advantage, docs/algorithms.md#baselines)."""
+
     baseline: Annotated[
-        Literal["mean", "leave_one_out"],
-        Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group."),
-    ] = "mean"
+        Literal["mean", "leave_one_out", "running"],
+        Field(description="Subtract the group's mean reward, or the mean of the other rollouts of the group; running: "
+                          "a running average of the rewards of each environment and seat across steps (RAE, "
+                          "SPIRAL), kept in the orchestrator's checkpoint."),
+    ] = "mean"  # fmt: skip
     baseline_groups: Annotated[
         BaselineGroups,
         Field(description="Which rollouts share a baseline: those of one task played by one seat of the environment "
@@ -164,10 +168,38 @@ class AdvantageConfig(StrictModel):
     std_normalize: Annotated[
         bool, Field(description="Divide advantages by the group's reward standard deviation (GRPO).")
     ] = False
+    mean_normalize: Annotated[
+        bool,
+        Field(description="Divide advantages by the group's mean reward (MaxRL; for pass/fail rewards in [0, 1]); a "
+                          "group whose mean is 0 or less gets advantage 0."),
+    ] = False  # fmt: skip
+    running_decay: Annotated[
+        float,
+        Field(ge=0, lt=1, description="With baseline = 'running': the weight of the old baseline in each update, "
+                                      "b <- decay * b + (1 - decay) * reward, one update per rollout."),
+    ] = 0.95  # fmt: skip
     drop_uniform_groups: Annotated[
         bool,
         Field(description="Leave out of the batch the groups whose rollouts all got the same reward (zero advantage)."),
     ] = False
+
+    @model_validator(mode="after")
+    def _one_normalizer(self):
+        if self.mean_normalize and self.std_normalize:
+            raise ValueError("mean_normalize and std_normalize are both set: choose one divisor")
+        if self.baseline == "running":
+            for key in ("mean_normalize", "std_normalize", "drop_uniform_groups"):
+                if getattr(self, key):
+                    raise ValueError(
+                        f"{key} = true with baseline = 'running': it needs a group baseline "
+                        "('mean' or 'leave_one_out'); a running baseline has none"
+                    )
+            if self.baseline_groups != "task_seat":
+                raise ValueError(
+                    f"baseline_groups = {self.baseline_groups!r} with baseline = 'running': a running baseline is "
+                    "per environment and seat, never per group"
+                )
+        return self
 
 
 JUDGE_PLACEHOLDERS = ("prompt", "completion", "answer", "max_score")  # what a judge's prompt template may name
@@ -699,12 +731,18 @@ class OrchestratorConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _steps_can_learn(self):
-        """A group of one rollout has advantage 0 under either baseline; an async_level above max_steps means no step
-        ever waits for trained weights."""
-        if self.rollouts_per_example == 1:
+        """A group of one rollout has advantage 0 under a group baseline; a running baseline never ties a group, so
+        refilling tied groups means nothing; an async_level above max_steps means no step ever waits for trained
+        weights."""
+        if self.rollouts_per_example == 1 and self.advantage.baseline != "running":
             raise ValueError(
                 f"rollouts_per_example = 1 with advantage.baseline = {self.advantage.baseline!r}: the baseline is the "
                 "group's own reward, so every advantage is 0 and the run learns nothing; set rollouts_per_example >= 2"
+            )
+        if self.filter.refill and self.advantage.baseline == "running":
+            raise ValueError(
+                "filter.refill = true with advantage.baseline = 'running': a group whose rewards tie still has "
+                "advantages against the running baseline; refill needs a group baseline ('mean' or 'leave_one_out')"
             )
         if self.async_level > self.max_steps:
             raise ValueError(

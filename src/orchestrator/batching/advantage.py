@@ -46,17 +46,23 @@ def group_advantages(
 
     ``baseline = "mean"``: ``r_i - mean(group)``. ``"leave_one_out"``: ``r_i - mean(group without i)``, which is
     ``n / (n - 1) · (r_i - mean(group))``. ``std_normalize`` then divides by the group's standard deviation
-    (unbiased, plus ``1e-6``), as GRPO does. A group of one rollout has advantage 0.
+    (unbiased, plus ``1e-6``), as GRPO does; ``mean_normalize`` by the group's mean, as MaxRL does, and a group whose
+    mean is 0 or less (no rollout passed) gets 0. A group of one rollout has advantage 0. (``"running"`` is not a
+    group baseline: :class:`~orchestrator.batching.running_baseline.RunningBaselines`.)
     """
     config = config or AdvantageConfig()
     n = rewards.shape[1]
     if n == 1:
         return torch.zeros_like(rewards)
-    advantages = rewards - rewards.mean(dim=1, keepdim=True)
+    mean = rewards.mean(dim=1, keepdim=True)
+    advantages = rewards - mean
     if config.baseline == "leave_one_out":
         advantages = advantages * n / (n - 1)
     if config.std_normalize:
         advantages = advantages / (rewards.std(dim=1, keepdim=True) + 1e-6)
+    if config.mean_normalize:
+        passed = mean > 0
+        advantages = torch.where(passed, advantages / torch.where(passed, mean, 1.0), 0.0)
     return advantages
 
 

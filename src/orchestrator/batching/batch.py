@@ -14,6 +14,7 @@ from orchestrator.batching.advantage import baseline_groups, group_advantages, g
 from orchestrator.batching.infra import is_lost
 from orchestrator.batching.no_sample import Untrained, no_sample_error, untrained_reason
 from orchestrator.batching.rollout import Branch, Rollout
+from orchestrator.batching.running_baseline import RunningBaselines
 from orchestrator.config import AdvantageConfig
 
 
@@ -23,6 +24,7 @@ def rollout_samples(
     mask_truncated: bool = False,
     zero_truncated: bool = False,
     advantage: AdvantageConfig | None = None,
+    running: RunningBaselines | None = None,
 ) -> tuple[list[list[list[Sample] | None]], list[list[float]], list[list[float]]]:
     """The training samples of each rollout of ``groups`` (None for the rollouts of a group left out for tying),
     with group-relative advantages; also the rewards and advantages they were built from, one row per group (groups
@@ -31,17 +33,16 @@ def rollout_samples(
     ``zero_truncated`` scores rollouts cut off by max_tokens 0; ``mask_truncated`` trains none of their tokens.
     Rollouts share a baseline as ``advantage.baseline_groups`` says
     (:func:`~orchestrator.batching.advantage.baseline_groups`: by default those of one task and one seat). Failed
-    rollouts (the environment raised) give no sample, and the baseline they would have shared is the others'.
+    rollouts (the environment raised) give no sample, and the baseline they would have shared is the others'. Under
+    ``baseline = "running"`` the advantages are ``running``'s (which it moves past these groups) instead.
     """
     rewards = [group_rewards(group, zero_truncated) for group in groups]
     advantage = advantage or AdvantageConfig()
-    advantages = [[0.0] * len(group) for group in groups]
-    for group, row, advantages_row in zip(groups, rewards, advantages, strict=True):
-        for members in baseline_groups(group, advantage.baseline_groups):
-            if ok := [j for j in members if group[j].ok]:
-                shared = torch.tensor([[row[j] for j in ok]], dtype=torch.float32)
-                for j, value in zip(ok, group_advantages(shared, advantage)[0].tolist(), strict=True):
-                    advantages_row[j] = value
+    if advantage.baseline == "running":
+        assert running is not None, "baseline = 'running' needs the run's RunningBaselines"
+        advantages = running.advantages(groups, rewards)
+    else:
+        advantages = group_relative_advantages(groups, rewards, advantage)
     dropped = [
         advantage.drop_uniform_groups and uniform_baselines(group, row, advantage.baseline_groups)
         for group, row in zip(groups, rewards, strict=True)
@@ -54,6 +55,20 @@ def rollout_samples(
         for group, rewards_row, advantages_row, drop in zip(groups, rewards, advantages, dropped, strict=True)
     ]  # fmt: skip
     return samples, rewards, advantages
+
+
+def group_relative_advantages(
+    groups: list[list[Rollout]], rewards: list[list[float]], advantage: AdvantageConfig
+) -> list[list[float]]:
+    """Each rollout's advantage against the ok rollouts it shares a baseline with (0 for the others)."""
+    advantages = [[0.0] * len(group) for group in groups]
+    for group, row, advantages_row in zip(groups, rewards, advantages, strict=True):
+        for members in baseline_groups(group, advantage.baseline_groups):
+            if ok := [j for j in members if group[j].ok]:
+                shared = torch.tensor([[row[j] for j in ok]], dtype=torch.float32)
+                for j, value in zip(ok, group_advantages(shared, advantage)[0].tolist(), strict=True):
+                    advantages_row[j] = value
+    return advantages
 
 
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
@@ -153,16 +168,20 @@ def assemble_batch(
     advantage: AdvantageConfig | None = None,
     mask_truncated: bool = False,
     zero_truncated: bool = False,
+    running: RunningBaselines | None = None,
 ) -> Batch:
     """The batch of step ``step`` from its finished groups (sampled from weights ``weight_step``).
 
     Groups lost to infrastructure errors are left out; the others give :func:`rollout_samples`' samples, those
     longer than ``seq_len`` tokens left out, packed into micro-batches of at most ``seq_len`` tokens (first fit,
     longest first). A :class:`TridentError` naming why (:func:`~orchestrator.batching.no_sample.no_sample_error`)
-    when no trained rollout gives a trainable token.
+    when no trained rollout gives a trainable token. ``running``: the run's running baselines, under
+    ``baseline = "running"``.
     """
     kept = [group for group in groups if not is_lost(group)]
-    per_rollout, rewards, advantages = rollout_samples(kept, weight_step, mask_truncated, zero_truncated, advantage)
+    per_rollout, rewards, advantages = rollout_samples(
+        kept, weight_step, mask_truncated, zero_truncated, advantage, running
+    )
     untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group if r.trained]
     for group, row in zip(kept, per_rollout, strict=True):
         for rollout, its_samples in zip(group, row, strict=True):

@@ -2,8 +2,10 @@
 
 Step N's prompts are a pure function of N over the seeded task order (:meth:`Orchestrator.batch_tasks`) and no
 rollout outlives the batch it was written in, so the state is the step and what fixes the order; with
-``[difficulty_pool]``, also the pool's pass rates, which the draw of later steps depends on. Each part gives its own
-(:class:`~orchestrator.tasks.sampler.TaskFeed` today); this module writes and reads them.
+``[difficulty_pool]``, also the pool's pass rates, which the draw of later steps depends on; under
+``[advantage] baseline = "running"``, the running baselines, which later advantages depend on. Each part gives its
+own (:class:`~orchestrator.tasks.sampler.TaskFeed`,
+:class:`~orchestrator.batching.running_baseline.RunningBaselines`); this module writes and reads them.
 """
 
 import json

@@ -28,6 +28,7 @@ from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.batching.rollout import Rollout
+from orchestrator.batching.running_baseline import RunningBaselines
 from orchestrator.config import OrchestratorConfig, prompts_per_env
 from orchestrator.loop.ckpt import Checkpointer
 from orchestrator.loop.evaluation import Evaluation
@@ -71,7 +72,9 @@ class Orchestrator:
         attempts = config.filter.max_attempts if config.filter.refill else 1
         self.tasks = TaskSampler(sizes, counts, config.seed, self.pool, attempts, pool.stream_window if pool else 0)
         self.feed = TaskFeed(self.per_env, self.tasks, config.max_steps)
-        self.checkpointer = Checkpointer(self.output_dir, [self.feed])
+        advantage = config.advantage
+        self.running = RunningBaselines(advantage.running_decay) if advantage.baseline == "running" else None
+        self.checkpointer = Checkpointer(self.output_dir, [self.feed, *([self.running] if self.running else [])])
         self.groups = connect(config, config.infra, config.rollouts_per_example)
         self.servers = self.groups.servers
         self.share = ShareMeter(self.servers)
@@ -142,7 +145,7 @@ class Orchestrator:
         if refill:  # what refilling could not replace is left out too
             advantage = advantage.model_copy(update={"drop_uniform_groups": True})
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
-                               self.config.mask_truncated_completions, zero_truncated)  # fmt: skip
+                               self.config.mask_truncated_completions, zero_truncated, self.running)  # fmt: skip
         groups, rewards, samples = batch.groups, batch.rewards, batch.samples
         for env in dict.fromkeys(r.env for r in batch.failed):
             for cause in causes([r for r in batch.failed if r.env == env]):
@@ -161,6 +164,7 @@ class Orchestrator:
             **infra,
             **(refill_metrics(slots, zero_truncated, advantage.baseline_groups) if refill else {}),
             **advantage_metrics(samples),
+            **(self.running.metrics() if self.running else {}),
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,
             **no_sample_metrics(batch.untrained),

@@ -1,5 +1,6 @@
+import pytest
 import torch
-from rollouts import rollout
+from rollouts import ONE_SAMPLED, build_samples, rollout
 
 from orchestrator.batching.advantage import (
     baseline_groups,
@@ -75,3 +76,42 @@ def test_a_group_is_uniform_when_the_rollouts_of_each_baseline_tied():
     assert not uniform_baselines(PLAYS, solved_once, "task_seat")
     assert not uniform_baselines(PLAYS, solved_once, "episode_seat")  # the first episode's solvers did not tie
     assert uniform_baselines(PLAYS, [1.0, 1.0, 1.0, 1.0, 1.0, 0.0], "episode_seat")  # episode 2's lone solver
+
+
+def test_mean_normalize_divides_the_centred_reward_by_the_group_mean_as_maxrl():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    maxrl = group_advantages(rewards, AdvantageConfig(mean_normalize=True))
+    # pass rate 1/4: (1 - 1/4) / (1/4) = 3 for the pass, (0 - 1/4) / (1/4) = -1 for each fail; pass rate 1/2: +-1;
+    # no pass (mean 0): 0, not 0 / 0; all pass: 0
+    expected = [[3.0, -1.0, -1.0, -1.0], [1.0, 1.0, -1.0, -1.0], [0.0] * 4, [0.0] * 4]
+    torch.testing.assert_close(maxrl, torch.tensor(expected))
+    loo = group_advantages(rewards[:1], AdvantageConfig(baseline="leave_one_out", mean_normalize=True))
+    torch.testing.assert_close(loo, torch.tensor([[4.0, -4 / 3, -4 / 3, -4 / 3]]))  # 4/3 of the above
+    # rewards outside [0, 1]: a group whose mean is 0 or less gets 0; otherwise the same division
+    outside = torch.tensor([[-1.0, -1.0, 0.0, 0.0], [2.0, 0.0, 0.0, 0.0], [3.0, -1.0, 0.0, 0.0]])
+    torch.testing.assert_close(
+        group_advantages(outside, AdvantageConfig(mean_normalize=True)),
+        torch.tensor([[0.0] * 4, [3.0, -1.0, -1.0, -1.0], [5.0, -3.0, -1.0, -1.0]]),
+    )
+    assert group_advantages(torch.tensor([[1.0]]), AdvantageConfig(mean_normalize=True)).tolist() == [[0.0]]
+
+
+def test_mean_and_std_normalize_are_refused_together():
+    with pytest.raises(ValueError, match="mean_normalize and std_normalize are both set"):
+        AdvantageConfig(mean_normalize=True, std_normalize=True)
+
+
+def test_episode_seat_gives_the_solvers_of_each_problem_and_the_proposers_of_the_task_their_own_baselines():
+    """Hierarchical baselines for a proposer and its solvers: two episodes, each a proposal and two solver runs."""
+    seats = [("proposer", 0), ("solver", 0), ("solver", 0), ("proposer", 1), ("solver", 1), ("solver", 1)]
+    rewards = [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    group = [rollout(r, ONE_SAMPLED, seat=seat, episode=e) for r, (seat, e) in zip(rewards, seats, strict=True)]
+    advantages = build_samples([group], 0, advantage=AdvantageConfig(baseline_groups="episode_seat"))[2]
+    # proposers against the task's proposers' mean 1/2; episode 0's solvers against their mean 1/2, episode 1's
+    # against theirs (1: tied, 0)
+    assert advantages == [[0.5, 0.5, -0.5, -0.5, 0.0, 0.0]]
+    # the MaxRL division per baseline: the proposers' (1 - 1/2) / (1/2) = 1; episode 1's solvers still 0
+    maxrl = AdvantageConfig(baseline_groups="episode_seat", mean_normalize=True)
+    assert build_samples([group], 0, advantage=maxrl)[2] == [[1.0, 1.0, -1.0, -1.0, 0.0, 0.0]]
+    # under task_seat the four solver runs share one baseline, 3/4, across both problems
+    assert build_samples([group], 0)[2] == [[0.5, 0.25, -0.75, -0.5, 0.25, 0.25]]
