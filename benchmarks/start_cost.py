@@ -40,7 +40,7 @@ STARTS = {  # what each process imports (and the orchestrator loads) before its 
     "trainer import": "import trainer.train",
     "inference import": "import inference.server",
     "orchestrator import": "import orchestrator.loop.run",
-    "orchestrator start": "import orchestrator.loop.run, renderers.base; from contracts.model_path import "
+    "orchestrator start": "import orchestrator.loop.run, renderers.base; from contracts.model_card import "
     "resolve_model_path; renderers.base.load_tokenizer(resolve_model_path('trident/tiny-qwen3'))",
 }
 
