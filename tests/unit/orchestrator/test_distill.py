@@ -9,12 +9,15 @@ import httpx
 import pytest
 from rollouts import rollout, sampled
 
+import orchestrator.loop.groups as groups_module
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
+from contracts.metrics import read_metrics
 from contracts.protocol import read_batch, write_batch
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.distill import reverse_kl_metrics
 from orchestrator.config import AdvantageConfig, OrchestratorConfig, TeacherConfig
+from orchestrator.loop.run import Orchestrator
 from orchestrator.serving.teacher import TOKENIZE, Teacher
 
 # an opd rollout: two prompt tokens, then 7 and 8 sampled with logprobs -1.0 and -2.0
@@ -149,3 +152,31 @@ def test_one_rollout_per_example_is_refused_with_a_grpo_env_only(tmp_path):
     assert "rollouts_per_example = 1 with advantage.baseline = 'mean': the baseline is the group's own reward" in line
     (tmp_path / "orch.toml").write_text('algorithm = "opd"\nrollouts_per_example = 1\n' + TEACHER_TABLE)
     assert parse_config(OrchestratorConfig, ["@", str(tmp_path / "orch.toml")]).rollouts_per_example == 1
+
+
+def test_a_step_distils_its_opd_env_and_keeps_grpo_on_the_other(tmp_path, monkeypatch):
+    """One orchestrator step with two environments, env 0 on opd and env 1 on grpo (a fake teacher, hand-made
+    rollouts in place of the server): the opd env's batch tokens carry 0.5 * (teacher - sampled), the grpo env's the
+    group's advantage, and the step logs reverse_kl for the opd env alone."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    table = {"base_url": "http://teacher:8001", "model": "big", "coef": 0.5}
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, teacher=table,
+                                env=[{"id": "reverse-text", "algorithm": "opd"}, {"id": "reverse-text"}])  # fmt: skip
+    orchestrator = Orchestrator(config)
+    served = httpx.MockTransport(lambda request: httpx.Response(200, json={"step": 0, "path": "/b", "adapter": None}))
+    orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=served)
+    orchestrator.teacher, _ = fake_teacher()
+
+    async def run_group(env, task, n, ctx, limit, output_dir):
+        name = "chat" if env is orchestrator.envs[0] else "math"
+        tokens, logprobs = (OPD_TOKENS, OPD_SAMPLED) if name == "chat" else ([1, 2, 3], [-0.1])
+        return [rollout(float(i), sampled(tokens, 2, logprobs), env=name, turns=1) for i in range(n)]
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    asyncio.run(orchestrator.step(1))
+    orchestrator.metrics.close()
+    _, micro_batches = read_batch(tmp_path, 1)
+    advantages = sorted(s.advantages.tolist() for m in micro_batches for s in m.samples())
+    assert advantages == [[-0.5] * 3, [0.0, 0.0, 0.375, -0.5], [0.0, 0.0, 0.375, -0.5], [0.5] * 3]
+    (record,) = read_metrics(tmp_path, "orchestrator")
+    assert record["reverse_kl/chat"] == 0.125 and not any(k.startswith("reverse_kl/math") for k in record)
