@@ -43,7 +43,7 @@ class Teacher:
         request = {"model": self.config.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0,
                    "temperature": 1.0}  # fmt: skip
         async with self.slots:
-            answer = await self.http.post(COMPLETIONS, json=request)
+            answer = await self.post(COMPLETIONS, request)
         if answer.status_code != 200:
             raise TridentError(
                 f"teacher at {self.config.base_url} answered {answer.status_code} to scoring {len(token_ids)} "
@@ -63,7 +63,7 @@ class Teacher:
         student's server (``student``, a client of it) does: its logprobs would score other tokens."""
         probe = {"prompt": TOKENIZER_PROBE, "add_special_tokens": False}
         ours = await student.post(TOKENIZE, json={"model": student_model, **probe})
-        theirs = await self.http.post(TOKENIZE, json={"model": self.config.model, **probe})
+        theirs = await self.post(TOKENIZE, {"model": self.config.model, **probe})
         for who, answer in (("student", ours), ("teacher", theirs)):
             if answer.status_code != 200:
                 raise TridentError(f"the {who}'s server answered {answer.status_code} to {TOKENIZE}: {answer.text}")
@@ -72,6 +72,16 @@ class Teacher:
                 f"teacher.model = {self.config.model!r} tokenizes text into other ids than the student "
                 f"{student_model!r} (a fixed text's {TOKENIZE} on both servers): distillation needs the same tokenizer"
             )
+
+    async def post(self, route: str, request: dict) -> httpx.Response:
+        """POST ``request`` to the teacher's ``route``; a :class:`TridentError` naming its URL when it cannot answer."""
+        try:
+            return await self.http.post(route, json=request)
+        except httpx.HTTPError as e:
+            raise TridentError(
+                f"teacher.base_url = {self.config.base_url!r} did not answer {route} ({type(e).__name__}: {e}): "
+                "start the teacher's server first"
+            ) from None
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -180,3 +180,10 @@ def test_a_step_distils_its_opd_env_and_keeps_grpo_on_the_other(tmp_path, monkey
     assert advantages == [[-0.5] * 3, [0.0, 0.0, 0.375, -0.5], [0.0, 0.0, 0.375, -0.5], [0.5] * 3]
     (record,) = read_metrics(tmp_path, "orchestrator")
     assert record["reverse_kl/chat"] == 0.125 and not any(k.startswith("reverse_kl/math") for k in record)
+
+
+def test_a_teacher_server_that_does_not_answer_is_one_line(free_port):
+    teacher = Teacher(TeacherConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="big"))
+    with pytest.raises(TridentError, match=r"^teacher.base_url = 'http://127.0.0.1:\d+' did not answer") as refused:
+        asyncio.run(teacher.logprobs([1, 2]))
+    assert "\n" not in str(refused.value) and "/v1/completions" in str(refused.value)
