@@ -93,13 +93,14 @@ def branch_sample(
     when its group started, the step of each token the server did not label (:attr:`Branch.weight_steps`); the
     sample's step is its oldest sampled token's, which its unsampled tokens carry. A branch with the teacher's
     logprobs gets per-token advantages (:func:`~orchestrator.batching.distill.distill_advantages`), ``advantage``
-    their mean over its sampled tokens."""
+    their mean over its sampled tokens, and ``algorithm = "opd"`` in its meta."""
     labelled = branch.weight_steps or [None] * len(branch.token_ids)
     known = [step if step is not None else weight_step for step in labelled]
     oldest = min((step for step, m in zip(known, branch.loss_mask, strict=True) if m), default=weight_step)
     token_advantages = None if branch.teacher_logprobs is None else distill_advantages(branch, distill_coef)
-    if token_advantages is not None:
+    if token_advantages is not None:  # batch.json says so: the loss-mask checker expects advantages to vary
         advantage = loss_token_mean(token_advantages, branch.loss_mask)
+        meta = {**meta, "algorithm": "opd"}
     return Sample(
         token_ids=branch.token_ids,
         loss_mask=[False] * len(branch.loss_mask) if masked else branch.loss_mask,

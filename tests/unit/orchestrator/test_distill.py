@@ -76,7 +76,10 @@ def test_hand_computed_advantages_of_an_opd_env_beside_a_grpo_env_in_one_batch(t
         (1, 2, 4): [-0.5, -0.5, -0.5],
     }
     assert batch.advantages == [[0.5, -0.5], [-0.0625]]
-    assert [s.advantage for s in batch.samples if s.meta["env"] == "chat"] == [-0.0625]
+    assert [(s.advantage, s.meta.get("algorithm")) for s in batch.samples if s.meta["env"] == "chat"] == [
+        (-0.0625, "opd")
+    ]
+    assert [s.meta.get("algorithm") for s in batch.samples if s.meta["env"] == "math"] == [None, None]
     assert reverse_kl_metrics(batch.groups) == {"reverse_kl/chat": 0.125}
 
 
