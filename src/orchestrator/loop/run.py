@@ -130,8 +130,6 @@ class Orchestrator:
         started, slots = await self.schedule.sample(step, start_next)
         weight_step, start = started.weight_step, started.start
         groups = [slot.group for slot in slots]
-        if self.teacher is not None:
-            await self.teacher.score([s.group for s in slots if self.config.env_algorithm(s.tries[-1][0]) == "opd"])
         write_failed_rollouts(self.output_dir, step, groups)  # before anything may stop the run
         check_lost(step, groups, self.config.infra.max_lost_groups)
         zero_truncated, refill = self.config.zero_truncated_completions, self.config.filter.refill
@@ -146,7 +144,10 @@ class Orchestrator:
         advantage = self.config.advantage
         if refill:  # what refilling could not replace is left out too
             advantage = advantage.model_copy(update={"drop_uniform_groups": True})
-        distill_coef = self.config.teacher.coef if self.config.teacher else 1.0
+        distill_coef = 1.0
+        if self.teacher is not None:  # its scores are the opd environments' advantages: counted in write_s
+            await self.teacher.score([s.group for s in slots if self.config.env_algorithm(s.tries[-1][0]) == "opd"])
+            distill_coef = self.teacher.config.coef
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
                                self.config.mask_truncated_completions, zero_truncated, distill_coef)  # fmt: skip
         groups, rewards, samples = batch.groups, batch.rewards, batch.samples
