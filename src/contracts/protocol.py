@@ -32,6 +32,8 @@ class Sample:
     ``weight_step`` where it was not sampled, and everywhere when not given. ``weight_step`` is the oldest step
     that sampled any of its tokens. ``images``: the refs (:mod:`contracts.images`) of the images whose placeholder
     runs appear in ``token_ids``, in order of appearance (placeholders are prompt tokens, never in the loss).
+    ``token_advantages``: each token's own advantage, where an algorithm gives one per token (on-policy
+    distillation); None: ``advantage`` on every token.
     """
 
     token_ids: list[int]
@@ -44,6 +46,7 @@ class Sample:
     routes: torch.Tensor | None = None
     weight_steps: list[int] | None = None  # per token; None: weight_step for every token
     images: list[str] = field(default_factory=list)
+    token_advantages: list[float] | None = None
 
     def __post_init__(self):
         if self.weight_steps is None:
@@ -53,6 +56,8 @@ class Sample:
                 f"sample fields differ in length: {len(self.token_ids)} token ids, {len(self.loss_mask)} mask "
                 f"entries, {len(self.inference_logprobs)} logprobs, {len(self.weight_steps)} weight steps"
             )
+        if self.token_advantages is not None and len(self.token_advantages) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_advantages)} token advantages for {len(self.token_ids)} tokens")
         if self.routes is not None and (self.routes.dim() != 3 or len(self.routes) != len(self.token_ids)):
             raise ValueError(f"routes of shape {list(self.routes.shape)} for {len(self.token_ids)} tokens")
 
@@ -108,7 +113,7 @@ class MicroBatch:
             input_ids=cat("input_ids", lambda s: s.token_ids),
             position_ids=cat("position_ids", lambda s: range(len(s.token_ids))),
             loss_mask=cat("loss_mask", lambda s: s.loss_mask),
-            advantages=cat("advantages", lambda s: [s.advantage] * len(s.token_ids)),
+            advantages=cat("advantages", lambda s: s.token_advantages or [s.advantage] * len(s.token_ids)),
             inference_logprobs=cat("inference_logprobs", lambda s: s.inference_logprobs),
             weight_steps=cat("weight_steps", lambda s: s.weight_steps),
             sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),

@@ -279,6 +279,43 @@ class JudgeConfig(StrictModel):
         return template
 
 
+Algorithm = Literal["grpo", "opd"]
+"""What an environment's sampled tokens are trained on: ``grpo``, its group-relative reward advantage; ``opd``
+(on-policy distillation), each token's ``teacher.coef * (teacher logprob - sampled logprob)`` (docs/distillation.md)."""
+
+
+def server_root(url: str) -> str:
+    """A server's root URL, from its root or its OpenAI base URL (``.../v1``): two spellings of one server agree."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
+
+
+class TeacherConfig(StrictModel):
+    """The model on-policy distillation (``algorithm = "opd"``) scores the student's tokens with: a vLLM server the
+    user hosts, with the student's tokenizer."""
+
+    base_url: Annotated[
+        str,
+        Field(description="The teacher's vLLM server: its root or its OpenAI base URL, e.g. 'http://host:8001/v1'."),
+    ]
+    model: Annotated[str, Field(min_length=1, description="The model name the teacher's server serves.")]
+    api_key_var: Annotated[
+        str | None, Field(description="Environment variable holding the teacher's API key. Absent: none sent.")
+    ] = None
+    coef: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False, description="Distillation coefficient: each token's advantage is coef * "
+                                                     "(teacher logprob - sampled logprob)."),
+    ] = 1.0  # fmt: skip
+    timeout_s: Annotated[float, Field(gt=0, description="Seconds one scoring request to the teacher may take.")] = 300.0
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not (urlsplit(url).scheme in ("http", "https") and urlsplit(url).netloc):
+            raise ValueError(f"{url!r} is not an http(s) URL; write its scheme, e.g. 'http://{url.split('://')[-1]}'")
+        return server_root(url)
+
+
 class FilterConfig(StrictModel):
     """Dynamic sampling (DAPO): a group whose rollouts all got the same reward (advantage 0) is replaced by a group
     of a new task of its environment until one has reward variance or ``max_attempts`` run out."""
@@ -317,6 +354,11 @@ class DifficultyPoolConfig(StrictModel):
 
 class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
+    algorithm: Annotated[
+        Algorithm | None,
+        Field(description="What its sampled tokens train on: 'grpo' or 'opd' (docs/distillation.md). Absent: the "
+                          "run's algorithm."),
+    ] = None  # fmt: skip
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
     verifiers_env: Annotated[
         str,
@@ -618,6 +660,14 @@ class OrchestratorConfig(BaseConfig):
         EnvConfig(id="reverse-text")
     ]
     client: ClientConfig = ClientConfig()
+    algorithm: Annotated[
+        Algorithm,
+        Field(description="What sampled tokens train on, for each [[env]] that names none: 'grpo' (group-relative "
+                          "advantages of the reward) or 'opd' (on-policy distillation from [teacher])."),
+    ] = "grpo"  # fmt: skip
+    teacher: Annotated[
+        TeacherConfig | None, Field(description="The teacher of the environments on 'opd' ([teacher]).")
+    ] = None
     datasets: LocalDatasets = []
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     output_dir: OutputDir = Path("outputs")
@@ -699,6 +749,23 @@ class OrchestratorConfig(BaseConfig):
                           "metrics/eval.jsonl."),
     ] = None  # fmt: skip
 
+    def env_algorithm(self, index: int) -> Algorithm:
+        """The algorithm of ``env[index]``: its own, else the run's."""
+        return self.env[index].algorithm or self.algorithm
+
+    @model_validator(mode="after")
+    def _teacher_fits(self):
+        opd = [i for i in range(len(self.env)) if self.env_algorithm(i) == "opd"]
+        if opd and self.teacher is None:
+            raise ValueError(f"env.{opd[0]} ({self.env[opd[0]].id!r}) uses algorithm 'opd' with no [teacher] table")
+        policy = {server_root(url) for url in self.client.base_urls}
+        if self.teacher and self.teacher.base_url in policy and self.teacher.model == self.model.name:
+            raise ValueError(
+                f"teacher.base_url = {self.teacher.base_url!r} with teacher.model = {self.teacher.model!r} is the "
+                "live policy (client.base_url, model.name): it would distil the policy into itself"
+            )
+        return self
+
     @model_validator(mode="after")
     def _trained_seats_sample_as_replayed(self):
         for i, env in enumerate(self.env):
@@ -731,10 +798,11 @@ class OrchestratorConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _steps_can_learn(self):
-        """A group of one rollout has advantage 0 under a group baseline; a running baseline never ties a group, so
-        refilling tied groups means nothing; an async_level above max_steps means no step ever waits for trained
-        weights."""
-        if self.rollouts_per_example == 1 and self.advantage.baseline != "running":
+        """A group of one rollout has advantage 0 under a group baseline (for an environment on 'grpo'); a running
+        baseline never ties a group, so refilling tied groups means nothing; an async_level above max_steps means no
+        step ever waits for trained weights."""
+        grpo = "grpo" in map(self.env_algorithm, range(len(self.env)))
+        if self.rollouts_per_example == 1 and grpo and self.advantage.baseline != "running":
             raise ValueError(
                 f"rollouts_per_example = 1 with advantage.baseline = {self.advantage.baseline!r}: the baseline is the "
                 "group's own reward, so every advantage is 0 and the run learns nothing; set rollouts_per_example >= 2"

@@ -16,7 +16,9 @@ Checks (``Problem.check``), errors unless marked:
   positions that disagree, NaN or infinite advantages or logprobs, counts ``batch.json`` gets wrong, ...): the run
   would stop there. A micro-batch whose tensors cannot be split into samples is not checked further.
 - ``sample_count_mismatch``: ``batch.json``'s per-sample records (``samples``) disagree in number with the tensors.
-- ``advantage_mismatch``: a sample's advantage is not constant or differs from ``batch.json``.
+- ``advantage_mismatch``: a sample's advantage is not constant or differs from ``batch.json``; for a distilled
+  sample (``algorithm = "opd"`` in ``batch.json``, one advantage per token), one on an untrained token or a mean
+  over its trained tokens that differs from ``batch.json``'s.
 - ``empty_mask``: a sample with no trainable token.
 - ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
   a whole run of trained tokens (a lone 0.0 among real logprobs is the warning ``zero_logprob``: vLLM reports 0.0
@@ -680,11 +682,28 @@ def _trained_runs(mask: list[bool]) -> list[list[int]]:
 
 def _check_advantage(record: SampleRecord, add) -> None:
     values = record.advantages
+    if record.summary.get("algorithm") == "opd":
+        _check_token_advantages(record, add)
+        return
     if values and max(values) - min(values) > 1e-6:
         add("advantage_mismatch", f"advantages vary within the sample ({min(values):.4g} to {max(values):.4g})")
     recorded = record.summary.get("advantage")
     if values and isinstance(recorded, int | float) and not math.isclose(values[0], recorded, abs_tol=1e-5):
         add("advantage_mismatch", f"advantage {values[0]:.6g} in the tensors, {recorded:.6g} in batch.json")
+
+
+def _check_token_advantages(record: SampleRecord, add) -> None:
+    """A distilled sample's advantages (one per token, on-policy distillation): 0 on every untrained token, and
+    ``batch.json``'s advantage their mean over the trained ones."""
+    values, mask = record.advantages, record.loss_mask
+    if untrained := [i for i, (v, m) in enumerate(zip(values, mask, strict=True)) if v and not m]:
+        add("advantage_mismatch", f"advantages on untrained tokens: {_span(untrained)}", untrained)
+    trained = [v for v, m in zip(values, mask, strict=True) if m]
+    recorded = record.summary.get("advantage")
+    if trained and isinstance(recorded, int | float) and not math.isclose(sum(trained) / len(trained), recorded,
+                                                                          abs_tol=1e-5):  # fmt: skip
+        add("advantage_mismatch", f"mean advantage {sum(trained) / len(trained):.6g} in the tensors, "
+                                  f"{recorded:.6g} in batch.json")  # fmt: skip
 
 
 def _check_assistant_turns(seg: Segmentation, mask: list[bool], chat: ChatFormat, add) -> None:

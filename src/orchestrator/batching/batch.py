@@ -11,6 +11,7 @@ from contracts.errors import TridentError
 from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, sample_summary
 from contracts.sampling import NO_TRUNCATION, Truncation
 from orchestrator.batching.advantage import baseline_groups, group_advantages, group_rewards, uniform_baselines
+from orchestrator.batching.distill import distill_advantages, distilled, loss_token_mean
 from orchestrator.batching.infra import is_lost
 from orchestrator.batching.no_sample import Untrained, no_sample_error, untrained_reason
 from orchestrator.batching.rollout import Branch, Rollout
@@ -25,6 +26,7 @@ def rollout_samples(
     zero_truncated: bool = False,
     advantage: AdvantageConfig | None = None,
     running: RunningBaselines | None = None,
+    distill_coef: float = 1.0,
 ) -> tuple[list[list[list[Sample] | None]], list[list[float]], list[list[float]]]:
     """The training samples of each rollout of ``groups`` (None for the rollouts of a group left out for tying),
     with group-relative advantages; also the rewards and advantages they were built from, one row per group (groups
@@ -35,6 +37,10 @@ def rollout_samples(
     (:func:`~orchestrator.batching.advantage.baseline_groups`: by default those of one task and one seat). Failed
     rollouts (the environment raised) give no sample, and the baseline they would have shared is the others'. Under
     ``baseline = "running"`` the advantages are ``running``'s (which it moves past these groups) instead.
+
+    A distilled rollout (its branches carry the teacher's logprobs: :mod:`~orchestrator.batching.distill`) trains
+    each token on its own advantage, ``distill_coef * (teacher - sampled logprob)``, in place of the group's; its
+    row holds their mean over its sampled tokens, and its group is never dropped for tying.
     """
     rewards = [group_rewards(group, zero_truncated) for group in groups]
     advantage = advantage or AdvantageConfig()
@@ -43,14 +49,22 @@ def rollout_samples(
         advantages = running.advantages(groups, rewards)
     else:
         advantages = group_relative_advantages(groups, rewards, advantage)
+    for group, advantages_row in zip(groups, advantages, strict=True):
+        for j, rollout in enumerate(group):
+            if rollout.ok and distilled(rollout):
+                tokens = [(a, m) for b in rollout.branches for a, m in
+                          zip(distill_advantages(b, distill_coef), b.loss_mask, strict=True)]  # fmt: skip
+                advantages_row[j] = loss_token_mean([a for a, _ in tokens], [m for _, m in tokens])
     dropped = [
-        advantage.drop_uniform_groups and uniform_baselines(group, row, advantage.baseline_groups)
+        advantage.drop_uniform_groups
+        and not any(map(distilled, group))
+        and uniform_baselines(group, row, advantage.baseline_groups)
         for group, row in zip(groups, rewards, strict=True)
     ]
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
     samples = [
-        [None if drop else _samples_of(rollout, reward, rollout_advantage, weight_step, mask_truncated)
+        [None if drop else _samples_of(rollout, reward, rollout_advantage, weight_step, mask_truncated, distill_coef)
          for rollout, reward, rollout_advantage in zip(group, rewards_row, advantages_row, strict=True)]
         for group, rewards_row, advantages_row, drop in zip(groups, rewards, advantages, dropped, strict=True)
     ]  # fmt: skip
@@ -71,25 +85,38 @@ def group_relative_advantages(
     return advantages
 
 
-def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool):
+def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool,
+                distill_coef: float):  # fmt: skip
     """A sample of each branch of ``rollout`` (:func:`branch_sample`): none for a failed one; all masked when
     truncated under ``mask_truncated``."""
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
     branches = rollout.branches if rollout.ok else []
-    return [branch_sample(branch, advantage, reward, weight_step, meta, masked) for branch in branches]
+    return [branch_sample(branch, advantage, reward, weight_step, meta, masked, distill_coef) for branch in branches]
 
 
 def branch_sample(
-    branch: Branch, advantage: float, reward: float, weight_step: int, meta: dict, masked: bool
+    branch: Branch,
+    advantage: float,
+    reward: float,
+    weight_step: int,
+    meta: dict,
+    masked: bool,
+    distill_coef: float = 1.0,
 ) -> Sample:
     """The training sample of ``branch``, its loss mask all False when ``masked``. ``weight_step``: the weights served
     when its group started, the step of each token the server did not label (:attr:`Branch.weight_steps`); the
-    sample's step is its oldest sampled token's, which its unsampled tokens carry."""
+    sample's step is its oldest sampled token's, which its unsampled tokens carry. A branch with the teacher's
+    logprobs gets per-token advantages (:func:`~orchestrator.batching.distill.distill_advantages`), ``advantage``
+    their mean over its sampled tokens, and ``algorithm = "opd"`` in its meta."""
     labelled = branch.weight_steps or [None] * len(branch.token_ids)
     known = [step if step is not None else weight_step for step in labelled]
     oldest = min((step for step, m in zip(known, branch.loss_mask, strict=True) if m), default=weight_step)
+    token_advantages = None if branch.teacher_logprobs is None else distill_advantages(branch, distill_coef)
+    if token_advantages is not None:  # batch.json says so: the loss-mask checker expects advantages to vary
+        advantage = loss_token_mean(token_advantages, branch.loss_mask)
+        meta = {**meta, "algorithm": "opd"}
     return Sample(
         token_ids=branch.token_ids,
         loss_mask=[False] * len(branch.loss_mask) if masked else branch.loss_mask,
@@ -101,6 +128,7 @@ def branch_sample(
         routes=branch.routes,
         weight_steps=[step if m else oldest for step, m in zip(known, branch.loss_mask, strict=True)],
         images=branch.images,
+        token_advantages=token_advantages,
     )
 
 
@@ -169,6 +197,7 @@ def assemble_batch(
     mask_truncated: bool = False,
     zero_truncated: bool = False,
     running: RunningBaselines | None = None,
+    distill_coef: float = 1.0,
 ) -> Batch:
     """The batch of step ``step`` from its finished groups (sampled from weights ``weight_step``).
 
@@ -180,7 +209,7 @@ def assemble_batch(
     """
     kept = [group for group in groups if not is_lost(group)]
     per_rollout, rewards, advantages = rollout_samples(
-        kept, weight_step, mask_truncated, zero_truncated, advantage, running
+        kept, weight_step, mask_truncated, zero_truncated, advantage, running, distill_coef
     )
     untrained = [Untrained("lost", r) for group in groups if is_lost(group) for r in group if r.trained]
     for group, row in zip(kept, per_rollout, strict=True):

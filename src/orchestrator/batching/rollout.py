@@ -26,6 +26,8 @@ class Branch:
     # the refs (contracts.images) of the images whose placeholder runs its token ids hold, in order; the images are in
     # the run's image store
     images: list[str] = field(default_factory=list)
+    # on-policy distillation: the teacher's logprob of each token in its full context (0 for the first), else None
+    teacher_logprobs: list[float] | None = None
 
 
 @dataclass

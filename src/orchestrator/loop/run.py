@@ -24,6 +24,7 @@ from contracts.protocol import write_batch
 from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.causes import causes
+from orchestrator.batching.distill import reverse_kl_metrics
 from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
@@ -41,6 +42,7 @@ from orchestrator.metrics.sample_rollouts import sample_rows
 from orchestrator.metrics.stats import advantage_metrics, env_metrics, rollout_metrics, token_staleness_metrics
 from orchestrator.serving.run_share import ShareMeter
 from orchestrator.serving.servers import NoServer
+from orchestrator.serving.teacher import Teacher
 from orchestrator.serving.weight_sync import WeightSync
 from orchestrator.tasks.difficulty_pool import DifficultyPool
 from orchestrator.tasks.sampler import TaskFeed, TaskSampler
@@ -100,6 +102,7 @@ class Orchestrator:
         self.cpu_mark = (time.perf_counter(), self.groups.rollout_cpu())  # when, and the rollout processes' CPU
         self.cpu_hinted = False
         self.memory = StepMemory(config.max_memory_growth_gib)
+        self.teacher = Teacher(config.teacher) if config.teacher else None
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -144,8 +147,13 @@ class Orchestrator:
         advantage = self.config.advantage
         if refill:  # what refilling could not replace is left out too
             advantage = advantage.model_copy(update={"drop_uniform_groups": True})
+        distill_coef = 1.0
+        if self.teacher is not None:  # its scores are the opd environments' advantages: counted in write_s
+            await self.teacher.score([s.group for s in slots if self.config.env_algorithm(s.tries[-1][0]) == "opd"])
+            distill_coef = self.teacher.config.coef
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
-                               self.config.mask_truncated_completions, zero_truncated, self.running)  # fmt: skip
+                               self.config.mask_truncated_completions, zero_truncated, self.running,
+                               distill_coef)  # fmt: skip
         groups, rewards, samples = batch.groups, batch.rewards, batch.samples
         for env in dict.fromkeys(r.env for r in batch.failed):
             for cause in causes([r for r in batch.failed if r.env == env]):
@@ -165,6 +173,7 @@ class Orchestrator:
             **(refill_metrics(slots, zero_truncated, advantage.baseline_groups) if refill else {}),
             **advantage_metrics(samples),
             **(self.running.metrics() if self.running else {}),
+            **reverse_kl_metrics(groups),
             "empty_samples": batch.empty,
             "overlong_samples": batch.overlong,
             **no_sample_metrics(batch.untrained),
@@ -274,6 +283,9 @@ class Orchestrator:
             logger.info(f"waiting for the inference server at {', '.join(self.config.client.base_urls)}")
             await self.servers.wait_ready(self.config.client.server_timeout_s)
             await self.servers.serve_base_model(weights_dir(self.output_dir, 0).parent, self.config.reset)
+            if self.teacher is not None:
+                stack.push_async_callback(self.teacher.close)
+                await self.teacher.check_tokenizer(self.servers.servers[0].client.http, self.config.model.name)
             await self.share.start()
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)

@@ -59,11 +59,12 @@ def test_a_step_logs_every_documented_key_and_a_table_of_sample_rollouts(tmp_pat
         "probe_gap",
         "failed/<type>",
         "stream_tasks_held",
+        "reverse_kl/reverse-text",
         *(k for k in documented if k.startswith(("seat/", "share/"))),
     }
     # probe_gap comes with the first reload, failed/<type> with a failed rollout, stream_tasks_held with a task
     # stream, seat/<seat>/* with several seats, share/* with a run id (test_shared_server.py), running_baseline/*
-    # with a running baseline (test_running_baseline.py)
+    # with a running baseline (test_running_baseline.py), reverse_kl/<env> with an environment on opd (test_distill.py)
     assert set(record) == expected
     assert record["prompt_len_max"] == len(prompt) and record["completion_len_max"] == len(reply)
     assert record["reward/similarity"] == 0.5 and record["advantage_max"] == 0.5 and record["metric/edits"] == 1.0

@@ -702,3 +702,31 @@ def test_a_trained_image_token_a_wrong_image_count_and_a_missing_image_are_refus
     assert set(found) == {"image_missing"} and sample.images[1][:12] in found["image_missing"][0].message
     assert check_loss_mask.main(["--output-dir", str(tmp_path)]) == 1
     assert "image_missing" in capsys.readouterr().out
+
+
+def distilled(sample: Sample) -> Sample:
+    """``sample`` as on-policy distillation writes it: an advantage per trained token (0 elsewhere), their mean in
+    ``batch.json``, marked ``algorithm = "opd"``."""
+    values = [0.25 * (i % 3) - 0.25 if m else 0.0 for i, m in enumerate(sample.loss_mask)]
+    trained = [v for v, m in zip(values, sample.loss_mask, strict=True) if m]
+    return replace(sample, token_advantages=values, advantage=sum(trained) / len(trained),
+                   meta={**sample.meta, "algorithm": "opd"})  # fmt: skip
+
+
+def test_a_distilled_samples_per_token_advantages_pass_unless_on_an_untrained_token(tmp_path, samples, chat,
+                                                                                    tiny_model_path):  # fmt: skip
+    """Varying advantages are a GRPO sample's error, a distilled one's signal; but a distilled token advantage off
+    the loss mask, or a batch.json mean that is not the trained tokens', is still an advantage_mismatch."""
+    batch = [distilled(samples["tool"]), *baseline(samples)[1:]]
+    write_step(tmp_path, batch, tiny_model_path)
+    assert "advantage_mismatch" not in checks_found(tmp_path, chat)
+
+    def on_the_prompt(info, micro_batches):
+        micro_batches[0].advantages[0] = 0.5  # token 0: the system prompt's first, never trained
+
+    write_step(tmp_path, batch, tiny_model_path, mutate=on_the_prompt)
+    (problem,) = checks_found(tmp_path, chat)["advantage_mismatch"]
+    assert problem.message == "advantages on untrained tokens: 1 at [0]"
+    write_step(tmp_path, batch, tiny_model_path, mutate=lambda info, mbs: info.samples[0].update(advantage=9.0))
+    (problem,) = checks_found(tmp_path, chat)["advantage_mismatch"]
+    assert problem.message.endswith("in the tensors, 9 in batch.json")
