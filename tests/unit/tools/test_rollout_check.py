@@ -1,7 +1,9 @@
 """The rollout checker on realistic batches: token-in/token-out samples built with the tiny model's chat template,
 masks exactly on what the model sampled; then one planted fault per check."""
 
+import functools
 import json
+import logging
 import math
 import re
 from dataclasses import replace
@@ -526,9 +528,11 @@ def test_both_tools_show_the_sampling_truncation_the_trainer_replays(
     assert "top_p 0.9, top_k 20, 2 tokens banned (replayed)" in capsys.readouterr().out
 
 
-def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch):
+def test_verify_env_rejects_bad_args_and_unknown_envs(caplog, monkeypatch, request):
     verify_env = load_script("verify_env")
     monkeypatch.setattr(verify_env, "setup_logging", lambda process: None)  # keep this process's logging as is
+    quieted = logging.getLogger("orchestrator")  # main quiets it: as it was after (later tests log through it)
+    request.addfinalizer(functools.partial(quieted.setLevel, quieted.level))
     with pytest.raises(SystemExit) as bad_args:
         verify_env.main(["reverse-text", "--args", "[1]"])
     assert bad_args.value.code == 1
