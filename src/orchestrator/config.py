@@ -524,6 +524,17 @@ class EvalConfig(StrictModel):
         ),
     ] = 1.0
 
+    @field_validator("env")
+    @classmethod
+    def _scored_not_trained(cls, envs: list[EnvConfig]) -> list[EnvConfig]:
+        if named := [i for i, env in enumerate(envs) if env.algorithm is not None]:
+            env = envs[named[0]]
+            raise ValueError(
+                f"env.{named[0]} ({env.id!r}) names algorithm = {env.algorithm!r}: evaluation scores rollouts and "
+                "trains none; leave algorithm out"
+            )
+        return envs
+
 
 class ClientConfig(StrictModel):
     base_url: Annotated[

@@ -150,6 +150,14 @@ def test_a_teacher_that_is_the_live_policy_is_refused_in_one_line(tmp_path):
     assert parse_config(OrchestratorConfig, ["@", str(tmp_path / "orch.toml")]).teacher.model == model
 
 
+def test_an_algorithm_on_an_eval_env_is_refused_in_one_line(tmp_path):
+    line = config_error(tmp_path, '[eval]\n[[eval.env]]\nid = "reverse-text"\nalgorithm = "opd"\n')
+    assert line.endswith(
+        "env.0 ('reverse-text') names algorithm = 'opd': evaluation scores rollouts and trains none; "
+        "leave algorithm out"
+    ), line
+
+
 def test_one_rollout_per_example_is_refused_with_a_grpo_env_only(tmp_path):
     line = config_error(tmp_path, 'algorithm = "opd"\nrollouts_per_example = 1\n' + TEACHER_TABLE + TWO_ENVS)
     assert "rollouts_per_example = 1 with advantage.baseline = 'mean': the baseline is the group's own reward" in line
