@@ -43,8 +43,10 @@ from launch.rl_config import (
     resolve_shared,
     servers,
     settle_run_spec,
+    started_servers,
     started_urls,
     sub_configs,
+    teacher_server,
     trainer_ranks,
 )
 from launch.supervise import (
@@ -62,8 +64,9 @@ logger = logging.getLogger("rl")
 
 
 def module_of(name: str, config: RLConfig) -> str:
-    """The module a process runs: each of :func:`servers` (``inference``, or ``inference-0``, ...) is a server."""
-    return MODULES["inference"] if name in servers(config) else MODULES[name]
+    """The module a process runs: each of :func:`started_servers` (``inference``, or ``inference-0``, ..., and
+    ``teacher``) is a server."""
+    return MODULES["inference"] if name in started_servers(config) else MODULES[name]
 
 
 def process_commands(config: RLConfig, paths: dict[str, Path], on_gpu: bool) -> dict[str, tuple[list[str], dict]]:
@@ -147,6 +150,12 @@ def server_lines(config: RLConfig) -> list[str]:
                 f"  {url}: external (rl does not start it); the run refuses it if it serves weights other than its "
                 "model or this run's (--orchestrator.reset resets them)"
             )
+    teacher = config.orchestrator.teacher
+    if teacher is not None and teacher.adapter is not None:
+        lines.append(f"  teacher: adapter {teacher.adapter} on {config.orchestrator.client.base_urls[0]}")
+    elif teacher is not None:
+        started = "started by rl" if teacher_server(config) is not None else "external (rl does not start it)"
+        lines.append(f"  teacher: {teacher.model} at {teacher.base_url}: {started}")
     if run_id is not None:
         lines.append(
             f"  the run is named {run_id!r}: its adapters are served as {run_id}/lora-step-N beside other runs', "
@@ -210,7 +219,8 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
         print_new_steps()
     if failed is not None:
         child = children[failed]
-        logger.error(failure_message(failed, child.poll(), child.log_path))
+        logged_as = "inference" if failed in started_servers(config) else None  # a server logs as inference
+        logger.error(failure_message(failed, child.poll(), child.log_path, logged_as))
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0
@@ -242,7 +252,7 @@ def run(config: RLConfig) -> int:
         print("\n".join(plan.lines()))
         note_enforce_eager(config, on_gpu)
         return 0
-    for server in servers(config).values():
+    for server in started_servers(config).values():
         check_port_free(server.host, server.port)
     log_dir = logs_dir(output_dir)
     log_to_file(log_dir / "rl.log")

@@ -34,6 +34,7 @@ class MemoryPlan:
     cp: int = 1  # context parallelism: ranks each micro-batch's tokens are split over
     tokens: int = 0  # of a micro-batch (micro_batch_tokens, else seq_len)
     cp_advice: str = ""  # where the trainer does not fit: the context parallelism that would make it fit
+    teacher: dict[str, float] | None = None  # the teacher's server rl starts, as ``inference``
 
     def total(self, process: str) -> float:
         """GiB of ``process`` on each of its GPUs: the trainer's counted once per run."""
@@ -44,15 +45,16 @@ class MemoryPlan:
         if self.gpu_gib is None:
             return []
         found = []
-        inference = self.inference
         held = ("weights", "kv_one_context", "adapters")
-        if inference and sum(inference.get(part, 0) for part in held) > inference["claimed"]:
-            slots = f", its LoRA slots ({size(inference['adapters'])})" if "adapters" in inference else ""
-            found.append(
-                f"inference: vLLM's share ({size(inference['claimed'])}, inference.gpu_memory_utilization of "
-                f"{size(self.gpu_gib)}) cannot hold its weights ({size(inference['weights'])}){slots} and one "
-                f"max_model_len context of KV cache ({size(inference['kv_one_context'])})"
-            )
+        for process, key in (("inference", "inference"), ("teacher", "teacher_")):
+            server = getattr(self, process)
+            if server and sum(server.get(part, 0) for part in held) > server["claimed"]:
+                slots = f", its LoRA slots ({size(server['adapters'])})" if "adapters" in server else ""
+                found.append(
+                    f"{process}: vLLM's share ({size(server['claimed'])}, {key}gpu_memory_utilization of "
+                    f"{size(self.gpu_gib)}) cannot hold its weights ({size(server['weights'])}){slots} and one "
+                    f"max_model_len context of KV cache ({size(server['kv_one_context'])})"
+                )
         for gpu, processes in self.gpus.items():
             need = sum(self.total(process) for process in processes)
             if need > self.gpu_gib:
@@ -94,6 +96,13 @@ class MemoryPlan:
             else:
                 in_all = f", {total} in all" if "broadcast" in self.inference else ""
                 lines.append(f"  inference: {size(self.inference['claimed'])} claimed by vLLM ({parts}){in_all}")
+        if self.teacher:
+            held = (
+                size(self.teacher["total"])
+                if self.gpu_gib is None
+                else f"{size(self.teacher['claimed'])} claimed by vLLM"
+            )
+            lines.append(f"  teacher: {held} ({self.describe('teacher')})")
         for gpu, processes in self.gpus.items():
             used = sum(self.total(process) for process in processes)
             names = " + ".join(map(self.process_label, processes))
@@ -107,23 +116,31 @@ def plan_memory(
     trainer_gpus: list[int],
     inference_gpus: list[int],
     gpu_gib: float | None,
+    teacher: InferenceConfig | None = None,
+    teacher_gpus: list[int] | None = None,
 ) -> MemoryPlan:
-    """The memory plan of a run whose trainer ranks use ``trainer_gpus`` and whose server (when ``rl`` starts
-    one) uses ``inference_gpus``, each GPU of ``gpu_gib`` GiB (None: no GPUs, everything on the CPU)."""
+    """The memory plan of a run whose trainer ranks use ``trainer_gpus``, whose server (when ``rl`` starts
+    one) uses ``inference_gpus`` and whose teacher's server (``teacher``, when rl starts one) ``teacher_gpus``, each
+    GPU of ``gpu_gib`` GiB (None: no GPUs, everything on the CPU)."""
     shape = ModelCard.of(trainer.model.name).hub_shape()
     gpu = gpu_gib is not None
     ranks, ep = len(trainer_gpus) if gpu else 1, trainer.model.parallel.ep
     trainer_part = trainer_plan(shape, trainer, ranks, gpu)
     broadcast = broadcast_backend(trainer, gpu)
     inference_part = inference_plan(shape, inference, gpu_gib, broadcast) if inference is not None else None
+    teacher_shape = ModelCard.of(teacher.model.name).hub_shape() if teacher is not None else None
+    teacher_part = inference_plan(teacher_shape, teacher, gpu_gib) if teacher is not None else None
     gpus: dict[int, list[str]] = {}
     if gpu:
         for gpu_id in trainer_gpus:
             gpus.setdefault(gpu_id, []).append("trainer")
         for gpu_id in inference_gpus if inference_part else []:
             gpus.setdefault(gpu_id, []).append("inference")
+        for gpu_id in (teacher_gpus or []) if teacher_part else []:
+            gpus.setdefault(gpu_id, []).append("teacher")
     plan = MemoryPlan(gpu_gib, trainer_part, inference_part, dict(sorted(gpus.items())), shape.num_experts, ep,
-                      cp=trainer.model.parallel.cp, tokens=trainer.micro_batch_budget)  # fmt: skip
+                      cp=trainer.model.parallel.cp, tokens=trainer.micro_batch_budget,
+                      teacher=teacher_part)  # fmt: skip
     if plan.problems():
         plan = replace(plan, cp_advice=context_parallel_advice(shape, trainer, plan, ranks))
     return plan

@@ -18,7 +18,7 @@ from contracts.inference_api import is_loopback
 from contracts.model_card import ModelCard
 from inference.plan import adapters_refused
 from launch.memory_plan import MemoryPlan, plan_memory
-from launch.rl_config import RLConfig, process_configs, servers, trainer_ranks
+from launch.rl_config import TEACHER, RLConfig, process_configs, servers, started_servers, teacher_server, trainer_ranks
 from tools.tiny_model import built_model_path
 from trainer.rules import check_lora_targets as trainer_lora_targets
 
@@ -75,7 +75,7 @@ def check_env_datasets(config: RLConfig) -> None:
 def build_tiny_models(config: RLConfig) -> None:
     """Build the tiny models the processes will load that are not built yet (:mod:`tools.tiny_model`): a process
     started on one that is not would stop at once. A run and a sweep call it before anything reads a model's card."""
-    for sub in process_configs(config).values():
+    for sub in [*process_configs(config).values(), *started_servers(config).values()]:
         built_model_path(sub.model.name)
 
 
@@ -164,18 +164,21 @@ def check_port_free(host: str, port: int) -> None:
 
 def placement(config: RLConfig) -> dict[str, list[int]]:
     """The GPUs of each process rl starts: each inference server its ``tensor_parallel_size`` consecutive ids of
-    ``inference_gpu_ids``, the trainer ``trainer_gpu_ids``, the orchestrator none."""
+    ``inference_gpu_ids``, the teacher's server ``teacher_gpu_ids`` (absent: the first server's), the trainer
+    ``trainer_gpu_ids``, the orchestrator none."""
     ids = config.inference_gpu_ids
     gpus = {
         name: ids[i * server.tensor_parallel_size : (i + 1) * server.tensor_parallel_size]
         for i, (name, server) in enumerate(servers(config).items())
     }
+    if teacher_server(config) is not None:
+        gpus[TEACHER] = config.teacher_gpu_ids or next(iter(gpus.values()))
     return {**gpus, "orchestrator": [], "trainer": config.trainer_gpu_ids}
 
 
 def placement_lines(config: RLConfig, on_gpu: bool) -> list[str]:
     """Where each process runs, for a person: its GPUs (or the CPU), ports, ranks."""
-    lines, started = ["placement:"], servers(config)
+    lines, started = ["placement:"], started_servers(config)
     for name, gpus in placement(config).items():
         where = f"GPU {','.join(map(str, gpus))}" if on_gpu and gpus else "CPU"
         if name in started:
@@ -203,7 +206,7 @@ def placement_env(config: RLConfig, on_gpu: bool) -> dict[str, dict[str, str]]:
     if not on_gpu:
         logger.info("no GPU found: inference and trainer run on the CPU")
         env = {name: {"CUDA_VISIBLE_DEVICES": ""} for name in where}
-        started, cores = list(servers(config)), sorted(os.sched_getaffinity(0))
+        started, cores = list(started_servers(config)), sorted(os.sched_getaffinity(0))
         if len(started) > 1 and BIND_ENV not in os.environ:
             for i, name in enumerate(started):
                 env[name][BIND_ENV] = str(cores[i % len(cores)])
@@ -222,10 +225,11 @@ def check_gpus(config: RLConfig, on_gpu: bool) -> None:
     if not on_gpu:
         return
     where = placement(config)
-    for name, server in servers(config).items():
+    for name, server in started_servers(config).items():
         if len(where[name]) != server.tensor_parallel_size:
+            key = "teacher_gpu_ids" if name == TEACHER else "inference_gpu_ids"
             raise TridentError(
-                f"--inference-gpu-ids {config.inference_gpu_ids}: {name} needs inference.tensor_parallel_size = "
+                f"--{key.replace('_', '-')} {getattr(config, key)}: {name} needs inference.tensor_parallel_size = "
                 f"{server.tensor_parallel_size} GPUs, it has {where[name]}"
             )
     if not config.dry_run:
@@ -275,7 +279,10 @@ def check_gpus_exist(config: RLConfig) -> None:
             f"--gpu-memory-gib {config.gpu_memory_gib:g}: plans a GPU run, and this machine has no GPU; "
             "use it with --dry-run"
         )
-    for key, ids in (("trainer_gpu_ids", config.trainer_gpu_ids), ("inference_gpu_ids", config.inference_gpu_ids)):
+    for key in ("trainer_gpu_ids", "inference_gpu_ids", "teacher_gpu_ids"):
+        ids = getattr(config, key)
+        if ids is None:
+            continue
         if not ids or any(i >= count for i in ids):
             raise TridentError(f"--{key.replace('_', '-')} {ids}: this machine has GPUs 0..{count - 1}; name those")
 
@@ -303,7 +310,10 @@ def check_memory(config: RLConfig) -> MemoryPlan:
     With no GPU (:func:`gpu_memory_gib`) the plan is for the CPU and refuses nothing.
     """
     gpu_gib = gpu_memory_gib(config)
-    plan = plan_memory(config.trainer, config.inference, config.trainer_gpu_ids, config.inference_gpu_ids, gpu_gib)
+    where = placement(config)
+    teacher = teacher_server(config)
+    plan = plan_memory(config.trainer, config.inference, config.trainer_gpu_ids, config.inference_gpu_ids, gpu_gib,
+                       teacher, where.get(TEACHER, []))  # fmt: skip
     problems = plan.problems()
     if problems:
         raise TridentError(f"the run does not fit in memory: {'; '.join(problems)} (rl --dry-run prints the plan)")

@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
 from contracts.errors import TridentError
@@ -91,6 +91,18 @@ class RLConfig(BaseConfig):
         list[int],
         Field(description="GPUs of the inference servers, inference.tensor_parallel_size consecutive ones per server."),
     ] = [0]
+    teacher_gpu_ids: Annotated[
+        list[int] | None,
+        Field(description="GPUs of the teacher's server rl starts ([teacher] model without base_url), "
+                          "inference.tensor_parallel_size of them. Absent: it shares the first inference server's "
+                          "GPUs, taking teacher_gpu_memory_utilization of them."),
+    ] = None  # fmt: skip
+    teacher_gpu_memory_utilization: Annotated[
+        float | None,
+        Field(gt=0, le=1, description="Share of each of its GPUs the teacher's server rl starts may take (its "
+                                      "gpu_memory_utilization). Absent: inference.gpu_memory_utilization; lower "
+                                      "both where the teacher shares the policy server's GPU."),
+    ] = None  # fmt: skip
     inference_servers: Annotated[
         int | None,
         Field(
@@ -126,6 +138,8 @@ class RLConfig(BaseConfig):
     dry_run: Annotated[
         bool, Field(description="Write the resolved configs to output_dir/configs, print the memory plan and exit.")
     ] = False
+    # the teacher's server rl starts (teacher_server), settled by resolve_shared
+    _teacher: InferenceConfig | None = PrivateAttr(default=None)
 
     @model_validator(mode="before")
     @classmethod
@@ -155,7 +169,7 @@ class RLConfig(BaseConfig):
                     node.setdefault(leaf, value)
         return data
 
-    @field_validator("trainer_gpu_ids", "inference_gpu_ids", mode="before")
+    @field_validator("trainer_gpu_ids", "inference_gpu_ids", "teacher_gpu_ids", mode="before")
     @classmethod
     def _gpu_id_list(cls, value):
         """GPU ids as people type them: a bare id (``0``, which the CLI reads as a number), ``0,1`` or ``[0, 1]``."""
@@ -168,9 +182,11 @@ class RLConfig(BaseConfig):
         except ValueError:
             raise ValueError(f"{value!r} is not a GPU id, a comma list (0,1) or a JSON list ([0, 1])") from None
 
-    @field_validator("trainer_gpu_ids", "inference_gpu_ids")
+    @field_validator("trainer_gpu_ids", "inference_gpu_ids", "teacher_gpu_ids")
     @classmethod
-    def _distinct_gpu_ids(cls, ids: list[int]) -> list[int]:
+    def _distinct_gpu_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is None:
+            return None
         if any(i < 0 for i in ids):
             raise ValueError(f"{ids}: GPU ids are 0 or more")
         if len(set(ids)) < len(ids):
@@ -234,8 +250,55 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
         if not is_set(config, "orchestrator.client.base_url"):
             urls = started_urls(config)
             config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
+    start_teacher(config)
     broadcast_receivers(config)
     return config
+
+
+def start_teacher(config: RLConfig) -> None:
+    """Settle the teacher (``orchestrator.teacher``): a LoRA adapter only on a trainer that trains one on the frozen
+    base; a model without ``base_url`` served by rl (:func:`teacher_server`), its URL handed to the orchestrator; a
+    ConfigError, in one line, for any other combination."""
+    teacher, lora = config.orchestrator.teacher, config.trainer.model.experimental.lora
+    if teacher is not None and teacher.adapter is not None and (lora is None or lora.export != "adapter"):
+        trains = "full weights" if lora is None else "a LoRA merged into full weights (lora.export = 'merged')"
+        raise ConfigError(
+            f"orchestrator.teacher.adapter = {teacher.adapter!r}: the trainer trains {trains}, so the base under the "
+            "adapter would move with the policy; a teacher adapter needs a LoRA trainer with export = 'adapter'"
+        )
+    if teacher is None or not teacher.started_by_rl:
+        for key in ("teacher_gpu_ids", "teacher_gpu_memory_utilization"):
+            if key in config.model_fields_set:
+                raise ConfigError(f"--{key.replace('_', '-')}: rl starts no teacher server (that takes a [teacher] "
+                                  "model without base_url)")  # fmt: skip
+        return
+    if config.inference is None:
+        raise ConfigError(
+            f"orchestrator.teacher.model = {teacher.model!r} without base_url: rl starts the teacher's server only "
+            "beside the policy's (--inference @ infer.toml); give teacher.base_url of a server you started"
+        )
+    policy = config.inference
+    gpu_share = config.teacher_gpu_memory_utilization or policy.gpu_memory_utilization
+    config._teacher = policy.model_copy(
+        update={
+            "model": policy.model.model_copy(update={"name": teacher.model, "chat_family": "auto"}),
+            "port": policy.port + len(servers(config)),
+            "gpu_memory_utilization": gpu_share,
+            "output_dir": None,  # the run spec names the student's model: the teacher's server reads none
+            "weights_root": None,  # it never reloads weights
+            "weight_broadcast": None,
+            "lora": None,
+            "return_routes": False,
+        }
+    )
+    host = "127.0.0.1" if policy.host in ("0.0.0.0", "::") else policy.host
+    config.orchestrator.teacher.base_url = f"http://{host}:{config._teacher.port}"
+
+
+def teacher_server(config: RLConfig) -> InferenceConfig | None:
+    """The config of the teacher's server rl starts (the policy's server's, with the teacher's model, on the port
+    after the policy servers', loading no weights), as :func:`resolve_shared` settled it; None when rl starts none."""
+    return config._teacher
 
 
 def started_urls(config: RLConfig) -> list[str]:
@@ -433,6 +496,15 @@ def settle_run_spec(config: RLConfig) -> RunSpec:
     return spec
 
 
+TEACHER = "teacher"  # the process name of the teacher's server rl starts
+
+
+def started_servers(config: RLConfig) -> dict[str, InferenceConfig]:
+    """Every inference server rl starts, by process name: the policy's (:func:`servers`) and the teacher's."""
+    teacher = teacher_server(config)
+    return {**servers(config), **({TEACHER: teacher} if teacher is not None else {})}
+
+
 def sub_configs(config: RLConfig) -> dict[str, BaseConfig]:
     """The resolved configs of the processes rl starts, by process name."""
-    return {**servers(config), "orchestrator": config.orchestrator, "trainer": config.trainer}
+    return {**started_servers(config), "orchestrator": config.orchestrator, "trainer": config.trainer}

@@ -290,14 +290,26 @@ def server_root(url: str) -> str:
 
 
 class TeacherConfig(StrictModel):
-    """The model on-policy distillation (``algorithm = "opd"``) scores the student's tokens with: a vLLM server the
-    user hosts, with the student's tokenizer."""
+    """The model on-policy distillation (``algorithm = "opd"``) scores the student's tokens with, one of three
+    (docs/distillation.md): a vLLM server the user hosts (``base_url`` and ``model``); a model ``rl`` serves on a
+    server of its own (``model`` alone); or a LoRA adapter on the student's server (``adapter``)."""
 
     base_url: Annotated[
-        str,
-        Field(description="The teacher's vLLM server: its root or its OpenAI base URL, e.g. 'http://host:8001/v1'."),
-    ]
-    model: Annotated[str, Field(min_length=1, description="The model name the teacher's server serves.")]
+        str | None,
+        Field(description="The teacher's vLLM server, which you start: its root or its OpenAI base URL, e.g. "
+                          "'http://host:8001/v1'. Absent: rl starts a server for teacher.model (and sets this)."),
+    ] = None  # fmt: skip
+    model: Annotated[
+        str | None,
+        Field(min_length=1, description="The teacher's model: with base_url, the name that server serves; without, "
+                                        "a model id or local folder rl serves on a server of its own."),
+    ] = None  # fmt: skip
+    adapter: Annotated[
+        str | None,
+        Field(min_length=1, description="A LoRA adapter folder (peft's) the student's server loads and scores with "
+                                        "as the teacher; only for a trainer that trains a LoRA adapter on the frozen "
+                                        "base (lora.export = 'adapter'). Without base_url and model."),
+    ] = None  # fmt: skip
     api_key_var: Annotated[
         str | None, Field(description="Environment variable holding the teacher's API key. Absent: none sent.")
     ] = None
@@ -310,10 +322,27 @@ class TeacherConfig(StrictModel):
 
     @field_validator("base_url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not (urlsplit(url).scheme in ("http", "https") and urlsplit(url).netloc):
             raise ValueError(f"{url!r} is not an http(s) URL; write its scheme, e.g. 'http://{url.split('://')[-1]}'")
         return server_root(url)
+
+    @model_validator(mode="after")
+    def _one_teacher(self):
+        if self.adapter is not None and (self.model is not None or self.base_url is not None):
+            given = "teacher.model" if self.model is not None else "teacher.base_url"
+            raise ValueError(f"teacher.adapter = {self.adapter!r} is served on the student's server: leave {given} out")
+        if self.adapter is None and self.model is None:
+            raise ValueError("[teacher] names no teacher: give teacher.model (with base_url for a server you start) "
+                             "or teacher.adapter")  # fmt: skip
+        return self
+
+    @property
+    def started_by_rl(self) -> bool:
+        """Whether the teacher is ``model`` on a server ``rl`` starts (no ``base_url`` given, no ``adapter``)."""
+        return self.base_url is None and self.adapter is None
 
 
 class FilterConfig(StrictModel):

@@ -189,7 +189,7 @@ def teacher_scores(base_url: str, branches) -> list[list[float]]:
     """The session's server as a teacher (model and tokenizer checked by /tokenize against itself): its logprobs of
     each branch's tokens."""
     model = OrchestratorConfig().model.name
-    teacher = Teacher(TeacherConfig(base_url=f"{base_url}/v1", model=model))
+    teacher = Teacher(TeacherConfig(base_url=f"{base_url}/v1", model=model), base_url)
 
     async def score():
         await teacher.check_tokenizer(InferenceClient(base_url, 60).http, model)

@@ -102,7 +102,8 @@ class Orchestrator:
         self.cpu_mark = (time.perf_counter(), self.groups.rollout_cpu())  # when, and the rollout processes' CPU
         self.cpu_hinted = False
         self.memory = StepMemory(config.max_memory_growth_gib)
-        self.teacher = Teacher(config.teacher) if config.teacher else None
+        teacher, run_id = config.teacher, config.run_id
+        self.teacher = Teacher(teacher, config.client.base_urls[0], run_id) if teacher else None
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -285,7 +286,8 @@ class Orchestrator:
             await self.servers.serve_base_model(weights_dir(self.output_dir, 0).parent, self.config.reset)
             if self.teacher is not None:
                 stack.push_async_callback(self.teacher.close)
-                await self.teacher.check_tokenizer(self.servers.servers[0].client.http, self.config.model.name)
+                await self.teacher.start(self.servers.servers[0].client.http, self.config.model.name, self.output_dir,
+                                         self.config.client.server_timeout_s)  # fmt: skip
             await self.share.start()
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)

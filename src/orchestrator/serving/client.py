@@ -51,14 +51,14 @@ def run_headers(run: str | None) -> dict[str, str]:
 
 class InferenceClient:
     def __init__(self, base_url: str, timeout_s: float, model: str = "", in_flight: bool = False,
-                 run: str | None = None):  # fmt: skip
+                 run: str | None = None, headers: dict[str, str] | None = None):  # fmt: skip
         self.base_url = base_url.rstrip("/")
         self.base_model = model
         self.model = model  # the name the policy is served under: the base model's, or the current adapter's
         self.in_flight = in_flight  # full-weight reloads keep requests in flight (WeightsRequest.in_flight)
         self.run = run  # orchestrator.run_id: the run shares the server with others (None: it has it to itself)
         self.paused_s = 0.0  # seconds the server paused generation for the last reload
-        headers = auth_headers() | run_headers(run)
+        headers = auth_headers() | run_headers(run) if headers is None else headers  # None: Trident's server's
         self.http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     async def wait_ready(self, timeout_s: float, notice_s: float = NOTICE_S) -> None:

@@ -1,20 +1,27 @@
-"""The teacher of on-policy distillation: a vLLM server the user hosts, which scores the student's sampled tokens in
-their full context (vLLM's ``prompt_logprobs`` on ``/v1/completions``)."""
+"""The teacher of on-policy distillation, which scores the student's sampled tokens in their full context (vLLM's
+``prompt_logprobs`` on ``/v1/completions``): a model on a vLLM server (one the user hosts, or one ``rl`` started), or
+a LoRA adapter loaded on the student's server as a named run of its own (``/load_adapter``, as a run sharing the
+server loads its adapters), so that the policy's adapter swaps never retire it."""
 
 import asyncio
 import os
+import shutil
+from pathlib import Path
 
 import httpx
 
 from contracts.errors import TridentError
-from contracts.inference_api import COMPLETIONS
+from contracts.inference_api import COMPLETIONS, adapter_name, auth_headers
+from contracts.run_dir import STABLE, is_adapter
 from orchestrator.batching.rollout import Rollout
-from orchestrator.config import TeacherConfig
+from orchestrator.config import TeacherConfig, server_root
+from orchestrator.serving.client import InferenceClient, run_headers
 
 TOKENIZE = "/tokenize"  # vLLM's route: {"model", "prompt", "add_special_tokens"} -> {"tokens": [...]}
 # tokenized by the teacher and the student at start: a teacher whose ids differ has another tokenizer
 TOKENIZER_PROBE = "Hello, world! 12345 <|im_start|>user\nÜnïcödé 🙂 def f(x):\n\treturn x ** 2<|im_end|>\n"
 IN_FLIGHT = 16  # scoring requests in flight to the teacher at once
+ADAPTER_STEP = 0  # the step a teacher adapter is loaded as: it never changes
 
 
 def prompt_token_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
@@ -27,26 +34,73 @@ def prompt_token_logprobs(answer: dict, token_ids: list[int]) -> list[float]:
     return [0.0] + [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], token_ids[1:], strict=True)]
 
 
-class Teacher:
-    """Scores rollouts' tokens on the teacher's server (:class:`~orchestrator.config.TeacherConfig`)."""
+def adapter_run(run: str | None) -> str:
+    """The named run a teacher adapter is served as on the student's server: ``teacher``, or ``<run>.teacher``
+    beside a named student run ``run``."""
+    return "teacher" if run is None else f"{run[:56]}.teacher"
 
-    def __init__(self, config: TeacherConfig):
+
+def stage_adapter(adapter: str, output_dir: Path) -> Path:
+    """Copy the peft adapter folder ``adapter`` to ``output_dir/weights/teacher/step_0`` (marked complete): the
+    server loads adapters only from ``step_N`` folders under the run's weights (its ``weights_root``)."""
+    if not is_adapter(Path(adapter).expanduser()):
+        raise TridentError(f"teacher.adapter = {adapter!r}: no peft adapter there (a folder with adapter_config.json)")
+    folder = Path(output_dir) / "weights" / "teacher" / f"step_{ADAPTER_STEP}"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(Path(adapter).expanduser(), folder)
+    (folder / STABLE).touch()
+    return folder
+
+
+class Teacher:
+    """Scores rollouts' tokens with the teacher of :class:`~orchestrator.config.TeacherConfig`; ``student_url`` and
+    ``run`` are the student's first server and its ``run_id``, where a teacher adapter is served."""
+
+    def __init__(self, config: TeacherConfig, student_url: str, run: str | None = None):
         self.config = config
+        if config.adapter is not None:
+            run = adapter_run(run)
+            base_url, model = server_root(student_url), adapter_name(ADAPTER_STEP, run)
+            headers = auth_headers() | run_headers(run)  # the run's header keeps it from being evicted as idle
+        elif config.base_url is None:
+            raise TridentError(
+                f"teacher.model = {config.model!r} with no teacher.base_url: rl starts the teacher's server (with "
+                "--inference @ infer.toml); an orchestrator started alone needs the URL of a server you started"
+            )
+        else:
+            base_url, model, run, headers = config.base_url, config.model, None, {}
         key = os.environ.get(config.api_key_var) if config.api_key_var else None
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.AsyncClient(base_url=config.base_url, timeout=config.timeout_s, headers=headers)
+        headers |= {"Authorization": f"Bearer {key}"} if key else {}
+        self.server = InferenceClient(base_url, config.timeout_s, model, run=run, headers=headers)
+        self.base_url, self.http = base_url, self.server.http
         self.slots = asyncio.Semaphore(IN_FLIGHT)
+
+    @property
+    def model(self) -> str:
+        """The name scoring requests send: the teacher's model, or the name its adapter is served under."""
+        return self.server.model
+
+    async def start(self, student: httpx.AsyncClient, student_model: str, output_dir: Path, timeout_s: float) -> None:
+        """Ready the teacher: wait up to ``timeout_s`` for its server's ``/health`` (rl starts it with the run), then
+        load its adapter anew (``/load_adapter``, as a named run's, from ``output_dir``'s weights), or check its
+        tokenizer against the student's (:meth:`check_tokenizer`; an adapter shares the student's)."""
+        await self.server.wait_ready(timeout_s)
+        if self.config.adapter is not None:
+            await self.server.release_run()  # an earlier orchestrator's teacher adapter, left loaded: load it anew
+            await self.server.reload_weights(stage_adapter(self.config.adapter, output_dir), ADAPTER_STEP)
+        else:
+            await self.check_tokenizer(student, student_model)
 
     async def logprobs(self, token_ids: list[int]) -> list[float]:
         """The teacher's logprob of each of ``token_ids`` given the ones before it (0.0 for the first), at
         temperature 1."""
-        request = {"model": self.config.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0,
+        request = {"model": self.model, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0,
                    "temperature": 1.0}  # fmt: skip
         async with self.slots:
             answer = await self.post(COMPLETIONS, request)
         if answer.status_code != 200:
             raise TridentError(
-                f"teacher at {self.config.base_url} answered {answer.status_code} to scoring {len(token_ids)} "
+                f"teacher at {self.base_url} answered {answer.status_code} to scoring {len(token_ids)} "
                 f"tokens: {answer.text[:300]}"
             )
         return prompt_token_logprobs(answer.json(), token_ids)
@@ -63,7 +117,7 @@ class Teacher:
         student's server (``student``, a client of it) does: its logprobs would score other tokens."""
         probe = {"prompt": TOKENIZER_PROBE, "add_special_tokens": False}
         ours = await student.post(TOKENIZE, json={"model": student_model, **probe})
-        theirs = await self.post(TOKENIZE, {"model": self.config.model, **probe})
+        theirs = await self.post(TOKENIZE, {"model": self.model, **probe})
         for who, answer in (("student", ours), ("teacher", theirs)):
             if answer.status_code != 200:
                 raise TridentError(f"the {who}'s server answered {answer.status_code} to {TOKENIZE}: {answer.text}")
@@ -79,9 +133,11 @@ class Teacher:
             return await self.http.post(route, json=request)
         except httpx.HTTPError as e:
             raise TridentError(
-                f"teacher.base_url = {self.config.base_url!r} did not answer {route} ({type(e).__name__}: {e}): "
+                f"teacher.base_url = {self.base_url!r} did not answer {route} ({type(e).__name__}: {e}): "
                 "start the teacher's server first"
             ) from None
 
     async def close(self) -> None:
-        await self.http.aclose()
+        """Remove a teacher adapter from the student's server (its named run ends), then close the client."""
+        await self.server.release_run()
+        await self.server.close()

@@ -47,7 +47,7 @@ def fake_teacher(tokenize: list[int] | None = None) -> tuple[Teacher, list[dict]
             return httpx.Response(200, json={"count": 3, "max_model_len": 99, "tokens": tokenize or [1, 2, 3]})
         return httpx.Response(200, json=vllm_answer(requests[-1]["prompt"]))
 
-    teacher = Teacher(TeacherConfig(base_url="http://teacher:8001/v1", model="big", coef=0.5))
+    teacher = Teacher(TeacherConfig(base_url="http://teacher:8001/v1", model="big", coef=0.5), "http://student:8000")
     teacher.http = httpx.AsyncClient(base_url="http://teacher:8001", transport=httpx.MockTransport(answer))
     return teacher, requests
 
@@ -194,7 +194,7 @@ def test_a_step_distils_its_opd_env_and_keeps_grpo_on_the_other(tmp_path, monkey
 
 
 def test_a_teacher_server_that_does_not_answer_is_one_line(free_port):
-    teacher = Teacher(TeacherConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="big"))
+    teacher = Teacher(TeacherConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="big"), "http://student:8000")
     with pytest.raises(TridentError, match=r"^teacher.base_url = 'http://127.0.0.1:\d+' did not answer") as refused:
         asyncio.run(teacher.logprobs([1, 2]))
     assert "\n" not in str(refused.value) and "/v1/completions" in str(refused.value)
