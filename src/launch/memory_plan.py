@@ -8,6 +8,7 @@ them on the GPUs, names what does not fit, and the context parallelism that woul
 
 from dataclasses import dataclass, replace
 
+from contracts.errors import TridentError
 from contracts.model_card import ModelCard, ModelShape
 from inference.config import InferenceConfig
 from inference.plan import inference_plan
@@ -128,8 +129,12 @@ def plan_memory(
     trainer_part = trainer_plan(shape, trainer, ranks, gpu)
     broadcast = broadcast_backend(trainer, gpu)
     inference_part = inference_plan(shape, inference, gpu_gib, broadcast) if inference is not None else None
-    teacher_shape = ModelCard.of(teacher.model.name).hub_shape() if teacher is not None else None
-    teacher_part = inference_plan(teacher_shape, teacher, gpu_gib) if teacher is not None else None
+    teacher_part = None
+    if teacher is not None:
+        try:
+            teacher_part = inference_plan(ModelCard.of(teacher.model.name).hub_shape(), teacher, gpu_gib)
+        except TridentError as e:
+            raise TridentError(f"orchestrator.teacher.model: {e}") from None
     gpus: dict[int, list[str]] = {}
     if gpu:
         for gpu_id in trainer_gpus:
