@@ -407,7 +407,8 @@ def named_run(config: RLConfig) -> None:
 
 def serve_adapters(config: RLConfig) -> None:
     """When the trainer exports LoRA adapters, have the server swap them in: ``[lora]`` on, with a rank that fits
-    (the smallest vLLM accepts above the adapter's, unless set); raise a ConfigError when they cannot fit."""
+    (the smallest vLLM accepts above the adapter's and any teacher adapter's, unless set); raise a ConfigError when
+    they cannot fit."""
     lora = config.trainer.model.experimental.lora
     if lora is None or lora.export != "adapter":
         return
@@ -416,12 +417,19 @@ def serve_adapters(config: RLConfig) -> None:
         raise ConfigError(f"{key}.modules_to_save: vLLM cannot swap in fully trained modules; use export = 'merged'")
     if config.inference is None:
         return  # a running server: it must have been started with [lora] (/load_adapter says so otherwise)
+    teacher = config.orchestrator.teacher
+    ranks = {f"{key}.rank": lora.rank}
+    if teacher is not None and teacher.adapter is not None:  # served beside the policy's (docs/distillation.md)
+        try:
+            ranks["the rank of orchestrator.teacher.adapter"] = teacher.adapter_rank()
+        except TridentError as e:
+            raise ConfigError(f"orchestrator.{e}") from None
     if config.inference.lora is None:
-        config.inference.lora = InferenceLoraConfig(max_rank=served_lora_rank(lora.rank))
-    elif config.inference.lora.max_rank < lora.rank:
-        raise ConfigError(
-            f"inference.lora.max_rank = {config.inference.lora.max_rank} is smaller than {key}.rank = {lora.rank}"
-        )
+        config.inference.lora = InferenceLoraConfig(max_rank=served_lora_rank(max(ranks.values())))
+    for name, rank in ranks.items():
+        if config.inference.lora.max_rank < rank:
+            served = config.inference.lora.max_rank
+            raise ConfigError(f"inference.lora.max_rank = {served} is smaller than {name} = {rank}")
 
 
 def serve_routes(config: RLConfig, on_gpu: bool) -> None:

@@ -1,5 +1,6 @@
 """The orchestrator's config (``uv run orchestrator @ orch.toml``)."""
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -9,7 +10,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 
 from contracts.chat_family import FAMILIES
 from contracts.config import BaseConfig
-from contracts.run_dir import PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT, PROBE_TOLERANCE_BF16
+from contracts.errors import TridentError
+from contracts.run_dir import ADAPTER_CONFIG, PROBE_TOLERANCE, PROBE_TOLERANCE_4BIT, PROBE_TOLERANCE_BF16
 from contracts.sampling import NO_TRUNCATION, Truncation
 from contracts.shared_config import (
     AsyncLevel,
@@ -338,6 +340,17 @@ class TeacherConfig(StrictModel):
             raise ValueError("[teacher] names no teacher: give teacher.model (with base_url for a server you start) "
                              "or teacher.adapter")  # fmt: skip
         return self
+
+    def adapter_rank(self) -> int:
+        """The rank of the peft adapter in the ``adapter`` folder (its adapter_config.json's ``r``); a TridentError,
+        in one line, where the folder holds none."""
+        try:
+            return int(json.loads((Path(self.adapter).expanduser() / ADAPTER_CONFIG).read_text())["r"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise TridentError(
+                f"teacher.adapter = {self.adapter!r}: no peft adapter there (a folder with {ADAPTER_CONFIG} giving its "
+                "rank r)"
+            ) from None
 
     @property
     def started_by_rl(self) -> bool:

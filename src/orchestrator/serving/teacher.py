@@ -12,7 +12,7 @@ import httpx
 
 from contracts.errors import TridentError
 from contracts.inference_api import COMPLETIONS, adapter_name, auth_headers
-from contracts.run_dir import STABLE, is_adapter
+from contracts.run_dir import STABLE
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import TeacherConfig, server_root
 from orchestrator.serving.client import InferenceClient, run_headers
@@ -40,11 +40,11 @@ def adapter_run(run: str | None) -> str:
     return "teacher" if run is None else f"{run[:56]}.teacher"
 
 
-def stage_adapter(adapter: str, output_dir: Path) -> Path:
-    """Copy the peft adapter folder ``adapter`` to ``output_dir/weights/teacher/step_0`` (marked complete): the
-    server loads adapters only from ``step_N`` folders under the run's weights (its ``weights_root``)."""
-    if not is_adapter(Path(adapter).expanduser()):
-        raise TridentError(f"teacher.adapter = {adapter!r}: no peft adapter there (a folder with adapter_config.json)")
+def stage_adapter(config: TeacherConfig, output_dir: Path) -> Path:
+    """Copy the peft adapter folder ``config.adapter`` to ``output_dir/weights/teacher/step_0`` (marked complete):
+    the server loads adapters only from ``step_N`` folders under the run's weights (its ``weights_root``)."""
+    config.adapter_rank()  # a folder without an adapter: one line
+    adapter = config.adapter
     folder = Path(output_dir) / "weights" / "teacher" / f"step_{ADAPTER_STEP}"
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(Path(adapter).expanduser(), folder)
@@ -87,7 +87,7 @@ class Teacher:
         await self.server.wait_ready(timeout_s)
         if self.config.adapter is not None:
             await self.server.release_run()  # an earlier orchestrator's teacher adapter, left loaded: load it anew
-            await self.server.reload_weights(stage_adapter(self.config.adapter, output_dir), ADAPTER_STEP)
+            await self.server.reload_weights(stage_adapter(self.config, output_dir), ADAPTER_STEP)
         else:
             await self.check_tokenizer(student, student_model)
 

@@ -2,6 +2,7 @@
 ports it plans, the URL the orchestrator gets, the memory plan with and without it, each refusal's one line, and the
 run failing (everything stopped) when the teacher's server dies. Dry runs and fake processes: no server starts."""
 
+import json
 import logging
 import sys
 import tomllib
@@ -119,6 +120,46 @@ def test_a_teacher_rl_cannot_start_as_configured_is_refused_in_one_line(tmp_path
     with pytest.raises(ConfigError) as refused:
         resolved(tmp_path, *flags)
     assert str(refused.value) == line
+
+
+def adapter_folder(tmp_path: Path, rank: int) -> str:
+    folder = tmp_path / "teacher-adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "peft_type": "LORA"}))
+    return str(folder)
+
+
+def test_a_teacher_adapter_is_served_by_the_policy_server_with_room_for_its_rank(capsys, tmp_path):
+    """A LoRA run of rank 8 with a teacher adapter of rank 16: no teacher process, the policy server's LoRA slots
+    sized for 16 (8 without it), and the orchestrator given the adapter, no URL."""
+    adapter = adapter_folder(tmp_path, 16)
+    lora = ["--trainer.model.experimental.lora.rank", "8"]
+    out = dry_run(capsys, tmp_path / "with", *OPD, *lora, "--orchestrator.teacher.adapter", adapter, on_gpu=False)
+    assert list(commands(out)) == ["inference", "orchestrator", "trainer"]
+    assert f"  teacher: adapter {adapter} on http://127.0.0.1:8000" in out
+    assert written(tmp_path / "with", "inference")["lora"]["max_rank"] == 16
+    assert written(tmp_path / "with", "orchestrator")["teacher"] == {
+        "adapter": adapter,
+        "coef": 1.0,
+        "timeout_s": 300.0,
+    }
+    dry_run(capsys, tmp_path / "without", *lora, on_gpu=False)
+    assert written(tmp_path / "without", "inference")["lora"]["max_rank"] == 8
+
+
+@pytest.mark.parametrize(
+    ("rank", "flags", "line"),
+    [(16, ["--inference.lora.max-rank", "8"],
+      "inference.lora.max_rank = 8 is smaller than the rank of orchestrator.teacher.adapter = 16"),
+     (None, [], "orchestrator.teacher.adapter = '{adapter}': no peft adapter there (a folder with adapter_config.json "
+                 "giving its rank r)")],
+)  # fmt: skip
+def test_a_teacher_adapter_the_server_cannot_load_is_refused_before_anything_starts(tmp_path, rank, flags, line):
+    adapter = adapter_folder(tmp_path, rank) if rank else str(tmp_path / "nothing")
+    teacher = [*OPD, "--orchestrator.teacher.adapter", adapter, "--trainer.model.experimental.lora.rank", "8"]
+    with pytest.raises(ConfigError) as refused:
+        resolved(tmp_path, *teacher, *flags, on_gpu=False)
+    assert str(refused.value) == line.format(adapter=adapter)
 
 
 def test_a_teacher_model_without_a_url_needs_the_policy_server_rl_starts(tmp_path):

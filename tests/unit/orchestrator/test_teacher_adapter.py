@@ -100,7 +100,8 @@ def test_a_folder_without_an_adapter_is_refused_in_one_line(tmp_path):
     with pytest.raises(TridentError) as refused:
         asyncio.run(teacher.start(httpx.AsyncClient(), "small", tmp_path / "out", timeout_s=5))
     assert str(refused.value) == (
-        f"teacher.adapter = {str(tmp_path)!r}: no peft adapter there (a folder with adapter_config.json)"
+        f"teacher.adapter = {str(tmp_path)!r}: no peft adapter there (a folder with adapter_config.json giving its "
+        "rank r)"
     )
 
 
