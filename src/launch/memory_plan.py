@@ -64,6 +64,9 @@ class MemoryPlan:
                     f"GPU {gpu}: {parts} = {size(need)} does not fit in its {size(self.gpu_gib)} "
                     f"(trainer: {self.describe('trainer')})"
                 )
+                if "teacher" in processes and "inference" in processes:
+                    found.append("lower --teacher-gpu-memory-utilization and inference.gpu_memory_utilization, or "
+                                 "give the teacher GPUs of its own (--teacher-gpu-ids)")  # fmt: skip
         if found and self.cp_advice:
             found.append(self.cp_advice)
         return found

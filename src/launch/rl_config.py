@@ -260,6 +260,8 @@ def start_teacher(config: RLConfig) -> None:
     base; a model without ``base_url`` served by rl (:func:`teacher_server`), its URL handed to the orchestrator; a
     ConfigError, in one line, for any other combination."""
     teacher, lora = config.orchestrator.teacher, config.trainer.model.experimental.lora
+    if config._teacher is not None:
+        return  # settled already (its base_url is rl's)
     if teacher is not None and teacher.adapter is not None and (lora is None or lora.export != "adapter"):
         trains = "full weights" if lora is None else "a LoRA merged into full weights (lora.export = 'merged')"
         raise ConfigError(

@@ -15,7 +15,7 @@ from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
 from launch import launcher
 from launch.preflight import BIND_ENV
-from launch.rl_config import RLConfig, resolve_shared
+from launch.rl_config import RLConfig, resolve_shared, teacher_server
 
 OPD = ["--orchestrator.algorithm", "opd"]
 # a student of 1.7B on GPU 0 with its trainer on GPU 1, planned for GPUs of 80 GiB
@@ -88,6 +88,10 @@ def test_a_teacher_that_does_not_fit_beside_the_policy_server_is_refused_in_one_
         "the run does not fit in memory: GPU 0: inference 40.0 GiB + teacher 48.0 GiB = 88.0 GiB does not fit in its "
         "80.0 GiB"
     )
+    assert str(refused.value).endswith(
+        "; lower --teacher-gpu-memory-utilization and inference.gpu_memory_utilization, or give the teacher GPUs of "
+        "its own (--teacher-gpu-ids) (rl --dry-run prints the plan)"
+    )
     assert "\n" not in str(refused.value)
 
 
@@ -99,6 +103,12 @@ def test_on_the_cpu_each_server_gets_a_core_and_the_plan_counts_the_teachers_kv_
     assert started["teacher"].startswith("CUDA_VISIBLE_DEVICES= VLLM_CPU_OMP_THREADS_BIND=1 ")
     assert "  inference: 1.0 GiB (weights 1 MiB, kv_cache 1.0 GiB)" in out
     assert "  teacher: 1.0 GiB (weights 1 MiB, kv_cache 1.0 GiB)" in out
+
+
+def test_resolving_a_run_again_keeps_the_teacher_rl_starts(tmp_path):
+    config = resolved(tmp_path, *TEACHER_8B, "--teacher-gpu-ids", "1")
+    again = resolve_shared(config)
+    assert teacher_server(again).model.name == "Qwen/Qwen3-8B" and again.orchestrator.teacher.base_url.endswith(":8001")
 
 
 def test_a_teacher_url_given_keeps_the_users_server(capsys, tmp_path):
