@@ -25,11 +25,13 @@ from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.causes import causes
 from orchestrator.batching.distill import reverse_kl_metrics
+from orchestrator.batching.echo import set_echo_weights
 from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.batching.rollout import Rollout
 from orchestrator.batching.running_baseline import RunningBaselines
+from orchestrator.batching.teacher_samples import set_teacher_sample_weights
 from orchestrator.config import OrchestratorConfig, prompts_per_env
 from orchestrator.loop.ckpt import Checkpointer
 from orchestrator.loop.evaluation import Evaluation
@@ -49,9 +51,18 @@ from orchestrator.tasks.sampler import TaskFeed, TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
+from tools.rollout_check import ChatFormat
 
 logger = logging.getLogger("orchestrator")
 CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up
+
+
+def groups_by_algorithm(slots: list, config: OrchestratorConfig) -> dict[str, list[list[Rollout]]]:
+    """The finished groups of ``slots`` by the algorithm of their environment."""
+    by_algorithm: dict[str, list[list[Rollout]]] = {}
+    for slot in slots:
+        by_algorithm.setdefault(config.env_algorithm(slot.tries[-1][0]), []).append(slot.group)
+    return by_algorithm
 
 
 class Orchestrator:
@@ -103,6 +114,8 @@ class Orchestrator:
         self.cpu_hinted = False
         self.memory = StepMemory(config.max_memory_growth_gib)
         self.teacher = Teacher(config.teacher) if config.teacher else None
+        echo = "echo" in map(config.env_algorithm, range(len(config.env)))  # its weights follow the chat turns
+        self.chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model_path), family) if echo else None
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -147,10 +160,14 @@ class Orchestrator:
         advantage = self.config.advantage
         if refill:  # what refilling could not replace is left out too
             advantage = advantage.model_copy(update={"drop_uniform_groups": True})
+        by_algorithm = groups_by_algorithm(slots, self.config)
         distill_coef = 1.0
         if self.teacher is not None:  # its scores are the opd environments' advantages: counted in write_s
-            await self.teacher.score([s.group for s in slots if self.config.env_algorithm(s.tries[-1][0]) == "opd"])
+            await self.teacher.score(by_algorithm.get("opd", []))
             distill_coef = self.teacher.config.coef
+        set_teacher_sample_weights(by_algorithm.get("sft", []))
+        if self.chat is not None:
+            set_echo_weights(by_algorithm.get("echo", []), self.chat, self.config.echo.roles, self.config.echo.coef)
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
                                self.config.mask_truncated_completions, zero_truncated, self.running,
                                distill_coef)  # fmt: skip
