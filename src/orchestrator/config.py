@@ -279,16 +279,38 @@ class JudgeConfig(StrictModel):
         return template
 
 
-Algorithm = Literal["grpo", "opd", "echo", "sft"]
+Algorithm = Literal["grpo", "opd", "echo", "sft", "opsd"]
 """What an environment's sampled tokens are trained on: ``grpo``, its group-relative reward advantage; ``opd``
 (on-policy distillation), each token's ``teacher.coef * (teacher logprob - sampled logprob)`` (docs/distillation.md);
 ``echo``, ``grpo`` plus cross-entropy on the environment's tokens of the roles ``[echo]`` names; ``sft``, the
-teacher samples and the policy trains by cross-entropy on the teacher's tokens (docs/algorithms.md)."""
+teacher samples and the policy trains by cross-entropy on the teacher's tokens; ``opsd`` (on-policy
+self-distillation), ``opd`` with the live policy shown a demonstration as the teacher (docs/algorithms.md)."""
+DISTILLED = ("opd", "opsd")  # the algorithms whose tokens are scored by a teacher
 GROUP_RELATIVE = ("grpo", "echo")  # the algorithms whose advantages compare the rollouts of a group
 TAUGHT = ("opd", "sft")  # the algorithms that need a [teacher]
 EchoRole = Literal[
     "tool", "user", "system"
 ]  # the roles of the environment's turns, as the loss-mask checker reads them
+
+
+class SelfDistillConfig(StrictModel):
+    """On-policy self-distillation (``algorithm = "opsd"``, docs/algorithms.md): the policy's own server scores each
+    sample with the task's demonstration shown first, as a system turn."""
+
+    demonstration_key: Annotated[
+        str, Field(min_length=1, description="The field of each task's data that holds its demonstration.")
+    ] = "answer"
+    template: Annotated[
+        str,
+        Field(description="The system turn the demonstration is shown in; {demonstration} stands for it."),
+    ] = "A correct answer to the task that follows: {demonstration}"
+
+    @field_validator("template")
+    @classmethod
+    def _shows_it(cls, template: str) -> str:
+        if "{demonstration}" not in template:
+            raise ValueError("the template has no {demonstration}: the policy would be shown nothing")
+        return template
 
 
 class EchoConfig(StrictModel):
@@ -376,7 +398,7 @@ class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     algorithm: Annotated[
         Algorithm | None,
-        Field(description="What it trains on: 'grpo', 'opd' (docs/distillation.md), 'echo' or 'sft' "
+        Field(description="What it trains on: 'grpo', 'opd' (docs/distillation.md), 'echo', 'sft' or 'opsd' "
                           "(docs/algorithms.md). Absent: the run's algorithm."),
     ] = None  # fmt: skip
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
@@ -695,13 +717,15 @@ class OrchestratorConfig(BaseConfig):
         Algorithm,
         Field(description="What sampled tokens train on, for each [[env]] that names none: 'grpo' (group-relative "
                           "advantages of the reward), 'opd' (on-policy distillation from [teacher]), 'echo' (grpo "
-                          "and cross-entropy on the environment's tokens) or 'sft' ([teacher] samples, the policy "
-                          "trains by cross-entropy on its tokens)."),
+                          "and cross-entropy on the environment's tokens), 'sft' ([teacher] samples, the policy "
+                          "trains by cross-entropy on its tokens) or 'opsd' (self-distillation: the policy shown "
+                          "each task's demonstration is the teacher)."),
     ] = "grpo"  # fmt: skip
     teacher: Annotated[
         TeacherConfig | None, Field(description="The teacher of the environments on 'opd' or 'sft' ([teacher]).")
     ] = None
     echo: EchoConfig = EchoConfig()
+    self_distill: SelfDistillConfig = SelfDistillConfig()
     datasets: LocalDatasets = []
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     output_dir: OutputDir = Path("outputs")

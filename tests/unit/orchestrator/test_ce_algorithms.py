@@ -4,6 +4,7 @@ the environment's groups; its tokens get weight 1 and no policy-gradient term), 
 config refusals, one line each."""
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -13,12 +14,13 @@ from transformers import AutoTokenizer
 
 import orchestrator.loop.groups as groups_module
 from contracts.config import parse_config
+from contracts.errors import TridentError
 from contracts.protocol import read_batch
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.echo import echo_weights
 from orchestrator.batching.rollout import Branch
 from orchestrator.batching.teacher_samples import set_teacher_sample_weights
-from orchestrator.config import AdvantageConfig, OrchestratorConfig
+from orchestrator.config import AdvantageConfig, OrchestratorConfig, SelfDistillConfig
 from orchestrator.loop.run import Orchestrator
 from tools.rollout_check import ChatFormat
 
@@ -130,3 +132,59 @@ def test_sft_without_a_teacher_echo_with_one_rollout_and_echo_on_the_policys_tur
     assert "echo.roles.0" in line and "'tool', 'user' or 'system'" in line, line
     (tmp_path / "orch.toml").write_text('algorithm = "sft"\nrollouts_per_example = 1\n' + TEACHER_TABLE)
     assert parse_config(OrchestratorConfig, ["@", str(tmp_path / "orch.toml")]).env_algorithm(0) == "sft"
+
+
+def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demonstration(tmp_path, monkeypatch,
+                                                                                        tokenizer):  # fmt: skip
+    """One orchestrator step, env 0 on opsd (demonstration_key = "text", reverse-text's own field) beside env 1 on
+    grpo: each opsd branch goes to the policy's server (its model name) after a system turn showing its task's text;
+    its tokens' advantages are 1.0 * (the prefixed server's logprob -0.25 - sampled), the grpo env's its group's.
+    A demonstration_key the task lacks stops the step in one line."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2,
+                                self_distill={"demonstration_key": "text", "template": "Shown: {demonstration}"},
+                                env=[{"id": "reverse-text", "algorithm": "opsd"}, {"id": "reverse-text"}])  # fmt: skip
+    orchestrator = Orchestrator(config)
+    served = httpx.MockTransport(lambda request: httpx.Response(200, json={"step": 0, "path": "/b", "adapter": None}))
+    orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=served)
+    requests = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append((str(request.url), json.loads(request.content)))
+        prompt = requests[-1][1]["prompt"]
+        entries = [None] + [{str(t): {"logprob": -0.25 if t in (7, 8) else -9.0, "rank": 1}} for t in prompt[1:]]
+        return httpx.Response(200, json={"choices": [{"index": 0, "text": "z", "prompt_logprobs": entries}]})
+
+    orchestrator.self_teacher.http = httpx.AsyncClient(base_url="http://127.0.0.1:8000",
+                                                       transport=httpx.MockTransport(answer))  # fmt: skip
+
+    async def run_group(env, task, n, ctx, limit, output_dir):
+        name = "opsd" if env is orchestrator.envs[0] else "grpo"
+        return [rollout(float(i), sampled([5, 6, 7, 8], 2, [-1.0, -2.0]), env=name, turns=1) for i in range(n)]
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    asyncio.run(orchestrator.step(1))
+    orchestrator.metrics.close()
+    step_tasks = orchestrator.batch_tasks(1)
+    texts = [task.data.text for env, task in step_tasks if env is orchestrator.envs[0]]
+    prefixes = [tokenizer.encode(f"<|im_start|>system\nShown: {t}<|im_end|>\n", add_special_tokens=False)
+                for t in texts]  # fmt: skip
+    assert sorted(tuple(r["prompt"]) for _, r in requests) == sorted(tuple(p) + (5, 6, 7, 8) for p in prefixes * 2)
+    assert {(url, r["model"]) for url, r in requests} == {("http://127.0.0.1:8000/v1/completions", config.model.name)}
+    _, micro_batches = read_batch(tmp_path, 1)
+    advantages = sorted(s.advantages.tolist() for m in micro_batches for s in m.samples())
+    assert advantages == [[-0.5] * 4, [0.0, 0.0, 0.75, 1.75], [0.0, 0.0, 0.75, 1.75], [0.5] * 4]
+
+    orchestrator.config = config.model_copy(update={"self_distill": SelfDistillConfig(demonstration_key="nope")})
+    with pytest.raises(TridentError) as refused:
+        asyncio.run(orchestrator.step(2))
+    assert "\n" not in str(refused.value) and str(refused.value).endswith(
+        "has no 'nope' to show as its demonstration (self_distill.demonstration_key)"
+    )
+
+
+def test_opsd_needs_no_teacher_and_a_template_must_show_the_demonstration(tmp_path):
+    (tmp_path / "orch.toml").write_text('algorithm = "opsd"\nrollouts_per_example = 1\n')
+    assert parse_config(OrchestratorConfig, ["@", str(tmp_path / "orch.toml")]).teacher is None
+    line = config_error(tmp_path, 'algorithm = "opsd"\n[self_distill]\ntemplate = "no placeholder"\n')
+    assert "the template has no {demonstration}: the policy would be shown nothing" in line, line
