@@ -2,13 +2,17 @@
 RL sample and one cross-entropy sample, whole and split into micro-batches, each component normalized over its own
 tokens so that mixing them changes neither one's gradient."""
 
+import dataclasses
+
 import pytest
 import torch
+from test_zero_signal import full
 
 from contracts.protocol import BatchInfo, MicroBatch, Sample
 from trainer.config import TrainerConfig
-from trainer.model import Scores
-from trainer.train import micro_batch_loss
+from trainer.model import Scores, packed_logprobs
+from trainer.optim import build_optimizer
+from trainer.train import build_model, micro_batch_loss, train_step
 
 # An RL sample (a prompt token, two sampled tokens, advantage +2, on policy) and a cross-entropy sample (a prompt
 # token, two tokens of weights 1 and 0.5 that the policy did not sample). The trainer's logprobs of the six tokens:
@@ -55,3 +59,23 @@ def test_a_batch_without_cross_entropy_weights_has_no_such_tensor_nor_term():
     assert loss == pytest.approx(-2.0) and "ce_loss" not in metrics
     _, _, metrics = step_loss([RL, CE], [[0, 1]])
     assert metrics["ce_loss"] == pytest.approx(1.75)
+
+
+def test_a_step_of_cross_entropy_tokens_only_scores_them_through_the_model(tiny_model_path, world, random_samples):
+    """A step whose samples have weights and no sampled token (a teacher's samples): the trainer scores the weighted
+    tokens, its ce_loss is -mean(logprob) over them as the model's own forward gives, and the weights move."""
+    samples = [dataclasses.replace(s, loss_mask=[False] * len(s.token_ids), inference_logprobs=[0.0] * len(s.token_ids),
+                                   ce_weights=[float(m) for m in s.loss_mask]) for s in random_samples(2)]  # fmt: skip
+    micro_batch = MicroBatch.pack(samples)
+    info = BatchInfo(1, 2, len(micro_batch.input_ids), 0, 0.0, 1.0, num_ce_tokens=micro_batch.ce_tokens())
+    config = TrainerConfig(model={"name": tiny_model_path}, output_dir="unused")
+    model = build_model(config.model, world, config.optim.offload)
+    optimizer, _ = build_optimizer(model, config.optim, config.max_steps)
+    with torch.no_grad():
+        logprobs = packed_logprobs(model, micro_batch, 1.0)
+    expected = float(-(logprobs * micro_batch.ce_weights).sum() / info.num_ce_tokens)
+    before = [full(p) for p in model.parameters()]
+    metrics = train_step(model, optimizer, [(micro_batch, 1.0)], info, config, world)
+    assert metrics["ce_loss"] == pytest.approx(expected, rel=1e-4) and expected > 1.0
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-4)
+    assert any(not torch.equal(b, full(p)) for b, p in zip(before, model.parameters(), strict=True))
