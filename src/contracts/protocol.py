@@ -33,7 +33,9 @@ class Sample:
     that sampled any of its tokens. ``images``: the refs (:mod:`contracts.images`) of the images whose placeholder
     runs appear in ``token_ids``, in order of appearance (placeholders are prompt tokens, never in the loss).
     ``token_advantages``: each token's own advantage, where an algorithm gives one per token (on-policy
-    distillation); None: ``advantage`` on every token.
+    distillation); None: ``advantage`` on every token. ``ce_weights``: each token's weight in the cross-entropy
+    term (``-w * logprob``, docs/losses.md), where an algorithm trains tokens on their likelihood (ECHO, distillation
+    from a teacher's samples); None: no token.
     """
 
     token_ids: list[int]
@@ -47,6 +49,7 @@ class Sample:
     weight_steps: list[int] | None = None  # per token; None: weight_step for every token
     images: list[str] = field(default_factory=list)
     token_advantages: list[float] | None = None
+    ce_weights: list[float] | None = None
 
     def __post_init__(self):
         if self.weight_steps is None:
@@ -58,6 +61,8 @@ class Sample:
             )
         if self.token_advantages is not None and len(self.token_advantages) != len(self.token_ids):
             raise ValueError(f"{len(self.token_advantages)} token advantages for {len(self.token_ids)} tokens")
+        if self.ce_weights is not None and len(self.ce_weights) != len(self.token_ids):
+            raise ValueError(f"{len(self.ce_weights)} cross-entropy weights for {len(self.token_ids)} tokens")
         if self.routes is not None and (self.routes.dim() != 3 or len(self.routes) != len(self.token_ids)):
             raise ValueError(f"routes of shape {list(self.routes.shape)} for {len(self.token_ids)} tokens")
 
@@ -80,6 +85,8 @@ PER_TOKEN_TENSORS = tuple(name for name in MICRO_BATCH_TENSORS if name != "sampl
 ROUTES_DTYPE = (
     torch.uint8
 )  # routes: [tokens, layers, top_k] expert ids, only in a micro-batch whose samples all carry them
+CE_WEIGHTS_DTYPE = torch.float32  # ce_weights: [tokens], only in a micro-batch where some sample has them
+OPTIONAL_TENSORS = ("routes", "ce_weights")
 
 
 @dataclass
@@ -90,7 +97,9 @@ class MicroBatch:
     :data:`MICRO_BATCH_DTYPES`. ``weight_steps``: the weights step that sampled each token (:class:`Sample`).
     ``routes`` (``[tokens, layers, top_k]``, :data:`ROUTES_DTYPE`; None: absent) are the experts the server routed
     each token to, for routing replay: present when every sample packed in has them. ``images`` (None: no sample
-    has any): each sample's image refs (:attr:`Sample.images`), in the file's metadata as JSON.
+    has any): each sample's image refs (:attr:`Sample.images`), in the file's metadata as JSON. ``ce_weights``
+    (``[tokens]``, :data:`CE_WEIGHTS_DTYPE`; None: absent, every weight 0) are each token's weight in the
+    cross-entropy term (:attr:`Sample.ce_weights`): present when some sample packed in has them, 0 for the others.
     """
 
     input_ids: torch.Tensor
@@ -102,6 +111,7 @@ class MicroBatch:
     sample_lengths: torch.Tensor
     routes: torch.Tensor | None = None
     images: list[list[str]] | None = None
+    ce_weights: torch.Tensor | None = None
 
     @classmethod
     def pack(cls, samples: list[Sample]) -> "MicroBatch":
@@ -119,7 +129,9 @@ class MicroBatch:
             sample_lengths=cat("sample_lengths", lambda s: [len(s.token_ids)]),
             routes=torch.cat([s.routes.to(ROUTES_DTYPE) for s in samples]) if routed and samples else None,
             images=[list(s.images) for s in samples] if any(s.images for s in samples) else None,
-        )
+            ce_weights=torch.tensor([w for s in samples for w in s.ce_weights or [0.0] * len(s.token_ids)],
+                                    dtype=CE_WEIGHTS_DTYPE) if any(s.ce_weights for s in samples) else None,
+        )  # fmt: skip
 
     @classmethod
     def load(cls, path: Path) -> "MicroBatch":
@@ -130,13 +142,17 @@ class MicroBatch:
             tensors = load_file(path)
         except Exception as e:  # safetensors raises its own error types for truncated or malformed files
             raise BatchError(f"{path}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-        if set(tensors) - {"routes"} != set(MICRO_BATCH_DTYPES):
+        if set(tensors) - set(OPTIONAL_TENSORS) != set(MICRO_BATCH_DTYPES):
             raise BatchError(f"{path}: holds tensors {sorted(tensors)}, expected {sorted(MICRO_BATCH_DTYPES)}")
         routes = tensors.get("routes")
         if routes is not None and (routes.dtype != ROUTES_DTYPE or routes.dim() != 3):
             raise BatchError(
                 f"{path}: routes is {routes.dtype} of shape {list(routes.shape)}, expected 3-d {ROUTES_DTYPE}"
             )
+        ce_weights = tensors.get("ce_weights")
+        if ce_weights is not None and (ce_weights.dtype != CE_WEIGHTS_DTYPE or ce_weights.dim() != 1):
+            raise BatchError(f"{path}: ce_weights is {ce_weights.dtype} of shape {list(ce_weights.shape)}, "
+                             f"expected 1-d {CE_WEIGHTS_DTYPE}")  # fmt: skip
         for name, dtype in MICRO_BATCH_DTYPES.items():
             tensor = tensors[name]
             if tensor.dtype != dtype or tensor.dim() != 1:
@@ -160,12 +176,14 @@ class MicroBatch:
             return "weight_steps holds negative steps"
         if not (self.advantages.isfinite().all() and self.inference_logprobs.isfinite().all()):
             return "advantages or inference_logprobs hold NaN or infinite values"
+        if self.ce_weights is not None and not (self.ce_weights.isfinite().all() and (self.ce_weights >= 0).all()):
+            return "ce_weights hold negative, NaN or infinite values"
         return None
 
     def layout_problem(self) -> str | None:
         """What keeps these tensors from splitting into samples (lengths, sample boundaries, positions), or None."""
         tokens, lengths = len(self.input_ids), self.sample_lengths
-        for name in (*PER_TOKEN_TENSORS, "routes"):
+        for name in (*PER_TOKEN_TENSORS, *OPTIONAL_TENSORS):
             if getattr(self, name) is not None and len(getattr(self, name)) != tokens:
                 return f"{name} has {len(getattr(self, name))} entries for {tokens} tokens"
         if len(lengths) == 0 or (lengths <= 0).any() or lengths.sum() != tokens:
@@ -185,7 +203,7 @@ class MicroBatch:
     def samples(self) -> list["MicroBatch"]:
         """Each sample of the row as a micro-batch of its own."""
         lengths = self.sample_lengths.tolist()
-        names = [*PER_TOKEN_TENSORS, *(["routes"] if self.routes is not None else [])]
+        names = [*PER_TOKEN_TENSORS, *(name for name in OPTIONAL_TENSORS if getattr(self, name) is not None)]
         pieces = {name: getattr(self, name).split(lengths) for name in names}
         return [
             MicroBatch(
@@ -198,14 +216,23 @@ class MicroBatch:
 
     @classmethod
     def concat(cls, micro_batches: list["MicroBatch"]) -> "MicroBatch":
-        """The rows of ``micro_batches`` end to end, as one row (with routes when every row has them)."""
+        """The rows of ``micro_batches`` end to end, as one row (with routes when every row has them, with
+        cross-entropy weights when some row has them)."""
         routes = [m.routes for m in micro_batches]
         images = [refs for m in micro_batches for refs in (m.images or [[]] * len(m.sample_lengths))]
+        ce_weights = [m.ce_weights for m in micro_batches]
         return cls(
             **{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS},
             routes=torch.cat(routes) if all(r is not None for r in routes) else None,
             images=images if any(images) else None,
-        )
+            ce_weights=torch.cat([w if w is not None else torch.zeros(len(m.input_ids), dtype=CE_WEIGHTS_DTYPE)
+                                  for w, m in zip(ce_weights, micro_batches, strict=True)])
+            if any(w is not None for w in ce_weights) else None,
+        )  # fmt: skip
+
+    def ce_tokens(self) -> int:
+        """The tokens with a cross-entropy weight: the cross-entropy term's normaliser counts them."""
+        return 0 if self.ce_weights is None else int((self.ce_weights != 0).sum())
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         """The tensors (what the file holds besides :meth:`metadata`)."""
@@ -281,6 +308,9 @@ class BatchInfo:
     weight_steps: list[int] = field(default_factory=list)  # weights steps that produced the samples
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)  # per sample, in packed order: see :func:`sample_summary`
+    # tokens with a cross-entropy weight over the whole step: the cross-entropy term is normalized by this (written
+    # only when not 0: a batch without such tokens is the batch of before)
+    num_ce_tokens: int = 0
 
 
 BATCH_INFO = TypeAdapter(BatchInfo)  # reads batch.json, every field of its type
@@ -308,7 +338,10 @@ def write_batch(output_dir: Path, info: BatchInfo, micro_batches: list[MicroBatc
     with atomic_dir(final) as tmp:
         for i, micro_batch in enumerate(micro_batches):
             micro_batch.save(tmp / f"micro_batch_{i}.safetensors")
-        (tmp / "batch.json").write_text(json.dumps(asdict(info), indent=1))
+        record = asdict(info)
+        if not record["num_ce_tokens"]:
+            del record["num_ce_tokens"]
+        (tmp / "batch.json").write_text(json.dumps(record, indent=1))
     return final
 
 
@@ -347,6 +380,7 @@ def read_batch(output_dir: Path, step: int, vocab_size: int | None = None) -> tu
         "num_samples": (info.num_samples, sum(len(m.sample_lengths) for m in micro_batches)),
         "num_tokens": (info.num_tokens, sum(len(m.input_ids) for m in micro_batches)),
         "num_loss_tokens": (info.num_loss_tokens, sum(int(m.loss_mask.sum()) for m in micro_batches)),
+        "num_ce_tokens": (info.num_ce_tokens, sum(m.ce_tokens() for m in micro_batches)),
     }
     for key, (said, found) in counts.items():
         if said != found:

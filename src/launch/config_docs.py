@@ -45,7 +45,12 @@ def _rows(model: type[BaseModel], prefix: str = "") -> list[str]:
             sections.append((key, annotation))
             continue
         inner = typing.get_args(annotation)
-        if typing.get_origin(annotation) is list and inner and issubclass(inner[0], BaseModel):
+        if (
+            typing.get_origin(annotation) is list
+            and inner
+            and isinstance(inner[0], type)
+            and issubclass(inner[0], BaseModel)
+        ):
             sections.append((f"{key}[]", inner[0]))
         elif (optional := section_model(annotation)) is not None:  # an optional section: its row, then its keys
             sections.append((key, optional))

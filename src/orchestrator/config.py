@@ -281,9 +281,51 @@ class JudgeConfig(StrictModel):
         return template
 
 
-Algorithm = Literal["grpo", "opd"]
+Algorithm = Literal["grpo", "opd", "echo", "sft", "opsd"]
 """What an environment's sampled tokens are trained on: ``grpo``, its group-relative reward advantage; ``opd``
-(on-policy distillation), each token's ``teacher.coef * (teacher logprob - sampled logprob)`` (docs/distillation.md)."""
+(on-policy distillation), each token's ``teacher.coef * (teacher logprob - sampled logprob)`` (docs/distillation.md);
+``echo``, ``grpo`` plus cross-entropy on the environment's tokens of the roles ``[echo]`` names; ``sft``, the
+teacher samples and the policy trains by cross-entropy on the teacher's tokens; ``opsd`` (on-policy
+self-distillation), ``opd`` with the live policy shown a demonstration as the teacher (docs/algorithms.md)."""
+DISTILLED = ("opd", "opsd")  # the algorithms whose tokens are scored by a teacher
+GROUP_RELATIVE = ("grpo", "echo")  # the algorithms whose advantages compare the rollouts of a group
+TAUGHT = ("opd", "sft")  # the algorithms that need a [teacher]
+EchoRole = Literal[
+    "tool", "user", "system"
+]  # the roles of the environment's turns, as the loss-mask checker reads them
+
+
+class SelfDistillConfig(StrictModel):
+    """On-policy self-distillation (``algorithm = "opsd"``, docs/algorithms.md): the policy's own server scores each
+    sample with the task's demonstration shown first, as a system turn."""
+
+    demonstration_key: Annotated[
+        str, Field(min_length=1, description="The field of each task's data that holds its demonstration.")
+    ] = "answer"
+    template: Annotated[
+        str,
+        Field(description="The system turn the demonstration is shown in; {demonstration} stands for it."),
+    ] = "A correct answer to the task that follows: {demonstration}"
+
+    @field_validator("template")
+    @classmethod
+    def _shows_it(cls, template: str) -> str:
+        if "{demonstration}" not in template:
+            raise ValueError("the template has no {demonstration}: the policy would be shown nothing")
+        return template
+
+
+class EchoConfig(StrictModel):
+    """ECHO's cross-entropy on the environment's tokens (``algorithm = "echo"``, docs/algorithms.md)."""
+
+    roles: Annotated[
+        list[EchoRole],
+        Field(min_length=1, description="The roles whose turns' content the policy learns to predict: 'tool' "
+                                        "(tool results, however the template wraps them), 'user', 'system'."),
+    ] = ["tool"]  # fmt: skip
+    coef: Annotated[
+        float, Field(gt=0, allow_inf_nan=False, description="The cross-entropy weight of each such token.")
+    ] = 1.0
 
 
 def server_root(url: str) -> str:
@@ -398,8 +440,8 @@ class EnvConfig(StrictModel):
     id: Annotated[str, Field(description="Installed environment package, e.g. 'reverse-text'.")]
     algorithm: Annotated[
         Algorithm | None,
-        Field(description="What its sampled tokens train on: 'grpo' or 'opd' (docs/distillation.md). Absent: the "
-                          "run's algorithm."),
+        Field(description="What it trains on: 'grpo', 'opd' (docs/distillation.md), 'echo', 'sft' or 'opsd' "
+                          "(docs/algorithms.md). Absent: the run's algorithm."),
     ] = None  # fmt: skip
     args: Annotated[dict[str, Any], Field(description="Keyword arguments for the environment's loader.")] = {}
     verifiers_env: Annotated[
@@ -716,11 +758,16 @@ class OrchestratorConfig(BaseConfig):
     algorithm: Annotated[
         Algorithm,
         Field(description="What sampled tokens train on, for each [[env]] that names none: 'grpo' (group-relative "
-                          "advantages of the reward) or 'opd' (on-policy distillation from [teacher])."),
+                          "advantages of the reward), 'opd' (on-policy distillation from [teacher]), 'echo' (grpo "
+                          "and cross-entropy on the environment's tokens), 'sft' ([teacher] samples, the policy "
+                          "trains by cross-entropy on its tokens) or 'opsd' (self-distillation: the policy shown "
+                          "each task's demonstration is the teacher)."),
     ] = "grpo"  # fmt: skip
     teacher: Annotated[
-        TeacherConfig | None, Field(description="The teacher of the environments on 'opd' ([teacher]).")
+        TeacherConfig | None, Field(description="The teacher of the environments on 'opd' or 'sft' ([teacher]).")
     ] = None
+    echo: EchoConfig = EchoConfig()
+    self_distill: SelfDistillConfig = SelfDistillConfig()
     datasets: LocalDatasets = []
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     output_dir: OutputDir = Path("outputs")
@@ -808,9 +855,11 @@ class OrchestratorConfig(BaseConfig):
 
     @model_validator(mode="after")
     def _teacher_fits(self):
-        opd = [i for i in range(len(self.env)) if self.env_algorithm(i) == "opd"]
-        if opd and self.teacher is None:
-            raise ValueError(f"env.{opd[0]} ({self.env[opd[0]].id!r}) uses algorithm 'opd' with no [teacher] table")
+        taught = [i for i in range(len(self.env)) if self.env_algorithm(i) in TAUGHT]
+        if taught and self.teacher is None:
+            i = taught[0]
+            raise ValueError(f"env.{i} ({self.env[i].id!r}) uses algorithm {self.env_algorithm(i)!r} with no "
+                             "[teacher] table")  # fmt: skip
         policy = {server_root(url) for url in self.client.base_urls}
         if self.teacher and self.teacher.base_url in policy and self.teacher.model == self.model.name:
             raise ValueError(
@@ -854,7 +903,7 @@ class OrchestratorConfig(BaseConfig):
         """A group of one rollout has advantage 0 under a group baseline (for an environment on 'grpo'); a running
         baseline never ties a group, so refilling tied groups means nothing; an async_level above max_steps means no
         step ever waits for trained weights."""
-        grpo = "grpo" in map(self.env_algorithm, range(len(self.env)))
+        grpo = any(algorithm in GROUP_RELATIVE for algorithm in map(self.env_algorithm, range(len(self.env))))
         if self.rollouts_per_example == 1 and grpo and self.advantage.baseline != "running":
             raise ValueError(
                 f"rollouts_per_example = 1 with advantage.baseline = {self.advantage.baseline!r}: the baseline is the "

@@ -19,7 +19,12 @@ Checks (``Problem.check``), errors unless marked:
 - ``advantage_mismatch``: a sample's advantage is not constant or differs from ``batch.json``; for a distilled
   sample (``algorithm = "opd"`` in ``batch.json``, one advantage per token), one on an untrained token or a mean
   over its trained tokens that differs from ``batch.json``'s.
-- ``empty_mask``: a sample with no trainable token.
+- ``empty_mask``: a sample with no trainable token (sampled, or with a cross-entropy weight).
+- ``ce_on_<part>`` (``first_token``, ``template``, ``image``, ``outside_turn``): cross-entropy weights
+  (:attr:`contracts.protocol.Sample.ce_weights`) where the sample must not train: its first token (no context to
+  score it from), a turn's header or template, image placeholders, outside any turn; ``ce_in_<role>_turn``: in a turn
+  of a role its algorithm does not train by cross-entropy (``ce_roles`` in ``batch.json``: ECHO's environment roles,
+  distillation's ``assistant``).
 - ``missing_logprob``: trained tokens whose inference logprob is not finite or positive, or is exactly 0.0 across
   a whole run of trained tokens (a lone 0.0 among real logprobs is the warning ``zero_logprob``: vLLM reports 0.0
   for tokens sampled with probability 1, e.g. under structured outputs).
@@ -53,6 +58,7 @@ from contracts.chat_family import FAMILIES, ChatFamily, detect_family, family_by
 from contracts.errors import TridentError
 from contracts.images import image_path, placeholder_runs
 from contracts.protocol import (
+    CE_WEIGHTS_DTYPE,
     MICRO_BATCH_DTYPES,
     BatchError,
     MicroBatch,
@@ -110,6 +116,7 @@ class SampleRecord:
     position_ids: list[int]
     summary: dict = field(default_factory=dict)  # reward, advantage, weight_step, env, task, rewards, ...
     images: list[str] = field(default_factory=list)  # refs of its images, one per placeholder run, in order
+    ce_weights: list[float] = field(default_factory=list)  # per token, where its micro-batch has them; else empty
 
     @property
     def num_trainable(self) -> int:
@@ -209,6 +216,8 @@ def _split_micro_batch(
     if set(MICRO_BATCH_DTYPES) - set(tensors):
         return []
     micro_batch = MicroBatch(**{key: tensors[key].to(dtype).flatten() for key, dtype in MICRO_BATCH_DTYPES.items()})
+    if "ce_weights" in tensors:
+        micro_batch.ce_weights = tensors["ce_weights"].to(CE_WEIGHTS_DTYPE).flatten()
     if micro_batch.layout_problem():
         return []
     records = []
@@ -226,6 +235,7 @@ def _split_micro_batch(
                 position_ids=sample.position_ids.tolist(),
                 summary=summary,
                 images=list(images[j]) if images and j < len(images) else [],
+                ce_weights=sample.ce_weights.tolist() if sample.ce_weights is not None else [],
             )
         )
     return records
@@ -588,7 +598,7 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
 
     ids, mask, logprobs = record.token_ids, record.loss_mask, record.inference_logprobs
     _check_advantage(record, add)
-    if not any(mask):
+    if not any(mask) and not any(record.ce_weights):
         add("empty_mask", f"no trainable token in {len(ids)} tokens: the sample adds nothing to the loss")
     _check_logprobs(mask, logprobs, add)
     unknown = [i for i, t in enumerate(ids) if not 0 <= t < chat.vocab_size]
@@ -636,7 +646,32 @@ def check_sample(record: SampleRecord, chat: ChatFormat) -> SampleReport:
         }.get(check, f"in {check.removeprefix('mask_in_').removesuffix('_turn')} turns")
         add(check, f"trainable tokens {where}: {_span(positions)}", positions)
     _check_assistant_turns(seg, mask, chat, add)
+    _check_ce_weights(record, seg, image_tokens, add)
     return SampleReport(record, seg, problems, runs)
+
+
+def _check_ce_weights(record: SampleRecord, seg: Segmentation, image_tokens: set[int], add) -> None:
+    """Cross-entropy weights only on the content of turns of the roles ``batch.json``'s ``ce_roles`` names, never
+    on a sample's first token (the trainer cannot score it)."""
+    roles = record.summary.get("ce_roles") or []
+    by_check: dict[str, list[int]] = {}
+    for i in (i for i, w in enumerate(record.ce_weights) if w):
+        if i == 0:
+            check = "ce_on_first_token"
+        elif i in image_tokens:
+            check = "ce_on_image"
+        elif seg.parts[i] == OUTSIDE:
+            check = "ce_on_outside_turn"
+        elif seg.parts[i] not in (CONTENT, END):
+            check = "ce_on_template"
+        elif seg.roles[i] not in roles:
+            check = f"ce_in_{seg.roles[i]}_turn"
+        else:
+            continue
+        by_check.setdefault(check, []).append(i)
+    for check, positions in by_check.items():
+        add(check, f"cross-entropy weights where the sample must not train ({check}; ce_roles {roles}): "
+                   f"{_span(positions)}", positions)  # fmt: skip
 
 
 def _check_logprobs(mask: list[bool], logprobs: list[float], add) -> None:

@@ -111,6 +111,15 @@ def dppo_term(
     return per_token, masked
 
 
+def cross_entropy_term(
+    logprobs: Float[Tensor, " seq"], ce_weights: Float[Tensor, " seq"], num_ce_tokens: int
+) -> Float[Tensor, ""]:
+    """The cross-entropy component of one packed micro-batch: ``-sum(w * logprobs) / num_ce_tokens``, where
+    ``num_ce_tokens`` counts the whole step's tokens with a weight (not 0), so that it is normalized over its own
+    tokens whatever else the step trains, and summing the micro-batches' terms gives the step's."""
+    return -(ce_weights * logprobs).sum() / max(num_ce_tokens, 1)
+
+
 def policy_loss(
     logprobs: Float[Tensor, " seq"],
     inference_logprobs: Float[Tensor, " seq"],

@@ -24,8 +24,8 @@ from trainer.ckpt import Checkpointer, prune_checkpoints
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
-from trainer.loss import mismatch_kl, policy_loss
-from trainer.model import decoder_layers, load_model, packed_logprobs, packed_scores
+from trainer.loss import cross_entropy_term, mismatch_kl, policy_loss
+from trainer.model import Scores, decoder_layers, load_model, packed_logprobs, packed_scores
 from trainer.moe.routing import Routers, check_routes
 from trainer.optim import build_optimizer, clip_gradients
 from trainer.parallel import (
@@ -158,12 +158,15 @@ def train_step(
     corrected_samples = totals.pop("corrected_samples", None)  # with an off-policy correction
     aux_loss = totals.pop("router/aux_loss", None)  # with the load-balancing loss
     replayed_tokens = totals.pop("replayed_tokens", None)  # with routing replay
+    ce_loss = totals.pop("ce_loss", None)  # with cross-entropy tokens
     metrics = {
         "loss": totals.pop("loss"),
         "grad_norm": grad_norm.item(),
         "entropy": totals.pop("entropy") / max(entropy_tokens, 1),
     }
-    metrics |= {name: value / info.num_loss_tokens for name, value in totals.items()}
+    metrics |= {name: value / max(info.num_loss_tokens, 1) for name, value in totals.items()}
+    if ce_loss is not None:  # the cross-entropy component of the loss: its mean -w * logprob over its tokens
+        metrics["ce_loss"] = ce_loss
     if "bounded_tokens" in metrics:  # share of tokens masked or clipped (none such with sapo or a custom term)
         metrics["bounded_fraction"] = metrics.pop("bounded_tokens")
     if "outside_kept_tokens" in metrics:  # with a truncation: share of tokens outside the trainer's kept set
@@ -182,6 +185,43 @@ def train_step(
     if aux_loss is not None:
         metrics["router/aux_loss"] = aux_loss
     return metrics
+
+
+def micro_batch_loss(
+    scores: Scores,
+    micro_batch: MicroBatch,
+    info: BatchInfo,
+    config: TrainerConfig,
+    device: torch.device,
+    reference_logprobs: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of one micro-batch, its share of the step's, from the model's ``scores`` of its tokens: the policy
+    loss (:func:`~trainer.loss.policy_loss`) on its sampled tokens, normalized over the step's sampled tokens, plus,
+    where it has cross-entropy weights, the cross-entropy term (:func:`~trainer.loss.cross_entropy_term`)
+    normalized over the step's weighted tokens: mixing environments changes neither component's scale."""
+    loss_mask = micro_batch.loss_mask.to(device, non_blocking=True)
+    loss, stats = policy_loss(
+        scores.logprobs,
+        micro_batch.inference_logprobs.to(device, non_blocking=True),
+        micro_batch.advantages.to(device, non_blocking=True),
+        loss_mask,
+        micro_batch.sample_lengths,
+        config.loss,
+        num_loss_tokens=max(info.num_loss_tokens, 1),  # 0: a step of cross-entropy tokens only
+        num_samples=info.num_samples,
+        entropy=scores.entropy,
+        reference_logprobs=reference_logprobs,
+        entropy_mask=scores.entropy_mask & loss_mask,
+        staleness=(info.step - 1 - micro_batch.weight_steps).to(device, non_blocking=True),
+    )
+    if info.truncation.on:  # sampled tokens the trainer's own truncation would have dropped
+        stats["outside_kept_tokens"] = (scores.outside_kept * loss_mask).sum()
+    if micro_batch.ce_weights is not None:
+        ce = cross_entropy_term(scores.logprobs, micro_batch.ce_weights.to(device, non_blocking=True),
+                                info.num_ce_tokens)  # fmt: skip
+        stats["ce_loss"] = ce.detach()
+        loss = loss + ce
+    return loss, stats
 
 
 def forward_backward(
@@ -210,34 +250,22 @@ def forward_backward(
     for micro_batch, weight in micro_batches:
         routes = micro_batch.routes if moe.replay else None
         loss_mask = micro_batch.loss_mask.to(world.device, non_blocking=True)
+        ce_weights = micro_batch.ce_weights
+        scored = micro_batch.loss_mask if ce_weights is None else micro_batch.loss_mask | (ce_weights != 0)
         inference_logprobs = micro_batch.inference_logprobs.to(world.device, non_blocking=True)
         with routers.micro_batch(routes, measure=weight > 0) if routers else nullcontext():
             scores = packed_scores(
                 model,
                 micro_batch,
                 info.temperature,
-                micro_batch.loss_mask,
+                scored,
                 entropy_mode,
                 info.truncation,
                 config.output_dir,
                 world.cp_group,
             )
-            loss, stats = policy_loss(
-                scores.logprobs,
-                inference_logprobs,
-                micro_batch.advantages.to(world.device, non_blocking=True),
-                loss_mask,
-                micro_batch.sample_lengths,
-                config.loss,
-                num_loss_tokens=info.num_loss_tokens,
-                num_samples=info.num_samples,
-                entropy=scores.entropy,
-                reference_logprobs=reference.logprobs(micro_batch, info) if reference else None,
-                entropy_mask=scores.entropy_mask,
-                staleness=(info.step - 1 - micro_batch.weight_steps).to(world.device, non_blocking=True),
-            )
-            if info.truncation.on:  # sampled tokens the trainer's own truncation would have dropped
-                stats["outside_kept_tokens"] = (scores.outside_kept * loss_mask).sum()
+            reference_logprobs = reference.logprobs(micro_batch, info) if reference else None
+            loss, stats = micro_batch_loss(scores, micro_batch, info, config, world.device, reference_logprobs)
             total = loss
             if routers is not None and routers.balancing:
                 balance = routers.balance() * (len(micro_batch.input_ids) / info.num_tokens)
@@ -350,10 +378,10 @@ def run_training(config: TrainerConfig, world: World) -> None:
                     )
         if world.is_main:
             prune_rollouts(config.output_dir, step, config.keep_rollouts)
-        if info.num_loss_tokens == 0:
+        if info.num_loss_tokens == 0 and info.num_ce_tokens == 0:
             raise EmptyBatchError(
                 f"step {step}: the batch in {batch_dir} has no sampled token to train on "
-                f"({info.num_samples} samples, all loss masks empty)"
+                f"({info.num_samples} samples, all loss masks empty, no cross-entropy weight)"
             )
         train_start = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]

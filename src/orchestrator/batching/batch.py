@@ -16,6 +16,7 @@ from orchestrator.batching.infra import is_lost
 from orchestrator.batching.no_sample import Untrained, no_sample_error, untrained_reason
 from orchestrator.batching.rollout import Branch, Rollout
 from orchestrator.batching.running_baseline import RunningBaselines
+from orchestrator.batching.teacher_samples import cross_entropy_only
 from orchestrator.config import AdvantageConfig
 
 
@@ -40,7 +41,8 @@ def rollout_samples(
 
     A distilled rollout (its branches carry the teacher's logprobs: :mod:`~orchestrator.batching.distill`) trains
     each token on its own advantage, ``distill_coef * (teacher - sampled logprob)``, in place of the group's; its
-    row holds their mean over its sampled tokens, and its group is never dropped for tying.
+    row holds their mean over its sampled tokens, and its group is never dropped for tying. Nor is a group with
+    cross-entropy weights (ECHO's, a teacher's samples'); a rollout of the teacher's samples gets advantage 0.
     """
     rewards = [group_rewards(group, zero_truncated) for group in groups]
     advantage = advantage or AdvantageConfig()
@@ -55,9 +57,11 @@ def rollout_samples(
                 tokens = [(a, m) for b in rollout.branches for a, m in
                           zip(distill_advantages(b, distill_coef), b.loss_mask, strict=True)]  # fmt: skip
                 advantages_row[j] = loss_token_mean([a for a, _ in tokens], [m for _, m in tokens])
+            elif rollout.ok and cross_entropy_only(rollout):  # the teacher's sample: no policy-gradient term
+                advantages_row[j] = 0.0
     dropped = [
         advantage.drop_uniform_groups
-        and not any(map(distilled, group))
+        and not any(distilled(r) or any(b.ce_weights for b in r.branches) for r in group)
         and uniform_baselines(group, row, advantage.baseline_groups)
         for group, row in zip(groups, rewards, strict=True)
     ]
@@ -105,11 +109,12 @@ def branch_sample(
     masked: bool,
     distill_coef: float = 1.0,
 ) -> Sample:
-    """The training sample of ``branch``, its loss mask all False when ``masked``. ``weight_step``: the weights served
-    when its group started, the step of each token the server did not label (:attr:`Branch.weight_steps`); the
-    sample's step is its oldest sampled token's, which its unsampled tokens carry. A branch with the teacher's
-    logprobs gets per-token advantages (:func:`~orchestrator.batching.distill.distill_advantages`), ``advantage``
-    their mean over its sampled tokens, and ``algorithm = "opd"`` in its meta."""
+    """The training sample of ``branch``, its loss mask all False (and no cross-entropy weight) when ``masked``.
+    ``weight_step``: the weights served when its group started, the step of each token the server did not label
+    (:attr:`Branch.weight_steps`); the sample's step is its oldest sampled token's, which its unsampled tokens carry.
+    A branch with the teacher's logprobs gets per-token advantages
+    (:func:`~orchestrator.batching.distill.distill_advantages`), ``advantage`` their mean over its sampled tokens,
+    and ``algorithm = "opd"`` in its meta; one with cross-entropy weights, their ``ce_roles`` in its meta."""
     labelled = branch.weight_steps or [None] * len(branch.token_ids)
     known = [step if step is not None else weight_step for step in labelled]
     oldest = min((step for step, m in zip(known, branch.loss_mask, strict=True) if m), default=weight_step)
@@ -117,6 +122,8 @@ def branch_sample(
     if token_advantages is not None:  # batch.json says so: the loss-mask checker expects advantages to vary
         advantage = loss_token_mean(token_advantages, branch.loss_mask)
         meta = {**meta, "algorithm": "opd"}
+    if branch.ce_roles is not None:  # batch.json says which turns its cross-entropy weights may cover
+        meta = {**meta, "ce_roles": branch.ce_roles}
     return Sample(
         token_ids=branch.token_ids,
         loss_mask=[False] * len(branch.loss_mask) if masked else branch.loss_mask,
@@ -129,6 +136,7 @@ def branch_sample(
         weight_steps=[step if m else oldest for step, m in zip(known, branch.loss_mask, strict=True)],
         images=branch.images,
         token_advantages=token_advantages,
+        ce_weights=None if masked else branch.ce_weights,
     )
 
 
@@ -179,6 +187,7 @@ class Batch:
             num_samples=len(self.samples),
             num_tokens=sum(len(s.token_ids) for s in self.samples),
             num_loss_tokens=sum(sum(s.loss_mask) for s in self.samples),
+            num_ce_tokens=sum(m.ce_tokens() for m in self.micro_batches),
             reward_mean=reward_mean,
             temperature=temperature,
             truncation=truncation,

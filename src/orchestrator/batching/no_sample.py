@@ -34,14 +34,15 @@ class Untrained:
 
 def untrained_reason(rollout: Rollout, samples: list[Sample] | None, seq_len: int) -> str | None:
     """Why ``rollout`` trains nothing, or None when one of its ``samples`` (None: its group was left out for tying)
-    fits in ``seq_len`` tokens with a trainable token. Its samples' masks are compared with its branches' to tell a
-    truncated rollout masked as such from one that sampled nothing. Lost groups are told apart before."""
+    fits in ``seq_len`` tokens with a trainable token (sampled, or with a cross-entropy weight). Its samples' masks
+    are compared with its branches' to tell a truncated rollout masked as such from one that sampled nothing. Lost
+    groups are told apart before."""
     if not rollout.ok:
         return "failed"
     if samples is None:
         return "tied"
     fitting = [s for s in samples if len(s.token_ids) <= seq_len]
-    if any(any(s.loss_mask) for s in fitting):
+    if any(any(s.loss_mask) or any(s.ce_weights or []) for s in fitting):
         return None
     if len(fitting) < len(samples):
         return "too_long"

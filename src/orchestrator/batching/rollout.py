@@ -28,6 +28,10 @@ class Branch:
     images: list[str] = field(default_factory=list)
     # on-policy distillation: the teacher's logprob of each token in its full context (0 for the first), else None
     teacher_logprobs: list[float] | None = None
+    # per token: its weight in the cross-entropy term (Sample.ce_weights) where its environment's algorithm trains
+    # tokens on their likelihood (echo, sft), else None
+    ce_weights: list[float] | None = None
+    ce_roles: list[str] | None = None  # the roles of the turns ce_weights may cover (batch.json's, for the checker)
 
 
 @dataclass

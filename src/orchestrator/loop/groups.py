@@ -36,12 +36,16 @@ logger = logging.getLogger("orchestrator")
 class GroupRunner:
     """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, sampling as ``ctx`` says, within
     ``limits``: in this process, or on rollout ``workers`` (each within its share of the limits). The images the
-    rollouts show are stored in the run at ``output_dir``."""
+    rollouts show are stored in the run at ``output_dir``. ``teacher`` (a context sampling from the teacher's server)
+    samples the groups of the environments on ``sft`` (distillation from the teacher's samples) instead."""
 
     def __init__(self, servers: Servers, ctx: ModelContext, limits: RolloutLimits, group_size: int,
-                 workers: RolloutWorkers | None = None, output_dir: Path | None = None):  # fmt: skip
+                 workers: RolloutWorkers | None = None, output_dir: Path | None = None,
+                 teacher: ModelContext | None = None, default_algorithm: str = "grpo"):  # fmt: skip
         self.servers = servers
         self.ctx = ctx
+        self.teacher = teacher
+        self.default_algorithm = default_algorithm
         self.limits = limits
         self.group_size = group_size
         self.workers = workers
@@ -85,8 +89,11 @@ class GroupRunner:
                         lost=True, retries=retries, seat=seat) for _ in range(n) for seat in seats(env)]  # fmt: skip
 
     def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
-        """The rollouts of one group on ``server``, run here or by a worker."""
+        """The rollouts of one group on ``server`` (on the teacher's, for an environment on ``sft``), run here or by
+        a worker."""
         ctx = self.context(server)
+        if self.teacher is not None and (env_config(env).algorithm or self.default_algorithm) == "sft":
+            ctx = self.teacher
         if self.workers is None:
             return run_group(env, task, n, ctx, self.limits, self.output_dir)
         return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
@@ -119,7 +126,10 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     workers = RolloutWorkers(count, config, infra, model_path) if count > 1 else None
     if workers:
         logger.info(f"rollouts run in {count} worker processes")
-    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers, config.output_dir)
+    teacher = getattr(config, "teacher", None)  # an evaluation has none
+    taught = at_server(ctx, f"{teacher.base_url}/v1", teacher.model, teacher.api_key_var) if teacher else None
+    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers, config.output_dir, taught,
+                       getattr(config, "algorithm", "grpo"))  # fmt: skip
 
 
 def busiest_share(before: dict[int, float], after: dict[int, float], seconds: float) -> float:

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from contracts.chat_family import resolve_family
 from contracts.checkpoint import checkpoint_due
 from contracts.errors import TridentError
+from contracts.inference_api import API_KEY_ENV
 from contracts.metrics import MetricsWriter
 from contracts.model_card import ModelCard
 from contracts.progress import HEARTBEAT_S, Progress
@@ -25,16 +26,18 @@ from contracts.run_dir import resume_step, weights_dir
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.causes import causes
 from orchestrator.batching.distill import reverse_kl_metrics
+from orchestrator.batching.echo import set_echo_weights
 from orchestrator.batching.images import decoded_with_images
 from orchestrator.batching.infra import check_lost, infra_metrics, is_lost
 from orchestrator.batching.no_sample import no_sample_metrics, untrained_summary
 from orchestrator.batching.rollout import Rollout
 from orchestrator.batching.running_baseline import RunningBaselines
-from orchestrator.config import OrchestratorConfig, prompts_per_env
+from orchestrator.batching.teacher_samples import set_teacher_sample_weights
+from orchestrator.config import OrchestratorConfig, TeacherConfig, prompts_per_env
 from orchestrator.loop.ckpt import Checkpointer
 from orchestrator.loop.evaluation import Evaluation
 from orchestrator.loop.groups import busiest_share, connect
-from orchestrator.loop.refill import pool_results, refill_metrics
+from orchestrator.loop.refill import Slot, pool_results, refill_metrics
 from orchestrator.loop.schedule import StepSchedule
 from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from orchestrator.metrics.memory import StepMemory
@@ -46,12 +49,21 @@ from orchestrator.serving.teacher import Teacher
 from orchestrator.serving.weight_sync import WeightSync
 from orchestrator.tasks.difficulty_pool import DifficultyPool
 from orchestrator.tasks.sampler import TaskFeed, TaskSampler
-from orchestrator.verifiers_adapter.envs import load_env, tasks_of
+from orchestrator.verifiers_adapter.envs import load_env, task_id, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
+from tools.rollout_check import ChatFormat
 
 logger = logging.getLogger("orchestrator")
 CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up
+
+
+def slots_by_algorithm(slots: list[Slot], config: OrchestratorConfig) -> dict[str, list[Slot]]:
+    """``slots`` by the algorithm of the environment of their finished group."""
+    by_algorithm: dict[str, list[Slot]] = {}
+    for slot in slots:
+        by_algorithm.setdefault(config.env_algorithm(slot.tries[-1][0]), []).append(slot)
+    return by_algorithm
 
 
 class Orchestrator:
@@ -104,6 +116,16 @@ class Orchestrator:
         self.memory = StepMemory(config.max_memory_growth_gib)
         teacher, run_id = config.teacher, config.run_id
         self.teacher = Teacher(teacher, config.client.base_urls[0], run_id) if teacher else None
+        algorithms = set(map(config.env_algorithm, range(len(config.env))))
+        self.chat = None  # ECHO's weights follow the chat turns
+        if "echo" in algorithms:
+            self.chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model_path), family)
+        self.self_teacher = None
+        if "opsd" in algorithms:  # the policy's server scores, through the chat template of the demonstration
+            policy = TeacherConfig(base_url=config.client.base_urls[0], model=config.model.name,
+                                   api_key_var=API_KEY_ENV)  # fmt: skip
+            self.self_teacher = Teacher(policy, config.client.base_urls[0])
+            self.chat_template = AutoTokenizer.from_pretrained(model_path)
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -148,10 +170,18 @@ class Orchestrator:
         advantage = self.config.advantage
         if refill:  # what refilling could not replace is left out too
             advantage = advantage.model_copy(update={"drop_uniform_groups": True})
+        by_algorithm = slots_by_algorithm(slots, self.config)
         distill_coef = 1.0
         if self.teacher is not None:  # its scores are the opd environments' advantages: counted in write_s
-            await self.teacher.score([s.group for s in slots if self.config.env_algorithm(s.tries[-1][0]) == "opd"])
+            await self.teacher.score([s.group for s in by_algorithm.get("opd", [])])
             distill_coef = self.teacher.config.coef
+        if self.self_teacher is not None:  # the policy shown each task's demonstration scores its samples
+            opsd = by_algorithm.get("opsd", [])
+            await self.self_teacher.score([s.group for s in opsd], [self.demonstration(s) for s in opsd])
+        set_teacher_sample_weights([s.group for s in by_algorithm.get("sft", [])])
+        if self.chat is not None:
+            echo = [s.group for s in by_algorithm.get("echo", [])]
+            set_echo_weights(echo, self.chat, self.config.echo.roles, self.config.echo.coef)
         batch = assemble_batch(step, groups, weight_step, self.config.seq_len, advantage,
                                self.config.mask_truncated_completions, zero_truncated, self.running,
                                distill_coef)  # fmt: skip
@@ -265,6 +295,21 @@ class Orchestrator:
         if checkpoint_due(self.config.ckpt, step, self.config.max_steps):
             self.checkpointer.save(step)
 
+    def demonstration(self, slot: Slot) -> list[int]:
+        """The tokens self-distillation shows before the rollouts of ``slot``'s group: a system turn holding its task's
+        demonstration (``[self_distill]``); one line naming the task and key when its data has none."""
+        env, task, _ = slot.tries[-1]
+        data, key = self.per_env[env][task].data, self.config.self_distill.demonstration_key
+        value = getattr(data, key, None)
+        if value is None:
+            raise TridentError(
+                f"env.{env} ({self.config.env[env].id!r}): task {task_id(data)} has no {key!r} to show as its "
+                "demonstration (self_distill.demonstration_key)"
+            )
+        text = self.config.self_distill.template.replace("{demonstration}", str(value))
+        turn = self.chat_template.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
+        return self.chat_template.encode(turn, add_special_tokens=False)
+
     def decode(self, token_ids: list[int]) -> str:
         return decoded_with_images(token_ids, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),
                                    self.image_pad)  # fmt: skip
@@ -288,6 +333,8 @@ class Orchestrator:
                 stack.push_async_callback(self.teacher.close)
                 await self.teacher.start(self.servers.servers[0].client.http, self.config.model.name, self.output_dir,
                                          self.config.client.server_timeout_s)  # fmt: skip
+            if self.self_teacher is not None:
+                stack.push_async_callback(self.self_teacher.close)
             await self.share.start()
             watch = asyncio.create_task(self.servers.watch())
             stack.callback(watch.cancel)

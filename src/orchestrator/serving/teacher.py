@@ -105,12 +105,16 @@ class Teacher:
             )
         return prompt_token_logprobs(answer.json(), token_ids)
 
-    async def score(self, groups: list[list[Rollout]]) -> None:
-        """Set ``teacher_logprobs`` on every branch of the finished rollouts of ``groups``."""
-        branches = [b for group in groups for r in group if r.ok for b in r.branches]
-        scores = await asyncio.gather(*(self.logprobs(b.token_ids) for b in branches))
-        for branch, teacher_logprobs in zip(branches, scores, strict=True):
-            branch.teacher_logprobs = teacher_logprobs
+    async def score(self, groups: list[list[Rollout]], prefixes: list[list[int]] | None = None) -> None:
+        """Set ``teacher_logprobs`` on every branch of the finished rollouts of ``groups``: each token's logprob in
+        its full context, after the tokens ``prefixes`` gives its group (self-distillation's demonstration; none
+        when None)."""
+        prefixes = prefixes or [[] for _ in groups]
+        branches = [(b, prefix) for group, prefix in zip(groups, prefixes, strict=True) for r in group if r.ok
+                    for b in r.branches]  # fmt: skip
+        scores = await asyncio.gather(*(self.logprobs(prefix + b.token_ids) for b, prefix in branches))
+        for (branch, prefix), teacher_logprobs in zip(branches, scores, strict=True):
+            branch.teacher_logprobs = teacher_logprobs[len(prefix) :]
 
     async def check_tokenizer(self, student: httpx.AsyncClient, student_model: str) -> None:
         """Refuse, in one line, a teacher whose server tokenizes :data:`TOKENIZER_PROBE` into other ids than the

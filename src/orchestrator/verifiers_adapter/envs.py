@@ -194,10 +194,11 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
     )
 
 
-def at_server(ctx: vf.ModelContext, base_url: str, model: str) -> vf.ModelContext:
+def at_server(ctx: vf.ModelContext, base_url: str, model: str, api_key_var: str | None = None) -> vf.ModelContext:
     """``ctx`` sampling from the server at ``base_url`` (its ``/v1`` URL) under the name ``model`` it serves the
-    policy as."""
-    return dataclasses.replace(ctx, model=model, client=ctx.client.model_copy(update={"base_url": base_url}))
+    policy as (with the key in ``api_key_var``, when given)."""
+    update = {"base_url": base_url} | ({"api_key_var": api_key_var} if api_key_var else {})
+    return dataclasses.replace(ctx, model=model, client=ctx.client.model_copy(update=update))
 
 
 def trace_branches(trace: vf.Trace, images: EpisodeImages | None = None) -> list[Branch]:

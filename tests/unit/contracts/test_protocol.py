@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import logging
 import os
@@ -275,3 +276,25 @@ def test_repack_fills_the_token_budget_and_keeps_each_sample_whole():
     assert len(seen) == len(samples)
     with pytest.raises(ValueError, match="does not fit"):
         repack(by_seq_len, tokens=8)  # a 9-token sample
+
+
+def test_cross_entropy_weights_travel_only_where_some_sample_has_them(tmp_path):
+    weighted = dataclasses.replace(sample(2, 0), ce_weights=[0.0, 0.5])
+    micro_batches = [MicroBatch.pack([sample(2, 3)]), MicroBatch.pack([sample(1, 1), weighted])]
+    assert micro_batches[0].ce_weights is None  # no sample has weights: no tensor, the file of before
+    assert micro_batches[1].ce_weights.tolist() == [0.0, 0.0, 0.0, 0.5]  # 0 for the sample without
+    info = BatchInfo(3, 3, 9, 4, 0.0, 1.0, num_ce_tokens=1)
+    write_batch(tmp_path, info, micro_batches)
+    read_info, read_micro_batches = read_batch(tmp_path, 3)
+    assert read_info == info and read_micro_batches[0].ce_weights is None
+    assert torch.equal(read_micro_batches[1].ce_weights, micro_batches[1].ce_weights)
+    # split back into samples and joined again (the trainer's repacking), the weights stay with their tokens
+    assert torch.equal(repack(read_micro_batches, 64)[0].ce_weights, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0.5]))
+    # batch.json names the count only when not 0, and the reader checks it against the files
+    write_batch(tmp_path, BatchInfo(4, 1, 5, 3, 0.0, 1.0), micro_batches[:1])
+    assert "num_ce_tokens" not in json.loads((rollouts_dir(tmp_path, 4) / "batch.json").read_text())
+    write_batch(tmp_path, BatchInfo(5, 3, 9, 4, 0.0, 1.0, num_ce_tokens=2), micro_batches)
+    with pytest.raises(TridentError, match="num_ce_tokens is 2, but the micro-batch files hold 1"):
+        read_batch(tmp_path, 5)
+    bad = dataclasses.replace(weighted, ce_weights=[0.0, -1.0])
+    assert "negative" in MicroBatch.pack([bad]).problem()

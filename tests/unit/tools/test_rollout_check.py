@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 from contracts.chat_family import QWEN2_5, QWEN3
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
 from contracts.sampling import Truncation
+from orchestrator.batching.echo import echo_weights
 from orchestrator.metrics.failed_rollouts import write_failed_rollouts
 from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
 
@@ -123,6 +124,7 @@ def write_step(output_dir: Path, samples: list[Sample], model: str, step: int = 
         num_samples=len(packed),
         num_tokens=sum(len(s.token_ids) for s in packed),
         num_loss_tokens=sum(sum(s.loss_mask) for s in packed),
+        num_ce_tokens=sum(m.ce_tokens() for m in micro_batches),
         reward_mean=sum(s.reward for s in packed) / len(packed),
         temperature=1.0,
         weight_steps=[2],
@@ -734,3 +736,33 @@ def test_a_distilled_samples_per_token_advantages_pass_unless_on_an_untrained_to
     write_step(tmp_path, batch, tiny_model_path, mutate=lambda info, mbs: info.samples[0].update(advantage=9.0))
     (problem,) = checks_found(tmp_path, chat)["advantage_mismatch"]
     assert problem.message.endswith("in the tensors, 9 in batch.json")
+
+
+def with_ce(sample: Sample, weights: list[float], roles: list[str]) -> Sample:
+    return replace(sample, ce_weights=weights, meta={**sample.meta, "ce_roles": roles})
+
+
+def test_cross_entropy_weights_pass_on_their_roles_content_and_fail_elsewhere(tmp_path, samples, chat,
+                                                                              tiny_model_path):  # fmt: skip
+    """ECHO's weights on the tool turn's content and a teacher's sample (weights on the assistant's tokens, no loss
+    token) pass; a weight on the first token, on a turn header, or in a turn of a role not in ``ce_roles`` fails."""
+    tool = samples["tool"]
+    echo = with_ce(tool, echo_weights(tool.token_ids, tool.loss_mask, chat, ["tool"], 1.0), ["tool"])
+    short = samples["short"]
+    n = len(short.token_ids)
+    taught = replace(with_ce(short, [float(m) for m in short.loss_mask], ["assistant"]), loss_mask=[False] * n,
+                     inference_logprobs=[0.0] * n)  # fmt: skip
+    write_step(tmp_path, [echo, taught], tiny_model_path)
+    report = check_step(read_step(tmp_path), chat)
+    assert report.ok and report.num_warnings == 0, report.all_problems()
+
+    seg = segment(tool.token_ids, chat, tool.loss_mask)
+    tool_turn = next(t for t in seg.turns if t.role == "tool")
+    user_content = next(t for t in seg.turns if t.role == "user").content_start
+    for position, check in ((0, "ce_on_first_token"), (tool_turn.start, "ce_on_template"),
+                            (user_content, "ce_in_user_turn")):  # fmt: skip
+        weights = list(echo.ce_weights)
+        weights[position] = 1.0
+        write_step(tmp_path, [with_ce(tool, weights, ["tool"]), taught], tiny_model_path)
+        found = checks_found(tmp_path, chat)
+        assert set(found) == {check} and found[check][0].positions == [position], found
