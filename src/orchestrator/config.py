@@ -869,6 +869,20 @@ class OrchestratorConfig(BaseConfig):
         return self
 
     @model_validator(mode="after")
+    def _one_algorithm_per_env_id(self):
+        seen: dict[str, tuple[int, str]] = {}
+        for i in range(len(self.env)):
+            env_id, algorithm = self.env[i].id, self.env_algorithm(i)
+            first, first_algorithm = seen.setdefault(env_id, (i, algorithm))
+            if algorithm != first_algorithm:
+                raise ValueError(
+                    f"env.{first} and env.{i} ({env_id!r}) train on {first_algorithm!r} and {algorithm!r}: an "
+                    "environment's metrics are logged under its id, so the two would mix; train one algorithm per "
+                    "environment id"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _trained_seats_sample_as_replayed(self):
         for i, env in enumerate(self.env):
             if key := unreplayable_seat_sampling(env, self.model.name):

@@ -90,7 +90,7 @@ def test_a_step_samples_the_sft_env_from_the_teacher_and_weighs_the_echo_envs_to
     table = {"base_url": "http://teacher:8001", "model": "big"}
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, teacher=table,
                                 env=[{"id": "reverse-text", "algorithm": "sft"},
-                                     {"id": "reverse-text", "algorithm": "echo"}])  # fmt: skip
+                                     {"id": "char-target", "algorithm": "echo"}])  # fmt: skip
     orchestrator = Orchestrator(config)
     served = httpx.MockTransport(lambda request: httpx.Response(200, json={"step": 0, "path": "/b", "adapter": None}))
     orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=served)
@@ -143,7 +143,7 @@ def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demons
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2,
                                 self_distill={"demonstration_key": "text", "template": "Shown: {demonstration}"},
-                                env=[{"id": "reverse-text", "algorithm": "opsd"}, {"id": "reverse-text"}])  # fmt: skip
+                                env=[{"id": "reverse-text", "algorithm": "opsd"}, {"id": "char-target"}])  # fmt: skip
     orchestrator = Orchestrator(config)
     served = httpx.MockTransport(lambda request: httpx.Response(200, json={"step": 0, "path": "/b", "adapter": None}))
     orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=served)

@@ -122,7 +122,7 @@ def config_error(tmp_path, toml: str, *flags: str) -> str:
 
 
 TEACHER_TABLE = '[teacher]\nbase_url = "http://127.0.0.1:8001/v1"\nmodel = "big"\n'
-TWO_ENVS = '[[env]]\nid = "reverse-text"\n[[env]]\nid = "reverse-text"\nalgorithm = "grpo"\n'
+TWO_ENVS = '[[env]]\nid = "reverse-text"\n[[env]]\nid = "char-target"\nalgorithm = "grpo"\n'
 
 
 def test_an_env_inherits_the_runs_algorithm_unless_it_names_its_own(tmp_path):
@@ -172,7 +172,7 @@ def test_a_step_distils_its_opd_env_and_keeps_grpo_on_the_other(tmp_path, monkey
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     table = {"base_url": "http://teacher:8001", "model": "big", "coef": 0.5}
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, teacher=table,
-                                env=[{"id": "reverse-text", "algorithm": "opd"}, {"id": "reverse-text"}])  # fmt: skip
+                                env=[{"id": "reverse-text", "algorithm": "opd"}, {"id": "char-target"}])  # fmt: skip
     orchestrator = Orchestrator(config)
     served = httpx.MockTransport(lambda request: httpx.Response(200, json={"step": 0, "path": "/b", "adapter": None}))
     orchestrator.servers.servers[0].client.http = httpx.AsyncClient(base_url="http://server", transport=served)
@@ -198,3 +198,15 @@ def test_a_teacher_server_that_does_not_answer_is_one_line(free_port):
     with pytest.raises(TridentError, match=r"^teacher.base_url = 'http://127.0.0.1:\d+' did not answer") as refused:
         asyncio.run(teacher.logprobs([1, 2]))
     assert "\n" not in str(refused.value) and "/v1/completions" in str(refused.value)
+
+
+def test_one_env_id_on_two_algorithms_is_refused_in_one_line(tmp_path):
+    """Metrics are logged by environment id: the same id on opd and grpo would mix the two in one curve."""
+    same_id = TWO_ENVS.replace('"char-target"', '"reverse-text"')
+    line = config_error(tmp_path, 'algorithm = "opd"\n' + TEACHER_TABLE + same_id)
+    assert line.endswith(
+        "env.0 and env.1 ('reverse-text') train on 'opd' and 'grpo': an environment's metrics are logged under its "
+        "id, so the two would mix; train one algorithm per environment id"
+    ), line
+    (tmp_path / "orch.toml").write_text('algorithm = "opd"\n' + TEACHER_TABLE + same_id.replace('"grpo"', '"opd"'))
+    assert len(parse_config(OrchestratorConfig, ["@", str(tmp_path / "orch.toml")]).env) == 2  # one algorithm: kept
