@@ -36,7 +36,7 @@ def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
 # (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set), too_stale_fraction with
 # loss.max_token_staleness.
 OPTIONAL_METRICS = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
-                    "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction"}  # fmt: skip
+                    "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction", "ce_loss"}  # fmt: skip
 
 
 def documented_trainer_keys() -> set[str]:
