@@ -15,8 +15,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from contracts.chat_turns import segment
 from tools.failures import failures_view, read_failures
-from tools.rollout_check import RolloutReadError, choose_samples, open_step, rollout_steps, segment
+from tools.rollout_check import RolloutReadError, choose_samples, open_step, rollout_steps
 from tools.rollout_view import conversation_view, step_overview
 
 

@@ -20,10 +20,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from contracts.chat_turns import ChatFormat
 from contracts.errors import TridentError, exit_on_user_error
 from contracts.metrics import setup_logging
 from contracts.model_path import TINY_MODEL_ID
-from tools.rollout_check import ChatFormat, SampleRecord, check_sample
+from tools.rollout_check import SampleRecord, check_sample
 from tools.rollout_view import conversation_view
 from tools.tiny_model import built_model_path
 

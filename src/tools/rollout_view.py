@@ -8,18 +8,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from contracts.chat_turns import CONTENT, END, ChatFormat, Segmentation
 from contracts.sampling import NO_TRUNCATION
-from tools.rollout_check import (
-    CONTENT,
-    END,
-    ERROR,
-    ChatFormat,
-    SampleRecord,
-    SampleReport,
-    Segmentation,
-    StepReport,
-    StepRollouts,
-)
+from tools.rollout_check import ERROR, SampleRecord, SampleReport, StepReport, StepRollouts
 
 ROLE_COLORS = {"system": "magenta", "user": "blue", "tool": "yellow", "assistant": "green"}
 OTHER_COLOR = "red"  # tokens outside turns and unknown roles

@@ -15,11 +15,12 @@ import verifiers.v1 as vf
 from gsm8k_calc import calculator
 from transformers import AutoTokenizer
 
+from contracts.chat_turns import ChatFormat
 from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import load_env, model_context, run_group
 from orchestrator.verifiers_adapter.limits import RolloutLimits
-from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from tools.rollout_check import SampleRecord, check_sample, check_step, open_step
 from tools.tiny_model import built_model_path
 
 pytestmark = pytest.mark.slow

@@ -22,12 +22,13 @@ import verifiers.v1 as vf
 from procs import run_processes, wait_gone
 from transformers import AutoTokenizer
 
+from contracts.chat_turns import ChatFormat
 from contracts.metrics import read_metrics
 from orchestrator.config import EnvConfig, OrchestratorConfig
 from orchestrator.verifiers_adapter.envs import harness_for, load_env, model_context, run_group
 from orchestrator.verifiers_adapter.harness import HARNESS_ID
 from orchestrator.verifiers_adapter.limits import RolloutLimits
-from tools.rollout_check import ChatFormat, SampleRecord, check_sample, check_step, open_step
+from tools.rollout_check import SampleRecord, check_sample, check_step, open_step
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,9 @@
 """ECHO-style cross-entropy on the environment's tokens: besides the policy loss on its sampled tokens, a rollout
 trains the policy to predict what the environment answered (tool results, by default), read off its chat turns by
-message role as the loss-mask checker reads them (:func:`tools.rollout_check.segment`)."""
+message role as the loss-mask checker reads them (:func:`contracts.chat_turns.segment`)."""
 
+from contracts.chat_turns import CONTENT, ChatFormat, segment
 from orchestrator.batching.rollout import Rollout
-from tools.rollout_check import CONTENT, ChatFormat, segment
 
 
 def echo_weights(token_ids: list[int], loss_mask: list[bool], chat: ChatFormat, roles: list[str],

@@ -15,6 +15,7 @@ from dataclasses import replace
 from transformers import AutoTokenizer
 
 from contracts.chat_family import resolve_family
+from contracts.chat_turns import ChatFormat
 from contracts.checkpoint import checkpoint_due
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV
@@ -52,7 +53,6 @@ from orchestrator.tasks.sampler import TaskFeed, TaskSampler
 from orchestrator.verifiers_adapter.envs import load_env, task_id, tasks_of
 from orchestrator.verifiers_adapter.judge import check_judged
 from orchestrator.verifiers_adapter.prompt_images import check_model_sees_images
-from tools.rollout_check import ChatFormat
 
 logger = logging.getLogger("orchestrator")
 CPU_BOUND_SHARE = 0.9  # of a core, busy with rollouts: the process that runs them holds them up

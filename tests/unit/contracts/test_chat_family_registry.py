@@ -4,13 +4,14 @@ turns and the tiny tokenizer's tokens and template; one ``chat_family`` choice r
 import pytest
 
 from contracts.chat_family import FAMILIES, ChatFamily, model_family
+from contracts.chat_turns import ChatFormat, segment
 from contracts.config import ConfigError, parse_config
 from inference.config import InferenceModelConfig
 from inference.server import tool_call_parser
 from launch.rl_config import RLConfig, resolve_shared
 from orchestrator.config import OrchestratorConfig
 from orchestrator.verifiers_adapter.renderer import PROBE_MESSAGES, PROBE_TOOLS, check_renderer, renderer_config
-from tools.rollout_check import ChatFormat, SampleRecord, check_sample, segment
+from tools.rollout_check import SampleRecord, check_sample
 from tools.tiny_model import TINY_MODELS, TinyModel, build_tokenizer, built_model_path
 
 # A made-up format: <|turn|>ROLE<|says|>content<|done|>, tool results in a "tool" turn, no hand-shaped template.

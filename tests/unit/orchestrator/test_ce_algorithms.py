@@ -13,6 +13,7 @@ from test_distill import config_error
 from transformers import AutoTokenizer
 
 import orchestrator.loop.groups as groups_module
+from contracts.chat_turns import ChatFormat
 from contracts.config import parse_config
 from contracts.errors import TridentError
 from contracts.protocol import read_batch
@@ -22,7 +23,6 @@ from orchestrator.batching.rollout import Branch
 from orchestrator.batching.teacher_samples import set_teacher_sample_weights
 from orchestrator.config import AdvantageConfig, OrchestratorConfig, SelfDistillConfig
 from orchestrator.loop.run import Orchestrator
-from tools.rollout_check import ChatFormat
 
 QUESTION = "What is 6 * 7?"
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": "6 * 7"}}\n</tool_call><|im_end|>'

@@ -15,11 +15,12 @@ from script_modules import load_script
 from transformers import AutoTokenizer
 
 from contracts.chat_family import QWEN2_5, QWEN3
+from contracts.chat_turns import ChatFormat, segment
 from contracts.protocol import BatchInfo, MicroBatch, Sample, sample_summary, write_batch
 from contracts.sampling import Truncation
 from orchestrator.batching.echo import echo_weights
 from orchestrator.metrics.failed_rollouts import write_failed_rollouts
-from tools.rollout_check import ChatFormat, check_step, open_step, read_step, segment
+from tools.rollout_check import check_step, open_step, read_step
 
 TOOLS = [
     {
