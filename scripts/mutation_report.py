@@ -45,7 +45,8 @@ MODULES = {
     "packing": Core(
         "src/orchestrator/batching/batch.py",
         tuple(
-            f"tests/unit/orchestrator/test_{name}.py" for name in ("batch", "samples", "distill", "running_baseline")
+            f"tests/unit/orchestrator/test_{name}.py"
+            for name in ("batch", "samples", "advantage", "distill", "running_baseline", "no_sample")
         ),
     ),
     "context_parallel": Core("src/trainer/context_parallel.py", ("tests/unit/trainer/test_context_parallel.py",)),
