@@ -278,5 +278,6 @@ def test_the_context_group_is_the_cp_axis_of_a_dp_by_cp_mesh(monkeypatch):
     monkeypatch.setattr(context_parallel, "init_device_mesh", mesh)
     assert context_group(2, "cpu") == "the cp group"
     assert meshes == [(("cpu", (2, 2)), {"mesh_dim_names": ("dp", "cp")})]
+    assert all(type(n) is int for n in meshes[0][0][1])  # a mesh's shape counts ranks: 2, not 2.0
     with pytest.raises(TridentError, match=r"^model\.parallel\.cp = 3 must divide the trainer's 4 ranks$"):
         context_group(3, "cpu")
