@@ -42,9 +42,22 @@ MODULES = {
     "advantages": Core("src/orchestrator/batching/advantage.py", ("tests/unit/orchestrator/test_advantage.py",)),
     "sampling_replay": Core("src/trainer/truncation.py", ("tests/unit/trainer/test_truncation.py",)),
     "routing_replay": Core("src/trainer/moe/routing.py", ("tests/unit/trainer/test_routing.py",)),
-    "packing": Core("src/orchestrator/batching/batch.py", ("tests/unit/orchestrator/test_batch.py",)),
+    "packing": Core(
+        "src/orchestrator/batching/batch.py",
+        tuple(
+            f"tests/unit/orchestrator/test_{name}.py"
+            for name in ("batch", "samples", "advantage", "distill", "running_baseline", "no_sample")
+        ),
+    ),
     "context_parallel": Core("src/trainer/context_parallel.py", ("tests/unit/trainer/test_context_parallel.py",)),
-    "disk_protocol": Core("src/contracts/protocol.py", ("tests/unit/contracts/test_protocol.py",)),
+    "disk_protocol": Core(
+        "src/contracts/protocol.py",
+        (
+            "tests/unit/contracts/test_protocol.py",
+            "tests/unit/contracts/test_batch_files.py",
+            "tests/unit/contracts/test_images.py",
+        ),
+    ),
 }
 ALSO_COPIED = ("docs", "configs")  # what some unit tests read beside src/ and tests/ (documented keys, configs)
 KILLED = {"killed", "timeout"}  # a mutant the tests stopped; every other status counts as survived
@@ -71,12 +84,28 @@ def scratch_copy(core: Core, folder: Path) -> None:
 
 def mutmut(folder: Path, *args: str) -> str:
     """Run one mutmut command in ``folder``; its standard output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "mutmut", *args], cwd=folder, capture_output=True, text=True, env=os.environ
-    )
+    return python_in(folder, ["-m", "mutmut", *args], f"mutmut {' '.join(args)}")
+
+
+def python_in(folder: Path, args: list[str], what: str) -> str:
+    """Run this Python with ``args`` in ``folder``; its standard output (exit naming ``what`` if it fails)."""
+    done = subprocess.run([sys.executable, *args], cwd=folder, capture_output=True, text=True, env=os.environ)
     if done.returncode != 0:
-        sys.exit(f"mutmut {' '.join(args)} failed in {folder} (exit {done.returncode}):\n{done.stdout[-3000:]}")
+        sys.exit(f"{what} failed in {folder} (exit {done.returncode}):\n{done.stdout[-3000:]}")
     return done.stdout
+
+
+SHOW_EACH = (
+    "import sys\nfrom mutmut.__main__ import show\nfor key in sys.argv[1:]:\n    show.callback(key)\n    print('\\0')"
+)
+
+
+def mutant_diffs(folder: Path, keys: list[str]) -> dict[str, str]:
+    """``mutmut show`` of each of ``keys`` (its status and diff), in one process: one process each took seconds."""
+    if not keys:
+        return {}
+    shown = python_in(folder, ["-c", SHOW_EACH, *keys], "mutmut show").split("\0\n")
+    return dict(zip(keys, shown[: len(keys)], strict=True))
 
 
 def source_digest(core: Core) -> str:
@@ -95,7 +124,7 @@ def run_module(name: str, core: Core, last: dict | None) -> dict:
         statuses = dict(re.findall(r"^\s+(\S+): (.+)$", mutmut(folder, "results", "--all", "true"), re.MULTILINE))
         if last is not None:
             statuses = {key: statuses[key] for key in last["survivors"]}
-        survivors = {key: mutmut(folder, "show", key) for key, status in statuses.items() if status not in KILLED}
+        survivors = mutant_diffs(folder, [key for key, status in statuses.items() if status not in KILLED])
     total = last["total"] if last else len(statuses)
     killed = total - len(survivors)
     return {

@@ -7,6 +7,7 @@ import copy
 import dataclasses
 
 import pytest
+import torch
 from rollouts import ONE_SAMPLED, rollout, sampled
 
 from contracts.protocol import read_batch, write_batch
@@ -198,3 +199,44 @@ def test_environments_whose_groups_hold_different_numbers_of_rollouts_share_a_ba
     assert batch.rewards == [[1.0, 0.0], [1.0, -1.0, 1.0, -1.0]]
     assert batch.advantages == [[0.5, -0.5], [0.0, 0.0, 0.0, 0.0]]  # each seat of the duel against its own mean
     assert len(batch.samples) == 6
+
+
+def test_each_sample_names_its_rollout_in_its_meta():
+    """batch.json's per-sample summary (contracts.protocol.sample_summary) reads these keys."""
+    named = rollout(1.0, ONE_SAMPLED, env="math", task="t1", seat="player0", rewards={"correct": 1.0},
+                    metrics={"steps": 2.0}, truncated=True, turns=3)  # fmt: skip
+    batch = assemble_batch(0, [[named, rollout(0.0, ONE_SAMPLED)]], 0, seq_len=16)
+    assert batch.samples[0].meta == {"env": "math", "task": "t1", "seat": "player0", "rewards": {"correct": 1.0},
+                                     "metrics": {"steps": 2.0}, "truncated": True, "turns": 3}  # fmt: skip
+
+
+def test_a_failed_rollout_gives_no_sample_even_with_the_branches_it_made_before_failing():
+    failed = rollout(1.0, ONE_SAMPLED, ok=False, error="ValueError: boom")
+    batch = assemble_batch(0, [[failed, A, B]], 0, seq_len=16)
+    assert [s.token_ids for s in batch.samples] == [A.branches[0].token_ids, B.branches[0].token_ids]
+
+
+def test_integer_rewards_give_the_advantages_float_ones_do():
+    """Rewards annotated float may be ints (a reward function returning 1 or 0)."""
+    as_ints = assemble_batch(0, [[rollout(1, ONE_SAMPLED), rollout(0, ONE_SAMPLED)]], 0, seq_len=16)
+    assert as_ints.advantages == [[0.5, -0.5]]
+
+
+def test_a_sample_with_no_sampled_token_carries_its_groups_weights_step():
+    prompt_only = rollout(1.0, sampled([1, 2], 2, []))
+    batch = assemble_batch(0, [[prompt_only, A]], weight_step=3, seq_len=16)
+    empty = next(s for s in batch.samples if not any(s.loss_mask))
+    assert empty.weight_step == 3 and empty.weight_steps == [3, 3]
+
+
+def test_a_sample_of_exactly_seq_len_tokens_is_trained_and_the_batch_keeps_its_weights_step():
+    batch = assemble_batch(0, [[A, B]], weight_step=5, seq_len=4)  # A: 4 tokens
+    assert batch.overlong == 0 and [s.token_ids for s in batch.samples] == [A.branches[0].token_ids, [10, 11, 14]]
+    assert batch.weight_step == 5
+
+
+def test_a_branchs_routes_and_images_reach_its_sample():
+    routes, images = torch.zeros(2, 1, 2, dtype=torch.uint8), ["a" * 64]
+    routed = rollout(1.0, sampled([1, 2], 1, [-1.0], routes=routes, images=images))
+    sample = assemble_batch(0, [[routed, rollout(0.0, ONE_SAMPLED)]], 0, seq_len=16).samples[0]
+    assert sample.routes is routes and sample.images == images

@@ -5,7 +5,9 @@ says, the way back its inverse, backward the reverse) and the row's score sum (t
 backward). The whole step on two ranks: tests/integration/test_context_parallel_two_ranks.py."""
 
 import re
+import threading
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,9 +18,18 @@ from pydantic import ValidationError
 
 from contracts.errors import TridentError
 from tools.tiny_model import built_model_path
+from trainer import context_parallel
 from trainer.compilation import compiles
 from trainer.config import ParallelConfig, SFTConfig, TrainerConfig
-from trainer.context_parallel import divisible_kv, heads_to_tokens, scores_of_the_row, shard_of, tokens_to_heads
+from trainer.context_parallel import (
+    attend_across_shards,
+    context_group,
+    divisible_kv,
+    heads_to_tokens,
+    scores_of_the_row,
+    shard_of,
+    tokens_to_heads,
+)
 from trainer.parallel import World
 from trainer.scoring import logged_entropy_rows
 from trainer.train import check_start
@@ -153,3 +164,120 @@ def test_the_all_to_alls_and_the_score_sum_on_two_gloo_ranks(tmp_path):
     trainer tests) cannot run autograd ("Unable to handle autograd's threading in combination with fork")."""
     mp.start_processes(rank_main, args=(str(tmp_path / "store"),), nprocs=RANKS, start_method="spawn")
     # a rank's failed check raises here, with its traceback
+
+
+class ThreadGroup:
+    """A fake process group for the collectives in one process: each rank a thread, the all-to-all and the sum
+    exchanged through shared slots between two barriers (gloo's semantics for equal splits: the input's ``r``-th
+    chunk goes to rank ``r``, the output holds every rank's chunk in rank order)."""
+
+    def __init__(self, size: int):
+        self.size, self.barrier, self.slots, self.local = size, threading.Barrier(size), {}, threading.local()
+
+    def exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor``, in rank order."""
+        self.slots[self.local.rank] = tensor.detach().clone()
+        self.barrier.wait()
+        gathered = [self.slots[r] for r in range(self.size)]
+        self.barrier.wait()  # every rank has read before a later call writes
+        return gathered
+
+    def all_to_all(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.cat([chunks.chunk(self.size)[self.local.rank] for chunks in self.exchange(flat)])
+
+    def run(self, check, *args) -> None:
+        """``check(rank, *args)`` on each rank's thread; a rank's failure raised here."""
+        failures = []
+
+        def rank_main(rank):
+            self.local.rank = rank
+            try:
+                check(rank, *args)
+            except BaseException as e:
+                failures.append(e)
+                self.barrier.abort()  # the other rank stops waiting
+
+        threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        if failures:
+            raise next((e for e in failures if not isinstance(e, threading.BrokenBarrierError)), failures[0])
+
+
+class _FakeAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat, group):
+        ctx.group = group
+        return group.all_to_all(flat)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.group.all_to_all(grad), None
+
+
+@pytest.fixture
+def thread_group(monkeypatch) -> ThreadGroup:
+    """Context parallelism's collectives over a :class:`ThreadGroup` of two ranks."""
+    group = ThreadGroup(RANKS)
+
+    def all_reduce(x, group):
+        x.copy_(sum(group.exchange(x)))
+
+    monkeypatch.setattr(context_parallel, "all_to_all_single_autograd", lambda x, _, __, g: _FakeAllToAll.apply(x, g))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: group.size)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    return group
+
+
+def test_the_all_to_alls_and_the_score_sum_on_a_fake_group_of_two_threads(thread_group):
+    """The checks of the two-rank gloo test below, in one process (cheap, and seen by the mutation report)."""
+    thread_group.run(lambda rank: (check_all_to_alls(rank, thread_group), check_score_sum(rank, thread_group)))
+
+
+def check_attention(rank: int, group) -> None:
+    """Ulysses attention on this rank's shard equals causal attention over the whole row, this shard's rows; its
+    gradient at this shard's inputs is the whole row's there."""
+    heads, kv_heads, shard = 4, 1, 3  # 1 key and value head: repeated to 2 so that each rank gets one
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, heads, RANKS * shard, DIM, generator=generator, requires_grad=True)
+    key, value = (torch.randn(1, kv_heads, RANKS * shard, DIM, generator=generator, requires_grad=True) for _ in "kv")
+
+    def attend(q, k, v):  # [1, heads, tokens, dim] in, [1, tokens, heads, dim] out
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+
+    own = slice(rank * shard, (rank + 1) * shard)
+    whole = attend(query, key, value)[:, own]
+    pieces = [x[:, :, own].detach().requires_grad_() for x in (query, key, value)]
+    split = attend_across_shards(attend, *pieces, group)
+    torch.testing.assert_close(split, whole, rtol=0, atol=1e-6)
+    weights = torch.randn(whole.shape, generator=generator)
+    (whole * weights).sum().backward()
+    (split * weights).sum().backward()
+    torch.testing.assert_close(pieces[0].grad, query.grad[:, :, own], rtol=0, atol=1e-6)
+
+
+def test_ulysses_attention_on_a_fake_group_equals_the_whole_rows(thread_group):
+    thread_group.run(check_attention, thread_group)
+
+
+def test_the_context_group_is_the_cp_axis_of_a_dp_by_cp_mesh(monkeypatch):
+    """Four ranks at cp = 2: a (2, 2) mesh named dp, cp, its cp axis's group; cp = 3 does not divide them."""
+    meshes = []
+
+    class Mesh:
+        def __getitem__(self, name):
+            return SimpleNamespace(get_group=lambda: f"the {name} group")
+
+    def mesh(*args, **kwargs):
+        meshes.append((args, kwargs))
+        return Mesh()
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(context_parallel, "init_device_mesh", mesh)
+    assert context_group(2, "cpu") == "the cp group"
+    assert meshes == [(("cpu", (2, 2)), {"mesh_dim_names": ("dp", "cp")})]
+    assert all(type(n) is int for n in meshes[0][0][1])  # a mesh's shape counts ranks: 2, not 2.0
+    with pytest.raises(TridentError, match=r"^model\.parallel\.cp = 3 must divide the trainer's 4 ranks$"):
+        context_group(3, "cpu")
