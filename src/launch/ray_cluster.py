@@ -2,6 +2,7 @@
 on them (:mod:`launch.ray_placement`), how files travel between the nodes, and the memory plan per GPU; what
 ``rl --dry-run`` prints, and the one line that refuses a plan that cannot work."""
 
+import os
 from dataclasses import dataclass
 
 from contracts.errors import TridentError
@@ -19,21 +20,36 @@ def planned_nodes(ray: RayConfig) -> list[Node]:
     return [Node(f"node-{i}", ray.planned_gpus_per_node, ray.planned_cpus_per_node) for i in range(ray.planned_nodes)]
 
 
-def live_nodes(address: str) -> list[Node]:
-    """The alive nodes of the Ray cluster at ``address``, by node id, with their GPUs and CPUs."""
+def import_ray():
+    """The ``ray`` module, for processes that each node runs with its own install of Trident: Ray's copying of a
+    ``uv run`` project to every worker (read when ray is imported) is turned off. ImportError without the extra."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    import ray
+
+    return ray
+
+
+def connect(address: str):
+    """Connect ``rl`` to the Ray cluster at ``address`` (once); the ``ray`` module."""
     try:
-        import ray
+        ray = import_ray()
     except ImportError:
         raise TridentError(
             f"--ray.address {address}: ray is not installed here; `uv sync --extra cpu --extra ray` (or gpu) adds it"
         ) from None
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except ConnectionError as e:
         raise TridentError(f"--ray.address {address}: no Ray cluster there ({e})") from None
+    return ray
+
+
+def live_nodes(address: str) -> list[Node]:
+    """The alive nodes of the Ray cluster at ``address``, by node id, with their GPUs and CPUs."""
     return [
         Node(node["NodeID"], int(node["Resources"].get("GPU", 0)), node["Resources"].get("CPU", 0))
-        for node in ray.nodes()
+        for node in connect(address).nodes()
         if node["Alive"]
     ]
 
