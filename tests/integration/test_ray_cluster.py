@@ -1,7 +1,7 @@
 """A Trident process through a Ray actor on a local two-node Ray cluster (two raylets on this machine, as Ray's own
 tests start them): placed by the plan on its node, its log copied to ``rl``'s side, its exit code reported, stopped
 with its children by SIGTERM, and stopped on its node when its actor dies (what a lost ``rl`` does); a child of its
-own is then left running (an xfail: not built).
+own is then left running (an xfail: not built); and ``rl --dry-run --ray.address`` reading that cluster's nodes.
 
 Skipped without the ray extra: CI's install (``uv sync --locked --extra cpu``) has no ray;
 ``uv sync --locked --extra cpu --extra ray`` adds it.
@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,21 @@ def test_a_dead_actor_takes_its_process_with_it(cluster, tmp_path):
             "not built: Ray SIGKILLs the actor's direct child, so its lifeline never stops its group and a child of "
             "the process is left running (docs/scaling.md#ray)"
         )
+
+
+def test_rl_dry_run_plans_on_the_live_cluster_and_refuses_what_its_nodes_cannot_hold(cluster, tmp_path):
+    from contracts.config import parse_config
+    from contracts.errors import TridentError
+    from launch.launcher import run
+    from launch.rl_config import RLConfig, resolve_shared
+
+    head = next(node["NodeID"] for node in ray.nodes() if node["Resources"].get("CPU") == 1)
+    configs = Path(__file__).parents[2] / "configs" / "debug" / "rl"
+    files = {"trainer": "train.toml", "orchestrator": "orch.toml", "inference": "infer.toml"}
+    flags = [arg for key, name in files.items() for arg in (f"--{key}", "@", str(configs / name))]
+    argv = [*flags, "--ray.address", cluster[0].address, "--output-dir", str(tmp_path), "--dry-run"]
+    # the server (2 CPUs) takes the worker node, the trainer (1) the head, which has no CPU left for the orchestrator
+    with pytest.raises(TridentError, match=rf"^the Ray cluster cannot hold the run: orchestrator needs 0 GPUs and 1 "
+                                           rf"CPUs on trainer's node {head}; left after the processes before it: "
+                                           rf"{head} 0 GPUs 0 CPUs \(cluster: 2 nodes, 0 GPUs\)$"):  # fmt: skip
+        run(resolve_shared(parse_config(RLConfig, argv), on_gpu=False))
