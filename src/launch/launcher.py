@@ -38,6 +38,7 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import MODULES, Child, command, shell_line, stop_all
+from launch.ray_cluster import plan_ray_run
 from launch.rl_config import (
     RLConfig,
     resolve_shared,
@@ -235,8 +236,13 @@ def run(config: RLConfig) -> int:
     on_gpu = gpu_memory_gib(config) is not None
     check_adapters_servable(config, on_gpu)
     settle_broadcast(config, on_gpu)
-    plan = check_memory(config)
-    check_gpus(config, on_gpu)
+    if config.ray.enabled and not config.dry_run:
+        raise TridentError("--ray.address: rl plans a run on a Ray cluster with --dry-run; starting it there is not "
+                           "built yet (docs/scaling.md#ray)")  # fmt: skip
+    ray_plan = plan_ray_run(config, gpu_memory_gib(config)) if config.ray.enabled else None
+    plan = check_memory(config) if ray_plan is None else ray_plan.memory
+    if ray_plan is None:
+        check_gpus(config, on_gpu)
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
@@ -245,10 +251,11 @@ def run(config: RLConfig) -> int:
     if config.dry_run:
         for name, path in paths.items():
             print(f"{name}: {path}")
-        print("\n".join(placement_lines(config, on_gpu) + server_lines(config)))
-        print("commands:")
+        where = placement_lines(config, on_gpu) if ray_plan is None else ray_plan.lines
+        print("\n".join(where + server_lines(config)))
+        print("commands:" if ray_plan is None else "commands (on its node; Ray sets each one's CUDA_VISIBLE_DEVICES):")
         for name, (argv, placement) in processes.items():
-            print(f"  {name}: {shell_line(argv, placement)}")
+            print(f"  {name}: {shell_line(argv, placement if ray_plan is None else {})}")
         print("\n".join(plan.lines()))
         note_enforce_eager(config, on_gpu)
         return 0

@@ -42,6 +42,32 @@ class SharedModelConfig(StrictModel):
     ] = None
 
 
+class RayConfig(StrictModel):
+    """A run on a Ray cluster (docs/scaling.md#ray): the cluster rl places the run's processes on, or one planned
+    for ``--dry-run`` (as ``--gpu-memory-gib`` plans GPUs). Either makes ``rl`` plan for Ray."""
+
+    address: Annotated[
+        str | None,
+        Field(description="The Ray cluster: 'auto' (the one this node belongs to), or its head's address "
+                          "('head:6379'). Needs the ray extra (`uv sync --extra ray`)."),
+    ] = None  # fmt: skip
+    planned_nodes: Annotated[
+        int | None, Field(ge=1, description="Plan for a cluster of this many nodes instead of reading one (--dry-run).")
+    ] = None
+    planned_gpus_per_node: Annotated[int, Field(ge=0, description="GPUs of each planned node.")] = 0
+    planned_cpus_per_node: Annotated[float, Field(gt=0, description="CPUs of each planned node.")] = 32
+    shared_output_dir: Annotated[
+        bool,
+        Field(description="output_dir is on a filesystem every node sees (NFS, Lustre, ...). Without it, processes "
+                          "on different nodes must not need each other's files: rl refuses a plan where they do."),
+    ] = False  # fmt: skip
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run is planned for Ray: a cluster named, or one planned."""
+        return self.address is not None or self.planned_nodes is not None
+
+
 # rl's own key for each fact the processes share that rl sets (``--max-steps``), and the fact's keys in the
 # sub-configs (contracts.run_spec.HOMES)
 SHARED_FIELDS = {home.rl_key: home.keys for home in HOMES.values() if home.rl_key is not None}
@@ -69,6 +95,7 @@ class RLConfig(BaseConfig):
     ] = None
 
     model: SharedModelConfig = SharedModelConfig()
+    ray: Annotated[RayConfig, Field(description="Place the run on a Ray cluster (`--ray.address auto`).")] = RayConfig()
     output_dir: OutputDir | None = None
     max_steps: MaxSteps | None = None
     seq_len: SeqLen | None = None
