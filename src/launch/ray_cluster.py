@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from contracts.errors import TridentError
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.ray_placement import STRATEGY, Node, Placed, PlacementError, Process, nodes_apart, place
-from launch.rl_config import RayConfig, RLConfig, servers, trainer_ranks
+from launch.rl_config import RayConfig, RLConfig, servers, teacher_server, trainer_ranks
 
 # CPUs each process reserves: a server's API process and engine, a trainer rank, the orchestrator and each of its
 # rollout workers
@@ -134,6 +134,11 @@ class RayPlan:
 def plan_ray_run(config: RLConfig, gpu_gib: float | None) -> RayPlan:
     """Place the run on its Ray cluster with GPUs of ``gpu_gib`` GiB (``--gpu-memory-gib``, which a cluster with GPUs
     needs; None: a CPU cluster); a TridentError in one line for a run that does not fit or cannot work there."""
+    if teacher_server(config) is not None:
+        raise TridentError(
+            f"orchestrator.teacher.model = {config.orchestrator.teacher.model!r} without base_url: rl does not place "
+            "a teacher's server on a Ray cluster yet; give teacher.base_url of a server you started"
+        )
     nodes = cluster_nodes(config.ray)
     cluster_gpus = sum(node.gpus for node in nodes)
     if cluster_gpus and gpu_gib is None:

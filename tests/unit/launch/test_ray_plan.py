@@ -78,3 +78,9 @@ def test_starting_a_run_on_ray_is_refused_until_it_is_built(capsys, tmp_path):
     with pytest.raises(TridentError, match=r"^--ray.address: rl plans a run on a Ray cluster with --dry-run; "):
         dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, "--ray.shared-output-dir", dry=False)
     assert not (tmp_path / "configs").exists()  # refused before it writes anything
+
+
+def test_a_teacher_rl_would_start_is_refused_on_a_cluster_in_one_line(capsys, tmp_path):
+    teacher = ["--orchestrator.algorithm", "opd", "--orchestrator.teacher.model", "Qwen/Qwen3-8B"]
+    with pytest.raises(TridentError, match=r"^orchestrator.teacher.model = 'Qwen/Qwen3-8B' without base_url: rl does"):
+        dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, "--ray.shared-output-dir", *teacher)
