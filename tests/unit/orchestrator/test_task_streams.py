@@ -74,10 +74,13 @@ def test_reading_tasks_that_grow_memory_past_max_load_gib_is_one_line_naming_the
     big = Counted(limit=100_000, size=256 * 1024)  # 256 KiB each: 64 MiB at the first check, after 256 tasks
     with pytest.raises(TridentError) as error:
         read_tasks("huge", big, endless=False, max_tasks=100_000, max_gib=0.03)
+    read = int(re.search(r"\((\d+) tasks read\)", str(error.value))[1])
     assert str(error.value).startswith(
-        "environment 'huge': reading its tasks took more than 0.03 GiB of memory (256 tasks read); "
+        f"environment 'huge': reading its tasks took more than 0.03 GiB of memory ({read} tasks read); "
     )
-    assert big.built == 256
+    # checked every 256 tasks: 256 here alone; in a worker whose earlier tests freed memory the allocator reuses,
+    # the resident size may show the first 64 MiB only at the next check (CI's fresh clone of 06692a7 read 512)
+    assert read % 256 == 0 and read <= 1024 and big.built == read
 
 
 def test_a_stream_read_that_grows_memory_past_max_load_gib_is_one_line_naming_the_environment():
