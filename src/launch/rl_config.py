@@ -289,6 +289,15 @@ def start_teacher(config: RLConfig) -> None:
     teacher, lora = config.orchestrator.teacher, config.trainer.model.experimental.lora
     if config._teacher is not None:
         return  # settled already (its base_url is rl's)
+    orchestrator = config.orchestrator
+    self_taught = [i for i in range(len(orchestrator.env)) if orchestrator.env_algorithm(i) == "opsd"]
+    if self_taught and lora is not None and lora.export == "adapter":
+        i = self_taught[0]
+        raise ConfigError(
+            f"orchestrator.env.{i} ({orchestrator.env[i].id!r}) on 'opsd' with a LoRA trainer that exports its "
+            "adapter: the server serves the policy as an adapter, and opsd's self-teacher scores under model.name, "
+            "the base without it; use lora.export = 'merged' or another algorithm"
+        )
     if teacher is not None and teacher.adapter is not None and (lora is None or lora.export != "adapter"):
         trains = "full weights" if lora is None else "a LoRA merged into full weights (lora.export = 'merged')"
         raise ConfigError(

@@ -217,3 +217,13 @@ def test_a_teacher_server_that_dies_fails_the_run_in_one_line_and_every_process_
     why = f": inference failed: no model there (its log: {log})" if dies == "teacher" else f"; last lines of {log}"
     assert f"{dies} exited with code 1{why}" in caplog.text
     assert len(started) == 4 and not any(process.group_alive() for process in started)
+
+
+def test_opsd_on_a_trainer_that_serves_its_adapter_is_refused_in_one_line(tmp_path):
+    """opsd's self-teacher scores under model.name: with the policy served as an adapter, that is the bare base."""
+    opsd = ["--orchestrator.algorithm", "opsd", "--trainer.model.experimental.lora.rank", "8"]
+    with pytest.raises(ConfigError) as refused:
+        resolved(tmp_path, *opsd)
+    assert str(refused.value).startswith("orchestrator.env.0 ('char-target') on 'opsd' with a LoRA trainer that")
+    merged = resolved(tmp_path, *opsd, "--trainer.model.experimental.lora.export", "merged")  # served as full weights
+    assert merged.orchestrator.env_algorithm(0) == "opsd"
