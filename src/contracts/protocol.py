@@ -324,7 +324,7 @@ def sample_summary(sample: Sample) -> dict:
 def micro_batch_paths(folder: Path) -> list[Path]:
     """The micro-batch files of a rollouts folder, in order (other files are ignored)."""
     numbered = {p.stem.removeprefix("micro_batch_"): p for p in folder.glob("micro_batch_*.safetensors")}
-    return [numbered[k] for k in sorted((k for k in numbered if k.isdigit()), key=int)]
+    return [numbered[k] for k in sorted((k for k in numbered if k.isdecimal()), key=int)]
 
 
 REPORTED_SAMPLE_STEPS = 2

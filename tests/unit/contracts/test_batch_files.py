@@ -205,6 +205,7 @@ def test_links_out_of_the_rollouts_folder_are_refused_and_nothing_outside_is_del
     with pytest.raises(BatchError, match="micro_batch_0.safetensors: not a regular file"):
         read_batch(run, 1)
     (step_1 / "micro_batch_1..safetensors").write_bytes(b"")  # not a micro-batch name: never read
+    (step_1 / "micro_batch_\N{SUPERSCRIPT TWO}.safetensors").write_bytes(b"")  # a digit, but no number int() reads
     (step_1 / "micro_batch_0.safetensors").unlink()
     shutil.copy(outside / "micro_batch_0.safetensors", step_1)
     assert read_batch(run, 1)[0].step == 1
