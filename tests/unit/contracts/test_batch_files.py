@@ -122,31 +122,109 @@ def test_a_tensor_of_another_dtype_or_shape_is_refused(name, mutation):
         assert f": {name} is " in str(error.value)
 
 
+NAN = "advantages or inference_logprobs hold NaN or infinite values"
+POSITIONS = r"position_ids do not count 0, 1, \.\.\. from the start of each sample"
+
+
 @pytest.mark.parametrize(
     "spoil, fault",
     [
         (lambda t: t.pop("advantages"), "holds tensors"),
         (lambda t: t.update({"../../evil": torch.zeros(1)}), "holds tensors"),
-        (lambda t: t["advantages"].__setitem__(0, float("nan")), "NaN or infinite"),
-        (lambda t: t["input_ids"].__setitem__(0, -3), "negative token ids"),
-        (lambda t: t["position_ids"].__setitem__(5, 0), "position_ids"),
-        (lambda t: t["sample_lengths"].__setitem__(0, 5), "sample_lengths"),
+        (lambda t: t["advantages"].__setitem__(0, float("nan")), NAN),
+        (lambda t: t["input_ids"].__setitem__(0, -3), "input_ids holds negative token ids"),
+        (lambda t: t["weight_steps"].__setitem__(6, -1), "weight_steps holds negative steps"),
+        (lambda t: t["position_ids"].__setitem__(5, 0), POSITIONS),
+        (lambda t: t["sample_lengths"].__setitem__(0, 5), r"sample_lengths \[5, 3\] do not split 7 tokens"),
+        # a sample of no tokens, though the lengths add up and the positions count from 0
+        (
+            lambda t: t.update(sample_lengths=torch.tensor([0, 7]), position_ids=torch.arange(7)),
+            r"sample_lengths \[0, 7\] do not split 7 tokens",
+        ),
+        (
+            lambda t: t.update(ce_weights=torch.tensor([0.0, 0.0, -1.0, 0, 0, 0, 0])),
+            "ce_weights hold negative, NaN or infinite values",
+        ),
     ],
 )
 def test_tensors_that_do_not_make_a_batch_are_refused(spoil, fault):
+    """The whole message after the file's name: the fault named as it is, nothing else."""
+
     def write(folder):
         tensors = MicroBatch.pack(samples()).to_dict()
         spoil(tensors)
         save_file(tensors, folder / "micro_batch_0.safetensors")
 
-    with pytest.raises(BatchError, match=fault):
+    with pytest.raises(BatchError, match=rf"micro_batch_0\.safetensors: {fault}"):
+        read_fuzzed(write)
+
+
+def test_the_lengths_a_bad_layout_shows_are_the_first_eight():
+    micro_batch = MicroBatch.pack([Sample([i], [True], [-1.0], 0.0, 0.0, 0) for i in range(9)])
+    micro_batch.sample_lengths = torch.tensor([1] * 8 + [2])
+    assert micro_batch.problem() == "sample_lengths [1, 1, 1, 1, 1, 1, 1, 1] do not split 9 tokens into samples"
+
+
+@pytest.mark.parametrize(
+    "name, tensor, shown",
+    [
+        ("routes", torch.zeros(7, 2, 2, dtype=torch.int64), "torch.int64 of shape [7, 2, 2], expected 3-d torch.uint8"),
+        ("routes", torch.zeros(7, 4, dtype=torch.uint8), "torch.uint8 of shape [7, 4], expected 3-d torch.uint8"),
+        ("ce_weights", torch.zeros(7, dtype=torch.float64), "torch.float64 of shape [7], expected 1-d torch.float32"),
+        ("ce_weights", torch.zeros(7, 1), "torch.float32 of shape [7, 1], expected 1-d torch.float32"),
+    ],
+)
+def test_optional_tensors_of_another_dtype_or_shape_are_refused(name, tensor, shown):
+    def write(folder):
+        save_file({**MicroBatch.pack(samples()).to_dict(), name: tensor}, folder / "micro_batch_0.safetensors")
+
+    with pytest.raises(BatchError) as error:
+        read_fuzzed(write)
+    assert str(error.value).endswith(f"micro_batch_0.safetensors: {name} is {shown}")
+
+
+def test_an_unreadable_micro_batch_file_is_refused_naming_the_reader_error():
+    with pytest.raises(BatchError, match=r"micro_batch_0\.safetensors: not a readable safetensors file \(\w*Error: "):
+        read_fuzzed(lambda folder: (folder / "micro_batch_0.safetensors").write_bytes(b"\x08" + bytes(7)))
+
+
+@pytest.mark.parametrize(
+    "key, said, found", [("step", 5, 0), ("num_samples", 3, 2), ("num_tokens", 8, 7), ("num_loss_tokens", 5, 4)]
+)
+def test_counts_that_differ_from_the_files_are_refused_naming_the_key(key, said, found):
+    def write(folder):
+        (folder / "batch.json").write_text(json.dumps({**asdict(info()), key: said}))
+
+    with pytest.raises(BatchError, match=rf"batch\.json: {key} is {said}, but the micro-batch files hold {found}$"):
+        read_fuzzed(write)
+
+
+@pytest.mark.parametrize("key, value", [("num_tokens", "7"), ("temperature", "1.0"), ("step", 0.0)])
+def test_a_batch_description_is_read_strictly_not_coerced(key, value):
+    """A count written as a string or a float is not what the orchestrator writes: refused, not converted."""
+
+    def write(folder):
+        (folder / "batch.json").write_text(json.dumps({**asdict(info()), key: value}))
+
+    with pytest.raises(BatchError, match=r"batch\.json: not a batch description \(ValidationError: "):
+        read_fuzzed(write)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -1.0, float("inf")])
+def test_a_temperature_the_server_cannot_have_sampled_at_is_refused(temperature):
+    def write(folder):
+        (folder / "batch.json").write_text(json.dumps({**asdict(info()), "temperature": temperature}))
+
+    with pytest.raises(BatchError, match=rf"batch\.json: temperature is {temperature}, expected a positive number$"):
         read_fuzzed(write)
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
-    valid_batch(tmp_path)
-    with pytest.raises(BatchError, match="beyond the model's vocabulary of 10"):
-        read_batch(tmp_path, 0, vocab_size=10)
+    valid_batch(tmp_path)  # token ids 5..11
+    for vocab_size in (10, 11):  # 11: the id 11 is one past the last
+        with pytest.raises(BatchError, match=f"step_0: token ids beyond the model's vocabulary of {vocab_size}$"):
+            read_batch(tmp_path, 0, vocab_size=vocab_size)
+    assert read_batch(tmp_path, 0, vocab_size=12)[0] == info()
 
 
 json_values = st.recursive(
@@ -236,3 +314,16 @@ def test_pruning_keeps_the_batches_of_the_sample_rollouts_the_report_shows(tmp_p
         writer.close()
         prune_rollouts(tmp_path, step, keep=8)
     assert sorted(step_dirs(tmp_path / "rollouts")) == [11, *range(15, 23)]
+
+
+def test_pruning_skips_a_step_it_cannot_delete_and_deletes_nothing_outside(tmp_path):
+    """A step folder that is a link (here one to a batch outside the run) is left, not followed, and does not stop
+    the training step that prunes."""
+    outside = valid_batch(tmp_path / "outside")
+    run = tmp_path / "run"
+    valid_batch(run, 1)
+    rollouts_dir(run, 2).symlink_to(outside, target_is_directory=True)
+    valid_batch(run, 3)
+    prune_rollouts(run, 3, keep=1)
+    assert sorted(step_dirs(run / "rollouts")) == [2, 3] and rollouts_dir(run, 2).is_symlink()
+    assert sorted(p.name for p in outside.iterdir()) == ["batch.json", "micro_batch_0.safetensors"]

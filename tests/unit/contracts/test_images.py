@@ -65,6 +65,7 @@ def test_micro_batches_carry_each_samples_images_through_the_file_and_repacking(
     assert packed.images == [[b], [a, b, a], []]
     text_only = MicroBatch.pack(samples[1:2])
     assert text_only.images is None and text_only.metadata() is None
+    assert MicroBatch.concat([text_only, text_only]).images is None  # joined text-only rows: still no images
 
 
 def test_a_micro_batch_whose_images_do_not_fit_its_samples_is_refused(tmp_path):

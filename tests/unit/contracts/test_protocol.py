@@ -11,7 +11,19 @@ import torch
 import contracts.records
 from contracts.atomic_io import atomic_dir, atomic_file, move_into_place, recover_aside
 from contracts.errors import TridentError
-from contracts.protocol import BatchInfo, MicroBatch, Sample, pack_samples, read_batch, repack, write_batch
+from contracts.protocol import (
+    CE_WEIGHTS_DTYPE,
+    MICRO_BATCH_DTYPES,
+    ROUTES_DTYPE,
+    BatchInfo,
+    MicroBatch,
+    Sample,
+    pack_samples,
+    read_batch,
+    repack,
+    sample_summary,
+    write_batch,
+)
 from contracts.run_dir import clear_run_state, latest_stable_weights, mark_stable, rollouts_dir, step_dirs, weights_dir
 
 
@@ -298,3 +310,70 @@ def test_cross_entropy_weights_travel_only_where_some_sample_has_them(tmp_path):
         read_batch(tmp_path, 5)
     bad = dataclasses.replace(weighted, ce_weights=[0.0, -1.0])
     assert "negative" in MicroBatch.pack([bad]).problem()
+
+
+def test_a_sample_whose_token_advantages_or_routes_do_not_fit_its_tokens_is_refused():
+    def sample_with(**fields):
+        return Sample([1, 2], [False, True], [0.0, -1.0], 0.0, 0.0, 0, **fields)
+
+    routes = torch.zeros(2, 1, 2, dtype=torch.uint8)  # [tokens, layers, top_k]
+    assert sample_with(token_advantages=[0.5, 1.0], routes=routes, ce_weights=[0.0, 1.0]).routes is routes
+    for fields, message in [
+        ({"token_advantages": [1.0, 1.0, 1.0]}, "3 token advantages for 2 tokens"),
+        ({"ce_weights": [1.0]}, "1 cross-entropy weights for 2 tokens"),
+        ({"routes": torch.zeros(2, 2, dtype=torch.uint8)}, r"routes of shape \[2, 2\] for 2 tokens"),
+        ({"routes": torch.zeros(3, 1, 2, dtype=torch.uint8)}, r"routes of shape \[3, 1, 2\] for 2 tokens"),
+    ]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            sample_with(**fields)
+
+
+def test_pack_gives_each_tensor_its_file_dtype_whatever_numbers_the_sample_holds():
+    """Python ints where floats are meant (an integer reward's advantage, a prompt's logprob 0) still make the
+    dtypes the trainer's reader requires: a float advantage written as int64 would be refused as a bad file."""
+    ints = Sample([3, 4, 5], [False, True, True], [0, -1, -2], advantage=1, reward=1, weight_step=2,
+                  token_advantages=[1, 2, 3], ce_weights=[0, 1, 1])  # fmt: skip
+    micro_batch = MicroBatch.pack([ints])
+    assert {name: getattr(micro_batch, name).dtype for name in MICRO_BATCH_DTYPES} == MICRO_BATCH_DTYPES
+    assert micro_batch.ce_weights.dtype == CE_WEIGHTS_DTYPE
+    assert micro_batch.advantages.tolist() == [1.0, 2.0, 3.0] and micro_batch.weight_steps.tolist() == [2, 2, 2]
+    assert micro_batch.problem() is None
+
+
+def routed(first: int, n: int) -> Sample:
+    """A sample of ``n`` tokens routed to 2 layers x top-2 experts (int64 ids, as a server's answer decodes)."""
+    routes = torch.arange(first, first + 4 * n).reshape(n, 2, 2)
+    return Sample(list(range(n)), [False] + [True] * (n - 1), [0.0] + [-1.0] * (n - 1), 1.0, 0.0, 0, routes=routes)
+
+
+def test_routes_travel_with_their_tokens_through_the_file_splitting_and_repacking(tmp_path):
+    a, b = routed(0, 3), routed(100, 2)
+    micro_batch = MicroBatch.pack([b, a])
+    assert micro_batch.routes.dtype == ROUTES_DTYPE
+    assert micro_batch.routes.tolist() == [*b.routes.tolist(), *a.routes.tolist()]
+    assert MicroBatch.pack([a, sample(1, 1)]).routes is None  # routing replay needs every token's routes
+    write_batch(tmp_path, BatchInfo(1, 2, 5, 3, 0.0, 1.0), [micro_batch])
+    (read,) = read_batch(tmp_path, 1)[1]
+    assert torch.equal(read.routes, micro_batch.routes)
+    assert [piece.routes.tolist() for piece in read.samples()] == [b.routes.tolist(), a.routes.tolist()]
+    (repacked,) = repack([read], 8)  # longest first: a, then b
+    assert repacked.routes.tolist() == [*a.routes.tolist(), *b.routes.tolist()]
+    assert MicroBatch.concat([read, MicroBatch.pack([sample(1, 1)])]).routes is None
+
+
+def test_sample_summary_records_the_advantage_reward_and_weight_step_beside_the_meta():
+    s = dataclasses.replace(sample(1, 1, advantage=-0.5), reward=2.0, weight_step=3, meta={"env": "e", "task": 7})
+    assert sample_summary(s) == {"advantage": -0.5, "reward": 2.0, "weight_step": 3, "env": "e", "task": 7}
+
+
+def test_batch_json_is_written_one_key_a_line(tmp_path):
+    """batch.json is read by people and by inspect tools too: indented one space, one field a line."""
+    folder = write_batch(tmp_path, BatchInfo(3, 1, 2, 1, 0.25, 0.7, weight_steps=[2]), [])
+    assert (folder / "batch.json").read_text().splitlines()[:3] == ["{", ' "step": 3,', ' "num_samples": 1,']
+
+
+def test_micro_batches_are_read_back_in_the_order_written_past_ten(tmp_path):
+    """micro_batch_10 comes after micro_batch_9, not after micro_batch_1; one-token samples are whole samples."""
+    micro_batches = [MicroBatch.pack([Sample([i], [True], [-1.0], 0.0, 0.0, 0)]) for i in range(12)]
+    write_batch(tmp_path, BatchInfo(1, 12, 12, 12, 0.0, 1.0), micro_batches)
+    assert [m.input_ids.tolist() for m in read_batch(tmp_path, 1)[1]] == [[i] for i in range(12)]
