@@ -225,8 +225,8 @@ class MicroBatch:
             **{name: torch.cat([getattr(m, name) for m in micro_batches]) for name in MICRO_BATCH_TENSORS},
             routes=torch.cat(routes) if all(r is not None for r in routes) else None,
             images=images if any(images) else None,
-            ce_weights=torch.cat([w if w is not None else torch.zeros(len(m.input_ids), dtype=CE_WEIGHTS_DTYPE)
-                                  for w, m in zip(ce_weights, micro_batches, strict=True)])
+            ce_weights=torch.cat([m.ce_weights if m.ce_weights is not None
+                                  else torch.zeros(len(m.input_ids), dtype=CE_WEIGHTS_DTYPE) for m in micro_batches])
             if any(w is not None for w in ce_weights) else None,
         )  # fmt: skip
 

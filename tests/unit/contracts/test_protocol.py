@@ -49,8 +49,9 @@ def test_pack_respects_seq_len_and_keeps_every_sample():
     assert all(sum(len(s.token_ids) for s in b) <= 12 for b in bins)
     assert sorted(id(s) for b in bins for s in b) == sorted(id(s) for s in samples)
     assert len(bins) == 2
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="^a sample of 20 tokens does not fit in 12 tokens$"):
         pack_samples([sample(10, 10)], seq_len=12)
+    assert [len(b) for b in pack_samples([sample(6, 6), sample(1, 1)], seq_len=12)] == [1, 1]  # 12 fit in 12
 
 
 def test_micro_batch_positions_restart_per_sample():
@@ -302,6 +303,7 @@ def test_cross_entropy_weights_travel_only_where_some_sample_has_them(tmp_path):
     assert torch.equal(read_micro_batches[1].ce_weights, micro_batches[1].ce_weights)
     # split back into samples and joined again (the trainer's repacking), the weights stay with their tokens
     assert torch.equal(repack(read_micro_batches, 64)[0].ce_weights, torch.tensor([0, 0, 0, 0, 0, 0, 0, 0, 0.5]))
+    assert repack(read_micro_batches[:1] * 2, 64)[0].ce_weights is None  # none where no row has them
     # batch.json names the count only when not 0, and the reader checks it against the files
     write_batch(tmp_path, BatchInfo(4, 1, 5, 3, 0.0, 1.0), micro_batches[:1])
     assert "num_ce_tokens" not in json.loads((rollouts_dir(tmp_path, 4) / "batch.json").read_text())
