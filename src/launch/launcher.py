@@ -248,8 +248,7 @@ def run(config: RLConfig) -> int:
     output_dir = Path(config.trainer.output_dir)
     lock = lock_output_dir(output_dir)  # noqa: F841 (held until rl exits; a refused rl writes nothing)
     resume_from = resume_point(config)
-    spec = settle_run_spec(config)
-    paths = write_configs(config, spec)
+    paths = write_configs(config, settle_run_spec(config))
     processes = process_commands(config, paths, on_gpu)
     if config.dry_run:
         for name, path in paths.items():
@@ -287,7 +286,7 @@ def run(config: RLConfig) -> int:
                 logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
         else:
             cluster = RayRun(ray_plan, config.ray.placement_timeout_s)
-            children = start_on_ray(cluster, config, spec)
+            children = start_on_ray(cluster, config)
         code = supervise(children, config)
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping all processes")
@@ -306,11 +305,11 @@ def run(config: RLConfig) -> int:
     return code
 
 
-def start_on_ray(cluster: RayRun, config: RLConfig, spec: RunSpec) -> dict[str, RayChild]:
-    """Start the run's processes on their nodes: the servers' addresses settled first (:meth:`RayRun.reach_servers`)
-    and the configs written again with them."""
+def start_on_ray(cluster: RayRun, config: RLConfig) -> dict[str, RayChild]:
+    """Start the run's processes on their nodes: the servers' addresses settled first (:meth:`RayRun.reach_servers`),
+    then the run spec and the configs written again with them."""
     env = cluster.reach_servers(config)
-    paths = write_configs(config, spec)
+    paths = write_configs(config, settle_run_spec(config))
     modules = {name: module_of(name, config) for name in paths}
     return cluster.start(modules, paths, Path(config.trainer.output_dir), env)
 

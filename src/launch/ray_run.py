@@ -106,6 +106,7 @@ class RayRun:
         if ours:
             urls = [f"http://{self.address_of(name)}:{server.port}" for name, server in servers(config).items()]
             config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
+            logger.info(f"the orchestrator reaches the servers at their nodes' addresses: {', '.join(urls)}")
         if os.environ.get(API_KEY_ENV):
             return {}
         logger.info(f"the servers listen on {config.inference.host}: rl made a key for this run's requests "

@@ -12,6 +12,7 @@ Skipped without the ray extra: CI's install (``uv sync --locked --extra cpu``) h
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -170,7 +171,11 @@ class RayRun:
 
     def __init__(self, cluster, output_dir: Path, *flags: str):
         self.output_dir, self.start = output_dir, time.monotonic()
-        argv = rl_argv(output_dir, "--ray.address", cluster[0].address, "--ray.shared-output-dir", *flags)
+        with socket.socket() as probe:  # a port of its own: the server listens on every address
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        flags = ("--ray.address", cluster[0].address, "--ray.shared-output-dir", "--inference.port", str(port), *flags)
+        argv = rl_argv(output_dir, *flags)
         self.console = (output_dir.parent / f"{output_dir.name}.console").open("w+")
         self.rl = subprocess.Popen(argv, stdout=self.console, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         self.actor_pids: set[int] = set()
@@ -196,14 +201,23 @@ class RayRun:
 
         def engine() -> bool:
             started = self.started()
-            return len(started) == 3 and bool(psutil.Process(started["inference"][0]).children())
+            try:
+                return self.rl.poll() is not None or (
+                    len(started) == 3 and bool(psutil.Process(started["inference"][0]).children())
+                )
+            except psutil.NoSuchProcess:
+                return False
 
         assert wait_for(engine, timeout_s=300) and self.rl.poll() is None, self.output()
         return self.started()
 
     def wait(self, timeout_s: float) -> int:
         """rl's exit code; no process of the run may be left a few seconds on."""
-        code = self.rl.wait(timeout=timeout_s)
+        while self.rl.poll() is None:  # each process's actor recorded while it runs
+            assert time.monotonic() - self.start < timeout_s, self.output()
+            self.started()
+            time.sleep(1)
+        code = self.rl.returncode
         self.seconds = time.monotonic() - self.start
         wait_gone(lambda: left_of_run(self.output_dir, self.actor_pids), timeout_s=30)
         return code
