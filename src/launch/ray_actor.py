@@ -147,19 +147,24 @@ class RayChild:
             self.polled = time.monotonic()
             try:
                 code, lines = ray.get(self.actor.poll.remote())
-            except ray.exceptions.RayActorError:
-                code, lines, self.lost = -signal.SIGKILL, b"", self.why_lost()
+            except ray.exceptions.RayError as error:  # the actor died (an OutOfMemoryError when Ray killed it)
+                code, lines, self.lost = -signal.SIGKILL, b"", self.why_lost(error)
             self.write(lines)
             self.code = code
         return self.code
 
-    def why_lost(self) -> str:
-        """The line that says the actor died: its node left the cluster, or it was killed (or crashed) there."""
+    def why_lost(self, error: Exception) -> str:
+        """The line that says the actor died (``error``: what asking it raised): its node left the cluster, Ray's
+        memory monitor killed it, or it was killed (or crashed) there."""
         import ray
 
         where = f"node {self.node} ({self.address})"
-        alive = any(node["NodeID"] == self.node and node["Alive"] for node in ray.nodes())
-        what = f"its Ray actor died on {where}: killed, or its worker crashed" if alive else f"{where} left the cluster"
+        if not any(node["NodeID"] == self.node and node["Alive"] for node in ray.nodes()):
+            what = f"{where} left the cluster"
+        elif isinstance(error, ray.exceptions.OutOfMemoryError):
+            what = f"Ray killed its actor on {where}, which ran low on memory (RAY_memory_usage_threshold)"
+        else:
+            what = f"its Ray actor died on {where}: killed, or its worker crashed"
         return f"{self.name} is gone: {what} (its log: {self.log_path})"
 
     def write(self, lines: bytes) -> None:

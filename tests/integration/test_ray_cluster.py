@@ -44,7 +44,9 @@ STORE = 80 * 2**20  # each node's object store: near Ray's least, the processes 
 @pytest.fixture(scope="module")
 def cluster():
     """A head of 2 CPUs (where the plan puts the debug run's server: the head comes first) and a worker node of 3
-    (the trainer and the orchestrator), each its own raylet; this test's driver connected."""
+    (the trainer and the orchestrator), each its own raylet; this test's driver connected. Ray's memory monitor is
+    off: on a machine other work shares, it would kill the run's actors when the machine, not the run, is short."""
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # read by the raylets as they start
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": STORE,
                                                             "include_dashboard": False})  # fmt: skip
     worker = cluster.add_node(num_cpus=3, object_store_memory=STORE)
@@ -101,8 +103,8 @@ def start_sleeper(tmp_path, name: str):
         "from contracts.lifeline import watch_launcher; watch_launcher(1); import os, subprocess, time; "
         "child = subprocess.Popen(['sleep', '120']); print(os.getpid(), child.pid, flush=True); time.sleep(120)"
     )
-    _, actor, group = start([sys.executable, "-c", sleeper], cpus=1)
-    child = RayChild(name, actor, tmp_path / "logs" / f"{name}.log")
+    node, actor, group = start([sys.executable, "-c", sleeper], cpus=1)
+    child = RayChild(name, actor, tmp_path / "logs" / f"{name}.log", node, "its address")
     assert wait_for(lambda: child.poll() is None and child.log_path.read_text().strip())
     return child, [int(pid) for pid in child.log_path.read_text().split()], group
 
@@ -122,6 +124,9 @@ def test_stop_ends_the_process_and_its_children(cluster, tmp_path):
 def test_a_dead_actor_takes_its_process_and_its_children_with_it(cluster, tmp_path):
     child, (pid, grandchild), group = start_sleeper(tmp_path, "orphaned")
     ray.kill(child.actor)  # as when rl is gone: Ray ends the actor's worker and SIGKILLs its direct children
+    assert wait_for(lambda: child.poll() is not None) and child.poll() == -signal.SIGKILL
+    assert child.lost == (f"orphaned is gone: its Ray actor died on node {child.node} (its address): killed, or its "
+                          f"worker crashed (its log: {child.log_path})")  # fmt: skip
     assert wait_for(lambda: not running([pid])), f"pid {pid} still runs"
     left = wait_for(lambda: not running([grandchild]), timeout_s=5)  # the actor's guard stopped the group
     if running([grandchild]):
@@ -197,29 +202,27 @@ class RayRun:
         return started
 
     def wait_for_the_servers_engine(self) -> dict[str, tuple[int, str]]:
-        """Wait until rl has started its three processes and the server its engine (a process of its own)."""
+        """Wait until rl has started its three processes and the server its engine (a process of its own, which
+        logs as ``(EngineCore pid=N)``)."""
+        log = self.output_dir / "logs" / "inference.log"
 
         def engine() -> bool:
             started = self.started()
-            try:
-                return self.rl.poll() is not None or (
-                    len(started) == 3 and bool(psutil.Process(started["inference"][0]).children())
-                )
-            except psutil.NoSuchProcess:
-                return False
+            return self.rl.poll() is not None or (len(started) == 3 and "(EngineCore" in log.read_text())
 
         assert wait_for(engine, timeout_s=300) and self.rl.poll() is None, self.output()
         return self.started()
 
-    def wait(self, timeout_s: float) -> int:
-        """rl's exit code; no process of the run may be left a few seconds on."""
+    def wait(self, timeout_s: float, left_s: float = 30) -> int:
+        """rl's exit code within ``timeout_s`` from now; no process of the run may be left ``left_s`` after it."""
+        deadline = time.monotonic() + timeout_s
         while self.rl.poll() is None:  # each process's actor recorded while it runs
-            assert time.monotonic() - self.start < timeout_s, self.output()
+            assert time.monotonic() < deadline, self.output()
             self.started()
             time.sleep(1)
         code = self.rl.returncode
         self.seconds = time.monotonic() - self.start
-        wait_gone(lambda: left_of_run(self.output_dir, self.actor_pids), timeout_s=30)
+        wait_gone(lambda: left_of_run(self.output_dir, self.actor_pids), timeout_s=left_s)
         return code
 
 
@@ -263,6 +266,6 @@ def test_sigterm_to_rl_stops_every_process_on_both_nodes(cluster, tmp_path):
     run = RayRun(cluster, tmp_path / "run", "--no-orchestrator.eval")
     run.wait_for_the_servers_engine()
     run.rl.send_signal(signal.SIGTERM)
-    assert run.wait(timeout_s=120) == 130, run.output()
+    assert run.wait(timeout_s=120, left_s=2) == 130, run.output()  # rl stopped them all before it exited
     assert "all processes stopped" in (run.output_dir / "logs" / "rl.log").read_text()
     assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
