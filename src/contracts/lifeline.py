@@ -178,3 +178,37 @@ def _signal_marked(name: str, value: str, sig: signal.Signals) -> set[int]:
         except (ProcessLookupError, PermissionError):
             pass
     return {pid for pid, _ in found}
+
+
+def guard_group(watched: int, group: int, grace_s: float = GRACE_S) -> None:
+    """Stop process group ``group`` (SIGTERM, then SIGKILL after ``grace_s``) once process ``watched`` has exited;
+    return as soon as the group ends by itself. Run in a process outside both: a Ray actor's guard
+    (:mod:`launch.ray_actor`), which outlives the actor, whose child Ray SIGKILLs before that child's own lifeline
+    can stop the rest of its group."""
+    try:
+        pidfd = os.pidfd_open(watched)
+    except ProcessLookupError:  # gone before this guard started
+        pidfd = None
+    while _group_alive(group):
+        if pidfd is None or select.select([pidfd], [], [], 1.0)[0]:
+            _stop_group(group, grace_s)
+            return
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_group(group: int, grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        while sig == signal.SIGTERM and _group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.1)

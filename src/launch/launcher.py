@@ -38,7 +38,9 @@ from launch.preflight import (
     settle_broadcast,
 )
 from launch.process import MODULES, Child, command, shell_line, stop_all
+from launch.ray_actor import RayChild
 from launch.ray_cluster import plan_ray_run
+from launch.ray_run import RayRun
 from launch.rl_config import (
     RLConfig,
     resolve_shared,
@@ -221,7 +223,7 @@ def supervise(children: dict[str, Child], config: RLConfig) -> int:
     if failed is not None:
         child = children[failed]
         logged_as = "inference" if failed in started_servers(config) else None  # a server logs as inference
-        logger.error(failure_message(failed, child.poll(), child.log_path, logged_as))
+        logger.error(child.lost or failure_message(failed, child.poll(), child.log_path, logged_as))
         return 1
     logger.info(f"run finished: {printed - first} steps in {time.perf_counter() - start:.1f}s")
     return 0
@@ -236,9 +238,9 @@ def run(config: RLConfig) -> int:
     on_gpu = gpu_memory_gib(config) is not None
     check_adapters_servable(config, on_gpu)
     settle_broadcast(config, on_gpu)
-    if config.ray.enabled and not config.dry_run:
-        raise TridentError("--ray.address: rl plans a run on a Ray cluster with --dry-run; starting it there is not "
-                           "built yet (docs/scaling.md#ray)")  # fmt: skip
+    if config.ray.planned_nodes is not None and not config.dry_run:
+        raise TridentError(f"--ray.planned-nodes {config.ray.planned_nodes}: a planned cluster is for --dry-run; "
+                           "give --ray.address alone to start the run on a cluster")  # fmt: skip
     ray_plan = plan_ray_run(config, gpu_memory_gib(config)) if config.ray.enabled else None
     plan = check_memory(config) if ray_plan is None else ray_plan.memory
     if ray_plan is None:
@@ -259,7 +261,7 @@ def run(config: RLConfig) -> int:
         print("\n".join(plan.lines()))
         note_enforce_eager(config, on_gpu)
         return 0
-    for server in started_servers(config).values():
+    for server in started_servers(config).values() if ray_plan is None else []:  # on Ray: on its node
         check_port_free(server.host, server.port)
     log_dir = logs_dir(output_dir)
     log_to_file(log_dir / "rl.log")
@@ -274,25 +276,42 @@ def run(config: RLConfig) -> int:
         logger.info(f"deleted {path} of a previous run")
 
     stop_on_signals()
-    children: dict[str, Child] = {}
+    children: dict[str, Child | RayChild] = {}
+    cluster: RayRun | None = None
     start, code = time.perf_counter(), 1
     try:
-        for name, (argv, placement) in processes.items():
-            children[name] = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
-            logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
+        if ray_plan is None:
+            for name, (argv, placement) in processes.items():
+                children[name] = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
+                logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
+        else:
+            cluster = RayRun(ray_plan, config.ray.placement_timeout_s)
+            children = start_on_ray(cluster, config)
         code = supervise(children, config)
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping all processes")
         code = 130
     finally:
         keep_stopping()
-        stop_all(list(children.values()))
+        if cluster is not None:
+            cluster.stop()
+        else:
+            stop_all(list(children.values()))
         logger.info("all processes stopped")
         status = {0: "finished", 130: "interrupted"}.get(code, "failed")
         logger.info(f"summary: {write_summary(output_dir, status, time.perf_counter() - start)}")
     if code == 0 and config.plots:
         write_plots_or_warn(output_dir)
     return code
+
+
+def start_on_ray(cluster: RayRun, config: RLConfig) -> dict[str, RayChild]:
+    """Start the run's processes on their nodes: the servers' addresses settled first (:meth:`RayRun.reach_servers`),
+    then the run spec and the configs written again with them."""
+    env = cluster.reach_servers(config)
+    paths = write_configs(config, settle_run_spec(config))
+    modules = {name: module_of(name, config) for name in paths}
+    return cluster.start(modules, paths, Path(config.trainer.output_dir), env)
 
 
 def launch(argv: list[str]) -> int:

@@ -26,6 +26,8 @@ def shell_line(argv: list[str], env: dict[str, str]) -> str:
 class Child:
     """One supervised process (see :func:`command`) whose output goes to ``log_path``."""
 
+    lost: str | None = None  # a local child always exits by itself (a Ray child's actor may die: launch.ray_actor)
+
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str]):
         self.name = name
         self.log_path = log_path

@@ -45,13 +45,16 @@ def connect(address: str):
     return ray
 
 
+HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node alone
+
+
 def live_nodes(address: str) -> list[Node]:
-    """The alive nodes of the Ray cluster at ``address``, by node id, with their GPUs and CPUs."""
-    return [
-        Node(node["NodeID"], int(node["Resources"].get("GPU", 0)), node["Resources"].get("CPU", 0))
-        for node in connect(address).nodes()
-        if node["Alive"]
-    ]
+    """The alive nodes of the Ray cluster at ``address``, by node id, with their GPUs and CPUs: the head first, then
+    the others in the cluster's order (the plan fills them in this order)."""
+    alive = [node for node in connect(address).nodes() if node["Alive"]]
+    alive.sort(key=lambda node: HEAD_RESOURCE not in node["Resources"])
+    return [Node(node["NodeID"], int(node["Resources"].get("GPU", 0)), node["Resources"].get("CPU", 0))
+            for node in alive]  # fmt: skip
 
 
 def cluster_nodes(ray: RayConfig) -> list[Node]:

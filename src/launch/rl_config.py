@@ -61,6 +61,11 @@ class RayConfig(StrictModel):
         Field(description="output_dir is on a filesystem every node sees (NFS, Lustre, ...). Without it, processes "
                           "on different nodes must not need each other's files: rl refuses a plan where they do."),
     ] = False  # fmt: skip
+    placement_timeout_s: Annotated[
+        float,
+        Field(gt=0, description="Seconds rl waits for Ray to reserve the run's placement group (each process's GPUs "
+                                "and CPUs on its node) before it stops, naming what Ray could not place."),
+    ] = 300.0  # fmt: skip
 
     @property
     def enabled(self) -> bool:

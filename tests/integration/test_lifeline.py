@@ -119,3 +119,49 @@ def test_what_a_sigkilled_process_started_stops_by_the_mark_it_inherited():
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# A process of a Ray actor: it leads its group and starts a grandchild into it that ignores SIGTERM.
+MEMBER = """
+import subprocess, sys
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(99)"
+subprocess.Popen([sys.executable, "-c", stubborn], stdout=sys.stdout).wait()
+"""
+
+
+def test_a_guard_stops_a_group_whose_leader_was_killed_once_the_process_it_watches_is_gone():
+    """As when Ray kills an actor: the actor and its child SIGKILLed, the child's group left to its guard."""
+    watched = subprocess.Popen(["sleep", "600"])  # the actor
+    member = subprocess.Popen([sys.executable, "-c", MEMBER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)  # fmt: skip
+    guard = subprocess.Popen([sys.executable, "-c", f"from contracts.lifeline import guard_group; "
+                                                    f"guard_group({watched.pid}, {member.pid}, 1)"])  # fmt: skip
+    try:
+        assert member.stdout.readline().strip() == "up"
+        member.kill()
+        member.wait()
+        assert group_running(member.pid)  # the grandchild runs on
+        watched.kill()
+        watched.wait()
+        took = wait_gone(lambda: group_running(member.pid), timeout_s=15)
+        assert took >= 1.0  # it ignores SIGTERM: the SIGKILL after the grace ends it
+        assert guard.wait(timeout=5) == 0
+    finally:
+        for process in (watched, guard):
+            process.kill()
+        if group_running(member.pid):
+            os.killpg(member.pid, signal.SIGKILL)
+
+
+def test_a_guard_leaves_when_its_group_ends_by_itself():
+    watched = subprocess.Popen(["sleep", "600"])
+    member = subprocess.Popen(["sleep", "0.5"], start_new_session=True)
+    guard = subprocess.Popen([sys.executable, "-c", f"from contracts.lifeline import guard_group; "
+                                                    f"guard_group({watched.pid}, {member.pid}, 1)"])  # fmt: skip
+    try:
+        member.wait()
+        assert guard.wait(timeout=10) == 0
+        assert watched.poll() is None
+    finally:
+        watched.kill()
+        guard.kill()

@@ -74,8 +74,8 @@ def test_a_plan_that_does_not_fit_is_refused_in_one_line(capsys, tmp_path, flags
     assert "\n" not in str(refused.value)
 
 
-def test_starting_a_run_on_ray_is_refused_until_it_is_built(capsys, tmp_path):
-    with pytest.raises(TridentError, match=r"^--ray.address: rl plans a run on a Ray cluster with --dry-run; "):
+def test_a_planned_cluster_is_for_a_dry_run_only(capsys, tmp_path):
+    with pytest.raises(TridentError, match=r"^--ray.planned-nodes 2: a planned cluster is for --dry-run; give "):
         dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, "--ray.shared-output-dir", dry=False)
     assert not (tmp_path / "configs").exists()  # refused before it writes anything
 

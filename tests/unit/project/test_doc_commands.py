@@ -51,6 +51,8 @@ NOT_RUN = {  # a part of a command (its words, its env assignments left out): wh
     "uv run --no-sync pytest": "the test suite itself; test_readme holds it to the command CI runs",
     "vllm serve": "vLLM's own command, serving a hub model on a GPU",
     "sbatch": "needs SLURM; tests/integration/test_multinode.py runs the nodes' script on this machine",
+    "ray start": "starts a Ray node (the ray extra); tests/integration/test_ray_cluster.py starts a cluster here",
+    "--ray.address auto": "needs a running Ray cluster; tests/integration/test_ray_cluster.py runs rl on one it starts",
     "uv run python benchmarks/<name>.py": "a pattern for every benchmark, not a command",
     "--model.name outputs/sft/weights/step_60": "starts from the weights the SFT run above writes in 60 real steps",
 }
