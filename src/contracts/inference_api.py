@@ -113,6 +113,7 @@ class WeightsChange(Served):
 
     seconds: float
     paused_s: float = 0.0
+    checksum: str | None = None  # of the full weights served, where the server keeps a copy (a delta chain's)
 
 
 class RunShare(Served):

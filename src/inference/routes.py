@@ -17,11 +17,12 @@ from fastapi.routing import APIRoute
 from starlette.datastructures import State
 
 from contracts import inference_api as api
+from contracts.delta_chain import read_delta_info
 from contracts.run_dir import ADAPTER_CONFIG, is_adapter
 from contracts.shared_config import RunId
 from contracts.weight_manifest import read_manifest
 from inference.runs import Run, Runs
-from inference.security import check_full_weights, check_manifest, checked_weights_path
+from inference.security import check_delta, check_full_weights, check_manifest, checked_weights_path
 
 # Under "vllm": vLLM configures its loggers at start-up and disables others created before then.
 logger = logging.getLogger("vllm.trident")
@@ -86,7 +87,7 @@ class WeightsRoutes:
         unnamed = runs.get(None)
         if unnamed.adapters is not None:  # adapters were trained on the old base weights
             await unnamed.adapters.retire_all()
-        return serving(unnamed, None, step, path, None, start, paused_s)
+        return serving(unnamed, None, step, path, None, start, paused_s, loaded[0].get("checksum"))
 
     async def reload_weights(self, request: api.WeightsRequest, raw_request: Request) -> JSONResponse:
         if request.run is not None:
@@ -97,9 +98,12 @@ class WeightsRoutes:
             raise HTTPException(400, f"{path} holds a LoRA adapter: load it with {api.LOAD_ADAPTER}")
         try:
             manifest = read_manifest(path)  # sent by the trainer over the broadcast, or files
+            delta = read_delta_info(path)  # files of a delta chain
         except ValueError as e:
             raise HTTPException(400, str(e)) from None
-        if manifest is None:
+        if delta is not None and delta.kind == "delta":
+            check_delta(Path(path), Path(self.base_path))
+        elif manifest is None:
             check_full_weights(Path(path), Path(self.base_path))
         else:
             check_manifest(Path(path), manifest, self.store, Path(self.base_path))
@@ -170,16 +174,25 @@ class WeightsRoutes:
 
 
 def serving(
-    state: Run, run: str | None, step: int, path: str, adapter: str | None, start: float, paused_s: float = 0.0
+    state: Run,
+    run: str | None,
+    step: int,
+    path: str,
+    adapter: str | None,
+    start: float,
+    paused_s: float = 0.0,
+    checksum: str | None = None,
 ) -> JSONResponse:
     """Record what ``run`` (``state``) is now served; the answer to a weights change (``paused_s``: seconds
-    generation was paused for it)."""
+    generation was paused for it; ``checksum``: of the weights loaded, where the worker keeps a copy)."""
     state.served = api.Served(step=step, path=path, adapter=adapter)
     seconds = time.perf_counter() - start
     what = f"adapter {adapter}" if adapter else "weights"
     logger.info(f"serving {what} of step {step} from {path}{f' to run {run}' if run else ''} "
                 f"(loaded in {seconds:.3f}s, paused {paused_s:.3f}s)")  # fmt: skip
-    change = api.WeightsChange(**state.served.model_dump(), seconds=round(seconds, 4), paused_s=round(paused_s, 4))
+    change = api.WeightsChange(
+        **state.served.model_dump(), seconds=round(seconds, 4), paused_s=round(paused_s, 4), checksum=checksum
+    )
     return JSONResponse(change.model_dump())
 
 

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocketClose
 
+from contracts.delta_chain import DELTA_WEIGHTS
 from contracts.errors import TridentError
 from contracts.inference_api import API_KEY_ENV, OPEN_ROUTES, is_loopback
 from contracts.run_dir import STABLE, step_of
@@ -129,6 +130,26 @@ def check_full_weights(path: Path, base: Path) -> None:
     if not shapes:
         raise HTTPException(400, f"{path} holds no .safetensors weights")
     check_shapes(path, shapes, base)
+
+
+def fused_expert_of(name: str, expected: dict) -> bool:
+    """Whether ``name`` is a fused expert weight (:data:`FUSED_EXPERT_WEIGHTS`) of experts ``expected`` holds."""
+    prefix, _, weight = name.rpartition(".experts.")
+    parts = FUSED_EXPERT_WEIGHTS.get(weight, ()) if prefix else ()
+    return bool(parts) and f"{prefix}.experts.0.{parts[0]}.weight" in expected
+
+
+def check_delta(path: Path, base: Path) -> None:
+    """400 unless ``path`` holds a readable delta file whose tensors are the served model ``base``'s (their sizes
+    are checked as the deltas apply)."""
+    try:
+        with safe_open(path / DELTA_WEIGHTS, "pt") as tensors:
+            names = {key.rpartition(":")[0] for key in tensors.keys()}
+    except Exception as e:  # safetensors raises its own error types for missing, truncated or malformed files
+        raise HTTPException(400, f"{path}: unreadable {DELTA_WEIGHTS} ({type(e).__name__}: {e})") from None
+    expected = tensor_shapes(base)
+    if unknown := sorted(name for name in names if name not in expected and not fused_expert_of(name, expected)):
+        raise HTTPException(400, f"{path}: deltas of tensors not in the served model: {', '.join(unknown[:3])}")
 
 
 def check_manifest(path: Path, manifest: dict, store: tuple[str, int] | None, base: Path) -> None:

@@ -16,20 +16,22 @@ class WeightReloadExtension:
 
     def load_weights(self, path: str, manifest: dict | None = None) -> dict[str, Any]:
         """Load the weights of the folder ``path`` into the running model, in place, through the receiver its
-        ``manifest`` picks (``inference.transports``; None: the folder's HF safetensors files), made at the first
-        manifest of each trainer session. ``{"gone": why}``, loading nothing, when the trainer holds newer weights
-        than these."""
+        ``manifest`` picks (``inference.transports``; None: the folder's HF safetensors files or its delta chain),
+        made at the first manifest of each trainer session; with the ``checksum`` of the weights loaded where the
+        receiver keeps a copy (a delta chain's). ``{"gone": why}``, loading nothing, when the trainer holds newer
+        weights than these."""
         from inference.transports import Receivers
 
         start = time.perf_counter()
-        receiver = self.__dict__.setdefault("_trident_receivers", Receivers()).pick(manifest)
+        receiver = self.__dict__.setdefault("_trident_receivers", Receivers()).pick(manifest, path)
         weights = receiver.receive(path, manifest)
         if weights is None:
             return {"gone": f"the trainer has sent newer weights than {manifest['sequence']} of its session"}
         self.reload_weights(**weights, is_checkpoint_format=True)
         self._loaded()
         receiver.loaded(manifest)
-        return {"path": path, "seconds": round(time.perf_counter() - start, 4)}
+        seconds = round(time.perf_counter() - start, 4)
+        return {"path": path, "seconds": seconds, "checksum": receiver.served_checksum()}
 
     def _loaded(self) -> None:
         """After new weights are in: tie the output layer to the embeddings again, pack a mixture of experts'

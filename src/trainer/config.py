@@ -426,6 +426,23 @@ BOUND_VERBS = {"clip": "clip", "cispo": "clip", "sapo": "gate", "dppo": "mask"} 
 CUSTOM_REPLACES = (("ratio", "token"), ("bound", "mask"), ("correction", "none"))  # keys a custom term makes moot
 
 
+class WeightsConfig(StrictModel):
+    """How each step's full weights reach the inference servers through output_dir/weights."""
+
+    delta: Annotated[
+        Literal["off", "on", "auto"],
+        Field(
+            description="'on': write each step's weights as a delta against the previous step's (the elements whose "
+            "value in the served dtype changed: docs/protocol.md, weight deltas), with a full copy every full_every "
+            "steps or once the chain since the last full copy would hold more bytes than one; 'auto': as 'on', but a "
+            "full copy whenever the delta would be over half its size; 'off': full weights every step."
+        ),
+    ] = "off"
+    full_every: Annotated[
+        int, Field(ge=1, description="With delta: a full copy at least every this many steps (1: always full).")
+    ] = 10
+
+
 class TrainerConfig(BaseConfig):
     """``uv run trainer @ train.toml``: train on the orchestrator's batches and write weights for inference."""
 
@@ -457,6 +474,7 @@ class TrainerConfig(BaseConfig):
         ),
     ] = 600.0
     weight_broadcast: WeightBroadcastSection = None
+    weights: WeightsConfig = WeightsConfig()
     keep_rollouts: Annotated[
         int | None,
         Field(
@@ -482,12 +500,22 @@ class TrainerConfig(BaseConfig):
         return self
 
     @model_validator(mode="after")
-    def _broadcast_sends_full_weights(self):
+    def _weight_transports_fit(self):
         lora = self.model.experimental.lora
         if self.weight_broadcast is not None and self.model.experimental.load_in_4bit:
             raise ValueError(
                 "weight_broadcast sends full weights, and a 4-bit base (model.experimental.load_in_4bit) exports its "
                 "adapter alone: drop [weight_broadcast] (adapters are small and swap in from disk)"
+            )
+        if self.weights.delta != "off" and self.weight_broadcast is not None:
+            raise ValueError(
+                f"weights.delta = {self.weights.delta!r} writes deltas as files; with [weight_broadcast] every step's "
+                "full weights go in memory: drop one of them"
+            )
+        if self.weights.delta != "off" and lora is not None and lora.export == "adapter":
+            raise ValueError(
+                f"weights.delta = {self.weights.delta!r} is for full weights: a LoRA run with export = 'adapter' "
+                "writes its adapter alone (set weights.delta = 'off', or export = 'merged')"
             )
         if self.weight_broadcast is not None and lora is not None and lora.export == "adapter":
             raise ValueError(

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from contracts.atomic_io import atomic_dir
-from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, write_probe
+from contracts.run_dir import PROBE_TEXT, Probe, mark_stable, step_of, write_probe
 from trainer.config import LoraExport
 from trainer.model import compute_device
 from trainer.peft_model import is_peft
@@ -229,7 +229,8 @@ def save_weights(
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     sender = FileSender() if sender is None else sender
-    sender.send(ExportedWeights(weights, owner, None if adapter else dtype))  # memory: once the previous were taken
+    exported = ExportedWeights(weights, owner, None if adapter else dtype, step_of(folder) or 0)
+    sender.send(exported)  # memory: once the previous were taken
     with atomic_dir(folder) as tmp:
         sender.write(tmp)
         tokenizer.save_pretrained(tmp)

@@ -310,6 +310,8 @@ def trainer_plan(shape: ModelShape, trainer: TrainerConfig, ranks: int, gpu: boo
     held = trainer_broadcast_bytes(shape, backend, compute, gpu) if backend else 0
     if held:
         plan["broadcast"] = held
+    if trainer.weights.delta != "off" and not gpu:  # the copy deltas are taken against (host memory on a GPU)
+        plan["delta_copy"] = shape.parameters * compute
     plan = {name: value / GIB for name, value in plan.items()}
     if gpu:
         plan["allocator"] = ALLOCATOR_SLACK * plan["activations"]

@@ -40,7 +40,8 @@ from trainer.peft_model import is_peft
 from trainer.plan import reshards_after_forward
 from trainer.rules import check_trainer_model
 from trainer.transports import memory_sender
-from trainer.transports.base import MemorySender
+from trainer.transports.base import WeightSender
+from trainer.transports.delta_files import DeltaFileSender
 
 logger = logging.getLogger("trainer")
 
@@ -310,11 +311,15 @@ def train(config: TrainerConfig) -> None:
         close_world()
 
 
-def weight_sender(config: TrainerConfig, world: World) -> MemorySender | None:
-    """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on; closed when the trainer
-    exits (a shared buffer's ``/dev/shm`` file goes)."""
+def weight_sender(config: TrainerConfig, world: World) -> WeightSender | None:
+    """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on (closed when the trainer
+    exits: a shared buffer's ``/dev/shm`` file goes), or of delta files under ``[weights] delta``; None: full files."""
     broadcast = config.weight_broadcast
-    if broadcast is None or not world.is_main:
+    if not world.is_main:
+        return None
+    if config.weights.delta != "off":
+        return DeltaFileSender(config.weights.delta, config.weights.full_every)
+    if broadcast is None:
         return None
     sender = memory_sender(
         broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device, broadcast.receivers

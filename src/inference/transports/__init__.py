@@ -1,7 +1,9 @@
-"""The worker's weight receivers, picked by what each weights folder holds: files, or a manifest naming the
-transport its weights come over."""
+"""The worker's weight receivers, picked by what each weights folder holds: files, a delta chain's entry, or a
+manifest naming the transport its weights come over."""
 
+from contracts.delta_chain import read_delta_info
 from inference.transports.base import WeightReceiver
+from inference.transports.delta_files import DeltaReceiver
 from inference.transports.files import FileReceiver
 from inference.transports.process_group import ProcessGroupReceiver
 from inference.transports.shared_buffer import SharedBufferReceiver
@@ -10,15 +12,21 @@ SESSION_RECEIVERS = {"gloo": ProcessGroupReceiver, "nccl": ProcessGroupReceiver,
 
 
 class Receivers:
-    """A worker's receivers: files for a folder without a manifest, and one for the trainer session whose
-    manifests it is given, made at the first of them (a new session's replaces it)."""
+    """A worker's receivers: files for a folder without a manifest, the delta chain's for a folder with a chain
+    entry, and one for the trainer session whose manifests it is given, made at the first of them (a new session's
+    replaces it)."""
 
     def __init__(self):
         self.files = FileReceiver()
+        self.delta = DeltaReceiver()
         self.session: ProcessGroupReceiver | SharedBufferReceiver | None = None
 
-    def pick(self, manifest: dict | None) -> WeightReceiver:
-        """The receiver of the weights ``manifest`` names (None: the folder's files)."""
+    def pick(self, manifest: dict | None, path: str) -> WeightReceiver:
+        """The receiver of the weights in the folder ``path``, which ``manifest`` names (None: the folder's files,
+        or its delta chain's). Any other than the chain's makes the chain's forget what it holds."""
+        if manifest is None and read_delta_info(path) is not None:
+            return self.delta
+        self.delta.forget()
         if manifest is None:
             return self.files
         if self.session is None or self.session.session != manifest["session"]:

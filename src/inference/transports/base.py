@@ -20,3 +20,8 @@ class WeightReceiver(ABC):
     @abstractmethod
     def loaded(self, manifest: dict | None) -> None:
         """Once the weights are in the worker's model."""
+
+    def served_checksum(self) -> str | None:
+        """The checksum of the weights loaded last (``contracts.weight_delta.weights_checksum``), where the receiver
+        keeps a copy of them; None otherwise."""
+        return None

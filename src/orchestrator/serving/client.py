@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from contracts.delta_chain import DELTA_INFO, read_delta_info
 from contracts.errors import TridentError
 from contracts.inference_api import (
     GENERATE,
@@ -108,7 +109,8 @@ class InferenceClient:
     async def reload_weights(self, path: Path, step: int) -> float:
         """Make the server serve the weights in ``path`` (trainer step ``step``): full weights, or a LoRA adapter
         swapped in under :func:`adapter_name`, which becomes :attr:`model`. Returns the seconds taken; the seconds
-        generation was paused for it become :attr:`paused_s`. A named run loads adapters only."""
+        generation was paused for it become :attr:`paused_s`. A named run loads adapters only. Weights of a delta
+        chain are checked by their checksum (:func:`check_checksum`)."""
         adapter = adapter_name(step, self.run) if is_adapter(path) else None
         if self.run and not adapter:
             raise TridentError(
@@ -131,6 +133,7 @@ class InferenceClient:
             )
         self.use(served)
         change = WeightsChange.model_validate(response.json())
+        check_checksum(path, step, change.checksum)
         self.paused_s = change.paused_s
         return change.seconds
 
@@ -204,3 +207,14 @@ class InferenceClient:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+
+def check_checksum(path: Path, step: int, served: str | None) -> None:
+    """Raise, as a failed probe does, unless the checksum of the weights the server reports it loaded from ``path``
+    (``served``) is the trainer's in its delta chain entry; nothing to check for weights outside a chain."""
+    info = read_delta_info(path)
+    if info is not None and served != info.checksum:
+        raise TridentError(
+            f"after reloading weights step {step}, the server's weights have checksum {served}, the trainer's "
+            f"{info.checksum} ({path / DELTA_INFO}): the server does not serve the weights in {path}"
+        )

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from contracts.delta_chain import chain_start
 from contracts.progress import Progress, last_written
 from contracts.run_dir import latest_stable_weights, wait_for, weights_dir
 from orchestrator.serving.servers import Servers
@@ -78,8 +79,10 @@ class WeightSync:
             f"probe gap {gap})"
         )
         # Nothing can ask for older weights any more: the server moved past them. The folder served until now
-        # goes at the next swap (requests admitted under a retired adapter may still read it).
-        for old in range(1, newest):
+        # goes at the next swap (requests admitted under a retired adapter may still read it); a delta chain's stay
+        # from its full copy on (a restarted server replays them).
+        kept_from = chain_start(path)
+        for old in range(1, newest if kept_from is None else kept_from):
             if old != self.served_step:
                 shutil.rmtree(weights_dir(self.output_dir, old), ignore_errors=True)
         self.served_step = newest

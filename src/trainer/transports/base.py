@@ -25,6 +25,7 @@ class ExportedWeights(NamedTuple):
     tensors: dict[str, Tensor]  # full weights under the base model's names, or a LoRA adapter's
     owner: nn.Module  # the model whose ``save_pretrained`` writes them as files (HF's, or a peft model)
     dtype: torch.dtype | None  # full weights' dtype, which their config.json records; None: an adapter's
+    step: int = 0  # the weights step (their folder's ``step_N``)
 
 
 class WeightSender(ABC):

@@ -26,10 +26,10 @@ def test_no_module_but_the_contract_spells_a_route():
 
 def test_a_weights_change_answer_is_what_is_served_and_its_seconds():
     answer = {"step": 3, "path": "/run/weights/step_3", "adapter": inference_api.adapter_name(3), "seconds": 0.5,
-              "paused_s": 0.25}  # fmt: skip
+              "paused_s": 0.25, "checksum": "0123456789abcdef"}  # fmt: skip
     change = inference_api.WeightsChange.model_validate(answer)
     assert change.model_dump() == answer
-    served = {key: value for key, value in answer.items() if key not in ("seconds", "paused_s")}
+    served = {key: value for key, value in answer.items() if key not in ("seconds", "paused_s", "checksum")}
     assert inference_api.Served.model_validate(answer).model_dump() == served
 
 

@@ -10,6 +10,7 @@ from fastapi.testclient import TestClient
 from safetensors.torch import save_file
 from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
 
+from contracts.delta_chain import DELTA_WEIGHTS, DeltaInfo, write_delta_info
 from contracts.inference_api import adapter_name
 from contracts.run_dir import ADAPTER_CONFIG, mark_stable
 from contracts.weight_manifest import read_manifest, write_manifest
@@ -261,7 +262,8 @@ def test_tokens_of_a_request_naming_an_adapter_are_labelled_with_its_step():
 def test_reset_weights_serves_the_base_model_again_so_a_new_run_can_reuse_the_server(root):
     client, engine, adapters = weights_app(root)
     base = {"step": 0, "path": BASE, "adapter": None}
-    assert client.post("/reset_weights").json() | {"seconds": 0, "paused_s": 0} == base | {"seconds": 0, "paused_s": 0}
+    timed = {"seconds": 0, "paused_s": 0, "checksum": None}
+    assert client.post("/reset_weights").json() | timed == base | timed
     assert engine.calls == [] and adapters.calls == []  # a fresh server: nothing to do
 
     client.post("/load_adapter", json={"path": str(root / "step_1"), "step": 1})  # an earlier run's adapter
@@ -336,6 +338,36 @@ def test_a_broadcast_manifest_is_received_only_through_the_configured_store_and_
     assert response.status_code == 200, response.text
     assert engine.calls[1] == ("collective_rpc", "load_weights")
     assert engine.keywords[1] == ("collective_rpc", {"args": (path, read_manifest(path))})
+
+
+def delta_folder(folder, tensors: dict) -> str:
+    """A stable weights folder holding a delta of a chain (its full copy at step 1) with these tensors."""
+    folder.mkdir(parents=True)
+    save_file(tensors, folder / DELTA_WEIGHTS)
+    write_delta_info(folder, DeltaInfo(step=2, kind="delta", full_step=1, base_step=1, base_checksum="0" * 16,
+                                       checksum="1" * 16, dtype="float32"))  # fmt: skip
+    mark_stable(folder)
+    return str(folder)
+
+
+def test_a_delta_is_loaded_only_for_the_served_tensors_and_its_checksum_answered(tmp_path, served_model):
+    root = tmp_path / "weights"
+    client, engine, _ = weights_app(root, base=str(served_model))
+    sparse = {"norm.weight:indices": torch.tensor([1], dtype=torch.int32), "norm.weight:values": torch.ones(1)}
+    refused = [
+        (delta_folder(root / "a" / "step_2", {"x:dense": torch.zeros(4)}), "deltas of tensors not in the served"),
+        (delta_folder(root / "b" / "step_2", sparse), "unreadable"),
+    ]
+    (root / "b" / "step_2" / DELTA_WEIGHTS).write_bytes(b"not safetensors")
+    for path, reason in refused:
+        response = client.post("/reload_weights", json={"path": path, "step": 2})
+        assert response.status_code == 400 and reason in response.text, (path, response.text)
+    assert engine.calls == []  # nothing paused, nothing loaded
+    engine.answers["collective_rpc"] = [{"seconds": 0.0, "checksum": "1" * 16}]  # the worker's copy's
+    path = delta_folder(root / "step_2", sparse)
+    response = client.post("/reload_weights", json={"path": path, "step": 2})
+    assert response.status_code == 200 and response.json()["checksum"] == "1" * 16, response.text
+    assert engine.keywords[1] == ("collective_rpc", {"args": (path, None)})  # the worker reads the chain itself
 
 
 def test_broadcast_weights_the_trainer_no_longer_holds_are_a_409_and_nothing_changes(tmp_path, served_model):

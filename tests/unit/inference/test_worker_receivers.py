@@ -1,8 +1,8 @@
 """The server's worker picks its receiver from each weights folder's manifest (``inference.transports``) and loads
 what it gives, in this process against the trainer's senders (``trainer.transports``), vLLM faked: files without a
-manifest; over gloo, one receiver (one group) for every step of a trainer session, nothing loaded for weights the
-trainer replaced, a new receiver for a new session; from a shared buffer, the trainer told when the worker took
-them."""
+manifest; a delta chain's copy, with its checksum; over gloo, one receiver (one group) for every step of a trainer
+session, nothing loaded for weights the trainer replaced, a new receiver for a new session; from a shared buffer, the
+trainer told when the worker took them."""
 
 import torch
 from weight_tensors import TENSORS
@@ -38,6 +38,39 @@ def test_a_folder_without_manifest_is_loaded_from_its_files():
     worker = FakeWorker()
     assert worker.load_weights("/w/step_1")["path"] == "/w/step_1"
     assert worker.loads == [("/w/step_1", None)]
+
+
+def test_a_delta_chains_folders_load_the_workers_copy_and_answer_its_checksum(tmp_path):
+    """Through the extension: a full copy, then a delta applied to the copy, each answered with the checksum the
+    trainer wrote, also after weights from files in between; files are answered with none."""
+    from safetensors.torch import save_file
+
+    from contracts.delta_chain import read_delta_info
+    from trainer.transports.base import ExportedWeights
+    from trainer.transports.delta_files import DeltaFileSender
+
+    class Owner:
+        def save_pretrained(self, folder, state_dict):
+            save_file(state_dict, folder / "model.safetensors")
+            (folder / "config.json").write_text("{}")
+
+    sender, worker = DeltaFileSender("on", full_every=10), FakeWorker()
+    steps = [{name: tensor.to(torch.bfloat16) for name, tensor in TENSORS.items()}]
+    steps.append({name: tensor.clone() for name, tensor in steps[0].items()})
+    first = next(iter(steps[1]))
+    steps[1][first].view(-1)[0] += 1  # one element changes
+    for step, tensors in enumerate(steps, start=1):
+        (tmp_path / f"step_{step}").mkdir()
+        sender.send(ExportedWeights({n: t.clone() for n, t in tensors.items()}, Owner(), torch.bfloat16, step))
+        sender.write(tmp_path / f"step_{step}")
+    assert read_delta_info(tmp_path / "step_2").kind == "delta"
+    for step, tensors in [(1, steps[0]), (2, steps[1]), (2, steps[1])]:
+        answer = worker.load_weights(str(tmp_path / f"step_{step}"))
+        assert answer["checksum"] == read_delta_info(tmp_path / f"step_{step}").checksum
+        assert worker.loads[-1][0] is None and same(worker.loads[-1][1], tensors)
+        if step == 2:
+            worker.load_weights("/w/files")  # weights from elsewhere: the copy is not what is served
+    assert worker.load_weights("/w/files")["checksum"] is None
 
 
 def test_a_gloo_session_is_received_over_one_group_and_weights_the_trainer_replaced_load_nothing(free_port):

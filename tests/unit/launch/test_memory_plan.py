@@ -154,6 +154,17 @@ def test_plan_is_within_10_percent_of_what_an_h100_held_after_the_fit():
         assert plan["total"] == pytest.approx(used, rel=0.10), (name, tokens, plan)  # 1.00-1.06 of it
 
 
+def test_the_copy_weight_deltas_are_taken_against_is_planned_on_the_cpu():
+    shape = KNOWN_SHAPES["Qwen3-8B"]
+    inference = InferenceConfig(model={"name": "Qwen/Qwen3-8B"}, gpu_memory_utilization=0.5)
+    plain = TrainerConfig(model={"name": "Qwen/Qwen3-8B"})
+    delta = TrainerConfig(model=plain.model, weights={"delta": "on"})
+    cpu, cpu_delta = (plan_memory(t, inference, [], [], gpu_gib=None).trainer for t in (plain, delta))
+    assert cpu_delta["delta_copy"] == pytest.approx(shape.parameters * 4 / GIB)  # float32 on the CPU
+    assert cpu_delta["total"] == pytest.approx(cpu["total"] + cpu_delta["delta_copy"]) and "delta_copy" not in cpu
+    assert "delta_copy" not in plan_memory(delta, inference, [0], [1], gpu_gib=80.0).trainer  # host memory
+
+
 def test_the_weight_broadcast_buffers_are_planned_where_they_are_held():
     shape, lora = KNOWN_SHAPES["Qwen3-8B"], {"rank": 4, "target_modules": SEVEN, "export": "merged"}
     trainer = TrainerConfig(model={"name": "Qwen/Qwen3-8B", "experimental": {"lora": lora}}, weight_broadcast={})
