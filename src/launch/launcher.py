@@ -37,6 +37,7 @@ from launch.preflight import (
     placement_lines,
     settle_broadcast,
 )
+from launch.preloaded import ForkedProcess
 from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.ray_cluster import plan_ray_run
 from launch.rl_config import (
@@ -279,7 +280,8 @@ def run(config: RLConfig) -> int:
     try:
         for name, (argv, placement) in processes.items():
             children[name] = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
-            logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
+            forked = " (forked by the preloaded starter)" if isinstance(children[name].popen, ForkedProcess) else ""
+            logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}{forked}")
         code = supervise(children, config)
     except KeyboardInterrupt:
         logger.warning("interrupted: stopping all processes")
