@@ -52,6 +52,7 @@ def machine_info() -> dict:
     """What the numbers were measured on, including how loaded the machine was when the run ended."""
     return {
         "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the widest vector ops torch uses: AVX2, AVX512
         "cores": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0],
         "platform": platform.platform(),

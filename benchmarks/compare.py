@@ -97,6 +97,18 @@ def moved(recorded: Reading, new: Reading, tolerance: float) -> str:
     return "up" if new.value > high else "down" if new.value < low else "within"
 
 
+MACHINE_KEYS = ("cpu", "cpu_capability", "cores")  # what makes another machine (its load is the noise a spread covers)
+
+
+def machine_change(recorded: dict, new: dict) -> str | None:
+    """How the machine ``new`` results ran on differs from ``recorded``'s (CPU model, widest vector ops torch uses,
+    cores), or None: a ratio measured on another machine may move for that alone."""
+    before, after = recorded.get("machine", {}), new.get("machine", {})
+    changes = [f"{key} {before.get(key, 'not recorded')} -> {after.get(key, 'not recorded')}"
+               for key in MACHINE_KEYS if before.get(key) != after.get(key)]  # fmt: skip
+    return ", ".join(changes) or None
+
+
 def compare(ratios: list[Ratio], new_dir: Path, recorded_dir: Path, tolerance: float) -> list[dict]:
     """One row per ratio whose new results exist in ``new_dir``: recorded and new readings, and the verdict."""
     rows = []
@@ -109,8 +121,10 @@ def compare(ratios: list[Ratio], new_dir: Path, recorded_dir: Path, tolerance: f
         if not recorded_file.is_file():
             rows.append({"name": ratio.name, "new": new, "verdict": "nothing recorded"})
             continue
-        recorded = read_ratio(json.loads(recorded_file.read_text()), ratio)
-        rows.append({"name": ratio.name, "recorded": recorded, "new": new, "verdict": moved(recorded, new, tolerance)})
+        new_result, recorded_result = json.loads(new_file.read_text()), json.loads(recorded_file.read_text())
+        recorded = read_ratio(recorded_result, ratio)
+        rows.append({"name": ratio.name, "recorded": recorded, "new": new, "verdict": moved(recorded, new, tolerance),
+                     "machine": machine_change(recorded_result, new_result)})  # fmt: skip
     return rows
 
 
@@ -126,6 +140,7 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'ratio':<20} {'recorded':<28} {'new':<28} verdict"]
     for row in rows:
         lines.append(f"{row['name']:<20} {shown(row.get('recorded')):<28} {shown(row.get('new')):<28} {row['verdict']}")
+    lines += [f"({row['name']}: another machine: {row['machine']})" for row in rows if row.get("machine")]
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
 """What is still running: process groups, and the processes an ``rl`` run started (read from ``/proc``)."""
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from contracts.lifeline import LAUNCHER_PID_ENV, marked
@@ -25,11 +26,15 @@ def group_running(pgid: int) -> bool:
     return any((found := _running(d)) and found[1] == pgid for d in Path("/proc").glob("[0-9]*"))
 
 
-def run_processes(launcher_pid: int) -> list[int]:
-    """``rl`` itself (pid ``launcher_pid``) while it runs, and every running process whose environment names it as
-    its ``rl``: every process of that run."""
+def run_processes(launcher_pid: int, groups: Iterable[int] = ()) -> list[int]:
+    """``rl`` itself (pid ``launcher_pid``) while it runs, every running process whose environment names it as its
+    ``rl``, and every running process of ``groups``: give the groups of the processes ``rl`` started (each leads
+    one, :func:`rl_runs.started_pids`), since one that the preloaded starter forked (tests/conftest.py) shows the
+    starter's environment in ``/proc``, not the one ``rl`` gave it."""
     found = [launcher_pid] if _running(Path(f"/proc/{launcher_pid}")) else []
-    return found + [pid for pid, _ in marked(LAUNCHER_PID_ENV, str(launcher_pid))]
+    found += [pid for pid, _ in marked(LAUNCHER_PID_ENV, str(launcher_pid))]
+    groups = set(groups)
+    return found + [int(d.name) for d in Path("/proc").glob("[0-9]*") if (seen := _running(d)) and seen[1] in groups]
 
 
 def wait_gone(what, timeout_s: float) -> float:

@@ -37,6 +37,7 @@ from launch.preflight import (
     placement_lines,
     settle_broadcast,
 )
+from launch.preloaded import ForkedProcess
 from launch.process import MODULES, Child, command, shell_line, stop_all
 from launch.ray_actor import RayChild
 from launch.ray_cluster import plan_ray_run
@@ -282,8 +283,9 @@ def run(config: RLConfig) -> int:
     try:
         if ray_plan is None:
             for name, (argv, placement) in processes.items():
-                children[name] = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
-                logger.info(f"started {name} (pid {children[name].popen.pid}), log: {children[name].log_path}")
+                children[name] = child = Child(name, argv, log_dir / f"{name}.log", child_env(placement))
+                forked = " (forked by the preloaded starter)" if isinstance(child.popen, ForkedProcess) else ""
+                logger.info(f"started {name} (pid {child.popen.pid}), log: {child.log_path}{forked}")
         else:
             cluster = RayRun(ray_plan, config.ray.placement_timeout_s)
             children = start_on_ray(cluster, config)

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from launch import preloaded
+
 # The module each process of a run runs (``python -m``)
 MODULES = {"inference": "inference.main", "orchestrator": "orchestrator.main", "trainer": "trainer.main"}
 
@@ -32,6 +34,9 @@ class Child:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.popen = preloaded.start(argv, log_path, env)  # forked by the preloaded starter, where there is one
+        if self.popen is not None:
+            return
         with log_path.open("wb") as log:
             self.popen = subprocess.Popen(
                 argv,

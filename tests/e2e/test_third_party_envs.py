@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import verifiers.v1 as vf
 from procs import run_processes, wait_gone
+from rl_runs import started_pids
 from transformers import AutoTokenizer
 
 from contracts.chat_turns import ChatFormat
@@ -263,7 +264,7 @@ def test_stopping_rl_during_a_tool_using_step_leaves_no_tool_server(user_env_ins
             time.sleep(0.2)
         os.kill(launcher, signal.SIGTERM)  # as a user stops a run
         assert rl.wait(timeout=60) == 130
-        wait_gone(lambda: run_processes(launcher), timeout_s=30)
+        wait_gone(lambda: run_processes(launcher, started_pids(tmp_path).values()), timeout_s=30)
     finally:
         if rl.poll() is None:
             os.killpg(rl.pid, signal.SIGKILL)

@@ -168,7 +168,7 @@ def signal_run(rl: subprocess.Popen, output_dir: Path, *signals: signal.Signals)
     for sig in signals:
         os.killpg(rl.pid, sig)
         time.sleep(0.05)  # the second arrives while rl stops the processes
-    gone = wait_gone(lambda: run_processes(launcher), timeout_s=30)
+    gone = wait_gone(lambda: run_processes(launcher, started_pids(output_dir).values()), timeout_s=30)
     rl.communicate(timeout=30)
     return gone
 

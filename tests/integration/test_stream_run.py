@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from procs import run_processes, wait_gone
 from resumed_runs import assert_drawn, batch_tasks, drawable_tasks, run_config
-from rl_runs import DEBUG, ROOT, rl_argv, wait_for
+from rl_runs import DEBUG, ROOT, rl_argv, started_pids, wait_for
 
 from contracts.metrics import read_metrics
 from contracts.run_dir import complete_checkpoints
@@ -37,7 +37,7 @@ def test_a_killed_stream_run_resumes_drawing_what_an_uninterrupted_run_draws_wit
         wait_for(lambda: len(read_metrics(tmp_path, "trainer")) >= KILL_AFTER, 900, rl, f"{KILL_AFTER} steps")
         launcher = int((tmp_path / "rl.lock").read_text())
         os.kill(launcher, signal.SIGKILL)
-        wait_gone(lambda: run_processes(launcher), timeout_s=30)
+        wait_gone(lambda: run_processes(launcher, started_pids(tmp_path).values()), timeout_s=30)
     finally:
         if rl.poll() is None:
             os.killpg(rl.pid, signal.SIGKILL)

@@ -43,12 +43,12 @@ def test_a_value_outside_the_recorded_spread_is_reported_moved(compare, tmp_path
     _with_ratio(compare, "trl_grpo_larger", tmp_path, 1.28, [1.23, 1.33])
     _with_ratio(compare, "async_overlap", tmp_path, 0.75, [0.72, 0.78])  # recorded 0.80 (0.71-0.87): within
     assert compare.main(["--results", str(tmp_path), "--only", "trl_grpo_larger", "async_overlap"]) == 1
-    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]}
+    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:3]}
     assert rows == {"trl_grpo_larger": "down", "async_overlap": "within"}
 
     _with_ratio(compare, "trl_grpo_larger", tmp_path, 1.6, [1.58, 1.62])
     assert compare.main(["--results", str(tmp_path), "--only", "trl_grpo_larger"]) == 1
-    assert capsys.readouterr().out.splitlines()[-1].split()[-1] == "up"
+    assert capsys.readouterr().out.splitlines()[1].split()[-1] == "up"
 
 
 def test_a_ratio_recorded_once_moves_beyond_the_tolerance(compare, tmp_path):
@@ -68,3 +68,16 @@ def test_results_missing_on_either_side_are_said(compare, tmp_path):
     rows = compare.compare(ratios, tmp_path, recorded, tolerance=0.1)
     assert [(row["name"], row["verdict"]) for row in rows] == [("trl_grpo", "nothing recorded"),
                                                                ("in_flight", "not run")]  # fmt: skip
+
+
+def test_a_ratio_measured_on_another_machine_says_how_it_differs(compare, tmp_path, capsys):
+    ratio = _with_ratio(compare, "trl_grpo_larger", tmp_path, 0.99, [0.98, 1.0])
+    recorded = json.loads((compare.RESULTS_DIR / ratio.results).read_text())
+    new = json.loads((tmp_path / ratio.results).read_text())
+    new["machine"] |= {"cpu_capability": "AVX2", "cores": 4}
+    (tmp_path / ratio.results).write_text(json.dumps(new))
+    expected = f"cpu_capability not recorded -> AVX2, cores {recorded['machine']['cores']} -> 4"
+    assert compare.machine_change(recorded, new) == expected
+    compare.main(["--results", str(tmp_path), "--only", "trl_grpo_larger"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"(trl_grpo_larger: another machine: {expected})"
+    assert compare.machine_change(recorded, recorded) is None

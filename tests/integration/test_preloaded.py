@@ -1,0 +1,64 @@
+"""An orchestrator or trainer forked by the session's preloaded starter (:mod:`launch.preloaded`, started by
+tests/conftest.py) behaves as one ``rl`` starts itself: its config read from ``rl``'s working directory, its output in
+its log, its exit code, a session of its own that ``rl``'s stop ends, and the environment ``rl`` gives it. Where the
+environment differs in what an import may have read, the starter refuses and ``rl`` starts the process itself."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from rl_runs import DEBUG
+
+from launch.preloaded import PRELOADED_ENV, ForkedProcess, start
+from launch.process import Child, command, stop_all
+from launch.supervise import child_env
+
+
+def ready_starter(timeout_s: float = 300) -> None:
+    """Wait for the session's starter to finish its imports (it listens once they are done)."""
+    socket_path = Path(os.environ[PRELOADED_ENV])
+    deadline = time.monotonic() + timeout_s
+    while not socket_path.exists():
+        assert time.monotonic() < deadline, f"the preloaded starter did not come up: {socket_path.parent}/starter.log"
+        time.sleep(0.5)
+
+
+def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_would(tmp_path, monkeypatch):
+    ready_starter()
+    monkeypatch.chdir(tmp_path)
+    Path("bad.toml").write_text("[optim]\nlr = -1.0\n")
+    log = tmp_path / "trainer.log"
+    child = Child("trainer", command("trainer.main", Path("bad.toml")), log, child_env({}))
+    assert isinstance(child.popen, ForkedProcess)
+    assert child.popen.wait(timeout=120) == 2, log.read_text()
+    text = log.read_text()
+    assert "bad.toml" in text and "optim.lr" in text and "Traceback" not in text, text
+
+
+def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_path):
+    ready_starter()
+    log = tmp_path / "trainer.log"
+    argv = [*command("trainer.main", DEBUG / "train.toml"), "--output-dir", str(tmp_path)]
+    child = Child("trainer", argv, log, child_env({}))
+    assert isinstance(child.popen, ForkedProcess)
+    pid = child.popen.pid
+    assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # not in the test's session: rl's stop reaches its group
+    time.sleep(2)
+    assert child.poll() is None, log.read_text()  # waiting for its first batch
+    stop_all([child], grace_s=30)
+    assert child.poll() == -signal.SIGTERM, log.read_text()
+    assert not child.group_alive()
+
+
+def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itself(tmp_path):
+    ready_starter()
+    env = child_env({}) | {"OMP_NUM_THREADS": "3"}
+    missing = tmp_path / "missing.toml"
+    assert start(command("trainer.main", missing), tmp_path / "forked.log", env) is None
+    assert not (tmp_path / "forked.log").exists()  # nothing was forked
+    child = Child("trainer", command("trainer.main", missing), tmp_path / "trainer.log", env)
+    assert isinstance(child.popen, subprocess.Popen)  # started by rl itself
+    assert child.popen.wait(timeout=120) == 2 and "missing.toml" in (tmp_path / "trainer.log").read_text()
+    assert start(command("inference.main", missing), tmp_path / "forked.log", child_env({})) is None  # not preloaded
