@@ -46,7 +46,7 @@ MODULES = {
         "src/orchestrator/batching/batch.py",
         tuple(
             f"tests/unit/orchestrator/test_{name}.py"
-            for name in ("batch", "samples", "advantage", "distill", "running_baseline", "no_sample")
+            for name in ("batch", "samples", "advantage", "distill", "running_baseline", "no_sample", "ce_algorithms")
         ),
     ),
     "context_parallel": Core("src/trainer/context_parallel.py", ("tests/unit/trainer/test_context_parallel.py",)),

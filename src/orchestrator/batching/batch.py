@@ -51,14 +51,6 @@ def rollout_samples(
         advantages = running.advantages(groups, rewards)
     else:
         advantages = group_relative_advantages(groups, rewards, advantage)
-    for group, advantages_row in zip(groups, advantages, strict=True):
-        for j, rollout in enumerate(group):
-            if rollout.ok and distilled(rollout):
-                tokens = [(a, m) for b in rollout.branches for a, m in
-                          zip(distill_advantages(b, distill_coef), b.loss_mask, strict=True)]  # fmt: skip
-                advantages_row[j] = loss_token_mean([a for a, _ in tokens], [m for _, m in tokens])
-            elif rollout.ok and cross_entropy_only(rollout):  # the teacher's sample: no policy-gradient term
-                advantages_row[j] = 0.0
     dropped = [
         advantage.drop_uniform_groups
         and not any(distilled(r) or any(b.ce_weights for b in r.branches) for r in group)
@@ -67,11 +59,20 @@ def rollout_samples(
     ]
     if all(dropped):  # keep a step whose groups all tie: it trains nothing, but the run goes on
         dropped = [False] * len(groups)
-    samples = [
-        [None if drop else _samples_of(rollout, reward, rollout_advantage, weight_step, mask_truncated, distill_coef)
-         for rollout, reward, rollout_advantage in zip(group, rewards_row, advantages_row, strict=True)]
-        for group, rewards_row, advantages_row, drop in zip(groups, rewards, advantages, dropped, strict=True)
-    ]  # fmt: skip
+    samples: list[list[list[Sample] | None]] = []
+    for group, rewards_row, advantages_row, drop in zip(groups, rewards, advantages, dropped, strict=True):
+        samples_row: list[list[Sample] | None] = []
+        for j, rollout in enumerate(group):
+            token_advantages = None  # a distilled rollout's, per branch: its row's mean and its samples'
+            if rollout.ok and distilled(rollout):
+                token_advantages = [distill_advantages(b, distill_coef) for b in rollout.branches]
+                mask = [m for b in rollout.branches for m in b.loss_mask]
+                advantages_row[j] = loss_token_mean([a for t in token_advantages for a in t], mask)
+            elif rollout.ok and cross_entropy_only(rollout):  # the teacher's sample: no policy-gradient term
+                advantages_row[j] = 0.0
+            samples_row.append(None if drop else _samples_of(rollout, rewards_row[j], advantages_row[j], weight_step,
+                                                             mask_truncated, token_advantages))  # fmt: skip
+        samples.append(samples_row)
     return samples, rewards, advantages
 
 
@@ -90,14 +91,17 @@ def group_relative_advantages(
 
 
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool,
-                distill_coef: float):  # fmt: skip
+                token_advantages: list[list[float]] | None):  # fmt: skip
     """A sample of each branch of ``rollout`` (:func:`branch_sample`): none for a failed one; all masked when
-    truncated under ``mask_truncated``."""
+    truncated under ``mask_truncated``. ``token_advantages``: a distilled rollout's, per branch."""
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
     masked = mask_truncated and rollout.truncated
     branches = rollout.branches if rollout.ok else []
-    return [branch_sample(branch, advantage, reward, weight_step, meta, masked, distill_coef) for branch in branches]
+    return [
+        branch_sample(branch, advantage, reward, weight_step, meta, masked, token_advantages and token_advantages[i])
+        for i, branch in enumerate(branches)
+    ]
 
 
 def branch_sample(
@@ -107,18 +111,19 @@ def branch_sample(
     weight_step: int,
     meta: dict,
     masked: bool,
-    distill_coef: float = 1.0,
+    token_advantages: list[float] | None,
 ) -> Sample:
     """The training sample of ``branch``, its loss mask all False (and no cross-entropy weight) when ``masked``.
     ``weight_step``: the weights served when its group started, the step of each token the server did not label
-    (:attr:`Branch.weight_steps`); the sample's step is its oldest sampled token's, which its unsampled tokens carry.
-    A branch with the teacher's logprobs gets per-token advantages
-    (:func:`~orchestrator.batching.distill.distill_advantages`), ``advantage`` their mean over its sampled tokens,
-    and ``algorithm = "opd"`` in its meta; one with cross-entropy weights, their ``ce_roles`` in its meta."""
+    (:attr:`Branch.weight_steps`, refused where they do not line up with its tokens); the sample's step is its oldest
+    sampled token's, which its unsampled tokens carry. A distilled branch's per-token advantages
+    (:func:`~orchestrator.batching.distill.distill_advantages`, None for others) are the sample's, ``advantage``
+    their mean over its sampled tokens, and ``algorithm = "opd"`` in its meta; one with cross-entropy weights gets
+    their ``ce_roles`` in its meta."""
     labelled = branch.weight_steps or [None] * len(branch.token_ids)
-    known = [step if step is not None else weight_step for step in labelled]
-    oldest = min((step for step, m in zip(known, branch.loss_mask, strict=True) if m), default=weight_step)
-    token_advantages = None if branch.teacher_logprobs is None else distill_advantages(branch, distill_coef)
+    known = [weight_step if step is None else step for step in labelled]
+    steps = list(zip(known, branch.loss_mask, strict=True))  # each token's weights step, and whether it is sampled
+    oldest = min((step for step, m in steps if m), default=weight_step)
     if token_advantages is not None:  # batch.json says so: the loss-mask checker expects advantages to vary
         advantage = loss_token_mean(token_advantages, branch.loss_mask)
         meta = {**meta, "algorithm": "opd"}
@@ -133,7 +138,7 @@ def branch_sample(
         weight_step=oldest,
         meta=meta,
         routes=branch.routes,
-        weight_steps=[step if m else oldest for step, m in zip(known, branch.loss_mask, strict=True)],
+        weight_steps=[step if m else oldest for step, m in steps],
         images=branch.images,
         token_advantages=token_advantages,
         ce_weights=None if masked else branch.ce_weights,

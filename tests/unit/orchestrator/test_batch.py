@@ -12,7 +12,7 @@ from rollouts import ONE_SAMPLED, rollout, sampled
 
 from contracts.protocol import read_batch, write_batch
 from contracts.sampling import Truncation
-from orchestrator.batching.batch import assemble_batch
+from orchestrator.batching.batch import assemble_batch, group_relative_advantages
 from orchestrator.batching.rollout import Rollout
 from orchestrator.config import AdvantageConfig
 
@@ -240,3 +240,25 @@ def test_a_branchs_routes_and_images_reach_its_sample():
     routed = rollout(1.0, sampled([1, 2], 1, [-1.0], routes=routes, images=images))
     sample = assemble_batch(0, [[routed, rollout(0.0, ONE_SAMPLED)]], 0, seq_len=16).samples[0]
     assert sample.routes is routes and sample.images == images
+
+
+def test_weight_step_labels_that_do_not_line_up_with_the_tokens_are_refused():
+    """The server labels each token with the weights step that sampled it: a label too many or too few is refused,
+    never cut to fit (the too-many one would otherwise fit the sample's other fields and pass unseen)."""
+    for steps in ([None, None, 5, 6, 6], [None, None, 5]):
+        with pytest.raises(ValueError):
+            assemble_batch(7, [[labelled(A, steps), B]], weight_step=5, seq_len=8)
+
+
+def test_group_relative_advantages_refuse_rewards_that_are_not_one_row_per_group():
+    for rewards in ([[1.0, 0.0]], [[1.0, 0.0], [3.0, 1.0], [0.0, 0.0]]):
+        with pytest.raises(ValueError):
+            group_relative_advantages([[A, B], [C, D]], rewards, AdvantageConfig())
+
+
+def test_a_masked_rollout_trains_no_token_by_cross_entropy_either():
+    """Under mask_truncated a truncated rollout's cross-entropy weights go with its loss mask; unmasked, they stay."""
+    cut = rollout(1.0, sampled([1, 2, 3], 1, [-1.0, -1.0], ce_weights=[0.0, 1.0, 0.5]), truncated=True)
+    for mask_truncated, weights in ((True, None), (False, [0.0, 1.0, 0.5])):
+        batch = assemble_batch(0, [[cut, rollout(0.0, ONE_SAMPLED)]], 0, seq_len=16, mask_truncated=mask_truncated)
+        assert batch.samples[0].ce_weights == weights and any(batch.samples[0].loss_mask) is not mask_truncated

@@ -22,6 +22,7 @@ from trainer.moe.routing import (
     Routers,
     balance_loss,
     check_routes,
+    expert_counts,
     moe_routers,
     replayed_weights,
 )
@@ -326,6 +327,31 @@ class Layer(nn.Module):
 
 def test_a_dense_model_gets_no_router_hooks():
     assert Routers.install(nn.ModuleList([Layer(None), Layer(None)]), MoeConfig(), torch.device("cpu")) is None
+
+
+def test_the_step_sums_expert_counts_and_replayed_routes_are_on_the_routers_device():
+    """On a device other than the host's (meta here, as a GPU would be): the step's sums, the expert counts and the
+    replayed routes (read on the host from the batch files) are on it, as the routers' outputs are."""
+    meta = torch.device("meta")
+    layers = nn.ModuleList([Layer(2)]).to(meta)
+    routers = Routers.install(layers, MoeConfig(), meta)
+    assert [t.device for t in (routers.counts, routers.entropy, routers.tokens)] == [meta] * 3
+    assert expert_counts(torch.zeros(3, 2, dtype=torch.long, device=meta), 4).device == meta
+    routes = torch.tensor([[[1, 3]], [[0, 2]], [[2, 3]]], dtype=torch.uint8)  # tokens × layers × k, on the host
+    with routers.micro_batch(routes, measure=False):
+        _, weights, experts = layers[0].mlp.gate(torch.zeros(3, 8, device=meta))
+    assert (experts.device, experts.dtype, weights.device) == (meta, torch.long, meta)
+
+
+def test_the_balancing_loss_is_computed_only_when_it_is_on():
+    """Off (the default), no layer computes it: it would keep a graph no loss reads."""
+    for moe in (MoeConfig(), MoeConfig(router="trained", aux_loss_coef=0.01)):
+        layers = nn.ModuleList([Layer(1)])
+        routers = Routers.install(layers, moe, torch.device("cpu"))
+        layers[0].mlp.gate.weight.requires_grad_()
+        with routers.micro_batch(None, measure=True):
+            layers[0].mlp.gate(torch.randn(3, 8))
+        assert (routers.records[0].balance is None) == (moe.aux_loss_coef == 0)
 
 
 def test_a_pass_outside_a_measured_micro_batch_adds_nothing_to_the_step():
