@@ -26,6 +26,7 @@ from launch.supervise import child_env
 ROOT = Path(__file__).parents[1]
 DEBUG = ROOT / "configs" / "debug" / "rl"
 REPEATS = 3
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # rl's placement of a process on the CPU
 READY = {"trainer": "training", "orchestrator": "waiting for the inference server"}
 
 
@@ -59,7 +60,7 @@ def start_once(name: str, work: Path, env: dict[str, str]) -> dict:
 
 def start_starter(work: Path) -> tuple[subprocess.Popen, float]:
     """The preloaded starter, started with the environment rl gives its children; its CPU seconds to be ready."""
-    env = child_env({})
+    env = child_env(CPU)
     starter = subprocess.Popen([sys.executable, "-m", "launch.preloaded", str(work / "starter.sock")], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     while not (work / "starter.sock").exists():
@@ -79,7 +80,7 @@ def run(smoke: bool) -> dict:
                     os.environ.pop(PRELOADED_ENV, None)
                     if side == "forked":
                         os.environ[PRELOADED_ENV] = str(work / "starter.sock")
-                    measured = start_once(name, work, child_env({}))
+                    measured = start_once(name, work, child_env(CPU))
                     assert measured["forked"] == (side == "forked"), f"{name} was not started {side}"
                     starts[name][side].append(measured)
         finally:

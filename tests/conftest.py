@@ -173,7 +173,8 @@ def start_preloaded_starter(config) -> None:
     and trainers fork from it, their imports paid once per worker instead of once a process (``rl`` starts them
     itself until it is ready, about 15 CPU s in). A test marked ``spawned`` gets none (:func:`spawned`)."""
     folder = config._tmp_path_factory.mktemp("preloaded")
-    env = {key: value for key, value in child_env({}).items() if key != LAUNCHER_PID_ENV}  # as rl's children get
+    cpu = {"CUDA_VISIBLE_DEVICES": ""}  # as rl places a process on the CPU: one on GPUs is started afresh
+    env = {key: value for key, value in child_env(cpu).items() if key != LAUNCHER_PID_ENV}
     argv = [sys.executable, "-m", "launch.preloaded", str(folder / "starter.sock")]
     with (folder / "starter.log").open("wb") as log:
         config.stash[STARTER] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)

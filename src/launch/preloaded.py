@@ -35,9 +35,10 @@ MODULES = ("orchestrator.main", "trainer.main")  # the processes it forks
 # what those import once their config is read (their imports of torch, transformers, verifiers)
 PRELOAD = ("orchestrator.loop.run", "orchestrator.verifiers_adapter.patches", "trainer.parallel", "trainer.train")
 # environment variables that may differ between the starter and a process it forks: read when used, never at import
-# (pytest's own changes with each test), and a shell's bookkeeping
-RUNTIME_ENV_PREFIXES = ("TRIDENT_", "WANDB_", "PYTEST_")
-SHELL_ENV = ("PWD", "OLDPWD", "SHLVL", "_")
+# (pytest's own changes with each test), and how the process was launched (a shell's and uv's bookkeeping, where
+# programs are found: `uv run` prepends its environment's bin/ to PATH)
+RUNTIME_ENV_PREFIXES = ("TRIDENT_", "WANDB_", "PYTEST_", "UV_")
+LAUNCH_ENV = ("PWD", "OLDPWD", "SHLVL", "_", "PATH", "VIRTUAL_ENV")
 PR_SET_PDEATHSIG = 1
 
 logger = logging.getLogger("rl")
@@ -103,7 +104,7 @@ def differing_env(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
     """The variables set differently in ``theirs`` that an import may have read (all but
     :data:`RUNTIME_ENV_PREFIXES`)."""
     keys = {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)}
-    return sorted(key for key in keys if not key.startswith(RUNTIME_ENV_PREFIXES) and key not in SHELL_ENV)
+    return sorted(key for key in keys if not key.startswith(RUNTIME_ENV_PREFIXES) and key not in LAUNCH_ENV)
 
 
 def serve(socket_path: str) -> dict:

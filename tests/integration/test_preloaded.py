@@ -15,6 +15,8 @@ from launch.preloaded import PRELOADED_ENV, ForkedProcess, start
 from launch.process import Child, command, stop_all
 from launch.supervise import child_env
 
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # how rl places a process on the CPU, as the session's starter was started
+
 
 def ready_starter(timeout_s: float = 300) -> None:
     """Wait for the session's starter to finish its imports (it listens once they are done)."""
@@ -30,7 +32,7 @@ def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_wo
     monkeypatch.chdir(tmp_path)
     Path("bad.toml").write_text("[optim]\nlr = -1.0\n")
     log = tmp_path / "trainer.log"
-    child = Child("trainer", command("trainer.main", Path("bad.toml")), log, child_env({}))
+    child = Child("trainer", command("trainer.main", Path("bad.toml")), log, child_env(CPU))
     assert isinstance(child.popen, ForkedProcess)
     assert child.popen.wait(timeout=120) == 2, log.read_text()
     text = log.read_text()
@@ -41,7 +43,7 @@ def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_pat
     ready_starter()
     log = tmp_path / "trainer.log"
     argv = [*command("trainer.main", DEBUG / "train.toml"), "--output-dir", str(tmp_path)]
-    child = Child("trainer", argv, log, child_env({}))
+    child = Child("trainer", argv, log, child_env(CPU))
     assert isinstance(child.popen, ForkedProcess)
     pid = child.popen.pid
     assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # not in the test's session: rl's stop reaches its group
@@ -54,11 +56,11 @@ def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_pat
 
 def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itself(tmp_path):
     ready_starter()
-    env = child_env({}) | {"OMP_NUM_THREADS": "3"}
+    env = child_env(CPU) | {"OMP_NUM_THREADS": "3"}
     missing = tmp_path / "missing.toml"
     assert start(command("trainer.main", missing), tmp_path / "forked.log", env) is None
     assert not (tmp_path / "forked.log").exists()  # nothing was forked
     child = Child("trainer", command("trainer.main", missing), tmp_path / "trainer.log", env)
     assert isinstance(child.popen, subprocess.Popen)  # started by rl itself
     assert child.popen.wait(timeout=120) == 2 and "missing.toml" in (tmp_path / "trainer.log").read_text()
-    assert start(command("inference.main", missing), tmp_path / "forked.log", child_env({})) is None  # not preloaded
+    assert start(command("inference.main", missing), tmp_path / "forked.log", child_env(CPU)) is None  # not preloaded
