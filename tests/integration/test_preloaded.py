@@ -1,34 +1,54 @@
-"""An orchestrator or trainer forked by the session's preloaded starter (:mod:`launch.preloaded`, started by
-tests/conftest.py) behaves as one ``rl`` starts itself: its config read from ``rl``'s working directory, its output in
-its log, its exit code, a session of its own that ``rl``'s stop ends, and the environment ``rl`` gives it. Where the
-environment differs in what an import may have read, the starter refuses and ``rl`` starts the process itself."""
+"""An orchestrator or trainer forked by a preloaded starter (:mod:`launch.preloaded`) behaves as one ``rl`` starts
+itself: its config read from ``rl``'s working directory, its output in its log, its exit code, a session of its own
+that ``rl``'s stop ends, and the environment ``rl`` gives it. Where the environment differs in what an import may have
+read, the starter refuses and ``rl`` starts the process itself. One starter for the module (about 15 CPU s of
+imports)."""
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 from rl_runs import DEBUG
 
+from contracts.lifeline import LAUNCHER_PID_ENV
 from launch.preloaded import PRELOADED_ENV, ForkedProcess, start
 from launch.process import Child, command, stop_all
 from launch.supervise import child_env
 
-CPU = {"CUDA_VISIBLE_DEVICES": ""}  # how rl places a process on the CPU, as the session's starter was started
+CPU = {"CUDA_VISIBLE_DEVICES": ""}  # how rl places a process on the CPU
 
 
-def ready_starter(timeout_s: float = 300) -> None:
-    """Wait for the session's starter to finish its imports (it listens once they are done)."""
-    socket_path = Path(os.environ[PRELOADED_ENV])
-    deadline = time.monotonic() + timeout_s
-    while not socket_path.exists():
-        assert time.monotonic() < deadline, f"the preloaded starter did not come up: {socket_path.parent}/starter.log"
-        time.sleep(0.5)
+@pytest.fixture(scope="module")
+def starter(tmp_path_factory) -> str:
+    """A starter with the environment rl gives a process on the CPU, once its imports are done: its socket."""
+    folder = tmp_path_factory.mktemp("starter")
+    socket_path = folder / "starter.sock"
+    env = {key: value for key, value in child_env(CPU).items() if key != LAUNCHER_PID_ENV}
+    with (folder / "starter.log").open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "launch.preloaded", str(socket_path)], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not socket_path.exists():
+            assert process.poll() is None and time.monotonic() < deadline, (folder / "starter.log").read_text()
+            time.sleep(0.5)
+        yield str(socket_path)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+
+
+@pytest.fixture(autouse=True)
+def preloaded(starter, monkeypatch) -> None:
+    """rl's environment names the starter."""
+    monkeypatch.setenv(PRELOADED_ENV, starter)
 
 
 def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_would(tmp_path, monkeypatch):
-    ready_starter()
     monkeypatch.chdir(tmp_path)
     Path("bad.toml").write_text("[optim]\nlr = -1.0\n")
     log = tmp_path / "trainer.log"
@@ -40,7 +60,6 @@ def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_wo
 
 
 def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_path):
-    ready_starter()
     log = tmp_path / "trainer.log"
     argv = [*command("trainer.main", DEBUG / "train.toml"), "--output-dir", str(tmp_path)]
     child = Child("trainer", argv, log, child_env(CPU))
@@ -55,7 +74,6 @@ def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_pat
 
 
 def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itself(tmp_path):
-    ready_starter()
     env = child_env(CPU) | {"OMP_NUM_THREADS": "3"}
     missing = tmp_path / "missing.toml"
     assert start(command("trainer.main", missing), tmp_path / "forked.log", env) is None
