@@ -1,7 +1,7 @@
-"""The SLURM launcher and the multi-node commands, in dry-run mode on CPU: ``scripts/slurm/rl.sbatch`` as sbatch
-runs it, with ``scontrol`` and ``srun`` standing in for a two-node allocation on this machine (each "node" its own
-process group). The debug configs resolve for two nodes with only placement flags added, and each node prints
-the processes it would start."""
+"""The SLURM launcher in dry-run mode on CPU: ``scripts/slurm/rl.sbatch`` as sbatch runs it, with ``scontrol`` and
+``srun`` standing in for a two-node allocation on this machine (each "node" its own process group), each node's part
+run by ``python -m launch.slurm_nodes``. The debug configs resolve for two nodes with only placement flags added,
+and each node prints the processes it would start."""
 
 import os
 import re

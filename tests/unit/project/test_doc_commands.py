@@ -50,7 +50,7 @@ NOT_RUN = {  # a part of a command (its words, its env assignments left out): wh
     "uv sync --locked --extra cpu": "the installation itself, done before any test runs",
     "uv run --no-sync pytest": "the test suite itself; test_readme holds it to the command CI runs",
     "vllm serve": "vLLM's own command, serving a hub model on a GPU",
-    "sbatch": "needs SLURM; tests/integration/test_multinode.py runs the nodes' script on this machine",
+    "sbatch": "needs SLURM; tests/integration/test_multinode.py runs rl.sbatch here, scontrol and srun faked",
     "ray start": "starts a Ray node (the ray extra); tests/integration/test_ray_cluster.py starts a cluster here",
     "--ray.address auto": "needs a running Ray cluster; tests/integration/test_ray_cluster.py runs rl on one it starts",
     "uv run python benchmarks/<name>.py": "a pattern for every benchmark, not a command",
@@ -273,7 +273,7 @@ def test_the_pages_give_commands_of_each_kind():
     assert len(commands) > 40
     programs = {program_and_args(command.words)[0] for command in commands if command.words[:2] == ["uv", "run"]}
     assert set(PROGRAMS) <= programs  # each way to run a program is used
-    assert {"scripts/multinode.py", "benchmarks/trl_grpo.py"} <= programs
+    assert {"scripts/check_loss_mask.py", "benchmarks/trl_grpo.py"} <= programs
     assert "configs/debug/sweep/README.md" in PAGES
 
 

@@ -1,16 +1,16 @@
-"""One run over several nodes: the first ``--inference-nodes`` serve, the others train (torchrun across them), and
-the orchestrator runs on the first training node. Every node shares ``--output-dir`` (a shared filesystem).
+"""The nodes of a SLURM job, for ``scripts/slurm/rl.sbatch`` (not a command of its own: without SLURM, several nodes
+are a Ray cluster, ``rl --ray.address``). The first ``--inference-nodes`` serve, the others train (torchrun across
+them), and the orchestrator runs on the first training node. Every node shares ``--output-dir`` (a shared filesystem).
 
-    uv run scripts/multinode.py resolve --nodes h0,h1 [--gpus-per-node 8] -- <rl flags> --output-dir /shared/run
-    uv run scripts/multinode.py node --nodes h0,h1 --node-rank R [--gpus-per-node 8] [--dry-run] -- --output-dir …
+    python -m launch.slurm_nodes resolve --nodes h0,h1 [--gpus-per-node 8] -- <rl flags> --output-dir /shared/run
+    python -m launch.slurm_nodes node --nodes h0,h1 --node-rank R [--gpus-per-node 8] [--dry-run] -- --output-dir …
 
 ``resolve`` runs once: ``rl --dry-run`` with the placement flags for these nodes writes each process's resolved
 config to ``<output-dir>/configs/`` (servers listening on all addresses, the orchestrator given every server's
-URL). ``node`` then runs on each node (``scripts/slurm/rl.sbatch`` starts it with srun) and starts that node's
-processes from those configs: ``--dry-run`` prints them instead. Servers that listen beyond the loopback need
-``TRIDENT_API_KEY`` (the sbatch script sets one). Inference nodes stop their servers once the training node has
-written ``<output-dir>/multinode_done``; a training node that fails stops there, and srun's ``--kill-on-bad-exit``
-stops the rest.
+URL). ``node`` then runs on each node (rl.sbatch starts it with srun) and starts that node's processes from those
+configs: ``--dry-run`` prints them instead. Servers that listen beyond the loopback need ``TRIDENT_API_KEY`` (rl.sbatch
+sets one). Inference nodes stop their servers once the training node has written ``<output-dir>/multinode_done``; a
+training node that fails stops there, and srun's ``--kill-on-bad-exit`` stops the rest.
 """
 
 import argparse
@@ -29,7 +29,9 @@ DONE = "multinode_done"  # written by the orchestrator's node with the run's exi
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.slurm_nodes", description="The nodes of a SLURM job, for rl.sbatch."
+    )
     parser.add_argument("action", choices=["resolve", "node"])
     parser.add_argument("--nodes", required=True, help="the job's hostnames, comma-separated, in node-rank order")
     parser.add_argument("--node-rank", type=int, default=0, help="this node's index in --nodes (node)")
