@@ -3,7 +3,8 @@ tests start them): placed by the plan on its node, its log copied to ``rl``'s si
 with its children by SIGTERM, and stopped with its children on its node when its actor dies (what a lost ``rl``
 does); ``rl --dry-run --ray.address`` reading that cluster's nodes; and (slow) the debug run through ``rl`` on that
 cluster, the server on the head and the trainer and orchestrator on the worker: trained to the end, failed in one
-line when the trainer's actor is killed, stopped by SIGTERM, each time leaving no process behind.
+line when the trainer's actor is killed, stopped by SIGTERM, each time leaving no process behind; and a run stopped
+after its checkpoint resumed through ``rl --ckpt.resume-step -1`` on that cluster, each step trained once.
 
 Skipped without the ray extra: CI's install (``uv sync --locked --extra cpu``) has no ray;
 ``uv sync --locked --extra cpu --extra ray`` adds it.
@@ -21,10 +22,12 @@ from pathlib import Path
 import psutil
 import pytest
 from procs import wait_gone
+from resumed_runs import batch_tasks, run_config, uninterrupted_tasks
 from rl_runs import ROOT, rl_argv
 
 from contracts.lifeline import LAUNCHER_PID_ENV
 from contracts.metrics import read_metrics
+from contracts.run_dir import complete_checkpoints
 from launch.ray_actor import ProcessActor, RayChild
 from launch.ray_cluster import connect, import_ray, live_nodes
 from launch.ray_placement import STRATEGY, Process, bundles, node_selectors, place
@@ -269,3 +272,38 @@ def test_sigterm_to_rl_stops_every_process_on_both_nodes(cluster, tmp_path):
     assert run.wait(timeout_s=120, left_s=2) == 130, run.output()  # rl stopped them all before it exited
     assert "all processes stopped" in (run.output_dir / "logs" / "rl.log").read_text()
     assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
+
+
+@pytest.mark.slow
+def test_a_run_stopped_after_its_checkpoint_resumes_on_the_cluster_training_each_step_once(cluster, tmp_path):
+    """4 steps, a checkpoint every 2: SIGTERM to ``rl`` once step 2's checkpoint is complete, then
+    ``--ckpt.resume-step -1`` through ``rl`` on the cluster trains steps 3 and 4 from it, on the prompts a run never
+    stopped draws (the orchestrator's sampler, in this process), each step trained once across the two runs. Ray
+    adds nothing to resume (``rl`` resolves the checkpoint and clears what came after it, as on one machine): this
+    shows the two compose."""
+    output_dir, steps = tmp_path / "run", 4
+    flags = ("--max-steps", str(steps), "--ckpt.interval", "2", "--no-orchestrator.eval",
+             "--trainer.keep-rollouts", str(steps))  # fmt: skip
+    run = RayRun(cluster, output_dir, *flags)
+    assert wait_for(lambda: complete_checkpoints(output_dir) or run.rl.poll() is not None, timeout_s=600)
+    run.rl.send_signal(signal.SIGTERM)
+    assert run.wait(timeout_s=120) == 130, run.output()  # stopped before its end, so resumed below
+    assert complete_checkpoints(output_dir) == [2]
+
+    resumed = RayRun(cluster, output_dir, *flags, "--ckpt.resume-step", "-1")
+    assert resumed.wait(timeout_s=600) == 0, resumed.output()
+    output = resumed.output()
+    assert "resuming from checkpoint step 2" in output, output
+    step_lines = [line.split(" |")[0] for line in output.splitlines() if line.startswith("step ") and " | " in line]
+    assert step_lines == ["step 3/4", "step 4/4"], output
+    assert re.search(r"training \S+ on .* steps 3\.\.4", (output_dir / "logs" / "trainer.log").read_text())
+    assert "resuming after step 2: prompts from task" in (output_dir / "logs" / "orchestrator.log").read_text()
+    assert [r["step"] for r in read_metrics(output_dir, "trainer")] == list(range(1, steps + 1))
+    assert [r["step"] for r in read_metrics(output_dir, "orchestrator")] == list(range(1, steps + 1))
+    # the resumed steps' batches (the resume deleted the earlier ones) hold the tasks a run never stopped draws
+    # (a failed rollout gives no sample: the sets of tasks)
+    reference = uninterrupted_tasks(run_config(output_dir), range(3, steps + 1))
+    for step in range(3, steps + 1):
+        assert set(batch_tasks(output_dir, step)) == set(reference[step]), step
+    assert complete_checkpoints(output_dir)[-1] == steps
+    print(f"the resumed run on Ray: steps 3-4 in {resumed.seconds:.0f}s")
