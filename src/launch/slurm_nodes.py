@@ -7,7 +7,8 @@ them), and the orchestrator runs on the first training node. Every node shares `
 
 ``resolve`` runs once: ``rl --dry-run`` with the placement flags for these nodes writes each process's resolved
 config to ``<output-dir>/configs/`` (servers listening on all addresses, the orchestrator given every server's
-URL). ``node`` then runs on each node (rl.sbatch starts it with srun) and starts that node's processes from those
+URL), and, for a real run, deletes what an earlier run wrote after the checkpoint it resumes from, as ``rl`` does.
+``node`` then runs on each node (rl.sbatch starts it with srun) and starts that node's processes from those
 configs: ``--dry-run`` prints them instead. Servers that listen beyond the loopback need ``TRIDENT_API_KEY`` (rl.sbatch
 sets one). Inference nodes stop their servers once the training node has written ``<output-dir>/multinode_done``; a
 training node that fails stops there, and srun's ``--kill-on-bad-exit`` stops the rest.
@@ -21,7 +22,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from contracts.run_dir import configs_dir, logs_dir
+from contracts.run_dir import clear_run_state, configs_dir, logs_dir
 from launch.process import Child, command, shell_line, stop_all
 from launch.supervise import child_env
 
@@ -40,7 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per inference server")
     parser.add_argument("--port", type=int, default=8000, help="the first inference server's port on each node")
     parser.add_argument("--rdzv-port", type=int, default=29500, help="torchrun's rendezvous port on the first trainer")
-    parser.add_argument("--dry-run", action="store_true", help="print this node's processes instead of starting them")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="resolve: delete nothing of an earlier run; node: print its processes, start none",
+    )
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -76,10 +81,22 @@ def placement_flags(args: argparse.Namespace) -> list[str]:
 
 
 def resolve(args: argparse.Namespace) -> int:
-    """``rl --dry-run``: check the configs and write each process's to ``<output-dir>/configs/``."""
+    """``rl --dry-run``: check the configs and write each process's to ``<output-dir>/configs/``; then, unless
+    ``--dry-run``, delete what an earlier run wrote after the checkpoint this one resumes from (all of it for a new
+    run), as ``rl`` does before it starts its processes."""
     (args.output_dir / DONE).unlink(missing_ok=True)  # an earlier run's
     argv = [sys.executable, "-m", "launch.main", *args.rl_args, *placement_flags(args), "--dry-run"]
-    return subprocess.run(argv).returncode
+    code = subprocess.run(argv).returncode
+    if code == 0 and not args.dry_run:
+        for path in clear_run_state(args.output_dir, resumed_step(args.output_dir)):
+            print(f"deleted {path} of a previous run")
+    return code
+
+
+def resumed_step(output_dir: Path) -> int:
+    """The checkpoint step the resolved trainer config resumes from (rl wrote ``-1`` resolved), or 0."""
+    ckpt = tomllib.loads((configs_dir(output_dir) / "trainer.toml").read_text()).get("ckpt") or {}
+    return ckpt.get("resume_step") or 0
 
 
 def node_processes(args: argparse.Namespace) -> dict[str, tuple[list[str], dict[str, str]]]:

@@ -1,16 +1,21 @@
 """The SLURM launcher in dry-run mode on CPU: ``scripts/slurm/rl.sbatch`` as sbatch runs it, with ``scontrol`` and
 ``srun`` standing in for a two-node allocation on this machine (each "node" its own process group), each node's part
 run by ``python -m launch.slurm_nodes``. The debug configs resolve for two nodes with only placement flags added,
-and each node prints the processes it would start."""
+and each node prints the processes it would start; a resumed job's ``resolve`` deletes what the stopped run wrote
+after its checkpoint (a dry run deletes nothing)."""
 
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from contracts.config import parse_config
+from contracts.metrics import read_metrics
+from contracts.records import write_records
+from contracts.run_dir import checkpoint_dir, mark_stable, metrics_path, rollouts_dir, weights_dir
 from trainer.config import TrainerConfig
 
 ROOT = Path(__file__).parents[2]
@@ -114,3 +119,32 @@ def test_two_nodes_of_gpus_put_a_server_on_each_gpu_of_node_0_and_a_trainer_rank
     assert re.search(rf"node 1 \(127.0.0.1\) trainer: CUDA_VISIBLE_DEVICES={visible} \S+ -m torch.distributed.run "
                      rf"--nnodes=1 --node-rank=0 --nproc-per-node={gpus} ", node1)  # fmt: skip
     assert re.search(r"node 1 \(127.0.0.1\) orchestrator: CUDA_VISIBLE_DEVICES= \S+ -m orchestrator.main", node1)
+
+
+def test_resolving_a_resumed_job_deletes_what_the_stopped_run_wrote_after_its_checkpoint(tmp_path):
+    """A run stopped after step 3 with its newest complete checkpoint at step 2: ``resolve --ckpt.resume-step -1``
+    resolves step 2 into the trainer's config and, as rl does before a resumed run, deletes the batches and weights
+    and keeps the metrics of steps 1-2 only, so no process reads step 3's stale batch; with ``--dry-run``, nothing."""
+    output_dir = tmp_path / "run"
+    for part in ("trainer", "orchestrator"):
+        (checkpoint_dir(output_dir, 2) / part).mkdir(parents=True)
+        mark_stable(checkpoint_dir(output_dir, 2) / part)
+    for folder in (rollouts_dir(output_dir, 3), weights_dir(output_dir, 3)):
+        folder.mkdir(parents=True)
+    write_records(metrics_path(output_dir, "trainer"), [{"step": step} for step in (1, 2, 3)])
+    rl_flags = ["--trainer", "@", str(DEBUG / "train.toml"), "--orchestrator", "@", str(DEBUG / "orch.toml"),
+                "--inference", "@", str(DEBUG / "infer.toml"), "--output-dir", str(output_dir),
+                "--ckpt.interval", "2", "--ckpt.resume-step", "-1"]  # fmt: skip
+
+    def resolve(*flags: str) -> None:
+        argv = [sys.executable, "-m", "launch.slurm_nodes", "resolve", "--nodes", "h0,h1", *flags, "--", *rl_flags]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    resolve("--dry-run")
+    assert rollouts_dir(output_dir, 3).exists() and len(read_metrics(output_dir, "trainer")) == 3
+    resolve()
+    assert parse_config(TrainerConfig, ["@", str(output_dir / "configs" / "trainer.toml")]).ckpt.resume_step == 2
+    assert not (output_dir / "rollouts").exists() and not (output_dir / "weights").exists()
+    assert [record["step"] for record in read_metrics(output_dir, "trainer")] == [1, 2]
+    assert (checkpoint_dir(output_dir, 2) / "trainer").exists()
