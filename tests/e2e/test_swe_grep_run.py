@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import assert_loss_masks_ok
 from wandb_runs import finished_runs
 
 from contracts.metrics import read_metrics
@@ -44,12 +45,7 @@ def test_swe_grep_configs_run_on_cpu_with_the_tiny_model(tmp_path, free_port):
     rows = read_metrics(tmp_path, "sample_rollouts")
     assert rows and {r["step"] for r in rows} == {1} and {r["env"] for r in rows} == {"swe-grep-oss-env"}
     assert len(list(tmp_path.glob("wandb/offline-run-*/files/media/table/sample_rollouts_1_*.table.json"))) == 1
-    check = subprocess.run(
-        [sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "loss masks OK" in check.stdout
+    assert_loss_masks_ok(tmp_path)
     # LoRA hot-swap: each step's adapter alone, swapped in under its own name, checked through the probe
     assert (tmp_path / "weights" / "step_3" / "adapter_config.json").exists()
     inference_log = (tmp_path / "logs" / "inference.log").read_text()

@@ -15,6 +15,7 @@ import pytest
 import servers
 import torch
 from safetensors.torch import load_file
+from script_modules import assert_loss_masks_ok
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts.metrics import read_metrics
@@ -92,13 +93,6 @@ def test_moe_weights_reach_the_server_and_it_serves_exactly_them(moe_server, tin
         sender.close()
 
 
-def check_loss_masks(output_dir: Path) -> None:
-    """scripts/check_loss_mask.py passes on a run's batches."""
-    check = subprocess.run([sys.executable, "scripts/check_loss_mask.py", "--output-dir", str(output_dir)],
-                           capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
-    assert check.returncode == 0 and "loss masks OK" in check.stdout, check.stdout + check.stderr
-
-
 def test_the_debug_run_on_the_moe_learns_and_its_loss_masks_check_out(moe_server):
     """configs/debug/moe laid over the debug run, full fine-tuning, through rl on the module's server."""
     url, root, _ = moe_server
@@ -116,7 +110,7 @@ def test_the_debug_run_on_the_moe_learns_and_its_loss_masks_check_out(moe_server
     # as the dense debug run's test: a step's mean reward has a standard error of ~0.012 (sized from that; no repeated
     # runs of this MoE run's rise are recorded)
     assert statistics.mean(rewards[-5:]) - statistics.mean(rewards[:5]) > 0.05, rewards
-    check_loss_masks(output_dir)
+    assert_loss_masks_ok(output_dir)
 
 
 # benchmarks/moe_lora.py's run cut to 6 steps, on-policy (async level 0), at the learning rate of its first steps'
@@ -149,4 +143,4 @@ def test_lora_on_experts_of_a_moe_trains_every_expert_and_the_server_serves_each
     assert unmoved == []  # LoRA on each of them trained, and the merged export carries it
     others = [name for name in base if name not in targets]
     assert all(torch.equal(trained[name], base[name]) for name in others)  # nothing else changes under LoRA
-    check_loss_masks(tmp_path / "run")
+    assert_loss_masks_ok(tmp_path / "run")
