@@ -6,6 +6,7 @@ config refusals, one line each."""
 import asyncio
 import json
 from contextlib import AsyncExitStack
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from transformers import AutoTokenizer
 from verifiers.v1.configs.client import resolve_api_key
 
 import orchestrator.loop.groups as groups_module
+import orchestrator.loop.run as run_module
 import orchestrator.loop.workers as workers_module
 from contracts.chat_turns import ChatFormat
 from contracts.config import parse_config
@@ -237,6 +239,18 @@ def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demons
     assert "\n" not in str(refused.value) and str(refused.value).endswith(
         "has no 'nope' to show as its demonstration (self_distill.demonstration_key)"
     )
+
+
+def test_the_policys_tokenizer_is_loaded_once_for_sample_rollouts_echo_and_opsd(tmp_path, monkeypatch):
+    loaded = []  # the orchestrator's loads (the renderer loads its own, in verifiers)
+    counted = SimpleNamespace(from_pretrained=lambda path: loaded.append(path) or AutoTokenizer.from_pretrained(path))
+    monkeypatch.setattr(run_module, "AutoTokenizer", counted)
+    config = OrchestratorConfig(output_dir=tmp_path, rollouts_per_example=2, sample_rollouts_every=1,
+                                env=[{"id": "reverse-text", "algorithm": "opsd"},
+                                     {"id": "char-target", "algorithm": "echo"}])  # fmt: skip
+    orchestrator = Orchestrator(config)
+    orchestrator.metrics.close()
+    assert len(loaded) == 1 and orchestrator.chat.tokenizer is orchestrator.tokenizer
 
 
 def test_opsd_needs_no_teacher_and_a_template_must_show_the_demonstration(tmp_path):
