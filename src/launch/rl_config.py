@@ -9,7 +9,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 
 from contracts.config import BaseConfig, ConfigError, format_errors, get_key, is_set, set_key
 from contracts.errors import TridentError
-from contracts.inference_api import NO_CPU_ROUTES
+from contracts.inference_api import API_KEY_ENV, NO_CPU_ROUTES
 from contracts.model_card import ModelCard
 from contracts.run_spec import HOMES, RunSpec, apply_run_spec, derive_run_spec, served_lora_rank
 from contracts.shared_config import (
@@ -289,8 +289,9 @@ def resolve_shared(config: RLConfig, on_gpu: bool = True) -> RLConfig:
 
 def start_teacher(config: RLConfig) -> None:
     """Settle the teacher (``orchestrator.teacher``): a LoRA adapter only on a trainer that trains one on the frozen
-    base; a model without ``base_url`` served by rl (:func:`teacher_server`), its URL handed to the orchestrator; a
-    ConfigError, in one line, for any other combination."""
+    base; a model without ``base_url`` served by rl (:func:`teacher_server`), its URL handed to the orchestrator with
+    the run's key (``$TRIDENT_API_KEY``, unless ``teacher.api_key_var`` names another); a ConfigError, in one line, for
+    any other combination."""
     teacher, lora = config.orchestrator.teacher, config.trainer.model.experimental.lora
     if config._teacher is not None:
         return  # settled already (its base_url is rl's)
@@ -336,6 +337,8 @@ def start_teacher(config: RLConfig) -> None:
     )
     host = "127.0.0.1" if policy.host in ("0.0.0.0", "::") else policy.host
     config.orchestrator.teacher.base_url = f"http://{host}:{config._teacher.port}"
+    # the run's own server, started with the run's environment: it checks $TRIDENT_API_KEY where that is set
+    config.orchestrator.teacher.api_key_var = teacher.api_key_var or API_KEY_ENV
 
 
 def teacher_server(config: RLConfig) -> InferenceConfig | None:

@@ -182,7 +182,10 @@ class AdvantageConfig(StrictModel):
     ] = 0.95  # fmt: skip
     drop_uniform_groups: Annotated[
         bool,
-        Field(description="Leave out of the batch the groups whose rollouts all got the same reward (zero advantage)."),
+        Field(
+            description="Leave out of the batch the groups whose rollouts all got the same reward (zero advantage): "
+            "a grpo environment's; another algorithm's train whatever their rewards."
+        ),
     ] = False
 
     @model_validator(mode="after")
@@ -289,6 +292,7 @@ teacher samples and the policy trains by cross-entropy on the teacher's tokens; 
 self-distillation), ``opd`` with the live policy shown a demonstration as the teacher (docs/algorithms.md)."""
 DISTILLED = ("opd", "opsd")  # the algorithms whose tokens are scored by a teacher
 GROUP_RELATIVE = ("grpo", "echo")  # the algorithms whose advantages compare the rollouts of a group
+REWARD_ONLY = ("grpo",)  # the algorithms trained on the reward spread alone: a group of theirs that ties trains nothing
 TAUGHT = ("opd", "sft")  # the algorithms that need a [teacher]
 EchoRole = Literal[
     "tool", "user", "system"
@@ -355,7 +359,11 @@ class TeacherConfig(StrictModel):
                                         "base (lora.export = 'adapter'). Without base_url and model."),
     ] = None  # fmt: skip
     api_key_var: Annotated[
-        str | None, Field(description="Environment variable holding the teacher's API key. Absent: none sent.")
+        str | None,
+        Field(
+            description="Environment variable holding the teacher's API key. Absent: none sent (never the run's "
+            "TRIDENT_API_KEY), but to a teacher server rl starts, which gets the run's."
+        ),
     ] = None
     coef: Annotated[
         float,
@@ -408,7 +416,8 @@ class FilterConfig(StrictModel):
         bool,
         Field(description="Replace each group with no reward variance by a newly sampled group, so the batch keeps "
                           "batch_size groups that teach something; a place still without one after max_attempts "
-                          "groups is left out of the batch (as advantage.drop_uniform_groups does)."),
+                          "groups is left out of the batch (as advantage.drop_uniform_groups does). Only a grpo "
+                          "environment's groups: another algorithm's train whatever their rewards."),
     ] = False  # fmt: skip
     max_attempts: Annotated[
         int, Field(ge=1, description="Most groups sampled for one place of the batch, the first included.")

@@ -80,6 +80,7 @@ from contracts.protocol import (
 )
 from contracts.run_dir import configs_dir, rollouts_dir, step_dirs
 from contracts.sampling import NO_TRUNCATION
+from orchestrator.config import DISTILLED
 
 ERROR, WARNING = "error", "warning"
 # Token parts: where a token sits in its turn. Only assistant "content" and "end" tokens may be trainable. END is
@@ -546,7 +547,7 @@ def _trained_runs(mask: list[bool]) -> list[list[int]]:
 
 def _check_advantage(record: SampleRecord, add) -> None:
     values = record.advantages
-    if record.summary.get("algorithm") == "opd":
+    if record.summary.get("algorithm") in DISTILLED:
         _check_token_advantages(record, add)
         return
     if values and max(values) - min(values) > 1e-6:
@@ -557,7 +558,7 @@ def _check_advantage(record: SampleRecord, add) -> None:
 
 
 def _check_token_advantages(record: SampleRecord, add) -> None:
-    """A distilled sample's advantages (one per token, on-policy distillation): 0 on every untrained token, and
+    """A distilled sample's advantages (one per token: opd, opsd): 0 on every untrained token, and
     ``batch.json``'s advantage their mean over the trained ones."""
     values, mask = record.advantages, record.loss_mask
     if untrained := [i for i, (v, m) in enumerate(zip(values, mask, strict=True)) if v and not m]:

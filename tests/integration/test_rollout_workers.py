@@ -190,7 +190,7 @@ def test_a_worker_that_cannot_start_is_one_error_naming_it(tmp_path):
 
         async def run():
             try:
-                await workers.run_group(env_config, task, 1, server.base_url + "/v1", "tiny")
+                await workers.run_group(env_config, task, 1, server.base_url + "/v1", "tiny", "TRIDENT_API_KEY")
             finally:
                 await workers.close()
 

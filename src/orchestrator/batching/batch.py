@@ -93,9 +93,12 @@ def group_relative_advantages(
 def _samples_of(rollout: Rollout, reward: float, advantage: float, weight_step: int, mask_truncated: bool,
                 token_advantages: list[list[float]] | None):  # fmt: skip
     """A sample of each branch of ``rollout`` (:func:`branch_sample`): none for a failed one; all masked when
-    truncated under ``mask_truncated``. ``token_advantages``: a distilled rollout's, per branch."""
+    truncated under ``mask_truncated``. ``token_advantages``: a distilled rollout's, per branch. Its meta names its
+    algorithm unless that is ``grpo`` (a GRPO batch is the batch of before, byte for byte)."""
     meta = {"env": rollout.env, "task": rollout.task, "seat": rollout.seat, "rewards": rollout.rewards,
             "metrics": rollout.metrics, "truncated": rollout.truncated, "turns": rollout.turns}  # fmt: skip
+    if rollout.algorithm != "grpo":  # batch.json says so: the loss-mask checker reads it
+        meta["algorithm"] = rollout.algorithm
     masked = mask_truncated and rollout.truncated
     branches = rollout.branches if rollout.ok else []
     return [
@@ -118,15 +121,13 @@ def branch_sample(
     (:attr:`Branch.weight_steps`, refused where they do not line up with its tokens); the sample's step is its oldest
     sampled token's, which its unsampled tokens carry. A distilled branch's per-token advantages
     (:func:`~orchestrator.batching.distill.distill_advantages`, None for others) are the sample's, ``advantage``
-    their mean over its sampled tokens, and ``algorithm = "opd"`` in its meta; one with cross-entropy weights gets
-    their ``ce_roles`` in its meta."""
+    their mean over its sampled tokens; one with cross-entropy weights gets their ``ce_roles`` in its meta."""
     labelled = branch.weight_steps or [None] * len(branch.token_ids)
     known = [weight_step if step is None else step for step in labelled]
     steps = list(zip(known, branch.loss_mask, strict=True))  # each token's weights step, and whether it is sampled
     oldest = min((step for step, m in steps if m), default=weight_step)
-    if token_advantages is not None:  # batch.json says so: the loss-mask checker expects advantages to vary
+    if token_advantages is not None:
         advantage = loss_token_mean(token_advantages, branch.loss_mask)
-        meta = {**meta, "algorithm": "opd"}
     if branch.ce_roles is not None:  # batch.json says which turns its cross-entropy weights may cover
         meta = {**meta, "ce_roles": branch.ce_roles}
     return Sample(

@@ -55,3 +55,4 @@ class Rollout:
     seat: str = ""  # the environment's agent that played it (e.g. "player0"; "agent" for a single-agent environment)
     trained: bool = True  # False: a seat the environment does not train, or one on another model: no branches
     episode: int = 0  # the episode of its group that gave it (several seats, or several runs of one, share one)
+    algorithm: str = "grpo"  # its environment's (config.Algorithm): what its tokens train on

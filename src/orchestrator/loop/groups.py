@@ -15,10 +15,11 @@ from pathlib import Path
 from contracts.model_card import ModelCard
 from contracts.progress import Progress
 from orchestrator.batching.rollout import Rollout
-from orchestrator.config import EvalRunConfig, InfraConfig, OrchestratorConfig
+from orchestrator.config import Algorithm, EvalRunConfig, InfraConfig, OrchestratorConfig
 from orchestrator.loop.workers import RolloutWorkers, WorkerLost, cpu_seconds
 from orchestrator.serving.servers import Server, ServerDown, Servers
 from orchestrator.verifiers_adapter.envs import (
+    NO_API_KEY_VAR,
     ModelContext,
     at_server,
     env_config,
@@ -36,32 +37,38 @@ logger = logging.getLogger("orchestrator")
 class GroupRunner:
     """Runs groups of ``group_size`` rollouts (unless told otherwise) on ``servers``, sampling as ``ctx`` says, within
     ``limits``: in this process, or on rollout ``workers`` (each within its share of the limits). The images the
-    rollouts show are stored in the run at ``output_dir``. ``teacher`` (a context sampling from the teacher's server)
-    samples the groups of the environments on ``sft`` (distillation from the teacher's samples) instead."""
+    rollouts show are stored in the run at ``output_dir``. ``teacher`` (a context sampling from the teacher's server,
+    with the teacher's key) samples the groups of ``sft`` (distillation from the teacher's samples) instead."""
 
     def __init__(self, servers: Servers, ctx: ModelContext, limits: RolloutLimits, group_size: int,
                  workers: RolloutWorkers | None = None, output_dir: Path | None = None,
-                 teacher: ModelContext | None = None, default_algorithm: str = "grpo"):  # fmt: skip
+                 teacher: ModelContext | None = None):  # fmt: skip
         self.servers = servers
         self.ctx = ctx
         self.teacher = teacher
-        self.default_algorithm = default_algorithm
         self.limits = limits
         self.group_size = group_size
         self.workers = workers
         self.output_dir = output_dir
 
-    async def run(self, env, task, n: int | None = None, per_server: list[int] | None = None) -> list[Rollout]:
+    async def run(self, env, task, n: int | None = None, per_server: list[int] | None = None,
+                  algorithm: Algorithm = "grpo") -> list[Rollout]:  # fmt: skip
         """One group of ``n`` rollouts of ``task`` (default ``group_size``), on the least loaded server; run again
         on another if that server is set aside before the group ends, or fails rollouts and then does not answer;
-        run again if its rollout worker dies, up to ``infra.max_retries`` times, then lost.
+        run again if its rollout worker dies, up to ``infra.max_retries`` times, then lost. Its rollouts are
+        labelled with ``algorithm``, their environment's (an evaluation's: the default, sampled by the policy).
         ``per_server`` counts the rollouts each server finished (by its place in ``client.base_url``)."""
-        n = n or self.group_size
+        rollouts = await self._run(env, task, n or self.group_size, per_server, algorithm)
+        for rollout in rollouts:
+            rollout.algorithm = algorithm
+        return rollouts
+
+    async def _run(self, env, task, n: int, per_server: list[int] | None, algorithm: Algorithm) -> list[Rollout]:
         workers_lost = 0
         while True:
             async with self.servers.lease() as server:
                 try:
-                    rollouts = await self.servers.guard(server, self.group(env, task, n, server))
+                    rollouts = await self.servers.guard(server, self.group(env, task, n, server, algorithm))
                 except ServerDown:
                     rollouts = None
                 except WorkerLost as e:  # the pool said so, and starts another worker
@@ -88,15 +95,14 @@ class GroupRunner:
         return [Rollout(reward=0.0, branches=[], ok=False, error=error_text, task=task_id(task.data), env=env_id,
                         lost=True, retries=retries, seat=seat) for _ in range(n) for seat in seats(env)]  # fmt: skip
 
-    def group(self, env, task, n: int, server: Server) -> Awaitable[list[Rollout]]:
-        """The rollouts of one group on ``server`` (on the teacher's, for an environment on ``sft``), run here or by
-        a worker."""
-        ctx = self.context(server)
-        if self.teacher is not None and (env_config(env).algorithm or self.default_algorithm) == "sft":
-            ctx = self.teacher
+    def group(self, env, task, n: int, server: Server, algorithm: Algorithm) -> Awaitable[list[Rollout]]:
+        """The rollouts of one group on ``server`` (on the teacher's, with its key, for ``sft``), run here or by a
+        worker."""
+        ctx = self.teacher if algorithm == "sft" and self.teacher is not None else self.context(server)
         if self.workers is None:
             return run_group(env, task, n, ctx, self.limits, self.output_dir)
-        return self.workers.run_group(env_config(env), task, n, ctx.client.base_url, ctx.model)
+        client = ctx.client
+        return self.workers.run_group(env_config(env), task, n, client.base_url, ctx.model, client.api_key_var)
 
     def context(self, server: Server) -> ModelContext:
         """The model context that samples from ``server`` (under the name it serves the policy as)."""
@@ -127,9 +133,10 @@ def connect(config: OrchestratorConfig | EvalRunConfig, infra: InfraConfig, grou
     if workers:
         logger.info(f"rollouts run in {count} worker processes")
     teacher = getattr(config, "teacher", None)  # an evaluation has none
-    taught = at_server(ctx, f"{teacher.base_url}/v1", teacher.model, teacher.api_key_var) if teacher else None
-    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers, config.output_dir, taught,
-                       getattr(config, "algorithm", "grpo"))  # fmt: skip
+    taught = None  # the teacher's key, or none (TeacherConfig.api_key_var): never the policy's
+    if teacher:
+        taught = at_server(ctx, f"{teacher.base_url}/v1", teacher.model, teacher.api_key_var or NO_API_KEY_VAR)
+    return GroupRunner(servers, ctx, run_limits(config, infra), group_size, workers, config.output_dir, taught)
 
 
 def busiest_share(before: dict[int, float], after: dict[int, float], seconds: float) -> float:

@@ -1,6 +1,8 @@
-"""Dynamic sampling (``[filter] refill``): a group whose rollouts all got the same reward has advantage 0 and
-teaches nothing, so it is replaced by a group of a new task until one has reward variance or ``max_attempts`` run
-out. Each of a step's ``batch_size`` places of the batch is filled this way on its own, as its groups finish."""
+"""Dynamic sampling (``[filter] refill``): a group whose rollouts all got the same reward has advantage 0 and, on
+``grpo``, teaches nothing, so it is replaced by a group of a new task until one has reward variance or
+``max_attempts`` run out. Each of a step's ``batch_size`` places of the batch is filled this way on its own, as its
+groups finish. A group of another algorithm is never replaced: a distilled one trains on the teacher's per-token
+signal, an ``sft`` or ``echo`` one on its cross-entropy weights, whatever the rewards."""
 
 import statistics
 from collections.abc import Awaitable, Callable
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 from orchestrator.batching.advantage import group_rewards, uniform_baselines
 from orchestrator.batching.infra import is_lost
 from orchestrator.batching.rollout import Rollout
-from orchestrator.config import BaselineGroups, FilterConfig
+from orchestrator.config import REWARD_ONLY, BaselineGroups, FilterConfig
 from orchestrator.tasks.sampler import StepTasks
 
 
@@ -32,8 +34,10 @@ def no_variance(group: list[Rollout], zero_truncated: bool, by: BaselineGroups) 
 
 
 def needs_refill(group: list[Rollout], zero_truncated: bool, by: BaselineGroups) -> bool:
-    """A group with no reward variance that was not lost to infrastructure errors (those are counted apart)."""
-    return not is_lost(group) and no_variance(group, zero_truncated, by)
+    """A group trained on its rewards alone (:data:`~orchestrator.config.REWARD_ONLY`) with no reward variance that
+    was not lost to infrastructure errors (those are counted apart)."""
+    reward_only = all(r.algorithm in REWARD_ONLY for r in group)
+    return reward_only and not is_lost(group) and no_variance(group, zero_truncated, by)
 
 
 async def fill_slot(

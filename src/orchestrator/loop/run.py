@@ -92,12 +92,15 @@ class Orchestrator:
         self.groups = connect(config, config.infra, config.rollouts_per_example)
         self.servers = self.groups.servers
         self.share = ShareMeter(self.servers)
-        # only to show sample rollouts as text: training never detokenizes
         card = ModelCard.of(config.model.name)
         model_path = card.path
         # what the server samples from: the batch files carry it for the trainer to replay (vision markers banned)
         self.truncation = replace(config.sampling.truncation, banned=tuple(sorted(card.vision_markers())))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path) if config.sample_rollouts_every else None
+        algorithms = set(map(config.env_algorithm, range(len(config.env))))
+        # loaded once, for what reads text: sample rollouts, ECHO's chat turns, opsd's demonstration (training never
+        # detokenizes)
+        needed = config.sample_rollouts_every or algorithms & {"echo", "opsd"}
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path) if needed else None
         family = resolve_family(config.model.chat_family, model_path)
         image_pad = family.image_pad if self.tokenizer and family else None
         self.image_pad = self.tokenizer.convert_tokens_to_ids(image_pad) if image_pad else None
@@ -116,16 +119,14 @@ class Orchestrator:
         self.memory = StepMemory(config.max_memory_growth_gib)
         teacher, run_id = config.teacher, config.run_id
         self.teacher = Teacher(teacher, config.client.base_urls[0], run_id) if teacher else None
-        algorithms = set(map(config.env_algorithm, range(len(config.env))))
         self.chat = None  # ECHO's weights follow the chat turns
         if "echo" in algorithms:
-            self.chat = ChatFormat.from_tokenizer(AutoTokenizer.from_pretrained(model_path), family)
+            self.chat = ChatFormat.from_tokenizer(self.tokenizer, family)
         self.self_teacher = None
         if "opsd" in algorithms:  # the policy's server scores, through the chat template of the demonstration
             policy = TeacherConfig(base_url=config.client.base_urls[0], model=config.model.name,
                                    api_key_var=API_KEY_ENV)  # fmt: skip
             self.self_teacher = Teacher(policy, config.client.base_urls[0])
-            self.chat_template = AutoTokenizer.from_pretrained(model_path)
 
     def batch_tasks(self, step: int) -> list:
         """(environment, task) of each prompt of step ``step``."""
@@ -307,8 +308,8 @@ class Orchestrator:
                 "demonstration (self_distill.demonstration_key)"
             )
         text = self.config.self_distill.template.replace("{demonstration}", str(value))
-        turn = self.chat_template.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
-        return self.chat_template.encode(turn, add_special_tokens=False)
+        turn = self.tokenizer.apply_chat_template([{"role": "system", "content": text}], tokenize=False)
+        return self.tokenizer.encode(turn, add_special_tokens=False)
 
     def decode(self, token_ids: list[int]) -> str:
         return decoded_with_images(token_ids, lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),

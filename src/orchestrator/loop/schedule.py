@@ -77,7 +77,8 @@ class StepSchedule:
         """Start sampling place ``slot`` of a step's batch (refilled as ``[filter]`` says)."""
 
         def run(env: int, task: int) -> Awaitable[list[Rollout]]:
-            return self.groups.run(self.envs[env], self.per_env[env][task], per_server=per_server)
+            algorithm = self.config.env_algorithm(env)
+            return self.groups.run(self.envs[env], self.per_env[env][task], per_server=per_server, algorithm=algorithm)
 
         zero_truncated, by = self.config.zero_truncated_completions, self.config.advantage.baseline_groups
         return asyncio.ensure_future(fill_slot(run, tasks, slot, self.config.filter, zero_truncated, by))

@@ -105,13 +105,14 @@ class RolloutWorkers:
     def pids(self) -> list[int]:
         return [worker.process.pid for worker in self.workers if worker is not None]
 
-    async def run_group(self, env_config: EnvConfig, task, n: int, base_url: str, model: str) -> list:
+    async def run_group(self, env_config: EnvConfig, task, n: int, base_url: str, model: str, api_key_var: str
+                        ) -> list:  # fmt: skip
         """The rollouts of a group of ``n`` of ``task`` in ``env_config``'s environment, sampled from the server at
-        ``base_url`` (its ``/v1`` URL) as ``model``, run by the least busy worker. Cancelling this cancels the group
-        in the worker; :class:`WorkerLost` if the worker ends first."""
+        ``base_url`` (its ``/v1`` URL) as ``model`` with the key in ``api_key_var``, run by the least busy worker.
+        Cancelling this cancels the group in the worker; :class:`WorkerLost` if the worker ends first."""
         job = next(self.job_ids)
         try:
-            message = frame(("run", job, env_config, task, n, base_url, model))
+            message = frame(("run", job, env_config, task, n, base_url, model, api_key_var))
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise TridentError(
                 f"environment {env_config.id!r}: its task {type(task).__name__} cannot be sent to a rollout worker "
@@ -220,8 +221,9 @@ class WorkerGroups:
         await self.stack.enter_async_context(env.serving())
         return env
 
-    async def run(self, env_config: EnvConfig, task, n: int, base_url: str, model: str) -> list[Rollout]:
-        ctx = at_server(self.ctx, base_url, model)
+    async def run(self, env_config: EnvConfig, task, n: int, base_url: str, model: str, api_key_var: str
+                  ) -> list[Rollout]:  # fmt: skip
+        ctx = at_server(self.ctx, base_url, model, api_key_var)
         return await run_group(await self.env(env_config), task, n, ctx, self.limits, self.output_dir)
 
 

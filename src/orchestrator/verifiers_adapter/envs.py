@@ -163,6 +163,9 @@ def dataset_errors_named(env_id: str):
         raise TridentError(f"environment {env_id!r}: {e}") from None
 
 
+NO_API_KEY_VAR = "TRIDENT_NO_API_KEY"  # names no key: the client sends a placeholder ("none", else verifiers' "EMPTY")
+
+
 def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: str) -> vf.ModelContext:
     """How verifiers reaches our server: the training client, token in / token out through the model's renderer
     (:func:`~orchestrator.verifiers_adapter.renderer.renderer_config`), with our sampling.
@@ -175,7 +178,7 @@ def model_context(config: OrchestratorConfig | EvalRunConfig, tokenizer_path: st
     if not os.environ.get(API_KEY_ENV):
         # verifiers' client needs some key, which a server without one ignores. Not under TRIDENT_API_KEY: a server
         # started later from this process (tests, benchmarks) would take it as its key.
-        key_var = "TRIDENT_NO_API_KEY"
+        key_var = NO_API_KEY_VAR
         os.environ[key_var] = "none"
     return vf.ModelContext(
         model=config.model.name,

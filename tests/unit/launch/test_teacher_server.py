@@ -48,7 +48,8 @@ def written(tmp_path: Path, name: str) -> dict:
 def test_rl_starts_the_teacher_on_the_policy_servers_gpu_and_counts_it_in_the_plan(capsys, tmp_path):
     """Sharing GPU 0 at 0.4 of it beside the policy server's 0.5: 32 + 40 = 72 of 80 GiB. The teacher's server is
     the policy server's config with the teacher's model, on the next port, loading no weights and reading no run
-    spec (which names the student); the orchestrator gets its URL."""
+    spec (which names the student); the orchestrator gets its URL, and the run's key for it (the server checks
+    $TRIDENT_API_KEY where it is set, as the policy's does)."""
     out = dry_run(capsys, tmp_path / "with", *GPU_RUN, *TEACHER_8B, "--teacher-gpu-memory-utilization", "0.4")
     configs = tmp_path / "with" / "configs"
     assert (
@@ -63,7 +64,8 @@ def test_rl_starts_the_teacher_on_the_policy_servers_gpu_and_counts_it_in_the_pl
     )
     assert teacher["model"]["max_model_len"] == policy["model"]["max_model_len"] == 1024
     assert not {"output_dir", "weights_root", "lora", "weight_broadcast"} & teacher.keys() and "weights_root" in policy
-    assert written(tmp_path / "with", "orchestrator")["teacher"]["base_url"] == "http://127.0.0.1:8001"
+    teacher_table = written(tmp_path / "with", "orchestrator")["teacher"]
+    assert (teacher_table["base_url"], teacher_table["api_key_var"]) == ("http://127.0.0.1:8001", "TRIDENT_API_KEY")
     assert "  teacher: Qwen/Qwen3-8B at http://127.0.0.1:8001: started by rl" in out
     assert "  teacher: 32.0 GiB claimed by vLLM (weights 15.3 GiB, kv_one_context 144 MiB)" in out
     assert "  GPU 0: inference + teacher = 72.0 GiB, free 8.0 GiB" in out
@@ -116,6 +118,7 @@ def test_a_teacher_url_given_keeps_the_users_server(capsys, tmp_path):
     out = dry_run(capsys, tmp_path, *TEACHER_8B, "--orchestrator.teacher.base-url", url, on_gpu=False)
     assert "teacher" not in commands(out) and not (tmp_path / "configs" / "teacher.toml").exists()
     assert f"  teacher: Qwen/Qwen3-8B at {url}: external (rl does not start it)" in out
+    assert "api_key_var" not in written(tmp_path, "orchestrator")["teacher"]  # none sent to a server of the user's
 
 
 @pytest.mark.parametrize(

@@ -5,24 +5,34 @@ config refusals, one line each."""
 
 import asyncio
 import json
+from contextlib import AsyncExitStack
+from types import SimpleNamespace
 
 import httpx
 import pytest
-from rollouts import rollout, sampled
+from rollouts import ONE_SAMPLED, rollout, sampled
 from test_distill import config_error
 from transformers import AutoTokenizer
+from verifiers.v1.configs.client import resolve_api_key
 
 import orchestrator.loop.groups as groups_module
+import orchestrator.loop.run as run_module
+import orchestrator.loop.workers as workers_module
 from contracts.chat_turns import ChatFormat
 from contracts.config import parse_config
 from contracts.errors import TridentError
+from contracts.inference_api import API_KEY_ENV
+from contracts.model_card import ModelCard
 from contracts.protocol import read_batch
 from orchestrator.batching.batch import assemble_batch
 from orchestrator.batching.echo import echo_weights
 from orchestrator.batching.rollout import Branch
 from orchestrator.batching.teacher_samples import set_teacher_sample_weights
-from orchestrator.config import AdvantageConfig, OrchestratorConfig, SelfDistillConfig
+from orchestrator.config import AdvantageConfig, EnvConfig, InfraConfig, OrchestratorConfig, SelfDistillConfig
+from orchestrator.loop.groups import connect
 from orchestrator.loop.run import Orchestrator
+from orchestrator.loop.workers import WorkerGroups
+from orchestrator.verifiers_adapter.envs import NO_API_KEY_VAR, load_env, tasks_of
 
 QUESTION = "What is 6 * 7?"
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"x": "6 * 7"}}\n</tool_call><|im_end|>'
@@ -85,7 +95,8 @@ def test_a_step_samples_the_sft_env_from_the_teacher_and_weighs_the_echo_envs_to
                                                                                         tokenizer):  # fmt: skip
     """One orchestrator step, env 0 on sft and env 1 on echo (hand-made rollouts in place of the servers): env 0's
     groups go to the teacher's server under its model name, env 1's to the policy's; the batch files carry weight 1
-    on the teacher's tokens (no loss token) and on env 1's tool answer beside its group's advantages."""
+    on the teacher's tokens (no loss token) and on env 1's tool answer beside its group's advantages, and batch.json
+    names each sample's algorithm."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     table = {"base_url": "http://teacher:8001", "model": "big"}
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2, teacher=table,
@@ -109,6 +120,7 @@ def test_a_step_samples_the_sft_env_from_the_teacher_and_weighs_the_echo_envs_to
     assert asked["sft"] == ("http://teacher:8001/v1", "big")
     assert asked["echo"][1] == config.model.name and "teacher" not in asked["echo"][0]
     info, micro_batches = read_batch(tmp_path, 1)
+    assert {(summary["env"], summary["algorithm"]) for summary in info.samples} == {("sft", "sft"), ("echo", "echo")}
     by_env = {}
     for summary, sample in zip(info.samples, [s for m in micro_batches for s in m.samples()], strict=True):
         by_env.setdefault(summary["env"], []).append(sample)
@@ -118,6 +130,50 @@ def test_a_step_samples_the_sft_env_from_the_teacher_and_weighs_the_echo_envs_to
         assert sample.loss_mask.tolist() == mask and sample.advantages.abs().tolist() == [0.5] * len(ids)
         assert weighted_text(tokenizer, ids, sample.ce_weights.tolist()) == TOOL_RESULT
     assert info.num_ce_tokens == 2 * sum(mask) + 2 * len(tokenizer.encode(TOOL_RESULT))
+
+
+class InlineWorkers:
+    """In place of the rollout workers: each group sent to them run by a worker's :class:`WorkerGroups` here."""
+
+    def __init__(self, config: OrchestratorConfig, env):
+        self.groups = WorkerGroups(AsyncExitStack(), config, InfraConfig(), ModelCard.of(config.model.name).path, 1)
+        self.groups.env = lambda env_config: asyncio.sleep(0, env)  # loaded already
+
+    async def run_group(self, env_config, task, n, base_url, model, api_key_var):
+        return await self.groups.run(env_config, task, n, base_url, model, api_key_var)
+
+
+@pytest.mark.parametrize("in_workers", [False, True])
+@pytest.mark.parametrize(("key_var", "teacher_key"), [(None, "EMPTY"), ("TEACHER_KEY", "teacher-key")])
+def test_the_teacher_gets_its_own_key_or_none_never_the_runs(monkeypatch, in_workers, key_var, teacher_key):
+    """An sft group samples from the teacher's server with the key in teacher.api_key_var, or with none when it is
+    absent (verifiers' placeholder), never the run's TRIDENT_API_KEY, whether the orchestrator or a rollout worker runs
+    it; a group run with no algorithm (an evaluation's, even where the run's default is sft) samples from the policy's
+    server with the run's key. Each rollout is labelled with its group's algorithm."""
+    monkeypatch.setenv(API_KEY_ENV, "policy-key")
+    monkeypatch.setenv("TEACHER_KEY", "teacher-key")
+    monkeypatch.delenv(NO_API_KEY_VAR, raising=False)  # left set by an earlier test's model context
+    env = load_env(EnvConfig(id="reverse-text"))
+    task = tasks_of(env)[0]
+    teacher = {"base_url": "http://teacher:8001", "model": "big", "api_key_var": key_var}
+    config = OrchestratorConfig(algorithm="sft", teacher=teacher)
+    runner = connect(config, InfraConfig(), 1)
+    sent = []  # (base_url, model, the key its client sends)
+
+    async def run_group(env, task, n, ctx, limits, output_dir):
+        sent.append((ctx.client.base_url, ctx.model, resolve_api_key(ctx.client)))
+        return [rollout(1.0, ONE_SAMPLED)]
+
+    monkeypatch.setattr(groups_module, "run_group", run_group)
+    monkeypatch.setattr(workers_module, "run_group", run_group)
+    runner.workers = InlineWorkers(config, env) if in_workers else None
+
+    async def sft_then_eval():
+        return await runner.run(env, task, algorithm="sft") + await runner.run(env, task)
+
+    assert [r.algorithm for r in asyncio.run(sft_then_eval())] == ["sft", "grpo"]
+    assert sent == [("http://teacher:8001/v1", "big", teacher_key),
+                    ("http://127.0.0.1:8000/v1", runner.ctx.model, "policy-key")]  # fmt: skip
 
 
 TEACHER_TABLE = '[teacher]\nbase_url = "http://127.0.0.1:8001/v1"\nmodel = "big"\n'
@@ -138,8 +194,9 @@ def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demons
                                                                                         tokenizer):  # fmt: skip
     """One orchestrator step, env 0 on opsd (demonstration_key = "text", reverse-text's own field) beside env 1 on
     grpo: each opsd branch goes to the policy's server (its model name) after a system turn showing its task's text;
-    its tokens' advantages are 1.0 * (the prefixed server's logprob -0.25 - sampled), the grpo env's its group's.
-    A demonstration_key the task lacks stops the step in one line."""
+    its tokens' advantages are 1.0 * (the prefixed server's logprob -0.25 - sampled), the grpo env's its group's;
+    batch.json labels the first's samples opsd, the second's not at all. A demonstration_key the task lacks stops the
+    step in one line."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     config = OrchestratorConfig(output_dir=tmp_path, batch_size=2, rollouts_per_example=2,
                                 self_distill={"demonstration_key": "text", "template": "Shown: {demonstration}"},
@@ -171,7 +228,8 @@ def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demons
                 for t in texts]  # fmt: skip
     assert sorted(tuple(r["prompt"]) for _, r in requests) == sorted(tuple(p) + (5, 6, 7, 8) for p in prefixes * 2)
     assert {(url, r["model"]) for url, r in requests} == {("http://127.0.0.1:8000/v1/completions", config.model.name)}
-    _, micro_batches = read_batch(tmp_path, 1)
+    info, micro_batches = read_batch(tmp_path, 1)
+    assert sorted((s["env"], s.get("algorithm")) for s in info.samples) == [("grpo", None)] * 2 + [("opsd", "opsd")] * 2
     advantages = sorted(s.advantages.tolist() for m in micro_batches for s in m.samples())
     assert advantages == [[-0.5] * 4, [0.0, 0.0, 0.75, 1.75], [0.0, 0.0, 0.75, 1.75], [0.5] * 4]
 
@@ -181,6 +239,18 @@ def test_a_step_self_distils_its_opsd_env_on_the_policys_server_shown_the_demons
     assert "\n" not in str(refused.value) and str(refused.value).endswith(
         "has no 'nope' to show as its demonstration (self_distill.demonstration_key)"
     )
+
+
+def test_the_policys_tokenizer_is_loaded_once_for_sample_rollouts_echo_and_opsd(tmp_path, monkeypatch):
+    loaded = []  # the orchestrator's loads (the renderer loads its own, in verifiers)
+    counted = SimpleNamespace(from_pretrained=lambda path: loaded.append(path) or AutoTokenizer.from_pretrained(path))
+    monkeypatch.setattr(run_module, "AutoTokenizer", counted)
+    config = OrchestratorConfig(output_dir=tmp_path, rollouts_per_example=2, sample_rollouts_every=1,
+                                env=[{"id": "reverse-text", "algorithm": "opsd"},
+                                     {"id": "char-target", "algorithm": "echo"}])  # fmt: skip
+    orchestrator = Orchestrator(config)
+    orchestrator.metrics.close()
+    assert len(loaded) == 1 and orchestrator.chat.tokenizer is orchestrator.tokenizer
 
 
 def test_opsd_needs_no_teacher_and_a_template_must_show_the_demonstration(tmp_path):

@@ -60,7 +60,7 @@ def test_hand_computed_advantages_of_an_opd_env_beside_a_grpo_env_in_one_batch(t
     teacher, requests = fake_teacher()
     grpo = [rollout(1.0, sampled([1, 2, 3], 2, [-0.1]), env="math"),
             rollout(0.0, sampled([1, 2, 4], 2, [-0.2]), env="math")]  # fmt: skip
-    opd = [rollout(0.0, sampled(OPD_TOKENS, 2, OPD_SAMPLED), env="chat")]
+    opd = [rollout(0.0, sampled(OPD_TOKENS, 2, OPD_SAMPLED), env="chat", algorithm="opd")]
     asyncio.run(teacher.score([opd]))
     assert requests == [{"path": "/v1/completions", "model": "big", "prompt": OPD_TOKENS, "max_tokens": 1,
                          "prompt_logprobs": 0, "temperature": 1.0}]  # fmt: skip

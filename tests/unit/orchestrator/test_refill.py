@@ -2,10 +2,13 @@
 batch is full of groups that teach something, or a place's attempts run out (counted)."""
 
 import asyncio
+import json
+from dataclasses import replace
 
+import httpx
 import pytest
 from resumed_runs import batch_tasks
-from rollouts import TWO_SAMPLED, group
+from rollouts import TWO_SAMPLED, group, rollout
 
 import orchestrator.loop.groups as groups_module
 from contracts.metrics import read_metrics
@@ -19,12 +22,14 @@ def index(task) -> int:
 
 
 def fake_groups(monkeypatch, rewards_of) -> list[int]:
-    """Every group's rollouts score ``rewards_of(task index)``; returns the task of each group run, in order."""
+    """Every group's rollouts score ``rewards_of(task index)``, each with a branch of its own (a teacher's scores and
+    weights are set on it); returns the task of each group run, in order."""
     sampled = []
 
     async def run_group(env, task, n, ctx, limits, output_dir):
         sampled.append(index(task))
-        return group(rewards_of(index(task)), TWO_SAMPLED, env="char-target", task=task.data.id)
+        return [rollout(reward, replace(TWO_SAMPLED), env="char-target", task=task.data.id)
+                for reward in rewards_of(index(task))]  # fmt: skip
 
     monkeypatch.setattr(groups_module, "run_group", run_group)
     return sampled
@@ -124,3 +129,30 @@ def test_a_group_whose_every_seat_tied_is_replaced_unless_the_task_is_one_baseli
     orchestrator, _ = on_weights_server(one_baseline)
     asyncio.run(orchestrator.step(1))
     assert len(sampled) == 4  # a's 1s and b's 0s share one baseline: every group varies, none is replaced
+
+
+def prompt_logprobs(request: httpx.Request) -> httpx.Response:
+    """A teacher's ``/v1/completions`` answer: each prompt token after the first at logprob -0.5."""
+    prompt = json.loads(request.content)["prompt"]
+    entries = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
+    return httpx.Response(200, json={"choices": [{"index": 0, "text": "z", "prompt_logprobs": entries}]})
+
+
+@pytest.mark.parametrize("algorithm", ["opd", "opsd", "sft"])
+def test_a_tied_group_of_a_distilled_or_taught_env_is_kept_not_replaced(tmp_path, monkeypatch, on_weights_server,
+                                                                        algorithm):  # fmt: skip
+    """A distilled group (opd, opsd) trains on the teacher's per-token signal and an sft one on the teacher's tokens,
+    whatever the rewards: refill replaces none of their tied groups, and the batch keeps them all."""
+    sampled = fake_groups(monkeypatch, lambda task: [1.0, 1.0])
+    settings = {"opd": {"teacher": {"base_url": "http://teacher:8001", "model": "big"}},
+                "opsd": {"self_distill": {"demonstration_key": "id"}},
+                "sft": {"teacher": {"base_url": "http://teacher:8001", "model": "big"}}}[algorithm]  # fmt: skip
+    refill = {"refill": True, "max_attempts": 40}
+    orchestrator, _ = on_weights_server(config(tmp_path, algorithm=algorithm, filter=refill, **settings))
+    for teacher in (orchestrator.teacher, orchestrator.self_teacher):
+        if teacher is not None:
+            teacher.http = httpx.AsyncClient(base_url="http://t", transport=httpx.MockTransport(prompt_logprobs))
+    asyncio.run(orchestrator.step(1))
+    assert len(sampled) == 4 and len(batch_tasks(tmp_path, 1)) == 8
+    [metrics] = read_metrics(tmp_path, "orchestrator")
+    assert metrics["refill/groups"] == metrics["refill/dropped_groups"] == metrics["refill/unfilled"] == 0

@@ -35,7 +35,7 @@ def test_a_task_that_cannot_be_sent_is_one_error_before_any_worker_starts():
         pass
 
     workers = RolloutWorkers(2, OrchestratorConfig(), InfraConfig(), "unused")
-    run = workers.run_group(EnvConfig(id="my-env"), LocalTask(), 2, "http://h:8000/v1", "tiny")
+    run = workers.run_group(EnvConfig(id="my-env"), LocalTask(), 2, "http://h:8000/v1", "tiny", "KEY_VAR")
     with pytest.raises(TridentError, match=r"^environment 'my-env': its task LocalTask cannot be sent to a rollout "
                                            r"worker \(.+\); .* rollout_workers = 1$"):  # fmt: skip
         asyncio.run(run)

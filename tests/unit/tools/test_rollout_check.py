@@ -711,20 +711,23 @@ def test_a_trained_image_token_a_wrong_image_count_and_a_missing_image_are_refus
     assert "image_missing" in capsys.readouterr().out
 
 
-def distilled(sample: Sample) -> Sample:
-    """``sample`` as on-policy distillation writes it: an advantage per trained token (0 elsewhere), their mean in
-    ``batch.json``, marked ``algorithm = "opd"``."""
+def distilled(sample: Sample, algorithm: str) -> Sample:
+    """``sample`` as (self-)distillation writes it: an advantage per trained token (0 elsewhere), their mean in
+    ``batch.json``, marked with ``algorithm`` ("opd" or "opsd")."""
     values = [0.25 * (i % 3) - 0.25 if m else 0.0 for i, m in enumerate(sample.loss_mask)]
     trained = [v for v, m in zip(values, sample.loss_mask, strict=True) if m]
     return replace(sample, token_advantages=values, advantage=sum(trained) / len(trained),
-                   meta={**sample.meta, "algorithm": "opd"})  # fmt: skip
+                   meta={**sample.meta, "algorithm": algorithm})  # fmt: skip
 
 
+@pytest.mark.parametrize("algorithm", ["opd", "opsd"])
 def test_a_distilled_samples_per_token_advantages_pass_unless_on_an_untrained_token(tmp_path, samples, chat,
-                                                                                    tiny_model_path):  # fmt: skip
-    """Varying advantages are a GRPO sample's error, a distilled one's signal; but a distilled token advantage off
-    the loss mask, or a batch.json mean that is not the trained tokens', is still an advantage_mismatch."""
-    batch = [distilled(samples["tool"]), *baseline(samples)[1:]]
+                                                                                    tiny_model_path,
+                                                                                    algorithm):  # fmt: skip
+    """Varying advantages are a GRPO sample's error, a distilled one's signal (on-policy distillation's or
+    self-distillation's); but a distilled token advantage off the loss mask, or a batch.json mean that is not the
+    trained tokens', is still an advantage_mismatch."""
+    batch = [distilled(samples["tool"], algorithm), *baseline(samples)[1:]]
     write_step(tmp_path, batch, tiny_model_path)
     assert "advantage_mismatch" not in checks_found(tmp_path, chat)
 
@@ -739,8 +742,8 @@ def test_a_distilled_samples_per_token_advantages_pass_unless_on_an_untrained_to
     assert problem.message.endswith("in the tensors, 9 in batch.json")
 
 
-def with_ce(sample: Sample, weights: list[float], roles: list[str]) -> Sample:
-    return replace(sample, ce_weights=weights, meta={**sample.meta, "ce_roles": roles})
+def with_ce(sample: Sample, weights: list[float], roles: list[str], algorithm: str) -> Sample:
+    return replace(sample, ce_weights=weights, meta={**sample.meta, "ce_roles": roles, "algorithm": algorithm})
 
 
 def test_cross_entropy_weights_pass_on_their_roles_content_and_fail_elsewhere(tmp_path, samples, chat,
@@ -748,10 +751,10 @@ def test_cross_entropy_weights_pass_on_their_roles_content_and_fail_elsewhere(tm
     """ECHO's weights on the tool turn's content and a teacher's sample (weights on the assistant's tokens, no loss
     token) pass; a weight on the first token, on a turn header, or in a turn of a role not in ``ce_roles`` fails."""
     tool = samples["tool"]
-    echo = with_ce(tool, echo_weights(tool.token_ids, tool.loss_mask, chat, ["tool"], 1.0), ["tool"])
+    echo = with_ce(tool, echo_weights(tool.token_ids, tool.loss_mask, chat, ["tool"], 1.0), ["tool"], "echo")
     short = samples["short"]
     n = len(short.token_ids)
-    taught = replace(with_ce(short, [float(m) for m in short.loss_mask], ["assistant"]), loss_mask=[False] * n,
+    taught = replace(with_ce(short, [float(m) for m in short.loss_mask], ["assistant"], "sft"), loss_mask=[False] * n,
                      inference_logprobs=[0.0] * n)  # fmt: skip
     write_step(tmp_path, [echo, taught], tiny_model_path)
     report = check_step(read_step(tmp_path), chat)
@@ -764,6 +767,6 @@ def test_cross_entropy_weights_pass_on_their_roles_content_and_fail_elsewhere(tm
                             (user_content, "ce_in_user_turn")):  # fmt: skip
         weights = list(echo.ce_weights)
         weights[position] = 1.0
-        write_step(tmp_path, [with_ce(tool, weights, ["tool"]), taught], tiny_model_path)
+        write_step(tmp_path, [with_ce(tool, weights, ["tool"], "echo"), taught], tiny_model_path)
         found = checks_found(tmp_path, chat)
         assert set(found) == {check} and found[check][0].positions == [position], found
