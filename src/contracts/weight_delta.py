@@ -61,12 +61,25 @@ def encode(served: Tensor, trained: Tensor) -> TensorDelta:
     if count == 0:
         return TensorDelta("none", None, None)
     numel, size = new.numel(), new.element_size()
-    index_dtype = torch.int32 if numel <= MAX_INT32_INDEX else torch.int64
-    index_size = torch.empty((), dtype=index_dtype).element_size()
-    if count * (index_size + size) < numel * size:
+    if count * (index_dtype(numel).itemsize + size) < numel * size:
         positions = changed.nonzero()[:, 0]
-        return TensorDelta("sparse", positions.to(index_dtype), new[positions].clone())
+        return TensorDelta("sparse", positions.to(index_dtype(numel)), new[positions].clone())
     return TensorDelta("dense", None, new.clone())
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """The dtype of a sparse delta's positions in a tensor of ``numel`` elements."""
+    return torch.int32 if numel <= MAX_INT32_INDEX else torch.int64
+
+
+def encode_all(served: dict[str, Tensor], trained: dict[str, Tensor]) -> dict[str, TensorDelta] | None:
+    """Each tensor's delta (:func:`encode`) from the ``served`` copy to ``trained``, by name; None when their names,
+    shapes or dtypes differ (a full copy is due)."""
+    if served.keys() != trained.keys():
+        return None
+    if any(served[name].shape != t.shape or served[name].dtype != t.dtype for name, t in trained.items()):
+        return None
+    return {name: encode(served[name], tensor.to(served[name].device)) for name, tensor in trained.items()}
 
 
 def apply(delta: TensorDelta, served: Tensor) -> None:
@@ -111,6 +124,33 @@ def weights_checksum(checksums: dict[str, int]) -> str:
     the SHA-256 of ``name:checksum`` lines in name order."""
     lines = "".join(f"{name}:{checksums[name]:016x}\n" for name in sorted(checksums))
     return hashlib.sha256(lines.encode()).hexdigest()[:16]
+
+
+def to_wire(deltas: dict[str, TensorDelta]) -> tuple[list[list], list[Tensor]]:
+    """How deltas go over a process group: each tensor's ``[encoding, changed elements]`` in order (sent ahead, as
+    JSON), and the tensors broadcast after it, in order: a sparse delta's positions and values, a dense one's values."""
+    header, tensors = [], []
+    for delta in deltas.values():
+        header.append([delta.encoding, 0 if delta.values is None else delta.values.numel()])
+        tensors += [t for t in (delta.indices, delta.values) if t is not None]
+    return header, tensors
+
+
+def from_wire(header: list[list], entries: list[list], device: torch.device) -> tuple[dict[str, TensorDelta], list]:
+    """The deltas :func:`to_wire` sent for the manifest's tensors ``entries`` (``[name, shape, dtype]``), by name,
+    and their tensors in sending order, empty until received into; a ValueError for a header that does not fit."""
+    if len(header) != len(entries):
+        raise ValueError(f"a delta of {len(header)} tensors for weights of {len(entries)}")
+    deltas, tensors = {}, []
+    for (encoding, count), (name, shape, dtype) in zip(header, entries, strict=True):
+        numel, dtype = torch.Size(shape).numel(), getattr(torch, dtype)
+        if encoding not in ("none", "sparse", "dense") or (encoding == "dense" and count != numel) or count > numel:
+            raise ValueError(f"tensor {name}: {encoding!r} of {count} elements is not a delta of {numel}")
+        indices = torch.empty(count, dtype=index_dtype(numel), device=device) if encoding == "sparse" else None
+        values = None if encoding == "none" else torch.empty(count, dtype=dtype, device=device)
+        deltas[name] = TensorDelta(encoding, indices, values)
+        tensors += [t for t in (indices, values) if t is not None]
+    return deltas, tensors
 
 
 def to_tensors(deltas: dict[str, TensorDelta]) -> dict[str, Tensor]:

@@ -13,13 +13,15 @@ standard library.
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NotRequired
 
 from pydantic import Field, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only on Python 3.12+
 
 MANIFEST = "broadcast.json"  # in a weights folder: its tensors come from the trainer's memory, not from files
-SEND = b"send"  # the trainer's answer to an ask for the weights it holds
+SEND = b"send"  # the trainer's answer to an ask for the weights it holds: their full copy follows
+DELTA = b"delta "  # ... or (``[weights] delta``): each tensor's delta against the receiver's copy follows, as
+# this prefix and then the JSON list of each tensor's ``[encoding, changed elements]`` says (docs/protocol.md)
 
 SHM_DIR = Path("/dev/shm")
 SHM_NAME = re.compile(r"trident-weights-[0-9a-f]{32}")  # the only files a worker maps
@@ -29,10 +31,18 @@ CUDA_HANDLE_BYTES = ("handle", "ref_counter", "event")  # the fields a CUDA IPC 
 
 
 def manifest_for(
-    tensors: dict, host: str, port: int, session: str, backend: str, timeout_s: float, sequence: int = 1
+    tensors: dict,
+    host: str,
+    port: int,
+    session: str,
+    backend: str,
+    timeout_s: float,
+    sequence: int = 1,
+    checksum: str | None = None,
 ) -> dict:
     """The manifest of a broadcast of ``tensors``, the trainer session ``session``'s weights number ``sequence``,
-    through the store at ``host:port``."""
+    through the store at ``host:port``; with the ``checksum`` of the weights (``contracts.weight_delta``) when they
+    may come as deltas (``[weights] delta``)."""
     return {
         "host": host,
         "port": port,
@@ -41,7 +51,7 @@ def manifest_for(
         "timeout_s": timeout_s,
         "sequence": sequence,
         "tensors": [[name, list(t.shape), dtype_name(t)] for name, t in tensors.items()],
-    }
+    } | ({"checksum": checksum} if checksum else {})
 
 
 def layout(tensors: dict) -> tuple[list[list], int]:
@@ -75,6 +85,7 @@ class Manifest(TypedDict):
     timeout_s: Annotated[float, Field(gt=0)]
     sequence: Annotated[int, Field(ge=1)]
     tensors: list[tuple[str, list[Annotated[int, Field(ge=0)]], WeightDtype]]
+    checksum: NotRequired[str]  # with [weights] delta: of the weights, in the served dtype (contracts.weight_delta)
 
 
 class SharedManifest(TypedDict):
@@ -111,7 +122,8 @@ def asks_key(session: str) -> str:
 
 def ask_key(session: str, ask: int) -> str:
     """The store key of a receiver's ``ask``-th ask of the session (numbered from 1 by :func:`asks_key`'s counter):
-    ``[its name, the manifest's sequence]``, or ``null`` when the trainer stops answering."""
+    ``[its name, the manifest's sequence, the [sequence, checksum] of the copy it holds or null]``, or ``null`` when
+    the trainer stops answering."""
     return f"{session}/ask/{ask}"
 
 

@@ -240,7 +240,8 @@ def settle_broadcast(config: RLConfig, on_gpu: bool) -> None:
     """The weight broadcast's backend for servers ``rl`` starts on this machine: ``auto`` becomes ``shared`` (a
     buffer both processes map: CUDA IPC, or ``/dev/shm`` on the CPU) when the trainer's first rank and the one server
     are on one device, NCCL when no server is on the trainer's GPU, else gloo (several servers on the CPU, or one of
-    several on the trainer's GPU). NCCL on one device and a shared buffer across two are refused."""
+    several on the trainer's GPU; gloo too for one server under ``[weights] delta``, which a shared buffer does not
+    carry). NCCL on one device and a shared buffer across two are refused."""
     broadcast = config.trainer.weight_broadcast
     if broadcast is None or config.inference is None or not is_loopback(config.inference.host):
         return  # a server on another node: the trainer picks by its own device
@@ -249,7 +250,8 @@ def settle_broadcast(config: RLConfig, on_gpu: bool) -> None:
     device = f"GPU {trainer}" if on_gpu else "the CPU"
     key = "trainer.weight_broadcast.backend"
     if broadcast.backend == "auto":
-        broadcast.backend = ("shared" if broadcast.receivers == 1 else "gloo") if same else "nccl"
+        one = broadcast.receivers == 1 and config.trainer.weights.delta == "off"
+        broadcast.backend = ("shared" if one else "gloo") if same else "nccl"
     elif broadcast.backend == "nccl" and same:
         raise TridentError(
             f"{key} = 'nccl': the trainer and an inference server share {device}, where NCCL cannot pair two ranks on "

@@ -432,10 +432,12 @@ class WeightsConfig(StrictModel):
     delta: Annotated[
         Literal["off", "on", "auto"],
         Field(
-            description="'on': write each step's weights as a delta against the previous step's (the elements whose "
+            description="'on': send each step's weights as a delta against the previous step's (the elements whose "
             "value in the served dtype changed: docs/protocol.md, weight deltas), with a full copy every full_every "
-            "steps or once the chain since the last full copy would hold more bytes than one; 'auto': as 'on', but a "
-            "full copy whenever the delta would be over half its size; 'off': full weights every step."
+            "steps: as files (a full copy too once the chain since the last would hold more bytes than one), or with "
+            "[weight_broadcast] over its process group (full weights to a server that does not hold the previous "
+            "step's); 'auto': as 'on', but a full copy whenever the delta would be over half its size; 'off': full "
+            "weights every step."
         ),
     ] = "off"
     full_every: Annotated[
@@ -507,10 +509,14 @@ class TrainerConfig(BaseConfig):
                 "weight_broadcast sends full weights, and a 4-bit base (model.experimental.load_in_4bit) exports its "
                 "adapter alone: drop [weight_broadcast] (adapters are small and swap in from disk)"
             )
-        if self.weights.delta != "off" and self.weight_broadcast is not None:
+        if (
+            self.weights.delta != "off"
+            and self.weight_broadcast is not None
+            and self.weight_broadcast.backend == "shared"
+        ):
             raise ValueError(
-                f"weights.delta = {self.weights.delta!r} writes deltas as files; with [weight_broadcast] every step's "
-                "full weights go in memory: drop one of them"
+                f"weights.delta = {self.weights.delta!r} goes over files or a process group, not a shared buffer: set "
+                "weight_broadcast.backend = 'gloo' (or 'auto'), or weights.delta = 'off'"
             )
         if self.weights.delta != "off" and lora is not None and lora.export == "adapter":
             raise ValueError(

@@ -313,17 +313,16 @@ def train(config: TrainerConfig) -> None:
 
 def weight_sender(config: TrainerConfig, world: World) -> WeightSender | None:
     """Rank 0's end of the in-memory weight broadcast, when ``[weight_broadcast]`` is on (closed when the trainer
-    exits: a shared buffer's ``/dev/shm`` file goes), or of delta files under ``[weights] delta``; None: full files."""
+    exits: a shared buffer's ``/dev/shm`` file goes; deltas over a process group under ``[weights] delta``), or of
+    delta files under ``[weights] delta``; None: full files."""
     broadcast = config.weight_broadcast
     if not world.is_main:
         return None
-    if config.weights.delta != "off":
-        return DeltaFileSender(config.weights.delta, config.weights.full_every)
+    delta, full_every = config.weights.delta, config.weights.full_every
     if broadcast is None:
-        return None
-    sender = memory_sender(
-        broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device, broadcast.receivers
-    )
+        return None if delta == "off" else DeltaFileSender(delta, full_every)
+    sender = memory_sender(broadcast.host, broadcast.port, broadcast.timeout_s, broadcast.backend, world.device,
+                           broadcast.receivers, delta, full_every)  # fmt: skip
     atexit.register(sender.close)
     return sender
 

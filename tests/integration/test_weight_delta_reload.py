@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from weight_tensors import LR, train_step
 
 from contracts.delta_chain import read_delta_info
 from contracts.errors import TridentError
@@ -18,17 +19,6 @@ from trainer.export import save_weights
 from trainer.transports.delta_files import DeltaFileSender
 
 pytestmark = pytest.mark.slow
-
-LR = 1e-5  # of full fine-tuning
-
-
-def train_step(model, optimizer, seed: int) -> None:
-    """One AdamW step on a language-model loss over random tokens."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=generator)
-    model(input_ids=ids, labels=ids).loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
 
 
 def test_deltas_reach_the_server_exactly_and_a_broken_chain_is_refused(inference_server, tiny_model_path, tmp_path):

@@ -42,7 +42,7 @@ def test_tensors_arrive_in_manifest_order_with_their_values_shapes_and_dtypes(tm
     group = pair_group(manifest, TRAINER_RANK, "server")
     for step in range(2):
         sent = {name: t + step for name, t in tensors.items()}
-        send_over(group, sent, torch.device("cpu"))
+        send_over(group, list(sent.values()), torch.device("cpu"))
         received = out.get(timeout=60)
         assert [name for name, _ in received] == list(sent)
         for (_, got), want in zip(received, sent.values(), strict=True):

@@ -23,7 +23,9 @@ class Receivers:
 
     def pick(self, manifest: dict | None, path: str) -> WeightReceiver:
         """The receiver of the weights in the folder ``path``, which ``manifest`` names (None: the folder's files,
-        or its delta chain's). Any other than the chain's makes the chain's forget what it holds."""
+        or its delta chain's). The others forget the copy they keep of what they loaded."""
+        if manifest is None and self.session is not None:
+            self.session.forget()
         if manifest is None and read_delta_info(path) is not None:
             return self.delta
         self.delta.forget()

@@ -21,6 +21,9 @@ class WeightReceiver(ABC):
     def loaded(self, manifest: dict | None) -> None:
         """Once the weights are in the worker's model."""
 
+    def forget(self) -> None:
+        """The model's weights came another way: drop what the receiver keeps of the weights it loaded, if anything."""
+
     def served_checksum(self) -> str | None:
         """The checksum of the weights loaded last (``contracts.weight_delta.weights_checksum``), where the receiver
         keeps a copy of them; None otherwise."""

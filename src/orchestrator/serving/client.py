@@ -34,6 +34,7 @@ from contracts.inference_api import (
     served_probe_logprobs,
 )
 from contracts.run_dir import is_adapter, read_probe
+from contracts.weight_manifest import MANIFEST, read_manifest
 
 logger = logging.getLogger("orchestrator")
 
@@ -211,10 +212,18 @@ class InferenceClient:
 
 def check_checksum(path: Path, step: int, served: str | None) -> None:
     """Raise, as a failed probe does, unless the checksum of the weights the server reports it loaded from ``path``
-    (``served``) is the trainer's in its delta chain entry; nothing to check for weights outside a chain."""
+    (``served``) is the trainer's: in its delta chain entry, or in the broadcast manifest of weights that may come
+    as deltas; nothing to check for other weights."""
     info = read_delta_info(path)
-    if info is not None and served != info.checksum:
+    where, expected = (DELTA_INFO, info.checksum) if info is not None else (MANIFEST, manifest_checksum(path))
+    if expected is not None and served != expected:
         raise TridentError(
             f"after reloading weights step {step}, the server's weights have checksum {served}, the trainer's "
-            f"{info.checksum} ({path / DELTA_INFO}): the server does not serve the weights in {path}"
+            f"{expected} ({path / where}): the server does not serve the weights in {path}"
         )
+
+
+def manifest_checksum(path: Path) -> str | None:
+    """The checksum in the broadcast manifest of ``path`` (``[weights] delta``), None without one."""
+    manifest = read_manifest(path)
+    return None if manifest is None else manifest.get("checksum")

@@ -72,8 +72,10 @@ class MemorySender(WeightSender):
     def write(self, folder: Path) -> None:
         write_manifest(folder, self.sent)
 
-    def manifest(self, tensors: dict[str, Tensor]) -> dict:
-        return manifest_for(tensors, **self.address, timeout_s=self.timeout_s, sequence=max(self.sequence, 1))
+    def manifest(self, tensors: dict[str, Tensor], checksum: str | None = None) -> dict:
+        return manifest_for(
+            tensors, **self.address, timeout_s=self.timeout_s, sequence=max(self.sequence, 1), checksum=checksum
+        )
 
     def host_store(self) -> dist.TCPStore:
         """Host the session's store, listening on its host only (a TCPStore of its own listens on every interface).

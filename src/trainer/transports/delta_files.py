@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from contracts.delta_chain import DELTA_WEIGHTS, DeltaInfo, write_delta_info
-from contracts.weight_delta import apply, checksum, encode, to_tensors, weights_checksum
+from contracts.weight_delta import apply, checksum, encode_all, to_tensors, weights_checksum
 from trainer.transports.base import ExportedWeights, WeightSender
 from trainer.transports.files import FileSender
 
@@ -69,11 +69,11 @@ class DeltaFileSender(WeightSender):
     def deltas(self, tensors: dict[str, Tensor], step: int) -> dict | None:
         """Each tensor's delta against the served copy, or None where a full copy is due."""
         served = self.served
-        if served is None or step - self.full_step >= self.full_every or served.keys() != tensors.keys():
+        if served is None or step - self.full_step >= self.full_every:
             return None
-        if any(served[name].shape != t.shape or served[name].dtype != t.dtype for name, t in tensors.items()):
+        deltas = encode_all(served, tensors)
+        if deltas is None:
             return None
-        deltas = {name: encode(served[name], tensor) for name, tensor in tensors.items()}
         size, full = sum(d.nbytes for d in deltas.values()), sum(t.numel() * t.element_size() for t in served.values())
         if self.chain_bytes + size > full or (self.mode == "auto" and 2 * size > full):
             return None

@@ -12,9 +12,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from contracts.weight_manifest import SEND, answer_key, ask_key, asks_key
+from contracts.weight_delta import to_wire
+from contracts.weight_manifest import DELTA, SEND, answer_key, ask_key, asks_key
 from contracts.weight_wire import TRAINER_RANK, broadcast, connect_store, pair_group
 from trainer.transports.base import MemorySender
+from trainer.transports.served_copy import Change, ServedCopy
 
 logger = logging.getLogger("trainer")
 
@@ -26,10 +28,26 @@ class ProcessGroupSender(MemorySender):
     weights replace them, the trainer waits until as many servers took them as took the weights before
     (``receivers`` the first time), at most ``timeout_s``: a server that left costs one such wait and is then no
     longer waited for; one that comes back counts again once it took weights. Weights the orchestrator never asks
-    for (it finished first) are left untaken when the trainer exits."""
+    for (it finished first) are left untaken when the trainer exits.
 
-    def __init__(self, host: str, port: int, timeout_s: float, backend: str, device: torch.device, receivers: int = 1):
+    With ``delta`` (``[weights] delta``, not ``off``) a server that asks holding exactly the weights sent before
+    (their sequence and checksum, which it sends with its ask) gets each tensor's delta against them, any other
+    (just started or restarted, behind, or after a failed load) the full weights (docs/protocol.md)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        timeout_s: float,
+        backend: str,
+        device: torch.device,
+        receivers: int = 1,
+        delta: str = "off",
+        full_every: int = 1,
+    ):
         super().__init__(host, port, timeout_s, backend)
+        self.copy = None if delta == "off" else ServedCopy(delta, full_every)
+        self.change = Change(None, None)  # what turns the weights sent before into the newest, with delta
         self.device = device if backend == "nccl" else torch.device("cpu")
         self.receivers = receivers  # how many servers must take the newest weights before newer replace them
         self.newest: dict[str, Tensor] = {}
@@ -48,9 +66,10 @@ class ProcessGroupSender(MemorySender):
                 raise self.failure(e) from None
             self.serving = threading.Thread(target=self.run, args=(self._serve,), name="weight-broadcast", daemon=True)
             self.serving.start()
+        change = Change(None, None) if self.copy is None else self.copy.update(tensors, self.sequence + 1)
         with self.changed:
-            self.newest, self.takers, self.sequence = tensors, set(), self.sequence + 1
-        return self.manifest(tensors)
+            self.newest, self.change, self.takers, self.sequence = tensors, change, set(), self.sequence + 1
+        return self.manifest(tensors, None if self.copy is None else self.copy.checksum)
 
     def wait(self) -> None:
         """Block until the newest weights were taken by as many servers as expected (see the class), at most
@@ -99,17 +118,24 @@ class ProcessGroupSender(MemorySender):
             request = json.loads(self.store.get(ask_key(session, ask)))
             if request is None:
                 return
-            name, sequence = request
+            name, sequence, held = request
             with self.changed:
-                newest, current = self.newest, self.sequence
+                newest, change, current = self.newest, self.change, self.sequence
             if sequence != current:
                 self.store.set(answer_key(session, ask), f"the trainer holds weights {current}, not {sequence}")
                 continue
-            self.store.set(answer_key(session, ask), SEND)
-            threading.Thread(target=self._send_to, args=(name, newest, sequence), daemon=True).start()
+            if change.deltas is not None and held is not None and tuple(held) == change.base:
+                header, tensors = to_wire(change.deltas)
+                answer, what = DELTA + json.dumps(header).encode(), "deltas"
+            else:
+                tensors, answer, what = list(newest.values()), SEND, "full weights"
+            self.store.set(answer_key(session, ask), answer)
+            size = sum(t.numel() * t.element_size() for t in tensors)
+            logger.info(f"weight broadcast: weights {sequence} to a server as {what} ({size} bytes)")
+            threading.Thread(target=self._send_to, args=(name, tensors, sequence), daemon=True).start()
 
-    def _send_to(self, name: str, tensors: dict[str, Tensor], sequence: int) -> None:
-        """Send ``tensors`` (weights ``sequence``) to receiver ``name`` over its group (made at its first ask); a
+    def _send_to(self, name: str, tensors: list[Tensor], sequence: int) -> None:
+        """Send ``tensors`` (of weights ``sequence``) to receiver ``name`` over its group (made at its first ask); a
         receiver that leaves meanwhile is let go with a warning."""
         try:
             group = self.groups.get(name) or pair_group(self.manifest({}), TRAINER_RANK, name)
@@ -126,7 +152,7 @@ class ProcessGroupSender(MemorySender):
                 self.changed.notify_all()
 
 
-def send_over(group: dist.ProcessGroup, tensors: dict[str, Tensor], device: torch.device) -> None:
-    """Broadcast ``tensors`` in their order (the manifest's) over ``group``, each moved to ``device`` first."""
-    for tensor in tensors.values():
+def send_over(group: dist.ProcessGroup, tensors: list[Tensor], device: torch.device) -> None:
+    """Broadcast ``tensors`` in their order over ``group``, each moved to ``device`` first."""
+    for tensor in tensors:
         broadcast(group, tensor.detach().to(device).contiguous())

@@ -6,10 +6,10 @@ one. Tensors reaching a second process are checked in tests/integration/test_wei
 
 import logging
 import socket
-import threading
 
 import pytest
 import torch
+from weight_tensors import take
 
 from contracts.config import ConfigError, parse_config
 from contracts.errors import TridentError
@@ -54,23 +54,6 @@ def test_broadcast_sends_full_weights_only():
         parse_config(TrainerConfig, [*lora, "--model.experimental.lora.export", "adapter"])
     merged = parse_config(TrainerConfig, [*lora, "--model.experimental.lora.export", "merged"])
     assert merged.weight_broadcast.port == 29510
-
-
-def take(manifest: dict, receivers: list[ProcessGroupReceiver]) -> list[list | None]:
-    """What each of ``receivers`` gets when asked to load ``manifest``'s weights, all at once (as the orchestrator
-    reloads every server), as lists of (name, values)."""
-    got: list = [None] * len(receivers)
-
-    def one(i: int) -> None:
-        tensors = receivers[i].take(manifest, torch.device("cpu"))
-        got[i] = None if tensors is None else [(name, tensor.tolist()) for name, tensor in tensors]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(receivers))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return got
 
 
 def test_every_receiver_gets_the_newest_weights_and_the_next_send_waits_until_all_took_them(free_port):

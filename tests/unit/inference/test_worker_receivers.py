@@ -113,5 +113,6 @@ def test_a_shared_buffer_is_copied_out_and_the_trainer_told_so(free_port):
             worker.load_weights(f"/w/step_{step}", sender.offer(tensors))  # the second offer waits for the first
             assert same(worker.loads[-1][1], tensors)
         sender.wait()  # the worker said it took the second
+        assert worker.load_weights("/w/base")["path"] == "/w/base"  # then files (a reset to the base model)
     finally:
         sender.close()

@@ -102,6 +102,7 @@ def test_the_broadcast_shares_memory_on_one_device_and_nccl_there_is_refused():
     assert settled("--trainer-gpu-ids", "0", "--inference-gpu-ids", "0") == "shared"  # one GPU: CUDA IPC
     assert settled("--trainer-gpu-ids", "1", "--inference-gpu-ids", "0") == "nccl"  # two GPUs: NCCL pairs them
     assert settled(on_gpu=False) == "shared"  # the CPU: /dev/shm
+    assert settled("--trainer.weights.delta", "on", on_gpu=False) == "gloo"  # deltas go over a process group
     assert settled("--inference.host", "0.0.0.0") == "auto"  # a server for other nodes: the trainer decides
     assert settled("--trainer.weight-broadcast.backend", "gloo") == "gloo"  # works anywhere, as asked
     with pytest.raises(TridentError, match=r"^trainer.weight_broadcast.backend = 'nccl': the trainer and an inference "

@@ -159,11 +159,12 @@ def test_weights_loaded_another_way_make_the_chain_receiver_forget_its_copy(tmp_
 @pytest.mark.parametrize(
     ("flags", "refusal"),
     [
-        ({"weight_broadcast": {}}, "writes deltas as files"),
+        ({"weight_broadcast": {"backend": "shared"}}, "goes over files or a process group, not a shared buffer"),
         ({"model": {"experimental": {"lora": {"export": "adapter"}}}}, "is for full weights"),
     ],
 )
-def test_deltas_are_refused_where_full_weights_do_not_go_as_files(flags, refusal):
+def test_deltas_are_refused_where_they_cannot_go(flags, refusal):
     TrainerConfig(weights={"delta": "auto"})
+    TrainerConfig(weights={"delta": "on"}, weight_broadcast={})  # over a process group
     with pytest.raises(ValueError, match=refusal):
         TrainerConfig(weights={"delta": "on"}, **flags)
