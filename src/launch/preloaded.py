@@ -30,15 +30,18 @@ import time
 import traceback
 from pathlib import Path
 
+from contracts.lifeline import LAUNCHER_PID_ENV
+
 PRELOADED_ENV = "TRIDENT_PRELOADED"
 MODULES = ("orchestrator.main", "trainer.main")  # the processes it forks
 # what those import once their config is read (their imports of torch, transformers, verifiers)
 PRELOAD = ("orchestrator.loop.run", "orchestrator.verifiers_adapter.patches", "trainer.parallel", "trainer.train")
 # environment variables that may differ between the starter and a process it forks: read when used, never at import
 # (pytest's own changes with each test), and how the process was launched (a shell's and uv's bookkeeping, where
-# programs are found: `uv run` prepends its environment's bin/ to PATH)
+# programs are found: `uv run` prepends its environment's bin/ to PATH; the terminal's size, which GNU readline
+# exports once a process imports it)
 RUNTIME_ENV_PREFIXES = ("TRIDENT_", "WANDB_", "PYTEST_", "UV_")
-LAUNCH_ENV = ("PWD", "OLDPWD", "SHLVL", "_", "PATH", "VIRTUAL_ENV")
+LAUNCH_ENV = ("PWD", "OLDPWD", "SHLVL", "_", "PATH", "VIRTUAL_ENV", "COLUMNS", "LINES")
 PR_SET_PDEATHSIG = 1
 
 logger = logging.getLogger("rl")
@@ -83,9 +86,9 @@ class ForkedProcess:
 
 
 def start(argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess | None:
-    """Have the starter named by ``$TRIDENT_PRELOADED`` fork ``argv`` (``python -m <module> ...``, a module of
+    """Have the starter ``env`` names in ``$TRIDENT_PRELOADED`` fork ``argv`` (``python -m <module> ...``, a module of
     :data:`MODULES`) with ``env``, its output to ``log_path``; None where it cannot (start the process yourself)."""
-    socket_path = os.environ.get(PRELOADED_ENV)
+    socket_path = env.get(PRELOADED_ENV)
     if not socket_path or len(argv) < 3 or argv[:2] != [sys.executable, "-m"] or argv[2] not in MODULES:
         return None
     request = {"op": "start", "module": argv[2], "args": argv[3:], "env": env, "cwd": os.getcwd(),
@@ -98,6 +101,30 @@ def start(argv: list[str], log_path: Path, env: dict[str, str]) -> ForkedProcess
         logger.info(f"the preloaded starter does not start {argv[2]}: {reply['refused']}")
         return None
     return ForkedProcess(socket_path, reply["pid"], fds[0])
+
+
+def start_starter(socket_path: Path, env: dict[str, str], log_path: Path, wait_s: float = 0) -> subprocess.Popen:
+    """Start a starter that serves on ``socket_path``, its output to ``log_path``. ``env`` is the environment ``rl``
+    gives the processes it is to fork (:func:`launch.supervise.child_env` with their placement): the starter refuses
+    any other. With ``wait_s``, return once it serves (a RuntimeError with its log's end if it exits first or takes
+    longer); without, at once: ``rl`` starts its processes itself until the starter serves."""
+    env = {key: value for key, value in env.items() if key != LAUNCHER_PID_ENV}  # it watches no launcher
+    with log_path.open("wb") as log:
+        starter = subprocess.Popen([sys.executable, "-m", "launch.preloaded", str(socket_path)], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + wait_s
+    while wait_s and not socket_path.exists():
+        if starter.poll() is not None or time.monotonic() > deadline:
+            starter.kill()
+            raise RuntimeError(f"the preloaded starter did not serve on {socket_path}: {log_path.read_text()[-2000:]}")
+        time.sleep(0.1)
+    return starter
+
+
+def stop_starter(starter: subprocess.Popen) -> None:
+    """Stop a starter (the processes it forked lead sessions of their own: they are whoever started them's to stop)."""
+    starter.terminate()
+    starter.wait(timeout=60)
 
 
 def differing_env(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:

@@ -7,15 +7,14 @@ imports)."""
 import os
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from rl_runs import DEBUG
 
-from contracts.lifeline import LAUNCHER_PID_ENV
-from launch.preloaded import PRELOADED_ENV, ForkedProcess, start
+from launch.preloaded import PRELOADED_ENV, ForkedProcess, start, start_starter, stop_starter
 from launch.process import Child, command, stop_all
 from launch.supervise import child_env
 
@@ -26,43 +25,35 @@ CPU = {"CUDA_VISIBLE_DEVICES": ""}  # how rl places a process on the CPU
 def starter(tmp_path_factory) -> str:
     """A starter with the environment rl gives a process on the CPU, once its imports are done: its socket."""
     folder = tmp_path_factory.mktemp("starter")
-    socket_path = folder / "starter.sock"
-    env = {key: value for key, value in child_env(CPU).items() if key != LAUNCHER_PID_ENV}
-    with (folder / "starter.log").open("wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "launch.preloaded", str(socket_path)], env=env,
-                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    env = {key: value for key, value in child_env(CPU).items() if key != PRELOADED_ENV}  # not the suite's starter
+    process = start_starter(folder / "starter.sock", env, folder / "starter.log", wait_s=600)
     try:
-        deadline = time.monotonic() + 600
-        while not socket_path.exists():
-            assert process.poll() is None and time.monotonic() < deadline, (folder / "starter.log").read_text()
-            time.sleep(0.5)
-        yield str(socket_path)
+        yield str(folder / "starter.sock")
     finally:
-        process.terminate()
-        process.wait(timeout=60)
+        stop_starter(process)
 
 
-@pytest.fixture(autouse=True)
-def preloaded(starter, monkeypatch) -> None:
-    """rl's environment names the starter."""
-    monkeypatch.setenv(PRELOADED_ENV, starter)
+@pytest.fixture
+def rl_env(starter) -> Callable[[dict[str, str]], dict[str, str]]:
+    """The environment rl gives a process placed as ``placement``, naming this module's starter."""
+    return lambda placement: child_env(placement) | {PRELOADED_ENV: starter}
 
 
-def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_would(tmp_path, monkeypatch):
+def test_a_forked_trainer_reads_its_config_from_rls_directory_and_exits_as_it_would(tmp_path, monkeypatch, rl_env):
     monkeypatch.chdir(tmp_path)
     Path("bad.toml").write_text("[optim]\nlr = -1.0\n")
     log = tmp_path / "trainer.log"
-    child = Child("trainer", command("trainer.main", Path("bad.toml")), log, child_env(CPU))
+    child = Child("trainer", command("trainer.main", Path("bad.toml")), log, rl_env(CPU))
     assert isinstance(child.popen, ForkedProcess)
     assert child.popen.wait(timeout=120) == 2, log.read_text()
     text = log.read_text()
     assert "bad.toml" in text and "optim.lr" in text and "Traceback" not in text, text
 
 
-def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_path):
+def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_path, rl_env):
     log = tmp_path / "trainer.log"
     argv = [*command("trainer.main", DEBUG / "train.toml"), "--output-dir", str(tmp_path)]
-    child = Child("trainer", argv, log, child_env(CPU))
+    child = Child("trainer", argv, log, rl_env(CPU))
     assert isinstance(child.popen, ForkedProcess)
     pid = child.popen.pid
     assert os.getsid(pid) == pid and os.getpgid(pid) == pid  # not in the test's session: rl's stop reaches its group
@@ -73,12 +64,12 @@ def test_a_forked_trainer_leads_its_own_session_and_stops_as_rl_stops_it(tmp_pat
     assert not child.group_alive()
 
 
-def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itself(tmp_path):
-    env = child_env(CPU) | {"OMP_NUM_THREADS": "3"}
+def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itself(tmp_path, rl_env):
+    env = rl_env(CPU) | {"OMP_NUM_THREADS": "3"}
     missing = tmp_path / "missing.toml"
     assert start(command("trainer.main", missing), tmp_path / "forked.log", env) is None
     assert not (tmp_path / "forked.log").exists()  # nothing was forked
     child = Child("trainer", command("trainer.main", missing), tmp_path / "trainer.log", env)
     assert isinstance(child.popen, subprocess.Popen)  # started by rl itself
     assert child.popen.wait(timeout=120) == 2 and "missing.toml" in (tmp_path / "trainer.log").read_text()
-    assert start(command("inference.main", missing), tmp_path / "forked.log", child_env(CPU)) is None  # not preloaded
+    assert start(command("inference.main", missing), tmp_path / "forked.log", rl_env(CPU)) is None  # not preloaded

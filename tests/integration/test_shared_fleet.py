@@ -111,6 +111,7 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.spawned  # finds the run's processes in /proc
 def test_sigterm_to_the_sweep_stops_every_run_and_its_server_leaving_no_process(fleet, tmp_path, free_port):
     """The real ``rl --sweep`` (tests/integration/test_sweep_supervision.py has stand-ins for the server and runs):
     once its server and every run's trainer and orchestrator have started, SIGTERM leaves none of them."""

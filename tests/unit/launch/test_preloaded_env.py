@@ -1,6 +1,6 @@
 """The preloaded starter forks a process only where the environment ``rl`` gives it could not have changed an
 import the starter already made: what differs must be read at run time (Trident's and wandb's variables, pytest's)
-or say how the process was launched (a shell's and uv's bookkeeping, PATH)."""
+or say how the process was launched (a shell's and uv's bookkeeping, PATH, the terminal's size)."""
 
 from launch.preloaded import differing_env
 
@@ -10,7 +10,7 @@ def test_variables_read_at_run_time_may_differ():
             "PWD": "/", "SHLVL": "1"}  # fmt: skip
     theirs = {"PATH": "/venv/bin:/bin", "TRIDENT_CACHE": "/b", "TRIDENT_LAUNCHER_PID": "12", "WANDB_MODE": "offline",
               "PYTEST_CURRENT_TEST": "x (call)", "PWD": "/tmp", "SHLVL": "2", "UV_RUN_RECURSION_DEPTH": "2",
-              "VIRTUAL_ENV": "/venv"}  # fmt: skip
+              "VIRTUAL_ENV": "/venv", "COLUMNS": "80", "LINES": "24"}  # fmt: skip
     assert differing_env(ours, theirs) == []
 
 
