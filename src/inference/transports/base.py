@@ -21,7 +21,7 @@ class WeightReceiver(ABC):
     def loaded(self, manifest: dict | None) -> None:
         """Once the weights are in the worker's model."""
 
-    def forget(self) -> None:
+    def forget(self) -> None:  # noqa: B027 (a receiver that keeps no copy has nothing to drop)
         """The model's weights came another way: drop what the receiver keeps of the weights it loaded, if anything."""
 
     def served_checksum(self) -> str | None:
