@@ -109,7 +109,9 @@ async def trident_batch(env: vf.Env, tasks: list, ctx: vf.ModelContext, bench: B
 async def workers_batch(workers: RolloutWorkers, tasks: list, ctx: vf.ModelContext, bench: BenchmarkConfig) -> list:
     """As :func:`trident_batch`, the groups run by ``workers``."""
     config = EnvConfig(id=ENV, args={"max_turns": bench.tool_calls + 1})
-    run = [workers.run_group(config, task, bench.group_size, ctx.client.base_url, ctx.model) for task in tasks]
+    client = ctx.client
+    run = [workers.run_group(config, task, bench.group_size, client.base_url, ctx.model, client.api_key_var)
+           for task in tasks]  # fmt: skip
     return [rollout for group in await asyncio.gather(*run) for rollout in group]
 
 
