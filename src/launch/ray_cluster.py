@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from contracts.errors import TridentError
 from launch.memory_plan import MemoryPlan, plan_memory
 from launch.ray_placement import STRATEGY, Node, Placed, PlacementError, Process, nodes_apart, place
-from launch.rl_config import RayConfig, RLConfig, servers, teacher_server, trainer_ranks
+from launch.rl_config import TEACHER, RayConfig, RLConfig, servers, started_servers, teacher_server, trainer_ranks
 
 # CPUs each process reserves: a server's API process and engine, a trainer rank, the orchestrator and each of its
 # rollout workers
@@ -64,11 +64,12 @@ def cluster_nodes(ray: RayConfig) -> list[Node]:
 
 def run_processes(config: RLConfig, on_gpu: bool) -> list[Process]:
     """What the run needs placed, in the order it is placed: each server (its ``tensor_parallel_size`` GPUs on one
-    node), the trainer's ranks (a GPU each, over as many nodes as it takes), the orchestrator beside the trainer's
-    first rank (their batches and checkpoints are files in output_dir)."""
+    node), the teacher's server rl starts (as a server, on GPUs of its own), the trainer's ranks (a GPU each, over as
+    many nodes as it takes), the orchestrator beside the trainer's first rank (their batches and checkpoints are
+    files in output_dir)."""
     gpus = on_gpu
     processes = [Process(name, server.tensor_parallel_size if gpus else 0, SERVER_CPUS)
-                 for name, server in servers(config).items()]  # fmt: skip
+                 for name, server in started_servers(config).items()]  # fmt: skip
     processes.append(Process("trainer", 1 if gpus else 0, RANK_CPUS, ranks=trainer_ranks(config, on_gpu)))
     workers = config.orchestrator.rollout_workers
     processes.append(Process("orchestrator", 0, ORCHESTRATOR_CPUS + (workers if workers > 1 else 0), beside="trainer"))
@@ -137,10 +138,11 @@ class RayPlan:
 def plan_ray_run(config: RLConfig, gpu_gib: float | None) -> RayPlan:
     """Place the run on its Ray cluster with GPUs of ``gpu_gib`` GiB (``--gpu-memory-gib``, which a cluster with GPUs
     needs; None: a CPU cluster); a TridentError in one line for a run that does not fit or cannot work there."""
-    if teacher_server(config) is not None:
+    teacher, ids = teacher_server(config), config.teacher_gpu_ids
+    if teacher is not None and ids is not None and gpu_gib is not None and len(ids) != teacher.tensor_parallel_size:
         raise TridentError(
-            f"orchestrator.teacher.model = {config.orchestrator.teacher.model!r} without base_url: rl does not place "
-            "a teacher's server on a Ray cluster yet; give teacher.base_url of a server you started"
+            f"--teacher-gpu-ids {ids}: the teacher's server needs inference.tensor_parallel_size = "
+            f"{teacher.tensor_parallel_size} GPUs (on a Ray cluster the ids only count them)"
         )
     nodes = cluster_nodes(config.ray)
     cluster_gpus = sum(node.gpus for node in nodes)
@@ -159,7 +161,7 @@ def plan_ray_run(config: RLConfig, gpu_gib: float | None) -> RayPlan:
         return [numbers[p.node] + gpu for p in placed if p.process in names for gpu in p.gpus]
 
     memory = plan_memory(config.trainer, config.inference, cluster_ids({"trainer"}), cluster_ids(set(servers(config))),
-                         gpu_gib)  # fmt: skip
+                         gpu_gib, teacher, cluster_ids({TEACHER}))  # fmt: skip
     if problems := memory.problems():
         raise TridentError(f"the run does not fit in memory: {'; '.join(problems)} (rl --dry-run prints the plan)")
     lines = [f"placement on the Ray cluster ({len(nodes)} nodes; one placement group of {len(placed)} bundles, "

@@ -17,7 +17,7 @@ from launch.process import command
 from launch.ray_actor import ProcessActor, RayChild
 from launch.ray_cluster import RayPlan, import_ray
 from launch.ray_placement import STRATEGY, Placed, bundles, node_selectors
-from launch.rl_config import RLConfig, servers, started_urls
+from launch.rl_config import TEACHER, RLConfig, servers, started_urls, teacher_server
 
 logger = logging.getLogger("rl")
 
@@ -95,9 +95,10 @@ class RayRun:
 
     def reach_servers(self, config: RLConfig) -> dict[str, str]:
         """Where the servers rl starts are reached: each listens on every address of its node (a loopback
-        ``inference.host`` becomes ``0.0.0.0``), and the orchestrator, unless given its own ``client.base_url``,
-        reaches each at its node's address. Returns the environment every process gets for it: the key requests
-        carry (``$TRIDENT_API_KEY``, one made for the run where rl's environment has none)."""
+        ``inference.host`` becomes ``0.0.0.0``, the teacher's server's too), and the orchestrator reaches each at its
+        node's address (the policy's servers unless it is given its own ``client.base_url``). Returns the environment
+        every process gets for it: the key requests carry (``$TRIDENT_API_KEY``, one made for the run where rl's
+        environment has none)."""
         if config.inference is None:
             return {}
         ours = config.orchestrator.client.base_urls == started_urls(config)
@@ -107,6 +108,10 @@ class RayRun:
             urls = [f"http://{self.address_of(name)}:{server.port}" for name, server in servers(config).items()]
             config.orchestrator.client.base_url = urls[0] if len(urls) == 1 else urls
             logger.info(f"the orchestrator reaches the servers at their nodes' addresses: {', '.join(urls)}")
+        if (teacher := teacher_server(config)) is not None:
+            teacher.host = config.inference.host
+            url = config.orchestrator.teacher.base_url = f"http://{self.address_of(TEACHER)}:{teacher.port}"
+            logger.info(f"the orchestrator reaches the teacher's server at its node's address: {url}")
         if os.environ.get(API_KEY_ENV):
             return {}
         logger.info(f"the servers listen on {config.inference.host}: rl made a key for this run's requests "

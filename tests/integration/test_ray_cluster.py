@@ -4,7 +4,8 @@ with its children by SIGTERM, and stopped with its children on its node when its
 does); ``rl --dry-run --ray.address`` reading that cluster's nodes; and (slow) the debug run through ``rl`` on that
 cluster, the server on the head and the trainer and orchestrator on the worker: trained to the end, failed in one
 line when the trainer's actor is killed, stopped by SIGTERM, each time leaving no process behind; and a run stopped
-after its checkpoint resumed through ``rl --ckpt.resume-step -1`` on that cluster, each step trained once.
+after its checkpoint resumed through ``rl --ckpt.resume-step -1`` on that cluster, each step trained once; and an
+on-policy distillation run with the teacher's server rl starts placed on the worker, trained to the end.
 
 Skipped without the ray extra: CI's install (``uv sync --locked --extra cpu``) has no ray;
 ``uv sync --locked --extra cpu --extra ray`` adds it.
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import psutil
@@ -46,13 +48,14 @@ STORE = 80 * 2**20  # each node's object store: near Ray's least, the processes 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head of 2 CPUs (where the plan puts the debug run's server: the head comes first) and a worker node of 3
-    (the trainer and the orchestrator), each its own raylet; this test's driver connected. Ray's memory monitor is
-    off: on a machine other work shares, it would kill the run's actors when the machine, not the run, is short."""
+    """A head of 2 CPUs (where the plan puts the debug run's server: the head comes first) and a worker node of 5
+    (the trainer and the orchestrator, and an opd run's teacher's server), each its own raylet; this test's driver
+    connected. Ray's memory monitor is off: on a machine other work shares, it would kill the run's actors when the
+    machine, not the run, is short."""
     os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # read by the raylets as they start
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "object_store_memory": STORE,
                                                             "include_dashboard": False})  # fmt: skip
-    worker = cluster.add_node(num_cpus=3, object_store_memory=STORE)
+    worker = cluster.add_node(num_cpus=5, object_store_memory=STORE)
     cluster.wait_for_nodes()
     connect(cluster.address)
     yield cluster, worker
@@ -148,14 +151,14 @@ def test_rl_dry_run_plans_on_the_live_cluster_and_refuses_what_its_nodes_cannot_
     configs = Path(__file__).parents[2] / "configs" / "debug" / "rl"
     files = {"trainer": "train.toml", "orchestrator": "orch.toml", "inference": "infer.toml"}
     flags = [arg for key, name in files.items() for arg in (f"--{key}", "@", str(configs / name))]
-    workers = ["--orchestrator.rollout-workers", "3"]  # the orchestrator then needs 4 CPUs
+    workers = ["--orchestrator.rollout-workers", "4"]  # the orchestrator then needs 5 CPUs
     argv = [*flags, "--ray.address", cluster[0].address, "--output-dir", str(tmp_path), *workers, "--dry-run"]
     worker = cluster[1].node_id
     assert head != worker
-    # the server (2 CPUs) takes the head, which comes first; the trainer (1) the worker, which has 2 CPUs left
-    with pytest.raises(TridentError, match=rf"^the Ray cluster cannot hold the run: orchestrator needs 0 GPUs and 4 "
+    # the server (2 CPUs) takes the head, which comes first; the trainer (1) the worker, which has 4 CPUs left
+    with pytest.raises(TridentError, match=rf"^the Ray cluster cannot hold the run: orchestrator needs 0 GPUs and 5 "
                                            rf"CPUs on trainer's node {worker}; left after the processes before it: "
-                                           rf"{worker} 0 GPUs 2 CPUs \(cluster: 2 nodes, 0 GPUs\)$"):  # fmt: skip
+                                           rf"{worker} 0 GPUs 4 CPUs \(cluster: 2 nodes, 0 GPUs\)$"):  # fmt: skip
         run(resolve_shared(parse_config(RLConfig, argv), on_gpu=False))
 
 
@@ -177,11 +180,13 @@ def left_of_run(output_dir: Path, actor_pids: set[int]) -> list[str]:
 class RayRun:
     """``rl`` on the debug configs on the cluster, its output_dir shared (one machine), its console in a file."""
 
-    def __init__(self, cluster, output_dir: Path, *flags: str):
+    def __init__(self, cluster, output_dir: Path, *flags: str, port: int | None = None):
+        """``port``: the policy server's (a teacher's server rl starts takes the next); absent, one free now."""
         self.output_dir, self.start = output_dir, time.monotonic()
-        with socket.socket() as probe:  # a port of its own: the server listens on every address
-            probe.bind(("", 0))
-            port = probe.getsockname()[1]
+        if port is None:
+            with socket.socket() as probe:  # a port of its own: the server listens on every address
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
         flags = ("--ray.address", cluster[0].address, "--ray.shared-output-dir", "--inference.port", str(port), *flags)
         argv = rl_argv(output_dir, *flags)
         self.console = (output_dir.parent / f"{output_dir.name}.console").open("w+")
@@ -248,6 +253,30 @@ def test_the_debug_run_trains_through_rl_on_the_cluster_each_process_on_its_plan
                            capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     assert check.returncode == 0 and "loss masks OK" in check.stdout, check.stdout + check.stderr
     print(f"the debug run on Ray: {len(steps)} steps in {run.seconds:.0f}s")
+
+
+@pytest.mark.slow
+def test_an_opd_run_places_the_teachers_server_on_its_node_and_stops_it_with_the_run(cluster, tmp_path, free_port):
+    """rl starts the teacher's server (the tiny model itself) as one more server of the run: a bundle of its own,
+    on the worker (the head's 2 CPUs hold the policy's server), listening on every address and reached at its node's
+    address with the run's key; 2 steps of opd train to the end, each scored by it, its log in output_dir/logs, and
+    nothing of the run left."""
+    port = free_port(2)
+    opd = ("--orchestrator.algorithm", "opd", "--orchestrator.teacher.model", "trident/tiny-qwen3")
+    run = RayRun(cluster, tmp_path / "run", "--max-steps", "2", "--no-orchestrator.eval", *opd, port=port)
+    code = run.wait(timeout_s=900)
+    assert code == 0, run.output()
+    worker = cluster[1].node_id
+    nodes = {name: node for name, (_, node) in run.started().items()}
+    assert nodes == {"inference": head_node(), "teacher": worker, "trainer": worker, "orchestrator": worker}
+    configs = run.output_dir / "configs"
+    assert tomllib.loads((configs / "teacher.toml").read_text())["host"] == "0.0.0.0"
+    url = tomllib.loads((configs / "orchestrator.toml").read_text())["teacher"]["base_url"]
+    assert re.fullmatch(rf"http://(?!127\.)[\d.]+:{port + 1}", url), url
+    assert [sorted(k for k in r if k.startswith("reverse_kl/")) for r in read_metrics(run.output_dir, "orchestrator")
+            ] == [["reverse_kl/char-target"]] * 2  # fmt: skip
+    assert "(EngineCore" in (run.output_dir / "logs" / "teacher.log").read_text()
+    print(f"the opd run on Ray with the teacher's server: 2 steps in {run.seconds:.0f}s")
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 ``--gpu-memory-gib`` plans GPUs without them): each process's node and GPUs, how files travel between the nodes,
 the memory plan per GPU, and the one line that refuses a plan that cannot work. No Ray cluster and no ray needed."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,34 @@ def test_a_planned_cluster_is_for_a_dry_run_only(capsys, tmp_path):
     assert not (tmp_path / "configs").exists()  # refused before it writes anything
 
 
-def test_a_teacher_rl_would_start_is_refused_on_a_cluster_in_one_line(capsys, tmp_path):
-    teacher = ["--orchestrator.algorithm", "opd", "--orchestrator.teacher.model", "Qwen/Qwen3-8B"]
-    with pytest.raises(TridentError, match=r"^orchestrator.teacher.model = 'Qwen/Qwen3-8B' without base_url: rl does"):
-        dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, "--ray.shared-output-dir", *teacher)
+TEACHER_8B = ["--orchestrator.algorithm", "opd", "--orchestrator.teacher.model", "Qwen/Qwen3-8B"]
+
+
+def test_the_teacher_rl_starts_is_placed_as_a_server_on_gpus_of_its_own(capsys, tmp_path):
+    """7 policy servers and the teacher's on node-0, the trainer on node-1: the teacher is a bundle of its own with
+    its GPU and a server's CPUs, its command and its share of the memory plan printed with the others'."""
+    seven = ["--inference-gpu-ids", "0,1,2,3,4,5,6"]
+    out = dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, *seven, *TEACHER_8B, "--ray.shared-output-dir")
+    assert "one placement group of 17 bundles" in out
+    assert (
+        "  inference-6: node-0, GPU 6 (cluster GPU 6), 2 CPUs\n  teacher: node-0, GPU 7 (cluster GPU 7), 2 CPUs\n"
+        in out
+    )
+    assert "  teacher: Qwen/Qwen3-8B at http://127.0.0.1:8007: started by rl\n" in out  # its node's, once placed
+    assert f"  teacher: {sys.executable} -m inference.main @ {tmp_path}/configs/teacher.toml\n" in out
+    assert "  GPU 7: teacher = 72.0 GiB, free 8.0 GiB\n" in out
+    assert "  weights: through output_dir/weights, which the servers on node-0 read\n" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [([], r"^the Ray cluster cannot hold the run: trainer rank 7 needs 1 GPUs and 1 CPUs on one node; left after "
+          r"the processes before it: node-0 0 GPUs 16 CPUs, node-1 0 GPUs 23 CPUs"),
+     (["--teacher-gpu-ids", "8,9"], r"^--teacher-gpu-ids \[8, 9\]: the teacher's server needs "
+                                    r"inference.tensor_parallel_size = 1 GPUs")],
+)  # fmt: skip
+def test_a_teacher_the_cluster_cannot_hold_is_refused_in_one_line(capsys, tmp_path, flags, refusal):
+    """8 policy servers fill node-0: the teacher takes a GPU of node-1, where the trainer's 8 ranks then lack one."""
+    with pytest.raises(TridentError, match=refusal) as refused:
+        dry_run(capsys, tmp_path, *TRAINER_ON_NODE_1, *TEACHER_8B, "--ray.shared-output-dir", *flags)
+    assert "\n" not in str(refused.value)

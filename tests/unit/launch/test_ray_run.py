@@ -10,7 +10,7 @@ from contracts.config import parse_config
 from contracts.inference_api import API_KEY_ENV
 from launch.ray_placement import Placed
 from launch.ray_run import RayRun, unplaced
-from launch.rl_config import RLConfig, resolve_shared
+from launch.rl_config import RLConfig, resolve_shared, teacher_server
 
 C = Path(__file__).parents[3] / "configs" / "debug" / "rl"
 DEBUG = ["--trainer", "@", str(C / "train.toml"), "--orchestrator", "@", str(C / "orch.toml"), "--inference", "@",
@@ -58,6 +58,22 @@ def test_the_orchestrator_reaches_the_server_at_its_nodes_address_with_a_key(tmp
     assert len(env[API_KEY_ENV]) >= 32  # every route but /health then checks it
     monkeypatch.setenv(API_KEY_ENV, "the user's")
     assert run.reach_servers(config) == {}  # theirs reaches the processes with rl's other TRIDENT_* variables
+
+
+def test_the_orchestrator_reaches_the_teacher_rl_starts_at_its_nodes_address(tmp_path, monkeypatch):
+    """The teacher's server listens on every address of its node, like the policy's, and is reached with the run's
+    key at its own node's address, not the policy server's."""
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    opd = ["--orchestrator.algorithm", "opd", "--orchestrator.teacher.model", "trident/tiny-qwen3"]
+    config = resolve_shared(parse_config(RLConfig, [*DEBUG, *opd, "--output-dir", str(tmp_path)]), on_gpu=False)
+    run = placed_run([Placed("inference", 0, "n0", (), 2), Placed("teacher", 0, "n1", (), 2),
+                      Placed("trainer", 0, "n1", (), 1), Placed("orchestrator", 0, "n1", (), 1)],
+                     ["10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.2"])  # fmt: skip
+    env = run.reach_servers(config)
+    assert (teacher_server(config).host, config.inference.host) == ("0.0.0.0", "0.0.0.0")
+    assert config.orchestrator.teacher.base_url == "http://10.0.0.2:8001"
+    assert config.orchestrator.client.base_url == "http://10.0.0.1:8000"
+    assert config.orchestrator.teacher.api_key_var == API_KEY_ENV and len(env[API_KEY_ENV]) >= 32
 
 
 def test_a_base_url_the_user_gave_is_kept(tmp_path):
