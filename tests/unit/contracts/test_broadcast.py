@@ -31,7 +31,7 @@ def test_a_broadcast_nobody_receives_fails_naming_the_timeout(free_port):
 
 def test_the_store_listens_on_the_host_it_is_given_only(free_port):
     port = free_port()
-    store = memory_sender("127.0.0.1", port, timeout_s=5, backend="gloo", device=torch.device("cpu")).host_store()
+    store = memory_sender("127.0.0.1", port, timeout_s=30, backend="gloo", device=torch.device("cpu")).host_store()
     socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with pytest.raises(ConnectionRefusedError):  # another address of this machine: nothing listens there
         socket.create_connection(("127.0.0.2", port), timeout=5)
