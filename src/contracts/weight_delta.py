@@ -126,6 +126,38 @@ def weights_checksum(checksums: dict[str, int]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()[:16]
 
 
+class WeightsCopy:
+    """A model's weights as a server serves them, by name, with each tensor's :func:`checksum`: the copy a trainer
+    takes deltas against and a server applies them to (the weights' size once more, wherever its tensors live)."""
+
+    def __init__(self):
+        self.tensors: dict[str, Tensor] = {}
+        self.checksums: dict[str, int] = {}
+
+    def replace(self, tensors: dict[str, Tensor]) -> None:
+        """Make the copy ``tensors`` (kept as given, not copied)."""
+        self.tensors = tensors
+        self.checksums = {name: checksum(tensor) for name, tensor in tensors.items()}
+
+    def apply(self, deltas: dict[str, TensorDelta]) -> None:
+        """Apply each tensor's delta in place; a ValueError naming tensors the copy does not have."""
+        if unknown := sorted(deltas.keys() - self.tensors.keys()):
+            raise ValueError(f"deltas of tensors the served weights do not have: {', '.join(unknown[:3])}")
+        for name, delta in deltas.items():
+            if delta.encoding != "none":
+                apply(delta, self.tensors[name])
+                self.checksums[name] = checksum(self.tensors[name])
+
+    def clear(self) -> None:
+        """Hold nothing (the weights came another way, or are about to be replaced)."""
+        self.tensors, self.checksums = {}, {}
+
+    @property
+    def checksum(self) -> str:
+        """Of the whole copy as it is now (:func:`weights_checksum`)."""
+        return weights_checksum(self.checksums)
+
+
 def to_wire(deltas: dict[str, TensorDelta]) -> tuple[list[list], list[Tensor]]:
     """How deltas go over a process group: each tensor's ``[encoding, changed elements]`` in order (sent ahead, as
     JSON), and the tensors broadcast after it, in order: a sparse delta's positions and values, a dense one's values."""

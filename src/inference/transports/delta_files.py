@@ -6,11 +6,10 @@ copy and the deltas after it, checking each base on the way; vLLM then loads the
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file
 
 from contracts.delta_chain import DELTA_INFO, DELTA_WEIGHTS, DeltaInfo, read_delta_info
-from contracts.weight_delta import apply, checksum, from_tensors, weights_checksum
+from contracts.weight_delta import WeightsCopy, from_tensors
 from inference.transports.base import WeightReceiver
 
 
@@ -19,15 +18,15 @@ class DeltaReceiver(WeightReceiver):
     came another way or a load failed half way)."""
 
     def __init__(self):
-        self.served: dict[str, torch.Tensor] = {}
-        self.checksums: dict[str, int] = {}
+        self.served = WeightsCopy()
         self.held: tuple[int, str] | None = None  # (step, checksum) of the copy, once vLLM loaded it
         self.pending: tuple[int, str] | None = None
         self.replayed: list[int] = []  # the steps the last receive read, in order
 
     def forget(self) -> None:
         """The model's weights came another way: the copy no longer says what is served."""
-        self.served, self.checksums, self.held = {}, {}, None
+        self.served.clear()
+        self.held = None
 
     def receive(self, path: str, manifest: dict | None) -> dict[str, Any]:
         info = read_delta_info(path)
@@ -39,16 +38,11 @@ class DeltaReceiver(WeightReceiver):
             self.read_full(folders, info.full_step)
         for step in range(self.replayed[-1] + 1, info.step + 1):
             self.apply_delta(folders / f"step_{step}")
-        self.pending = (info.step, self.checksum)
-        return {"weights_iterator": iter(list(self.served.items()))}
+        self.pending = (info.step, self.served.checksum)
+        return {"weights_iterator": iter(list(self.served.tensors.items()))}
 
     def loaded(self, manifest: dict | None) -> None:
         self.held = self.pending
-
-    @property
-    def checksum(self) -> str:
-        """Of the copy as it is now (what the server reports after a reload)."""
-        return weights_checksum(self.checksums)
 
     def served_checksum(self) -> str | None:
         return None if self.held is None else self.held[1]
@@ -63,28 +57,27 @@ class DeltaReceiver(WeightReceiver):
         """Make the copy the full weights of ``step_<step>``, checked against their own checksum."""
         folder = folders / f"step_{step}"
         info = self.entry(folder, "full")
-        self.served = {}
+        self.served.clear()
+        tensors = {}
         for file in sorted(folder.glob("*.safetensors")):
-            self.served |= load_file(file)
-        self.checksums = {name: checksum(tensor) for name, tensor in self.served.items()}
-        if self.checksum != info.checksum:
+            tensors |= load_file(file)
+        self.served.replace(tensors)
+        if self.served.checksum != info.checksum:
             raise ValueError(
-                f"{folder}: its weights' checksum is {self.checksum}, its {DELTA_INFO} says {info.checksum}"
+                f"{folder}: its weights' checksum is {self.served.checksum}, its {DELTA_INFO} says {info.checksum}"
             )
         self.replayed = [step]
 
     def apply_delta(self, folder: Path) -> None:
         """Apply the delta of ``folder`` to the copy, which must hold its base exactly."""
         info = self.entry(folder, "delta")
-        if (self.replayed[-1], self.checksum) != (info.base_step, info.base_checksum):
+        if (self.replayed[-1], self.served.checksum) != (info.base_step, info.base_checksum):
             raise ValueError(f"{folder}: a delta against step {info.base_step} ({info.base_checksum}), and the copy "
-                             f"holds step {self.replayed[-1]} ({self.checksum})")  # fmt: skip
-        deltas = from_tensors(load_file(folder / DELTA_WEIGHTS))
-        if unknown := sorted(deltas.keys() - self.served.keys()):
-            raise ValueError(f"{folder}: deltas of tensors the served weights do not have: {', '.join(unknown[:3])}")
-        for name, delta in deltas.items():
-            apply(delta, self.served[name])
-            self.checksums[name] = checksum(self.served[name])
+                             f"holds step {self.replayed[-1]} ({self.served.checksum})")  # fmt: skip
+        try:
+            self.served.apply(from_tensors(load_file(folder / DELTA_WEIGHTS)))
+        except ValueError as e:
+            raise ValueError(f"{folder}: {e}") from None
         self.replayed.append(info.step)
 
     @staticmethod

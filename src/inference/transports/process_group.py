@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from contracts.weight_delta import apply, checksum, from_wire, weights_checksum
+from contracts.weight_delta import WeightsCopy, from_wire
 from contracts.weight_manifest import DELTA, SEND, answer_key, ask_key, asks_key
 from contracts.weight_wire import RECEIVER_RANK, broadcast, connect_store, pair_group
 from inference.transports.base import WeightReceiver
@@ -29,14 +29,14 @@ class ProcessGroupReceiver(WeightReceiver):
         self.session = manifest["session"]
         self.store = connect_store(manifest)
         self.group: dist.ProcessGroup | None = None
-        self.served: dict[str, torch.Tensor] = {}  # the copy deltas apply to
-        self.checksums: dict[str, int] = {}
+        self.served = WeightsCopy()  # the copy deltas apply to
         self.held: tuple[int, str] | None = None  # (sequence, checksum) of the copy, once vLLM loaded it
         self.pending: tuple[int, str] | None = None
 
     def forget(self) -> None:
         """The model's weights came another way: the copy no longer says what is served."""
-        self.served, self.checksums, self.held = {}, {}, None
+        self.served.clear()
+        self.held = None
 
     def receive(self, path: str, manifest: dict) -> dict[str, Any] | None:
         nccl = manifest["backend"] == "nccl"
@@ -67,18 +67,15 @@ class ProcessGroupReceiver(WeightReceiver):
         if answer.startswith(DELTA):
             changes, tensors = from_wire(json.loads(answer.removeprefix(DELTA)), manifest["tensors"], device)
             receive_into(self.group, tensors)
-            for name, change in changes.items():
-                if change.encoding != "none":
-                    apply(change, self.served[name])
-                    self.checksums[name] = checksum(self.served[name])
-            received = list(self.served.items())
+            self.served.apply(changes)
+            received = list(self.served.tensors.items())
         else:
+            self.served.clear()
             received = receive_over(self.group, manifest, device)
             if deltas:
-                self.served = dict(received)
-                self.checksums = {name: checksum(tensor) for name, tensor in received}
+                self.served.replace(dict(received))
         if deltas:
-            self.pending = (manifest["sequence"], weights_checksum(self.checksums))
+            self.pending = (manifest["sequence"], self.served.checksum)
         return received
 
 

@@ -6,9 +6,11 @@ import torch
 from safetensors.torch import load, save
 
 from contracts.weight_delta import (
+    WeightsCopy,
     apply,
     checksum,
     encode,
+    encode_all,
     from_tensors,
     raw_bits,
     to_tensors,
@@ -129,3 +131,17 @@ def test_the_checksum_sums_in_chunks_as_in_one(monkeypatch):
     whole = checksum(tensor)
     monkeypatch.setattr("contracts.weight_delta.CHECKSUM_CHUNK", 64)
     assert checksum(tensor) == whole == naive_checksum(tensor)
+
+
+def test_a_copy_with_deltas_applied_has_the_new_weights_and_their_checksum():
+    generator = torch.Generator().manual_seed(3)
+    served = {name: torch.randn(16, 8, generator=generator).to(torch.bfloat16) for name in ("a.weight", "b.weight")}
+    new = {"a.weight": updated(served["a.weight"], 0.1, seed=4).to(torch.bfloat16), "b.weight": served["b.weight"]}
+    copy = WeightsCopy()
+    copy.replace({name: tensor.clone() for name, tensor in served.items()})
+    before = copy.checksum
+    copy.apply(encode_all(copy.tensors, new))
+    assert all(torch.equal(raw_bits(copy.tensors[name]), raw_bits(new[name])) for name in new)
+    assert copy.checksum == weights_checksum({name: checksum(t) for name, t in new.items()}) != before
+    with pytest.raises(ValueError, match="do not have: c.weight"):
+        copy.apply({"c.weight": encode(served["a.weight"], new["a.weight"])})

@@ -113,8 +113,8 @@ def test_a_delta_whose_base_is_not_held_exactly_is_never_applied(tmp_path):
     write_chain(tmp_path, weights)
     receiver = DeltaReceiver()
     load(receiver, tmp_path / "step_2")
-    receiver.served["embed.weight"].view(-1)[0] += 1  # the copy is not what step 2 wrote
-    receiver.checksums["embed.weight"] = checksum(receiver.served["embed.weight"])
+    receiver.served.tensors["embed.weight"].view(-1)[0] += 1  # the copy is not what step 2 wrote
+    receiver.served.checksums["embed.weight"] = checksum(receiver.served.tensors["embed.weight"])
     with pytest.raises(ValueError, match="a delta against step 2"):
         receiver.receive(str(tmp_path / "step_3"), None)
     assert receiver.held is None  # and it knows it holds nothing known: the next load reads the full copy
@@ -153,7 +153,7 @@ def test_weights_loaded_another_way_make_the_chain_receiver_forget_its_copy(tmp_
     assert receivers.delta.held is not None
     (tmp_path / "plain").mkdir()
     assert receivers.pick(None, str(tmp_path / "plain")) is receivers.files  # e.g. the base model, on a reset
-    assert receivers.delta.held is None and not receivers.delta.served
+    assert receivers.delta.held is None and not receivers.delta.served.tensors
 
 
 @pytest.mark.parametrize(
