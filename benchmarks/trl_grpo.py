@@ -48,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tomllib
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -153,9 +154,11 @@ def spawned_env() -> dict[str, str]:
 
 
 def trident_processes(bench: BenchmarkConfig, model: str, server_url: str, output_dir: Path) -> list[Child]:
-    """Start trainer and orchestrator on the debug configs with this benchmark's sizes, logs in ``output_dir``."""
+    """Start trainer and orchestrator on the debug configs with this benchmark's sizes, logs in ``output_dir``; the
+    trainer told the orchestrator's async_level, as ``rl`` tells it (it borrows the server's idle core by it)."""
+    async_level = tomllib.loads((DEBUG_CONFIGS / "orch.toml").read_text())["async_level"]
     shared = ["--output-dir", str(output_dir), "--max-steps", str(bench.steps), "--seed", str(bench.seed),
-              "--model.name", model]  # fmt: skip
+              "--model.name", model, "--async-level", str(async_level)]  # fmt: skip
     extra = {
         "trainer": ["--optim.lr", str(bench.lr)],
         "orchestrator": [
@@ -207,11 +210,14 @@ def trident_phases(output_dir: Path, warmup_steps: int) -> dict[str, float]:
     """Where a step's time goes: the median seconds of each phase of both processes over the steady steps, and the
     trainer's median tokens per step and per second of its train phase (train_s moves with the batch's tokens,
     which move with what the model learned to sample: compare train phases across runs per token)."""
-    phases = {"orchestrator": ORCHESTRATOR_PHASES, "trainer": (*TRAINER_PHASES, "tokens", "tokens_per_s")}
+    phases = {
+        "orchestrator": ORCHESTRATOR_PHASES,
+        "trainer": (*TRAINER_PHASES, "tokens", "tokens_per_s", "borrowed_cores_s"),  # the last with borrowing only
+    }
     medians = {}
     for process, keys in phases.items():
         records = read_metrics(output_dir, process)[warmup_steps:]
-        medians |= {f"{process}_{key}": statistics.median(r[key] for r in records) for key in keys}
+        medians |= {f"{process}_{key}": statistics.median(r[key] for r in records) for key in keys if key in records[0]}
     return medians
 
 
@@ -394,7 +400,8 @@ def summary_table(result: dict) -> str:
     rows += [
         f"trident step phases (medians, last run): generate {phases['orchestrator_generate_s']:.2f} s, reload "
         f"{phases['orchestrator_reload_s']:.2f} s, train {phases['trainer_train_s']:.2f} s "
-        f"({phases['trainer_tokens']:.0f} tokens, {phases['trainer_tokens_per_s']:.0f} tokens/s), save "
+        f"({phases['trainer_tokens']:.0f} tokens, {phases['trainer_tokens_per_s']:.0f} tokens/s, on every core for "
+        f"{phases.get('trainer_borrowed_cores_s', 0.0):.2f} s), save "
         f"{phases['trainer_save_s']:.2f} s",
         f"trident speed-up per step (trl s/step / trident s/step): {speed['median']:.2f} "
         f"({speed['min']:.2f}-{speed['max']:.2f} over {len(speed['each'])} repetitions)",

@@ -74,7 +74,7 @@ HOMES: dict[str, Home] = {
     "max_steps": Home(("trainer.max_steps", "orchestrator.max_steps"), "max_steps"),
     # the server stops a rollout's context at seq_len, so every sample fits in a micro-batch
     "seq_len": Home(("trainer.seq_len", "orchestrator.seq_len", "inference.model.max_model_len"), "seq_len"),
-    "async_level": Home(("orchestrator.async_level",), "async_level"),
+    "async_level": Home(("orchestrator.async_level", "trainer.async_level"), "async_level"),
     "wandb": Home(("trainer.wandb", "orchestrator.wandb"), "wandb"),
     "ckpt": Home(("trainer.ckpt", "orchestrator.ckpt"), "ckpt"),
     "log": Home(("trainer.log", "orchestrator.log", "inference.log"), "log"),

@@ -441,8 +441,11 @@ def servers(config: RLConfig) -> dict[str, InferenceConfig]:
 def named_run(config: RLConfig) -> None:
     """A named run (``orchestrator.run_id``) shares its server with other runs, so it trains a LoRA adapter the
     server swaps in: a ConfigError for a full-weight or merged-LoRA trainer, whose weights would replace the base
-    the other runs sample from."""
+    the other runs sample from. Its trainer borrows no idle cores unless told to: the server it waits on may be
+    generating for the other runs."""
     run_id, lora = config.orchestrator.run_id, config.trainer.model.experimental.lora
+    if run_id is not None and not is_set(config, "trainer.borrow_idle_cores"):
+        config.trainer.borrow_idle_cores = False
     if run_id is not None and (lora is None or lora.export != "adapter"):
         trains = "full weights" if lora is None else "a LoRA merged into full weights (lora.export = 'merged')"
         raise ConfigError(

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from contracts.config import BaseConfig
 from contracts.shared_config import (
+    AsyncLevel,
     CkptSection,
     LogConfig,
     MaxSteps,
@@ -477,6 +478,19 @@ class TrainerConfig(BaseConfig):
     ] = 600.0
     weight_broadcast: WeightBroadcastSection = None
     weights: WeightsConfig = WeightsConfig()
+    async_level: Annotated[
+        AsyncLevel | None,
+        Field(description="The orchestrator's async_level (rl sets it from the orchestrator's config); absent: not "
+                          "known, and borrow_idle_cores does nothing."),
+    ] = None  # fmt: skip
+    borrow_idle_cores: Annotated[
+        bool,
+        Field(description="On the CPU, where rl gives each process one thread: once the orchestrator has written "
+                          "every batch it may write before this step's weights (step + async_level), the inference "
+                          "server sits idle, and the trainer runs on every core it may use until the step ends, "
+                          "then on its own thread again (docs/operations.md). No effect on a GPU, with compile = "
+                          "true, or without async_level; turn it off where other runs share the cores."),
+    ] = True  # fmt: skip
     keep_rollouts: Annotated[
         int | None,
         Field(

@@ -24,6 +24,7 @@ from trainer.ckpt import Checkpointer, prune_checkpoints
 from trainer.compilation import compile_layers, compiles, eager_on_compile_failure, per_packing_warning
 from trainer.config import TrainerConfig, TrainerModelConfig
 from trainer.export import save_weights
+from trainer.idle_cores import IdleCores
 from trainer.loss import cross_entropy_term, mismatch_kl, policy_loss
 from trainer.model import Scores, decoder_layers, load_model, packed_logprobs, packed_scores
 from trainer.moe.routing import Routers, check_routes
@@ -351,6 +352,9 @@ def run_training(config: TrainerConfig, world: World) -> None:
     if routers is not None and reference is not None and reference.model is not model:
         routers.attach(decoder_layers(reference.model))  # the reference replays the same routes
     tokenizer = AutoTokenizer.from_pretrained(card.path)
+    idle = None
+    if config.borrow_idle_cores and config.model.compile is not True:
+        idle = IdleCores.install(model, decoder_layers(model), config.output_dir, config.async_level, config.max_steps)
     optimizer, scheduler = build_optimizer(model, config.optim, config.max_steps)
     metrics = MetricsWriter(config.output_dir, "trainer", config.wandb) if world.is_main else None
     progress = Progress(config.output_dir if world.is_main else None, "trainer")
@@ -389,7 +393,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
             )
         train_start = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
-        with progress.doing(f"training step {step}"):
+        with progress.doing(f"training step {step}"), idle.step(step) if idle else nullcontext():
             record = train_step(
                 model, optimizer, rank_share(micro_batches, world), info, config, world, reference, routers
             )
@@ -412,6 +416,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
             "peak_memory_gib": peak_memory_gib(world.device),
             "wait_s": train_start - wait_start,
             "train_s": train_s,
+            **({"borrowed_cores_s": idle.widened_s} if idle else {}),
             "save_s": time.perf_counter() - save_start,
         }
         if metrics:  # before the checkpoint: a run resumed from it keeps this record (later ones are dropped)

@@ -247,6 +247,12 @@ def test_a_run_id_needs_a_lora_adapter_and_the_dry_run_says_the_run_is_named():
     )
     config = resolve_shared(parse_config(RLConfig, [*external, *LORA]))
     assert config.orchestrator.run_id == "lr=1e-05"
+    # the server it waits on generates for other runs: its trainer borrows no idle core, unless told to
+    assert not config.trainer.borrow_idle_cores
+    told = resolve_shared(parse_config(RLConfig, [*external, *LORA, "--trainer.borrow-idle-cores", "true"]))
+    assert told.trainer.borrow_idle_cores
+    alone = resolve_shared(parse_config(RLConfig, [*FILES[:-3], *LORA, "--async-level", "2"]))
+    assert alone.trainer.borrow_idle_cores and alone.trainer.async_level == alone.orchestrator.async_level == 2
     assert server_lines(config)[1:] == [
         "  http://gpu-box:8000: external (rl does not start it), shared with other runs",
         "  the run is named 'lr=1e-05': its adapters are served as lr=1e-05/lora-step-N beside other runs', each "
