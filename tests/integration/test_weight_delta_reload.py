@@ -57,7 +57,7 @@ def test_deltas_reach_the_server_exactly_and_a_broken_chain_is_refused(inference
             shutil.rmtree(tmp_path / "step_1")  # and the chain's full copy is gone
             with pytest.raises(TridentError, match="no full weights of a delta chain"):
                 await client.reload_weights(tmp_path / "step_3", 3)
-            sender.full_every = 1  # the trainer's next weights are a full copy
+            sender.served.full_every = 1  # the trainer's next weights are a full copy
             export(4)
             assert await load(client, 4) < 1e-4
         finally:
