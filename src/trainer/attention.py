@@ -100,18 +100,14 @@ def per_sample_causal(
     """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``. Keys and values
     may have fewer heads than the query (any number dividing them: grouped-query attention)."""
     bounds, gqa = packing.sample_bounds, key.shape[1] != query.shape[1]
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    # split, not a slice per sample: its backward is one concatenation, where each slice's fills a zero tensor of
+    # the whole row
+    pieces = zip(*(tensor.split(lengths, dim=2) for tensor in (query, key, value)), strict=True)
     return torch.cat(
         [
-            F.scaled_dot_product_attention(
-                query[:, :, a:b],
-                key[:, :, a:b],
-                value[:, :, a:b],
-                dropout_p=dropout,
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=gqa,
-            )
-            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
+            for q, k, v in pieces
         ],
         dim=2,
     ).transpose(1, 2)

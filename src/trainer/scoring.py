@@ -85,7 +85,9 @@ def chunk_scores(
     :func:`~trainer.truncation.truncated_logits` as ``truncated``; ``logp[i, targets[i]]`` and
     ``-(logp.exp() * logp).sum(-1)`` over the kept tokens.
     """
-    logits = F.linear(hidden, weight, bias).float() / temperature
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:  # a division by 1 changes no bit: spare its passes over the logits
+        logits = logits / temperature
     sampled_from, outside = logits, None
     if truncation.on:
         sampled_from, outside = truncated_logits(logits, targets, truncation)  # dropped: -inf

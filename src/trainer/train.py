@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import AutoTokenizer
 
 from contracts.checkpoint import checkpoint_due
@@ -249,7 +250,11 @@ def forward_backward(
     sums: dict[str, Tensor] = {}
     if routers is not None:
         routers.start_step()
-    for micro_batch, weight in micro_batches:
+    # one rank on the CPU: reducing each micro-batch's gradients is only a copy of them; reduce the step's sum once
+    sync_once = world.size == 1 and world.device.type == "cpu" and isinstance(model, FSDPModule)
+    for index, (micro_batch, weight) in enumerate(micro_batches):
+        if sync_once:
+            model.set_requires_gradient_sync(index == len(micro_batches) - 1)
         routes = micro_batch.routes if moe.replay else None
         loss_mask = micro_batch.loss_mask.to(world.device, non_blocking=True)
         ce_weights = micro_batch.ce_weights

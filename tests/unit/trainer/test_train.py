@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -34,9 +35,11 @@ def run(output_dir, model_path, model=None, **overrides) -> list[dict]:
 # (test_a_correction_logs_the_shares_it_masked), the replay ones with routing replay on a mixture of experts
 # (test_routing), outside_kept_fraction under a sampling truncation
 # (test_a_truncated_batch_logs_the_share_of_tokens_outside_the_trainers_kept_set), too_stale_fraction with
-# loss.max_token_staleness.
+# loss.max_token_staleness, borrowed_cores_s with async_level on the CPU
+# (test_a_trainer_told_the_async_level_runs_wide_once_the_orchestrator_waits_for_it).
 OPTIONAL_METRICS = {"reference_kl", "corrected_fraction", "corrected_sample_fraction", "replayed_fraction",
-                    "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction", "ce_loss"}  # fmt: skip
+                    "mismatch_kl_no_replay", "outside_kept_fraction", "too_stale_fraction", "ce_loss",
+                    "borrowed_cores_s"}  # fmt: skip
 
 
 def documented_trainer_keys() -> set[str]:
@@ -51,6 +54,20 @@ def test_metrics_of_a_step_are_the_documented_ones(tmp_path, write_batches, tiny
     # random ~2k-token vocabulary, near-uniform random model: entropy close to log(vocab)
     assert 6 < records[0]["entropy"] < 8
     assert records[0]["peak_memory_gib"] > 0
+
+
+def test_a_trainer_told_the_async_level_runs_wide_once_the_orchestrator_waits_for_it(
+    tmp_path, write_batches, tiny_model_path, monkeypatch
+):
+    """Batches 1 and 2 on disk, async_level 1, 2 steps: step 1's last batch before its weights is batch 2, step 2's
+    the run's last, so both steps run on the spare cores from their start, and the trainer's own threads after."""
+    own = torch.get_num_threads()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(own + 1)))
+    write_batches(tmp_path)
+    records = run(tmp_path, tiny_model_path, async_level=1)
+    assert [r["borrowed_cores_s"] > 0 for r in records] == [True, True]
+    assert all(r["borrowed_cores_s"] <= r["train_s"] for r in records)
+    assert torch.get_num_threads() == own
 
 
 def test_a_correction_logs_the_shares_it_masked(tmp_path, random_samples, tiny_model_path):
