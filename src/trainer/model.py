@@ -291,6 +291,7 @@ def packed_scores(
             position_ids=position_ids[..., shard.start : shard.stop].to(device, non_blocking=True),
             packing=packing(lengths, device, group),
             logits_to_keep=mine - 1 - shard.start,
+            use_cache=False,  # no key/value cache: a checkpointed attention's recomputation would grow it
             **pixels,
         ).logits[0]
     row = scores.new_zeros(shard.padded + 1, 3).index_put((mine,), scores * weight)[:tokens]
