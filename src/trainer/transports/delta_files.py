@@ -30,7 +30,7 @@ class DeltaFileSender(WeightSender):
     def write(self, folder: Path) -> None:
         weights, self.weights = self.weights, None
         tensors = {name: tensor.contiguous() for name, tensor in weights.tensors.items()}
-        base, deltas = self.served.update(tensors, weights.step)
+        base, deltas = self.served.update(tensors, weights.step, copy=False)  # exported for this folder alone
         if deltas is None:
             self.files.send(weights._replace(tensors=tensors))
             self.files.write(folder)

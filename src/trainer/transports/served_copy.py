@@ -38,13 +38,16 @@ class ServedCopy:
         """Of the weights sent last."""
         return self.copy.checksum
 
-    def update(self, tensors: dict[str, Tensor], sequence: int) -> Change:
-        """Make the copy ``tensors`` (weights ``sequence``); what turns the copy before into them."""
+    def update(self, tensors: dict[str, Tensor], sequence: int, copy: bool = True) -> Change:
+        """Make the copy ``tensors`` (weights ``sequence``); what turns the copy before into them. ``copy=False``:
+        host tensors the caller hands over (not used after) become the copy as they are at a full copy."""
         deltas = self.deltas(tensors, sequence)
         base = None if deltas is None else (self.sequence, self.checksum)
         if deltas is None:
             self.copy.clear()  # before the new copy: the weights' size once more at most
-            self.copy.replace({name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()})
+            if copy:
+                tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in tensors.items()}
+            self.copy.replace(tensors)
             self.full_sequence, self.chain_bytes = sequence, 0
         else:
             self.copy.apply(deltas)
