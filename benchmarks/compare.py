@@ -62,6 +62,10 @@ RATIOS = (
     Ratio("context_parallel", "context_parallel", "context_parallel.json", "ratios.cp_2_over_cp_1_step_s"),
     Ratio("shared_fleet", "shared_fleet", "shared_fleet.json", "wall_ratio"),
     Ratio("logprob_memory", "logprob_memory", "logprob_memory.json", "unchunked_over_chunked_peak"),
+    Ratio(
+        "shared_prefix", "shared_prefix", "shared_prefix.json", "cpu_ratio_off_over_on.median",
+        "cpu_ratio_off_over_on.each",
+    ),  # fmt: skip
 )
 
 

@@ -10,7 +10,9 @@ keyword is a :class:`Packing`, built once per micro-batch by :func:`packing` and
   ``Σ len(sample)²`` query-key pairs whatever the packing (64 samples of 128 tokens cost what they need);
 - elsewhere (the CPU, a GPU in fp32) the sample bounds: causal SDPA once per sample, no mask tensor. One SDPA
   call with a ``[tokens × tokens]`` block-causal mask was 3-4× slower on the CPU (it computes every pair of the
-  row, and the mask keeps SDPA off its causal kernel), and FlexAttention has no backward on the CPU.
+  row, and the mask keeps SDPA off its causal kernel), and FlexAttention has no backward on the CPU;
+- with samples whose shared beginning is computed once (:mod:`trainer.shared_prefix`), segments: a segment that
+  continues another attends to that one's keys and causally to its own.
 
 Without ``packing`` (a plain, unpacked forward) it is causal SDPA over the whole row.
 """
@@ -45,23 +47,28 @@ class Packing:
     """Where the samples of a packed row are: their start offsets and the row's length (``0, len_0, len_0 + len_1,
     ..., tokens``) on the host, and for varlen attention the same as int32 on the device (None: SDPA per sample)
     with the longest sample's length. Under context parallelism, ``group`` is the ranks the row's tokens are split
-    over (each holds a contiguous shard; the bounds are the whole row's)."""
+    over (each holds a contiguous shard; the bounds are the whole row's). ``prefixes`` (None: every segment is a
+    sample) gives, per segment, the earlier segment it continues, or None where it starts a sample."""
 
     sample_bounds: tuple[int, ...]
     cumulative: Int[Tensor, " samples_plus_one"] | None = None
     longest: int = 0
     group: dist.ProcessGroup | None = None
+    prefixes: tuple[int | None, ...] | None = None
 
 
 def packing(
-    sample_lengths: Int[Tensor, " samples"], device: torch.device, group: dist.ProcessGroup | None = None
+    sample_lengths: Int[Tensor, " samples"],
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+    prefixes: tuple[int | None, ...] | None = None,
 ) -> Packing:
-    """The :class:`Packing` of a row of samples of ``sample_lengths`` (a CPU tensor) for attention on ``device``,
-    its tokens split over ``group`` (None: all on this rank), built once per micro-batch; the device copy is made
-    without waiting."""
+    """The :class:`Packing` of a row of samples (segments, with ``prefixes``) of ``sample_lengths`` (a CPU tensor)
+    for attention on ``device``, its tokens split over ``group`` (None: all on this rank), built once per
+    micro-batch; the device copy is made without waiting. Segments continuing others attend by SDPA per segment."""
     bounds = (0, *torch.cumsum(sample_lengths, 0).tolist())
-    if device.type != "cuda" or varlen_attn is None:
-        return Packing(bounds, group=group)
+    if device.type != "cuda" or varlen_attn is None or prefixes is not None:
+        return Packing(bounds, group=group, prefixes=prefixes)
     cumulative = torch.tensor(bounds, dtype=torch.int32).to(device, non_blocking=True)
     return Packing(bounds, cumulative, int(sample_lengths.max()), group)
 
@@ -97,20 +104,25 @@ def varlen_causal(query: Tensor, key: Tensor, value: Tensor, packing: Packing, s
 def per_sample_causal(
     query: Tensor, key: Tensor, value: Tensor, packing: Packing, scaling: float | None = None, dropout: float = 0.0
 ) -> Tensor:
-    """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``. Keys and values
-    may have fewer heads than the query (any number dividing them: grouped-query attention)."""
+    """Causal SDPA on each sample of the row alone, concatenated: ``[1, tokens, heads, head_dim]``; a segment that
+    continues another (``packing.prefixes``) attends to all of that one's keys before its own. Keys and values may
+    have fewer heads than the query (any number dividing them: grouped-query attention)."""
     bounds, gqa = packing.sample_bounds, key.shape[1] != query.shape[1]
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
     # split, not a slice per sample: its backward is one concatenation, where each slice's fills a zero tensor of
     # the whole row
-    pieces = zip(*(tensor.split(lengths, dim=2) for tensor in (query, key, value)), strict=True)
-    return torch.cat(
-        [
-            F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
-            for q, k, v in pieces
-        ],
-        dim=2,
-    ).transpose(1, 2)
+    pieces = list(zip(*(tensor.split(lengths, dim=2) for tensor in (query, key, value)), strict=True))
+    prefixes = packing.prefixes or (None,) * len(pieces)
+    outputs = []
+    for (q, k, v), prefix in zip(pieces, prefixes, strict=True):
+        mask = None
+        if prefix is not None:  # the prefix's keys, then its own causally: the causal mask aligned bottom right
+            k, v = torch.cat([pieces[prefix][1], k], 2), torch.cat([pieces[prefix][2], v], 2)
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+        outputs.append(F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=gqa
+        ))  # fmt: skip
+    return torch.cat(outputs, dim=2).transpose(1, 2)
 
 
 def attend_packed(query: Tensor, key: Tensor, value: Tensor, packing: Packing, **kwargs) -> Tensor:

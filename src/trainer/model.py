@@ -28,6 +28,7 @@ from trainer.config import CheckpointedPart, LoraConfig, TrainerModelConfig
 from trainer.context_parallel import Shard, scores_of_the_row, shard_of
 from trainer.moe.routing import configure_routers
 from trainer.scoring import Entropy, ScoringHead, logged_entropy_rows, scoring, use_scoring_head
+from trainer.shared_prefix import shared_layout
 from trainer.vision import configure_vision_tower, image_inputs, unwrapped, vision_tower_name
 
 if TYPE_CHECKING:  # peft: imported only by a run with a LoRA adapter (trainer.peft_model)
@@ -235,6 +236,7 @@ def packed_scores(
     truncation: Truncation = NO_TRUNCATION,
     output_dir: Path | None = None,
     group: dist.ProcessGroup | None = None,
+    share: bool = False,
 ) -> Scores:
     """Logprob of each token given the ones before it in its sample, after temperature and the server's
     ``truncation`` (:mod:`trainer.truncation`), and the entropy of the distribution it was drawn from, at
@@ -252,6 +254,9 @@ def packed_scores(
 
     A micro-batch with images (a vision-language model's) also goes in with its images' pixel values and its
     M-RoPE positions (:func:`~trainer.vision.image_inputs`), the images read from the run in ``output_dir``.
+
+    With ``share`` (and no ``group`` or images), samples that begin alike have their shared beginning computed
+    once (:mod:`trainer.shared_prefix`): the same scores, up to float rounding, for fewer tokens through the model.
 
     Everything decided from the micro-batch (which positions, the attention mask) is computed on the host from
     its CPU tensors and copied without waiting: nothing here waits for the device (but a vision tower, on the
@@ -273,6 +278,10 @@ def packed_scores(
     weight = 1.0
     if len(mine) == 0:  # score one token with weight 0: backward (and its collectives) still runs on this rank
         mine, weight = torch.tensor([shard.start + 1]), 0.0
+    # the row the model computes (with ``share``, shared beginnings once), the hidden state each position reads
+    layout = shared_layout(micro_batch) if share and group is None and micro_batch.images is None else None
+    computed = slice(shard.start, shard.stop) if layout is None else layout.order
+    hidden_at = mine - 1 - shard.start if layout is None else layout.where[mine - 1]
     input_ids = F.pad(micro_batch.input_ids, (0, padding)).to(device, non_blocking=True)
     mine = mine.to(device, non_blocking=True)
     images, position_ids = image_inputs(model, micro_batch, output_dir), micro_batch.position_ids[None]
@@ -284,13 +293,17 @@ def packed_scores(
     if padding:
         lengths = torch.cat([lengths, torch.tensor([padding])])
         position_ids = torch.cat([position_ids, torch.arange(padding)[None]], -1)
+    if layout is None:
+        attention = packing(lengths, device, group)
+    else:
+        attention = packing(torch.tensor(layout.bounds).diff(), device, prefixes=layout.prefixes)
     targets = input_ids[mine.clamp(max=shard.padded - 1)]
     with scoring(targets, temperature, entropy, truncation, logged_rows):
         scores = model(
-            input_ids=input_ids[None, shard.start : shard.stop],
-            position_ids=position_ids[..., shard.start : shard.stop].to(device, non_blocking=True),
-            packing=packing(lengths, device, group),
-            logits_to_keep=mine - 1 - shard.start,
+            input_ids=input_ids[None, computed if layout is None else computed.to(device, non_blocking=True)],
+            position_ids=position_ids[..., computed].to(device, non_blocking=True),
+            packing=attention,
+            logits_to_keep=hidden_at.to(device, non_blocking=True),
             use_cache=False,  # no key/value cache: a checkpointed attention's recomputation would grow it
             **pixels,
         ).logits[0]
@@ -308,9 +321,17 @@ def packed_logprobs(
     truncation: Truncation = NO_TRUNCATION,
     output_dir: Path | None = None,
     group: dist.ProcessGroup | None = None,
+    share: bool = False,
 ) -> Float[Tensor, " seq"]:
     """Per-token logprobs (after temperature and truncation) of a packed micro-batch, as in :func:`packed_scores`."""
     scores = packed_scores(
-        model, micro_batch, temperature, positions, truncation=truncation, output_dir=output_dir, group=group
+        model,
+        micro_batch,
+        temperature,
+        positions,
+        truncation=truncation,
+        output_dir=output_dir,
+        group=group,
+        share=share,
     )
     return scores.logprobs

@@ -41,6 +41,7 @@ from trainer.parallel import (
 from trainer.peft_model import is_peft
 from trainer.plan import reshards_after_forward
 from trainer.rules import check_trainer_model
+from trainer.shared_prefix import computed_tokens, pack_groups
 from trainer.transports import memory_sender
 from trainer.transports.base import WeightSender
 from trainer.transports.delta_files import DeltaFileSender
@@ -106,8 +107,9 @@ class FrozenReference:
     output_dir: Path
     group: dist.ProcessGroup | None = None  # the context-parallel group, as the policy's
 
-    def logprobs(self, micro_batch: MicroBatch, info: BatchInfo) -> Tensor:
-        """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation)."""
+    def logprobs(self, micro_batch: MicroBatch, info: BatchInfo, share: bool = False) -> Tensor:
+        """Its logprobs of the trained tokens, sampled as ``info`` says (temperature and truncation); with
+        ``share``, shared beginnings computed once (:mod:`trainer.shared_prefix`)."""
         with torch.no_grad():
             with self.model.disable_adapter() if is_peft(self.model) else nullcontext():
                 return packed_logprobs(
@@ -118,6 +120,7 @@ class FrozenReference:
                     info.truncation,
                     self.output_dir,
                     self.group,
+                    share,
                 )
 
 
@@ -227,6 +230,12 @@ def micro_batch_loss(
     return loss, stats
 
 
+def shares_prefixes(config: TrainerConfig, world: World, routers: Routers | None) -> bool:
+    """Whether the step computes its samples' shared beginnings once (``share_prefixes``): on the CPU, without
+    context parallelism or a mixture of experts (whose router metrics and balancing loss count every token)."""
+    return config.share_prefixes and world.device.type == "cpu" and world.cp_group is None and routers is None
+
+
 def forward_backward(
     model: nn.Module,
     micro_batches: list[tuple[MicroBatch, float]],
@@ -247,6 +256,7 @@ def forward_backward(
     """
     entropy_mode = "trained" if config.loss.entropy_coef > 0 else "logged"  # logged: a strided subset, no gradient
     moe = config.model.moe
+    share = shares_prefixes(config, world, routers)
     sums: dict[str, Tensor] = {}
     if routers is not None:
         routers.start_step()
@@ -270,8 +280,9 @@ def forward_backward(
                 info.truncation,
                 config.output_dir,
                 world.cp_group,
+                share,
             )
-            reference_logprobs = reference.logprobs(micro_batch, info) if reference else None
+            reference_logprobs = reference.logprobs(micro_batch, info, share) if reference else None
             loss, stats = micro_batch_loss(scores, micro_batch, info, config, world.device, reference_logprobs)
             total = loss
             if routers is not None and routers.balancing:
@@ -333,17 +344,24 @@ def weight_sender(config: TrainerConfig, world: World) -> WeightSender | None:
     return sender
 
 
-def micro_batches_to_train(micro_batches: list[MicroBatch], config: TrainerConfig, step: int) -> list[MicroBatch]:
+def micro_batches_to_train(
+    micro_batches: list[MicroBatch], config: TrainerConfig, step: int, share: bool = False
+) -> list[MicroBatch]:
     """A step's micro-batches as the trainer trains them: packed anew into ``micro_batch_tokens`` when set, else as
-    the orchestrator packed them, which must hold at most ``seq_len`` tokens each (the memory planned for)."""
+    the orchestrator packed them, which must hold at most ``seq_len`` tokens each (the memory planned for); with
+    ``share``, packed anew so that samples beginning alike share micro-batches (:func:`pack_groups`), each computing
+    at most that many tokens."""
+    if config.micro_batch_tokens is None:
+        longest = max((len(micro_batch.input_ids) for micro_batch in micro_batches), default=0)
+        if longest > config.seq_len:
+            raise TridentError(
+                f"step {step}: the orchestrator packed a micro-batch of {longest} tokens, more than the trainer's "
+                f"seq_len = {config.seq_len}; give both the same seq_len (rl and its run spec do)"
+            )
+    if share and (grouped := pack_groups(micro_batches, config.micro_batch_budget)) is not None:
+        return grouped
     if config.micro_batch_tokens is not None:
         return repack(micro_batches, config.micro_batch_tokens)
-    longest = max((len(micro_batch.input_ids) for micro_batch in micro_batches), default=0)
-    if longest > config.seq_len:
-        raise TridentError(
-            f"step {step}: the orchestrator packed a micro-batch of {longest} tokens, more than the trainer's seq_len "
-            f"= {config.seq_len}; give both the same seq_len (rl and its run spec do)"
-        )
     return micro_batches
 
 
@@ -357,6 +375,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
     if routers is not None and reference is not None and reference.model is not model:
         routers.attach(decoder_layers(reference.model))  # the reference replays the same routes
     tokenizer = AutoTokenizer.from_pretrained(card.path)
+    share = shares_prefixes(config, world, routers)
     idle = None
     if config.borrow_idle_cores and config.model.compile is not True:
         idle = IdleCores.install(model, decoder_layers(model), config.output_dir, config.async_level, config.max_steps)
@@ -382,7 +401,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
             wait_for(batch_dir.exists, config.batch_timeout_s, f"the orchestrator's batch {batch_dir}",
                      sign_of_life=lambda: last_written(config.output_dir, "orchestrator"))  # fmt: skip
         info, micro_batches = read_batch(config.output_dir, step, model.config.get_text_config().vocab_size)
-        micro_batches = micro_batches_to_train(micro_batches, config, step)
+        micro_batches = micro_batches_to_train(micro_batches, config, step, share)
         if routers is not None and config.model.moe.replay:
             for micro_batch in micro_batches:
                 if micro_batch.routes is not None:
@@ -418,6 +437,7 @@ def run_training(config: TrainerConfig, world: World) -> None:
             **record,
             "lr": lr,
             "tokens_per_s": info.num_tokens / train_s,
+            "computed_tokens": sum(computed_tokens(micro_batch, share) for micro_batch in micro_batches),
             "peak_memory_gib": peak_memory_gib(world.device),
             "wait_s": train_start - wait_start,
             "train_s": train_s,
