@@ -35,6 +35,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("TRIDENT_TRAINER__BORROW_IDLE_CORES", "false")
 
 SRC = Path(__file__).parents[1] / "src"
+LIBRARY_PATH = os.environ.get("LD_LIBRARY_PATH")  # as the session started: the preloaded starter's
 EARLY_SERVER = pytest.StashKey[servers.Server]()  # the session's server, started at collection
 BROADCAST_PORT = pytest.StashKey[int]()  # the port of the broadcast store it takes broadcast weights through
 RUNS_TIERS = ("tests/integration/", "tests/e2e/")  # the tiers whose tests start rl runs
@@ -189,6 +190,19 @@ def pytest_sessionfinish(session):
     if (starter := session.config.stash.get(STARTER, None)) is not None:
         os.environ.pop(PRELOADED_ENV, None)
         stop_starter(starter)
+
+
+@pytest.fixture(autouse=True)
+def library_path_kept() -> Iterator[None]:
+    """``LD_LIBRARY_PATH`` as the session started with it, after each test. Importing OpenCV (``cv2``: transformers'
+    image and video processors load it) prepends its own libraries' folder there, for its subprocesses; left in
+    place, the ``rl`` runs of this worker's later tests would differ from the preloaded starter in it, and start
+    their trainers and orchestrators themselves (10-18 CPU s of imports each, as in test_vlm's debug run)."""
+    yield
+    if LIBRARY_PATH is None:
+        os.environ.pop("LD_LIBRARY_PATH", None)
+    else:
+        os.environ["LD_LIBRARY_PATH"] = LIBRARY_PATH
 
 
 @pytest.fixture(autouse=True)

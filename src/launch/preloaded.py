@@ -129,9 +129,28 @@ def stop_starter(starter: subprocess.Popen) -> None:
 
 def differing_env(ours: dict[str, str], theirs: dict[str, str]) -> list[str]:
     """The variables set differently in ``theirs`` that an import may have read (all but
-    :data:`RUNTIME_ENV_PREFIXES`)."""
+    :data:`RUNTIME_ENV_PREFIXES`; ``PYTHONPATH`` where it only adds folders, :func:`added_path`)."""
     keys = {key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key)}
+    if added_path(ours, theirs) is not None:
+        keys.discard("PYTHONPATH")
     return sorted(key for key in keys if not key.startswith(RUNTIME_ENV_PREFIXES) and key not in LAUNCH_ENV)
+
+
+def added_path(ours: dict[str, str], theirs: dict[str, str]) -> list[str] | None:
+    """The folders ``theirs``'s ``PYTHONPATH`` puts before ours (``[]`` where they are the same), or None where it
+    differs otherwise or an added folder holds a module of a name this process has imported: a process started with
+    that ``PYTHONPATH`` would have imported that one. Otherwise a forked process that puts them first on its path
+    imports what it would have imported (PYTHONPATH's folders come before the installed packages)."""
+    mine, wanted = (env["PYTHONPATH"].split(os.pathsep) if env.get("PYTHONPATH") else [] for env in (ours, theirs))
+    added = wanted[: len(wanted) - len(mine)]
+    if len(wanted) < len(mine) or wanted[len(added) :] != mine or "" in added:  # "": the working folder
+        return None
+    imported = {name.partition(".")[0] for name in sys.modules}
+    for folder in map(Path, added):
+        names = {entry.name.partition(".")[0] for entry in folder.iterdir()} if folder.is_dir() else set()
+        if names & imported:
+            return None
+    return added
 
 
 def serve(socket_path: str) -> dict:
@@ -172,7 +191,8 @@ def serve(socket_path: str) -> dict:
                     ready, set_up = os.pipe()
                     if (pid := os.fork()) == 0:
                         listener.close(), os.close(ready)
-                        return request | {"env": request["env"] | set_by_imports, "ready_fd": set_up}
+                        return request | {"env": request["env"] | set_by_imports, "ready_fd": set_up,
+                                          "path": added_path(ours, request["env"])}  # fmt: skip
                     os.close(set_up)
                     os.read(ready, 1)  # its session and log are set up (or it died): as Popen returns
                     os.close(ready)
@@ -212,7 +232,8 @@ def run_forked(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[0] = request["cwd"]  # as `python -m` puts it
+    sys.path[0] = request["cwd"]  # as `python -m` puts it, then the folders its PYTHONPATH adds to the starter's
+    sys.path[1:1] = request["path"]
     sys.argv = [request["module"], *request["args"]]  # runpy sets argv[0] to the module's file
     code, interrupted = 0, False
     try:

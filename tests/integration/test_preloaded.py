@@ -73,3 +73,25 @@ def test_an_environment_an_import_may_have_read_makes_rl_start_the_process_itsel
     assert isinstance(child.popen, subprocess.Popen)  # started by rl itself
     assert child.popen.wait(timeout=120) == 2 and "missing.toml" in (tmp_path / "trainer.log").read_text()
     assert start(command("inference.main", missing), tmp_path / "forked.log", rl_env(CPU)) is None  # not preloaded
+
+
+def test_a_pythonpath_that_adds_folders_of_new_modules_is_forked_with_them_first_on_its_path(tmp_path, rl_env):
+    """The config names a custom loss in a module only the added folder holds: the forked trainer imports it (its
+    only complaint is the learning rate). A folder holding a module the starter has imported (``torch``) would
+    change what a process of its own imports: rl starts that one itself."""
+    added, shadowing = tmp_path / "user_code", tmp_path / "shadowing"
+    added.mkdir(), shadowing.mkdir()
+    (added / "user_loss_term.py").write_text(
+        "def term(logprobs, inference_logprobs, advantages, loss_mask, sample_lengths):\n    return logprobs.sum()\n"
+    )
+    (shadowing / "torch.py").write_text("")
+    config = tmp_path / "custom.toml"
+    config.write_text('[optim]\nlr = -1.0\n\n[loss]\ncustom = "user_loss_term:term"\n')
+    env = rl_env(CPU)
+    log = tmp_path / "trainer.log"
+    child = Child("trainer", command("trainer.main", config), log, env | {"PYTHONPATH": str(added)})
+    assert isinstance(child.popen, ForkedProcess)
+    assert child.popen.wait(timeout=120) == 2, log.read_text()
+    assert "optim.lr" in log.read_text() and "user_loss_term" not in log.read_text(), log.read_text()
+    refused = start(command("trainer.main", config), tmp_path / "forked.log", env | {"PYTHONPATH": str(shadowing)})
+    assert refused is None and not (tmp_path / "forked.log").exists()
