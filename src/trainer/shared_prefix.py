@@ -2,12 +2,13 @@
 
 The samples of a group (``rollouts_per_example`` of them) repeat their prompt token for token. Packed as they are,
 each copy goes through every layer, forward and backward: with a 49-token prompt and 121-token completions, a
-quarter of the trainer's work. Here a micro-batch's samples that share their first :data:`MIN_SHARED_TOKENS` tokens
-or more form a :class:`PrefixGroup`; the row the model computes (:class:`SharedLayout`) holds the group's shared
-tokens once, then each member's own tokens, which attend to the shared ones and causally to themselves
-(:func:`trainer.attention.per_sample_causal`) at the positions they have in their sample. Each scored position
-reads the hidden state its sample would have had: the same logprobs and gradients as the samples computed apart,
-up to float rounding (a shared token's gradient is the sum of its members', as autograd adds them).
+quarter of the trainer's work. Here a micro-batch's samples with the same prompt, or else sharing their first
+:data:`MIN_SHARED_TOKENS` tokens or more, form a :class:`PrefixGroup` (:func:`prefix_groups`); the row the model
+computes (:class:`SharedLayout`) holds the group's shared tokens once, then each member's own tokens, which attend to
+the shared ones and causally to themselves (:func:`trainer.attention.per_sample_causal`) at the positions they have
+in their sample. Each scored position reads the hidden state its sample would have had: the same logprobs and
+gradients as the samples computed apart, up to float rounding (a shared token's gradient is the sum of its
+members', as autograd adds them).
 
 :func:`pack_groups` packs a step's samples so that a group lands in one micro-batch where it fits, counting the
 tokens the model computes, not the row's.
@@ -34,26 +35,43 @@ class PrefixGroup:
     length: int
 
 
-def prefix_groups(token_ids: list[Int[Tensor, " tokens"]]) -> list[PrefixGroup]:
-    """The samples of ``token_ids`` that begin with the same :data:`MIN_SHARED_TOKENS` tokens, grouped, each group
-    with the longest beginning all its members share (short of each member's last token). A sample in no group is in
-    none of them."""
+def prefix_groups(token_ids: list[Int[Tensor, " tokens"]], prompt_lengths: list[int]) -> list[PrefixGroup]:
+    """The samples of ``token_ids`` grouped by what they begin with, each group with the longest beginning all its
+    members share (short of each member's last token); a sample in no group is in none of them.
+
+    Samples that begin with the same :data:`MIN_SHARED_TOKENS` tokens are alike; among them, those with the same
+    prompt (their tokens before the first of ``prompt_lengths``' trained token: a GRPO group's) form a group, and
+    the others, whose prompts differ past what they share (an instruction, a system prompt), one more."""
     alike: dict[tuple[int, ...], list[int]] = defaultdict(list)
     for index, ids in enumerate(token_ids):
         if len(ids) > MIN_SHARED_TOKENS:
             alike[tuple(ids[:MIN_SHARED_TOKENS].tolist())].append(index)
     groups = []
     for members in alike.values():
-        if len(members) < 2:
-            continue
-        length = min(len(token_ids[index]) for index in members) - 1
-        first = token_ids[members[0]]
-        for index in members[1:]:
-            differs = (token_ids[index][:length] != first[:length]).nonzero()
-            if len(differs):
-                length = int(differs[0, 0])
-        groups.append(PrefixGroup(tuple(members), length))
-    return groups
+        prompts: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for index in members:
+            prompts[tuple(token_ids[index][: prompt_lengths[index]].tolist())].append(index)
+        alone = [same[0] for same in prompts.values() if len(same) == 1]
+        for same in [*(same for same in prompts.values() if len(same) > 1), alone]:
+            if len(same) > 1:
+                groups.append(PrefixGroup(tuple(sorted(same)), shared_length([token_ids[i] for i in same])))
+    return sorted(groups, key=lambda group: group.members)
+
+
+def shared_length(token_ids: list[Int[Tensor, " tokens"]]) -> int:
+    """How many first tokens all of ``token_ids`` share, short of the shortest one's last token."""
+    length = min(len(ids) for ids in token_ids) - 1
+    for ids in token_ids[1:]:
+        differs = (ids[:length] != token_ids[0][:length]).nonzero()
+        if len(differs):
+            length = int(differs[0, 0])
+    return length
+
+
+def prompt_length(loss_mask: Tensor) -> int:
+    """A sample's prompt: its tokens before the first trained one (all of them where none is trained)."""
+    trained = loss_mask.nonzero()
+    return int(trained[0, 0]) if len(trained) else len(loss_mask)
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,8 @@ def shared_layout(micro_batch: MicroBatch) -> SharedLayout | None:
     """The :class:`SharedLayout` of ``micro_batch``'s row, its groups' beginnings computed once (None: no two of its
     samples share :data:`MIN_SHARED_TOKENS` first tokens)."""
     lengths = micro_batch.sample_lengths.tolist()
-    groups = prefix_groups(list(micro_batch.input_ids.split(lengths)))
+    masks = micro_batch.loss_mask.split(lengths)
+    groups = prefix_groups(list(micro_batch.input_ids.split(lengths)), [prompt_length(mask) for mask in masks])
     if not groups:
         return None
     starts = [0, *torch.cumsum(micro_batch.sample_lengths, 0).tolist()]
@@ -115,7 +134,7 @@ def pack_groups(micro_batches: list[MicroBatch], capacity: int) -> list[MicroBat
     micro-batch, counting its shared tokens once against ``capacity``: a group that does not fit is split into
     parts that do. None where no two samples share a beginning."""
     samples = [sample for micro_batch in micro_batches for sample in micro_batch.samples()]
-    groups = prefix_groups([sample.input_ids for sample in samples])
+    groups = prefix_groups([s.input_ids for s in samples], [prompt_length(s.loss_mask) for s in samples])
     if not groups:
         return None
     units: list[list[int]] = []

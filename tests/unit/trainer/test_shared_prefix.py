@@ -37,17 +37,43 @@ def test_groups_share_their_longest_common_beginning_and_keep_a_token_each():
         ids(PROMPT_B, [7]),  # the same as the second: all but the last token shared
         ids(range(500, 540)),
     ]
-    assert prefix_groups(samples) == [PrefixGroup((0, 2), 22), PrefixGroup((1, 4), 30)]
-    assert prefix_groups([ids(PROMPT_A[:-1], [5]), ids(PROMPT_A)]) == [PrefixGroup((0, 1), 19)]
-    assert prefix_groups([ids(range(15), [1, 2]), ids(range(15), [3, 4])]) == []  # 15 alike: fewer than 16
+    prompts = [20, 30, 20, 16, 30, 20]
+    assert prefix_groups(samples, prompts) == [PrefixGroup((0, 2), 22), PrefixGroup((1, 4), 30)]
+    assert prefix_groups([ids(PROMPT_A[:-1], [5]), ids(PROMPT_A)], [20, 20]) == [PrefixGroup((0, 1), 19)]
+    assert prefix_groups([ids(range(15), [1, 2]), ids(range(15), [3, 4])], [15, 15]) == []  # 15 alike: fewer than 16
 
 
-def micro_batch_of(token_ids: list[torch.Tensor], seed: int = 0, prompt_scored: bool = False) -> MicroBatch:
+def test_samples_sharing_an_instruction_are_grouped_by_their_prompts():
+    """Three prompts that begin with the same 24-token instruction: two GRPO groups (2 and 3 samples, each sharing
+    its whole prompt) and two lone prompts, which share the instruction and one token more."""
+    instruction = list(range(600, 624))
+    samples = [
+        ids(instruction, [1, 2, 3], [50, 51]),  # group X: prompt instruction + [1, 2, 3]
+        ids(instruction, [4, 5], [60]),  # group Y
+        ids(instruction, [7, 8, 9], [70]),  # alone
+        ids(instruction, [1, 2, 3], [52]),
+        ids(instruction, [4, 5], [61, 62]),
+        ids(instruction, [7, 1], [71]),  # alone: shares instruction + [7] with the other one
+        ids(instruction, [4, 5], [60, 63]),  # group Y, sharing one sampled token with its second member
+    ]
+    prompts = [27, 26, 27, 27, 26, 26, 26]
+    assert prefix_groups(samples, prompts) == [
+        PrefixGroup((0, 3), 27), PrefixGroup((1, 4, 6), 26), PrefixGroup((2, 5), 25),
+    ]  # fmt: skip
+    # one group where every prompt is the same: the beginning all share
+    assert prefix_groups(samples, [1] * 7) == [PrefixGroup(tuple(range(7)), 24)]
+
+
+def micro_batch_of(
+    token_ids: list[torch.Tensor], seed: int = 0, prompt_scored: bool = False, prompts: list[int] | None = None
+) -> MicroBatch:
+    """Samples of ``token_ids`` trained from their ``prompts``' ends (from the second token with ``prompt_scored``,
+    from their middle without ``prompts``), with random logprobs and advantages."""
     generator = torch.Generator().manual_seed(seed)
     samples = []
-    for tokens in token_ids:
+    for index, tokens in enumerate(token_ids):
         n = len(tokens)
-        first = 1 if prompt_scored else n // 2
+        first = 1 if prompt_scored else prompts[index] if prompts else n // 2
         logprobs = (-7.6 + 0.1 * torch.randn(n, generator=generator)).tolist()
         advantage = float(torch.randn(1, generator=generator))
         samples.append(Sample(tokens.tolist(), [i >= first for i in range(n)], logprobs, advantage, 0.0, 0))
@@ -80,9 +106,10 @@ def loss_and_gradients(model, micro_batch: MicroBatch, share: bool):
 
 @pytest.mark.parametrize("prompt_scored", [False, True])
 def test_shared_beginnings_give_each_samples_own_scores_and_gradients(tiny_model_path, monkeypatch, prompt_scored):
-    """Group A: a 20-token prompt, 3 members; group B: two identical samples (a 30-token prompt) and one that begins
-    as they do for 25 tokens only, so the group shares those 25; a lone sample. Scored from the completions, or from
-    each sample's second token on (the shared tokens' own scores, read from the one copy)."""
+    """Group A: a 20-token prompt, 3 members; two identical samples (a 30-token prompt, B); one whose prompt is B's
+    first 25 tokens; a lone sample. Trained from their prompts' ends, B's two share 35 of their 36 tokens; trained
+    from each sample's second token on (every prompt the same: its first token), B's three share 25 (the shared
+    tokens' own scores, read from the one copy)."""
     generator = torch.Generator().manual_seed(5)
 
     def completion(n):
@@ -98,7 +125,7 @@ def test_shared_beginnings_give_each_samples_own_scores_and_gradients(tiny_model
         ids(PROMPT_A, completion(12)),
         ids(PROMPT_B[:25], completion(7)),
     ]
-    micro_batch = micro_batch_of(token_ids, prompt_scored=prompt_scored)
+    micro_batch = micro_batch_of(token_ids, prompt_scored=prompt_scored, prompts=[20, 30, 7, 20, 30, 20, 25])
     model = load_model(TrainerModelConfig(name=tiny_model_path), torch.device("cpu"))
     computed = []
     embed = model.get_input_embeddings()
@@ -108,7 +135,8 @@ def test_shared_beginnings_give_each_samples_own_scores_and_gradients(tiny_model
     whole = loss_and_gradients(model, micro_batch, share=False)
     shared = loss_and_gradients(model, micro_batch, share=True)
     tokens = len(micro_batch.input_ids)
-    assert computed == [tokens, tokens - 2 * 20 - 2 * 25]  # each group's members past the first: 20 and 25 tokens
+    saved = 2 * 20 + (2 * 25 if prompt_scored else 35)  # each group's members past the first: the shared tokens
+    assert computed == [tokens, tokens - saved]
     for got, expected in zip(shared[0], whole[0], strict=True):  # logprobs, entropies, where, outside the kept set
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(shared[1], whole[1], atol=1e-6, rtol=1e-5)
@@ -151,7 +179,7 @@ def test_the_trainer_trains_groups_as_it_trains_each_sample_whole(tmp_path, tiny
     lengths = torch.randint(6, 21, (12,), generator=generator).tolist()
     token_ids = [ids(range(200 * k, 200 * k + 24), torch.randint(0, 2000, (lengths[4 * k + i],), generator=generator))
                  for k in range(3) for i in range(4)]  # fmt: skip
-    samples = micro_batch_of(token_ids, seed=3).samples()
+    samples = micro_batch_of(token_ids, seed=3, prompts=[24] * 12).samples()
     micro_batches = [MicroBatch.concat(b) for b in pack_samples_of(samples, 128)]
     runs = {}
     for share in (False, True):
