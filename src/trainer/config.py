@@ -493,11 +493,12 @@ class TrainerConfig(BaseConfig):
     ] = True  # fmt: skip
     share_prefixes: Annotated[
         bool,
-        Field(description="On the CPU: samples of a step that begin with the same tokens (a group's prompt, 16 tokens "
-                          "alike or more) are packed into the same micro-batches, and what they share goes through "
-                          "the model once, each sample's own tokens attending to it: the same logprobs and gradients, "
-                          "up to float rounding, for fewer tokens computed (docs/operations.md). Not with context "
-                          "parallelism, a mixture of experts, or images; a GPU computes each sample whole."),
+        Field(description="On the CPU: samples of a step that begin with the same tokens (a group's prompt; 16 tokens "
+                          "alike or more, grouped by prompt) are packed into the same micro-batches, and what they "
+                          "share goes through the model once, each sample's own tokens attending to it: the same "
+                          "logprobs and gradients, up to float rounding, for fewer tokens computed "
+                          "(docs/operations.md). Not with context parallelism, a mixture of experts, or images; a GPU "
+                          "computes each sample whole."),
     ] = True  # fmt: skip
     keep_rollouts: Annotated[
         int | None,
