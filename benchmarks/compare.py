@@ -58,12 +58,16 @@ RATIOS = (
         "in_flight", "in_flight", "in_flight.json", "ratio_in_flight_over_waiting", "pair_ratios_in_flight_over_waiting"
     ),  # fmt: skip
     Ratio("server_scaling", "server_scaling", "server_scaling.json", "speedup", "speedup_pairs"),
+    Ratio("server_start", "server_start", "server_start.json", "spawn_over_fork.cpu_s", "pair_ratios.cpu_s"),
     Ratio("difficulty_filter", "difficulty_filter", "difficulty_filter.json", "step_ratio_on_over_off"),
     Ratio("context_parallel", "context_parallel", "context_parallel.json", "ratios.cp_2_over_cp_1_step_s"),
     Ratio("shared_fleet", "shared_fleet", "shared_fleet.json", "wall_ratio"),
     Ratio("logprob_memory", "logprob_memory", "logprob_memory.json", "unchunked_over_chunked_peak"),
     Ratio(
-        "shared_prefix", "shared_prefix", "shared_prefix.json", "cpu_ratio_off_over_on.median",
+        "shared_prefix",
+        "shared_prefix",
+        "shared_prefix.json",
+        "cpu_ratio_off_over_on.median",
         "cpu_ratio_off_over_on.each",
     ),  # fmt: skip
 )

@@ -102,11 +102,12 @@ class InferenceConfig(BaseConfig):
                                 "message before sleeping until it comes (vLLM's own: 1). Absent: 0 on CPU, where "
                                 "the spinning takes the cores that generation needs; vLLM's own on GPU."),
     ] = None  # fmt: skip
-    cpu_worker_start: Annotated[
+    cpu_process_start: Annotated[
         Literal["auto", "spawn", "fork"],
-        Field(description="How vLLM's engine starts its worker process on CPU. 'spawn' (vLLM's way): a fresh "
-                          "interpreter, its OpenMP threads set and bound to cores by vLLM. 'fork': a copy of the "
-                          "engine, about 20 s sooner (no second import of vLLM), its OpenMP threads the engine's "
+        Field(description="How vLLM starts its engine process, and the engine its worker, on CPU. 'spawn' (vLLM's "
+                          "way): fresh interpreters, the worker's OpenMP threads set and bound to cores by vLLM. "
+                          "'fork': copies of the server's process, ready about 10 s and 10 CPU s sooner on two cores "
+                          "(no second and third import of vLLM), the worker's OpenMP threads the server's "
                           "OMP_NUM_THREADS (rl sets 1), not bound. 'auto': fork with two CPUs or fewer, where vLLM "
                           "gives the worker one core either way; spawn otherwise. No effect on GPU."),
     ] = "auto"  # fmt: skip

@@ -1,6 +1,7 @@
 """Start vLLM's OpenAI server in this process with Trident's routes and worker extension added."""
 
 import json
+import multiprocessing.util
 import os
 import signal
 
@@ -14,7 +15,7 @@ from inference.adapters import RESIDENT_PER_RUN, Adapters
 from inference.config import InferenceConfig, InferenceModelConfig
 from inference.exclusive import PromptLogprobsAlone
 from inference.plan import adapters_refused
-from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV
+from inference.plugin import BUSY_WAIT_ENV
 from inference.routes import WeightsRoutes, patch_generate_route
 from inference.runs import Runs
 from inference.security import ApiKeyMiddleware
@@ -33,12 +34,32 @@ def tool_call_parser(model: InferenceModelConfig, model_path: str) -> str:
     return family.vllm_tool_call_parser if family else "hermes"
 
 
-def forks_cpu_worker(config: InferenceConfig, cpus: int) -> bool:
-    """Whether vLLM's CPU worker starts by fork (``cpu_worker_start``; "auto": one worker with ``cpus`` CPUs or
-    fewer than three, where vLLM's binding gives it one core anyway)."""
-    if config.cpu_worker_start == "auto":
+def forks_cpu_processes(config: InferenceConfig, cpus: int) -> bool:
+    """Whether vLLM's engine and worker start by fork on CPU (``cpu_process_start``; "auto": one worker with
+    ``cpus`` CPUs or fewer than three, where vLLM's binding gives it one core anyway)."""
+    if config.cpu_process_start == "auto":
         return config.tensor_parallel_size == 1 and cpus <= 2
-    return config.cpu_worker_start == "fork"
+    return config.cpu_process_start == "fork"
+
+
+def fork_engine() -> None:
+    """Have vLLM start its engine process by fork, a copy of this one, and the engine its worker.
+
+    vLLM's CPU platform starts both by spawn (``VLLM_WORKER_MULTIPROC_METHOD``, set as it reads its config), so that
+    the worker's OpenMP threads take the settings and the cores vLLM gives them; each then imports vLLM again: 24 CPU
+    s to a ready server on two cores, 14 by fork. The engine forks before this process has run a tensor operation or
+    started a thread but ``rl``'s lifeline (as vLLM's own default does on GPU), and inherits the setting for its
+    worker.
+    """
+    from vllm.v1.engine import utils
+
+    platform_context = utils.get_mp_context
+
+    def forking_context():
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        return platform_context()
+
+    utils.get_mp_context = forking_context
 
 
 # GiB of processed images (pixel values) vLLM keeps on CPU, in its API process and again in its engine, so that a
@@ -163,6 +184,14 @@ async def _build_and_serve(engine_client, sock, args, config: InferenceConfig, a
     )
 
 
+def _leave_to_server(sock) -> None:
+    """In vLLM's engine forked from the server (:func:`fork_engine`): close the server's listening socket, so that
+    connections to a server that died are refused, not left unanswered by its engine, and stop passing this process's
+    signals to the server's event loop."""
+    sock.close()
+    signal.set_wakeup_fd(-1)
+
+
 async def _run(args, config: InferenceConfig, api_key: str | None) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.launcher import setup_server
@@ -172,6 +201,7 @@ async def _run(args, config: InferenceConfig, api_key: str | None) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     _, sock = setup_server(args, reuse_port=False)
+    multiprocessing.util.register_after_fork(sock, _leave_to_server)
     try:
         async with build_async_engine_client(args) as engine_client:
             shutdown_task = await _build_and_serve(engine_client, sock, args, config, api_key)
@@ -196,8 +226,8 @@ def serve(config: InferenceConfig, api_key: str | None) -> None:
     busy_wait_s = config.busy_wait_s if config.busy_wait_s is not None else 0.0 if current_platform.is_cpu() else None
     if busy_wait_s is not None:
         os.environ[BUSY_WAIT_ENV] = str(busy_wait_s)  # read by inference.plugin in each of vLLM's processes
-    if current_platform.is_cpu() and forks_cpu_worker(config, len(os.sched_getaffinity(0))):
-        os.environ[FORK_WORKER_ENV] = "1"
+    if current_platform.is_cpu() and forks_cpu_processes(config, len(os.sched_getaffinity(0))):
+        fork_engine()
     os.environ.setdefault("HF_HUB_OFFLINE", "1" if os.path.isdir(ModelCard.of(config.model.name).path) else "0")
     cli_env_setup()
     args = make_arg_parser(FlexibleArgumentParser(prog="inference")).parse_args(vllm_argv(config))

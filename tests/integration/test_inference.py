@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -368,3 +369,22 @@ def test_weight_routes_refuse_whatever_they_cannot_load_and_nothing_is_loaded(in
             assert 400 <= response.status_code < 500, (folder, route, response.text)
     assert httpx.get(f"{inference_server}/weights").json() == before
     assert greedy_reply(inference_server) == reply
+
+
+def test_the_servers_engine_and_worker_are_forks_of_its_process(session_server):
+    """On two cores vLLM's engine is a copy of the server's process and its worker a copy of the engine: each maps
+    torch's library where the server does, which a process started afresh would not under address randomization."""
+    port = int(session_server.rsplit(":", 1)[1])
+    [listener] = {c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
+    server = psutil.Process(listener)  # or a fork of it: forks keep its socket
+    while server.cmdline()[0].startswith("VLLM::"):  # titled by vLLM
+        server = server.parent()
+    vllms = {p.cmdline()[0]: p.pid for p in server.children(recursive=True)}
+
+    def torch_at(pid: int) -> str:
+        maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+        return next(line.split()[0] for line in maps if line.endswith("/libtorch_cpu.so"))
+
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"  # else spawned ones match too
+    assert {"VLLM::EngineCore", "VLLM::Worker"} <= vllms.keys(), vllms
+    assert torch_at(vllms["VLLM::EngineCore"]) == torch_at(vllms["VLLM::Worker"]) == torch_at(server.pid)

@@ -1,10 +1,7 @@
-import multiprocessing
-import os
-
 import zmq
 from vllm.distributed.device_communicators import shm_broadcast
 
-from inference.plugin import BUSY_WAIT_ENV, FORK_WORKER_ENV, RECHECK_MS, register
+from inference.plugin import BUSY_WAIT_ENV, RECHECK_MS, register
 
 
 def reader(tmp_path) -> shm_broadcast.SpinCondition:
@@ -33,28 +30,3 @@ def test_without_the_servers_setting_vllm_keeps_its_own(monkeypatch, tmp_path):
     monkeypatch.delenv(BUSY_WAIT_ENV, raising=False)
     register()
     assert reader(tmp_path).busy_loop_s == 1 and shm_broadcast.SHM_READER_RECHECK_INTERVAL_MS == 5000  # vLLM's
-
-
-def method_after_register(queue) -> None:
-    """In a child process: the worker start method vLLM reads after the plugin ran."""
-    register()
-    queue.put(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
-
-
-def test_only_a_process_multiprocessing_started_forks_the_worker_and_only_when_the_server_says(monkeypatch):
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # as vLLM's CPU platform sets it
-    monkeypatch.delenv(BUSY_WAIT_ENV, raising=False)
-    context = multiprocessing.get_context("fork")
-
-    def in_child() -> str | None:
-        queue = context.Queue()
-        child = context.Process(target=method_after_register, args=(queue,))
-        child.start()
-        child.join(timeout=60)
-        return queue.get(timeout=5)
-
-    assert in_child() == "spawn"  # the server did not ask
-    monkeypatch.setenv(FORK_WORKER_ENV, "1")
-    assert in_child() == "fork"  # vLLM's engine, started by multiprocessing
-    register()
-    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"  # the server's own process still spawns the engine

@@ -1,13 +1,14 @@
-"""The ``vllm serve`` flags the server starts with."""
+"""The ``vllm serve`` flags the server starts with, and how it has vLLM start its processes."""
 
 import json
+import os
 
 import pytest
 import torch
 
 from contracts.errors import TridentError
 from inference.config import InferenceConfig
-from inference.server import CPU_IMAGE_CACHE_GIB, forks_cpu_worker, vllm_argv
+from inference.server import CPU_IMAGE_CACHE_GIB, fork_engine, forks_cpu_processes, vllm_argv
 from tools.tiny_model import built_model_path
 
 
@@ -53,9 +54,24 @@ def test_the_cpu_server_refuses_lora_on_a_mixture_of_experts(tiny_moe_path, tiny
     [("auto", 1, 2, True), ("auto", 1, 1, True), ("auto", 1, 3, False), ("auto", 2, 2, False),
      ("fork", 1, 16, True), ("spawn", 1, 2, False)],
 )  # fmt: skip
-def test_the_cpu_worker_forks_where_it_gets_one_core_either_way_or_as_set(start, tensor_parallel, cpus, forks):
-    config = InferenceConfig(cpu_worker_start=start, tensor_parallel_size=tensor_parallel)
-    assert forks_cpu_worker(config, cpus) is forks
+def test_the_cpu_engine_and_worker_fork_where_the_worker_gets_one_core_either_way_or_as_set(
+    start, tensor_parallel, cpus, forks
+):
+    config = InferenceConfig(cpu_process_start=start, tensor_parallel_size=tensor_parallel)
+    assert forks_cpu_processes(config, cpus) is forks
+
+
+def test_vllm_forks_its_engine_once_told_and_the_engine_its_worker(monkeypatch):
+    """vLLM's CPU platform sets spawn as it reads its config, after :func:`fork_engine` ran; the engine starts by fork
+    all the same and inherits fork for its worker (the server's forked processes: test_inference.py)."""
+    from vllm.v1.engine import utils
+
+    monkeypatch.setattr(utils, "get_mp_context", utils.get_mp_context)  # undone after the test
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert utils.get_mp_context().get_start_method() == "spawn"  # vLLM's own
+    fork_engine()
+    assert utils.get_mp_context().get_start_method() == "fork"
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"  # what the engine inherits for its worker
 
 
 def test_a_vision_language_model_is_served_with_its_image_limit_and_no_video(tiny_model_path):
