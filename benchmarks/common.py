@@ -309,11 +309,18 @@ def serve_base_model(base_url: str) -> None:
         raise RuntimeError(f"resetting the server to its base model: {response.status_code} {response.text}")
 
 
+def placed_env() -> dict[str, str]:
+    """The environment ``rl`` gives a trainer or orchestrator on this machine (:func:`launch.supervise.child_env`,
+    with no GPU visible on a machine without one), so that a preloaded starter named in ``$TRIDENT_PRELOADED`` (the
+    test suite's) forks it, as it does ``rl``'s."""
+    return child_env({} if torch.cuda.is_available() else {"CUDA_VISIBLE_DEVICES": ""})
+
+
 def train_run(trainer: list[str], orchestrator: list[str], output_dir: Path, server_url: str) -> None:
     """Run a trainer and an orchestrator (their argv) to the end, their logs in ``output_dir/logs/``; then the server
     serves its base model again (no adapter), as a fresh server would: the next run starts from the same state."""
     logs = output_dir / "logs"
-    children = [Child(name, argv, logs / f"{name}.log", child_env({}))
+    children = [Child(name, argv, logs / f"{name}.log", placed_env())
                 for name, argv in (("trainer", trainer), ("orchestrator", orchestrator))]  # fmt: skip
     try:
         wait_all(children)

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -238,7 +239,21 @@ def session_server(pytestconfig):
     if os.environ.get("TRIDENT_TEST_SERVER"):
         return os.environ["TRIDENT_TEST_SERVER"]
     # started at collection, or now: on a pytest-xdist worker, or for a test that asked for it by name
-    return servers.wait_healthy(launch_session_server(pytestconfig))
+    base_url = servers.wait_healthy(launch_session_server(pytestconfig))
+    wait_for_starter(pytestconfig)
+    return base_url
+
+
+def wait_for_starter(config, timeout_s: float = 300) -> None:
+    """Until this process's preloaded starter serves, if it has one: the first ``rl`` run of a worker (its longest
+    module first: test_rl's debug run) would otherwise start its trainer and orchestrator itself, about 28 CPU s of
+    imports, while the starter is still importing them beside the session's server."""
+    starter, socket_path = config.stash.get(STARTER, None), os.environ.get(PRELOADED_ENV)  # none for `spawned` tests
+    deadline = time.monotonic() + timeout_s
+    while starter is not None and socket_path and starter.poll() is None and not Path(socket_path).exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the preloaded starter did not serve within {timeout_s:.0f}s")
+        time.sleep(0.2)
 
 
 @pytest.fixture
