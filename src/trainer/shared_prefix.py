@@ -52,7 +52,7 @@ def prefix_groups(token_ids: list[Int[Tensor, " tokens"]], prompt_lengths: list[
         for index in members:
             prompts[tuple(token_ids[index][: prompt_lengths[index]].tolist())].append(index)
         alone = [same[0] for same in prompts.values() if len(same) == 1]
-        for same in [*(same for same in prompts.values() if len(same) > 1), alone]:
+        for same in [*prompts.values(), alone]:
             if len(same) > 1:
                 groups.append(PrefixGroup(tuple(sorted(same)), shared_length([token_ids[i] for i in same])))
     return sorted(groups, key=lambda group: group.members)
