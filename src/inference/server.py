@@ -46,10 +46,10 @@ def fork_engine() -> None:
     """Have vLLM start its engine process by fork, a copy of this one, and the engine its worker.
 
     vLLM's CPU platform starts both by spawn (``VLLM_WORKER_MULTIPROC_METHOD``, set as it reads its config), so that
-    the worker's OpenMP threads take the settings and the cores vLLM gives them; each then imports vLLM again: 24 CPU
-    s to a ready server on two cores, 14 by fork. The engine forks before this process has run a tensor operation or
-    started a thread but ``rl``'s lifeline (as vLLM's own default does on GPU), and inherits the setting for its
-    worker.
+    the worker's OpenMP threads take the settings and the cores vLLM gives them; each then imports vLLM again: 32
+    CPU s to a ready server on two cores, 14 by fork (benchmarks/server_start.py). The engine forks before this
+    process has run a tensor operation or started a thread but ``rl``'s lifeline (as vLLM's own default does on
+    GPU), and inherits the setting for its worker.
     """
     from vllm.v1.engine import utils
 
